@@ -1,0 +1,120 @@
+"""The backend registry: which backends exist, which framework and device each one drives.
+
+This module is framework-free: it only names backends and the module that implements them.
+Each backend module (`jax_backend`, `torch_backend`) defines the SAME op names (`matmul`, ...)
+and is imported only inside its worker subprocess (see `diag.backends.worker`).
+
+A backend is `<framework>-<platform>`; the platform is what the framework calls its device
+type (JAX: cpu/gpu/tpu from `jax.devices()`; torch: cpu/cuda).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+__all__ = ["BackendSpec", "BACKENDS", "get_spec", "framework_installed", "not_applicable",
+           "promises_full_precision"]
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A backend as data.
+
+    Attributes:
+      name: what users type and records carry (`jax-cpu`).
+      framework: the importable framework (`jax`, `torch`).
+      module: the diag module implementing the ops, imported only in the worker.
+      platform: the framework's device type.
+      precision_via: how this framework takes a matmul precision setting:
+        `argument` (per op) and/or `config` (a process-wide setting).
+      precisions: the precision levels it can express.
+    """
+
+    name: str
+    framework: str
+    module: str
+    platform: str
+    precision_via: tuple[str, ...]
+    precisions: tuple[str, ...]
+    install_hint: str
+    # Precision levels at which this backend promises true float32 arithmetic for float32
+    # inputs (above them a bound breach is `fail`; below, lower precision is allowed and
+    # reported as `warn`), and whether bf16/fp16 products are promised float32 accumulation.
+    promised: tuple[str, ...] = ("default", "medium", "high", "highest")
+    narrow_promised: bool = True
+
+
+_JAX = dict(framework="jax", module="diag.backends.jax_backend",
+            # jax.lax.Precision has DEFAULT/HIGH/HIGHEST; jax_default_matmul_precision also
+            # takes 'bfloat16' (what diag calls 'medium', as torch does).
+            precision_via=("argument", "config"),
+            precisions=("default", "high", "highest", "medium"),
+            install_hint="pip install 'diag[jax]'")
+_TORCH = dict(framework="torch", module="diag.backends.torch_backend",
+              # torch has no per-op matmul precision: only torch.set_float32_matmul_precision.
+              precision_via=("config",),
+              precisions=("default", "high", "highest", "medium"),
+              install_hint="pip install 'diag[torch]'")
+
+BACKENDS: dict[str, BackendSpec] = {
+    s.name: s
+    for s in (
+        # CPUs compute float32 whatever the setting (measured: field notes).
+        BackendSpec(name="jax-cpu", platform="cpu", **_JAX),
+        # DEFAULT may be TF32 on NVIDIA GPUs and one bf16 pass on TPU; only HIGHEST promises
+        # float32. Narrow inputs may be accumulated in less than float32.
+        BackendSpec(name="jax-gpu", platform="gpu", promised=("highest",),
+                    narrow_promised=False, **_JAX),
+        BackendSpec(name="jax-tpu", platform="tpu", promised=("highest",),
+                    narrow_promised=False, **_JAX),
+        # torch documents that 'high' and 'medium' permit TF32/bf16 internally, on CPU too:
+        # measured here, 'medium' makes torch-cpu multiply float32 in bf16 (oneDNN).
+        BackendSpec(name="torch-cpu", platform="cpu", promised=("default", "highest"),
+                    **_TORCH),
+        # torch's default float32 matmul precision is 'highest' (TF32 off since 1.12);
+        # allow_fp16/bf16_reduced_precision_reduction default to True for narrow inputs.
+        BackendSpec(name="torch-cuda", platform="cuda", promised=("default", "highest"),
+                    narrow_promised=False, **_TORCH),
+    )
+}
+
+
+def get_spec(name: str) -> BackendSpec:
+    """The spec of a backend name; raises `UsageError` naming the known ones."""
+    from diag.errors import UsageError
+
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise UsageError(
+            f"unknown backend '{name}'; known backends: {', '.join(BACKENDS)}") from None
+
+
+def framework_installed(framework: str) -> bool:
+    """Whether the framework can be imported, without importing it."""
+    return importlib.util.find_spec(framework) is not None
+
+
+def not_applicable(spec: BackendSpec, params: dict) -> str | None:
+    """Why a case does not apply to a backend (None when it does).
+
+    Such combinations are not measurements and produce no record: e.g. torch has no per-op
+    matmul precision, so a `precision_via='argument'` case is JAX-only.
+    """
+    via = params.get("precision_via")
+    if via not in (None, "none") and via not in spec.precision_via:
+        return f"{spec.framework} takes matmul precision only via {'/'.join(spec.precision_via)}"
+    prec = params.get("precision")
+    if prec is not None and prec not in spec.precisions:
+        return f"{spec.framework} has no precision level '{prec}'"
+    if spec.framework == "jax" and via == "argument" and prec == "medium":
+        return "jax.lax.Precision has no MEDIUM; use precision_via='config' ('bfloat16')"
+    return None
+
+
+def promises_full_precision(spec: BackendSpec, dtype: str, precision: str) -> bool:
+    """Whether a bound breach on this backend, dtype and precision level is a broken promise."""
+    if dtype == "float32":
+        return precision in spec.promised
+    return spec.narrow_promised

@@ -1,0 +1,139 @@
+"""Worker subprocess entry point: runs one backend's cases and streams results to the host.
+
+    python -m diag.backends.worker JOB.json        # run the cases of one backend
+    python -m diag.backends.worker --discover jax   # print the platforms a framework sees
+
+Why a subprocess per backend: a TPU can be opened by one process at a time, JAX and torch_xla
+must not share a process, XLA reads its flags once at start-up, and a crash or hang in a
+framework must not take the run down with it.
+
+Protocol: one JSON object per line on the protocol stream (the original stdout; anything the
+framework prints is redirected to stderr so it cannot corrupt the stream):
+  {"event": "ready", "device": {...}, "framework": {...}, "settings": {...}}
+  {"event": "result", "case": ID, "output": PATH, "dtype": ..., "shape": [...], "timings": {...}}
+  {"event": "case_error", "case": ID, "error": "..."}
+  {"event": "done"}
+Inputs and outputs travel as .npy files of the raw bits (`numerics.bits_view`), so every
+backend receives bit-identical inputs whatever the dtype.
+
+Fault injection for diag's own tests and for users proving their harness:
+`DIAG_WORKER_FAULT=KIND@CASE` (or `KIND@BACKEND:CASE`) makes the worker fail just before the
+case with that id (`c0003`; `start` fails before the framework is even imported), KIND one of
+`kill` (SIGKILL itself), `abort` (SIGABRT, like a native crash), `raise` (an uncaught Python
+exception), `hang` (sleep forever).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+import traceback
+
+import numpy as np
+
+
+def _protocol_stream():
+    """Keep the real stdout for the protocol; send fd 1 (prints, native logs) to stderr."""
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return proto
+
+
+def _emit(stream, **event) -> None:
+    stream.write(json.dumps(event, default=str) + "\n")
+    stream.flush()
+
+
+def _inject_fault(backend: str, case_id: str) -> None:
+    spec = os.environ.get("DIAG_WORKER_FAULT", "")
+    if not spec:
+        return
+    kind, _, at = spec.partition("@")
+    where, _, case = at.rpartition(":")
+    if case != case_id or where not in ("", backend):
+        return
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "abort":
+        os.abort()
+    elif kind == "raise":
+        raise SystemExit(f"injected fault: uncaught exception before case {case_id}")
+    elif kind == "hang":
+        while True:
+            time.sleep(3600)
+
+
+def run_job(job: dict, stream) -> None:
+    from diag import numerics
+    from diag.backends import get_spec
+
+    spec = get_spec(job["backend"])
+    _inject_fault(spec.name, "start")
+    backend = importlib.import_module(spec.module)
+    info = backend.setup(spec.platform)
+    _emit(stream, event="ready", **info)
+
+    out_dir = job["out_dir"]
+    repeats = max(1, int(job.get("repeats", 3)))
+    for case in job["cases"]:
+        _inject_fault(spec.name, case["id"])
+        try:
+            host_inputs = [
+                numerics.from_bits(np.load(path, mmap_mode="r"), dtype)
+                for path, dtype in zip(case["inputs"], case["input_dtypes"])
+            ]
+            fn = getattr(backend, case["op"])(**case.get("op_args", {}))
+            args = [backend.put(x) for x in host_inputs]
+            thunk, compile_s = backend.prepare(fn, args)
+            samples = []
+            out = None
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                out = thunk()
+                backend.block(out)
+                samples.append(time.perf_counter() - t0)
+            host = backend.get(out)
+            path = os.path.join(out_dir, f"{case['id']}.{spec.name}.npy")
+            np.save(path, numerics.bits_view(host))
+            _emit(stream, event="result", case=case["id"], output=path,
+                  dtype=numerics.dtype_name(host.dtype), shape=list(host.shape),
+                  timings={"compile_s": compile_s, "run_s_median": statistics.median(samples),
+                           "run_s_samples": samples})
+        except Exception as e:  # a failing op is a record, not the end of the worker
+            _emit(stream, event="case_error", case=case["id"],
+                  error=f"{type(e).__name__}: {e}".splitlines()[0][:500],
+                  traceback=traceback.format_exc()[-4000:])
+    _emit(stream, event="done")
+
+
+def discover(framework: str, stream) -> None:
+    from diag.backends import BACKENDS
+
+    module = next(s.module for s in BACKENDS.values() if s.framework == framework)
+    backend = importlib.import_module(module)
+    _emit(stream, event="platforms", platforms=backend.discover())
+
+
+def main(argv: list[str]) -> int:
+    stream = _protocol_stream()
+    if len(argv) == 2 and argv[0] == "--discover":
+        discover(argv[1], stream)
+        return 0
+    if len(argv) != 1:
+        print("usage: python -m diag.backends.worker JOB.json | --discover FRAMEWORK",
+              file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        job = json.load(f)
+    run_job(job, stream)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,263 @@
+"""Sweep charts for the HTML report, as inline SVG drawn by matplotlib.
+
+A sweep (one parameter, e.g. the inner dimension ``d`` of a ``[d,4] x [4,d]`` matmul, varied
+over a range) is how framework drift and silent low precision show up: the error of a backend
+that accumulates in less precision than it claims grows with ``d``, while a correctly rounded
+one stays flat. A table of numbers hides that shape; a log-log line per backend shows it.
+
+The report must open offline and must not run anything a record contains, so the charts are
+SVG (no images to fetch), drawn with a bare `matplotlib.figure.Figure` (no pyplot, so the
+caller's global backend and figure registry are untouched), with ``svg.fonttype = "none"`` so
+labels are ``<text>`` elements that matplotlib's SVG writer escapes. matplotlib is imported
+only when a chart is drawn: ``import diag.report`` stays light.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+__all__ = ["Series", "Sweep", "sweep_groups", "sweep_svg", "to_float"]
+
+# The two panels of a sweep figure: (metric key, panel title).
+PANELS = (("max_ulp", "max ULP error"), ("max_abs_err", "max |error|"))
+
+
+def to_float(value: Any) -> float | None:
+    """A metric as a float, or None when it is missing or not a number.
+
+    Records store NaN/Inf as the strings ``"nan"``, ``"inf"``, ``"-inf"`` (JSON has no such
+    numbers), so those strings map back to the floats; bools are not numbers here.
+    """
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+@dataclass
+class Series:
+    """One line of a sweep chart: a (backend, dtype, precision) over the swept values.
+
+    Attributes:
+      backend: the backend name (``jax-cpu``, ...).
+      dtype: the dtype name.
+      precision: ``params["precision"]`` of the records, or None.
+      points: swept value -> {metric key: value}; the worst value wins when two records of
+        the series share a swept value (e.g. two shapes at the same ``d``).
+    """
+
+    backend: str
+    dtype: str
+    precision: str | None
+    points: dict[float, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        parts = [self.backend, self.dtype]
+        if self.precision is not None:
+            parts.append(f"precision={self.precision}")
+        return " ".join(parts)
+
+    def xy(self, metric: str) -> tuple[list[float], list[float]]:
+        """Swept values and finite values of `metric`, sorted by swept value."""
+        xs, ys = [], []
+        for x in sorted(self.points):
+            y = self.points[x].get(metric)
+            if y is not None and math.isfinite(y):
+                xs.append(x)
+                ys.append(y)
+        return xs, ys
+
+
+@dataclass
+class Sweep:
+    """All sweep series of one probe.
+
+    Attributes:
+      probe: the probe name.
+      op: the op name of its records.
+      param: the name of the swept parameter (``params["sweep"]``).
+      series: one `Series` per (backend, dtype, precision), in first-seen order.
+      omitted: points dropped because a metric was NaN/Inf (they cannot be placed on a
+        log axis; the verdict table still shows them).
+    """
+
+    probe: str
+    op: str
+    param: str
+    series: list[Series] = field(default_factory=list)
+    omitted: int = 0
+
+
+def sweep_groups(records: Iterable[Mapping[str, Any]]) -> list[Sweep]:
+    """Group sweep records by probe, then into series by (backend, dtype, precision).
+
+    A record belongs to a sweep when it is a ``probe`` record whose ``params["sweep"]`` names
+    a parameter whose value ``params[name]`` is a finite number, and at least one of the
+    charted metrics is a number. Skips and errors carry no metrics and are left out.
+
+    Args:
+      records: record dicts as read from ``results.jsonl``.
+
+    Returns:
+      One `Sweep` per probe, in the order the probes first appear.
+    """
+    sweeps: dict[str, Sweep] = {}
+    index: dict[tuple[str, str, str, str | None], Series] = {}
+    for rec in records:
+        if rec.get("kind", "probe") != "probe":
+            continue
+        params = rec.get("params") or {}
+        name = params.get("sweep")
+        if not isinstance(name, str):
+            continue
+        x = to_float(params.get(name))
+        if x is None or not math.isfinite(x):
+            continue
+        metrics = rec.get("metrics") or {}
+        values = {key: to_float(metrics.get(key)) for key, _ in PANELS}
+        if all(v is None for v in values.values()):
+            continue
+        probe = str(rec.get("probe", ""))
+        sweep = sweeps.get(probe)
+        if sweep is None:
+            sweep = sweeps[probe] = Sweep(probe=probe, op=str(rec.get("op", "")), param=name)
+        precision = params.get("precision")
+        precision = None if precision is None else str(precision)
+        key = (probe, str(rec.get("backend", "")), str(rec.get("dtype", "")), precision)
+        series = index.get(key)
+        if series is None:
+            series = index[key] = Series(backend=key[1], dtype=key[2], precision=precision)
+            sweep.series.append(series)
+        point = series.points.setdefault(x, {})
+        for metric, v in values.items():
+            if v is None:
+                continue
+            if not math.isfinite(v):
+                sweep.omitted += 1
+            old = point.get(metric)
+            # NaN is the worst value a metric can take; keep it so the point is left out.
+            if old is None or math.isnan(v) or (not math.isnan(old) and v > old):
+                point[metric] = v
+    return list(sweeps.values())
+
+
+def _mpl_text(text: str) -> str:
+    # matplotlib parses text between two `$` as mathtext: a backend or case name with two
+    # dollars would be typeset (or raise). Escaped dollars are drawn literally.
+    return text.replace("$", r"\$")
+
+
+def _set_scale(ax, axis: str, values: list[float], base: float = 10) -> None:
+    """Log scale where every value is > 0; symlog when zeros are present (0 ULP is the
+    common, good case and must stay visible); linear when nothing is positive."""
+    positive = [v for v in values if v > 0]
+    setter = ax.set_xscale if axis == "x" else ax.set_yscale
+    if positive and len(positive) == len(values):
+        setter("log", base=base)
+    elif positive:
+        linthresh = min(positive)
+        setter("symlog", linthresh=linthresh, linscale=0.5, base=base)
+        if min(values) >= 0:
+            # Errors are never negative: show zero just above the bottom edge, not a mirror
+            # image of the positive decades.
+            # (symlog autoscaling puts the largest value on the frame; pad it by hand.)
+            (ax.set_xlim if axis == "x" else ax.set_ylim)(-0.25 * linthresh, 1.5 * max(values))
+
+
+def _is_power_of_two(x: float) -> bool:
+    return x > 0 and float(x).is_integer() and (int(x) & (int(x) - 1)) == 0
+
+
+def sweep_svg(sweep: Sweep, fig_id: str) -> str:
+    """Draw one probe's sweep as an inline-ready SVG string (two panels, shared legend).
+
+    Args:
+      sweep: the probe's series, from `sweep_groups`.
+      fig_id: a document-unique, id-safe prefix (e.g. ``sweep-0``). Every ``id`` inside the
+        SVG is prefixed with it, so several SVGs can live in one HTML page; each drawn line
+        gets the id ``{fig_id}-{metric}-s{i}`` for series ``i``.
+
+    Returns:
+      ``<svg ...>...</svg>`` without the XML prolog and doctype, sized by its viewBox.
+    """
+    import matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import NullLocator
+
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", fig_id):
+        raise ValueError(f"fig_id must be id-safe, got {fig_id!r}")
+    fig = Figure(figsize=(10, 3.9), layout="constrained")
+    axes = fig.subplots(1, len(PANELS))
+    colors = matplotlib.colormaps["tab10"].colors
+    markers = "osD^v<>ph*"
+    xs_all = sorted({x for s in sweep.series for x in s.points})
+    handles = []
+    for ax, (metric, title) in zip(axes, PANELS):
+        ys_all: list[float] = []
+        for i, series in enumerate(sweep.series):
+            xs, ys = series.xy(metric)
+            # Backends often agree exactly (CPU results are bit-identical across frameworks):
+            # alternate solid/dashed lines and filled/hollow markers so a line drawn on top
+            # of another one does not hide it.
+            style = dict(color=colors[i % len(colors)], marker=markers[i % len(markers)],
+                         linestyle="--" if i % 2 else "-", markersize=5 if i % 2 else 4,
+                         markerfacecolor="none" if i % 2 else colors[i % len(colors)],
+                         linewidth=1.4)
+            (line,) = ax.plot(xs, ys, **style)
+            line.set_gid(f"{metric}-s{i}")
+            if ax is axes[0]:
+                handles.append(line)
+            ys_all.extend(ys)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(_mpl_text(sweep.param))
+        ax.grid(True, which="major", linewidth=0.5, alpha=0.5)
+        if xs_all:
+            _set_scale(ax, "x", xs_all, base=2 if all(map(_is_power_of_two, xs_all)) else 10)
+            if len(xs_all) <= 12:
+                ax.set_xticks(xs_all, [f"{x:g}" for x in xs_all])
+                ax.xaxis.set_minor_locator(NullLocator())
+        if ys_all:
+            _set_scale(ax, "y", ys_all)
+        else:
+            ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center",
+                    va="center", color="#777")
+    fig.suptitle(_mpl_text(f"{sweep.probe}  ({sweep.op})"), fontsize=11)
+    # Explicit labels: legend() would silently drop auto-collected labels starting with "_".
+    fig.legend(handles, [_mpl_text(s.label) for s in sweep.series], loc="outside lower center",
+               ncol=min(len(handles), 4) or 1, fontsize=8, frameon=False)
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "font.size": 9}):
+        # No metadata: it would carry a creation date and a creator URL into the report.
+        fig.savefig(buf, format="svg",
+                    metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+    return _inline_svg(buf.getvalue(), fig_id)
+
+
+def _inline_svg(svg: str, prefix: str) -> str:
+    """Make matplotlib's SVG document embeddable: drop the prolog and doctype, prefix every
+    id (matplotlib numbers them `figure_1`, `axes_1`, ... in every file), drop the fixed
+    width/height so CSS can size it by its viewBox."""
+    start = svg.find("<svg")
+    if start < 0:
+        raise ValueError("matplotlib produced no <svg> element")
+    svg = svg[start:]
+    # Defence in depth: matplotlib escapes text; an unescaped tag here would be a bug.
+    if re.search(r"<\s*(script|foreignObject|iframe)", svg, re.IGNORECASE):
+        raise ValueError("refusing to inline an SVG that contains active content")
+    svg = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{prefix}-{m.group(1)}"', svg)
+    svg = re.sub(r'href="#([^"]+)"', lambda m: f'href="#{prefix}-{m.group(1)}"', svg)
+    svg = re.sub(r"url\(#([^)]+)\)", lambda m: f"url(#{prefix}-{m.group(1)})", svg)
+    head_end = svg.index(">")
+    head = re.sub(r'\s(width|height)="[^"]*"', "", svg[:head_end])
+    return head + ' class="chart" role="img"' + svg[head_end:]

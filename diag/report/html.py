@@ -1,0 +1,361 @@
+"""Render a run folder into one self-contained HTML file.
+
+The report is read after an incident, attached to a CI job, mailed to a colleague: it has to
+open from disk, offline, years later. So it is ONE file with its CSS, JS and SVG charts
+inline and nothing fetched: a Content-Security-Policy with ``default-src 'none'`` makes the
+browser refuse any fetch, and allows only the one inline script whose hash it carries.
+Everything that comes from a record or the environment (case names, reasons, flags, host
+names) is data, never markup: jinja2 autoescapes it, and the only markup inserted unescaped
+is our own script/style and the SVG that matplotlib wrote (which escapes its text).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import hashlib
+import math
+import os
+import shlex
+from collections import Counter
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import jinja2
+from markupsafe import Markup
+
+from diag.errors import UsageError
+from diag.report.charts import sweep_groups, sweep_svg, to_float
+from diag.results import STATUSES, RunDir, worst_status
+
+__all__ = ["render_report", "write_report"]
+
+# Columns of the verdict table: (header, metric key or None, kind). `kind` picks formatting
+# and sorting: "num" sorts numerically, "text" naturally ("d=64" before "d=128").
+METRIC_COLUMNS = (
+    ("max ULP", "max_ulp", "num"),
+    ("p99 ULP", "p99_ulp", "num"),
+    ("not corr. rounded", "frac_not_correctly_rounded", "pct"),
+    ("max rel err", "max_rel_err", "num"),
+    ("bound ratio", "bound_ratio", "num"),
+)
+
+# Environment keys shown first when present (matched case-insensitively); the rest follow
+# in the order run.json has them.
+ENV_FIRST = ("host", "hostname", "platform", "machine", "cpu_count", "python", "devices",
+             "packages", "frameworks", "versions", "env", "xla_flags", "libtpu_init_args",
+             "numerics", "jax", "torch", "command", "cwd", "git_revision", "git")
+
+# How a verdict reads at the top of the report.
+VERDICT_TEXT = {
+    "pass": "PASS: every check agrees with the ground truth within tolerance",
+    "skip": "SKIPPED: nothing was checked",
+    "warn": "WARN: all checks passed, some with warnings",
+    "fail": "FAIL: a numerical check failed",
+    "error": "ERROR: a backend or check could not run",
+}
+
+STATE_NOTE = {
+    "running": "This run is still in progress; the report shows the records written so far.",
+    "interrupted": "This run was interrupted; the results below are incomplete.",
+}
+
+
+def fmt_num(value: Any) -> str:
+    """A metric value, compact: ints as ints, floats to 3 significant digits, "—" if missing.
+
+    Args:
+      value: a number, one of the strings ``"nan"``/``"inf"``/``"-inf"`` that records use
+        for non-finite floats, another string (shown as is) or None.
+
+    Returns:
+      The text for a table cell.
+    """
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return str(value)
+    x = to_float(value)
+    if x is None:
+        return str(value)
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if x.is_integer() and abs(x) < 1e6:
+        return str(int(x))
+    text = f"{x:.3g}"
+    if "e" in text:
+        mant, exp = text.split("e")
+        text = f"{mant}e{int(exp)}"
+    return text
+
+
+def fmt_pct(value: Any) -> str:
+    """A fraction in [0, 1] as a percentage with 3 significant digits."""
+    x = to_float(value)
+    if x is None or not math.isfinite(x):
+        return fmt_num(value)
+    return "0%" if x == 0 else f"{fmt_num(100 * x)}%"
+
+
+def fmt_seconds(value: Any) -> str:
+    """A duration with a unit a person reads at a glance (ns, µs, ms, s)."""
+    x = to_float(value)
+    if x is None or not math.isfinite(x):
+        return fmt_num(value)
+    for scale, unit in ((1, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if abs(x) >= scale:
+            return f"{fmt_num(float(f'{x / scale:.3g}'))} {unit}"
+    return f"{fmt_num(float(f'{x * 1e9:.3g}'))} ns"
+
+
+def sort_key(value: Any) -> str:
+    """The ``data-v`` a numeric cell sorts by: "" when missing, "NaN", "Infinity" or a float.
+
+    The table script puts missing values last and NaN above +inf (a NaN metric means the
+    result is garbage, the worst there is).
+    """
+    x = to_float(value)
+    if x is None:
+        return ""
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    return repr(x)
+
+
+def _verdict_text(verdict: str | None, state: str) -> str:
+    if verdict is None:
+        return "no results recorded"
+    text = VERDICT_TEXT.get(verdict, verdict)
+    return f"{text} (so far: the run is {state})" if state in STATE_NOTE else text
+
+
+def _fmt_time(ts: Any) -> str:
+    x = to_float(ts)
+    if x is None or not math.isfinite(x):
+        return "—" if ts in (None, "") else str(ts)
+    t = _dt.datetime.fromtimestamp(x, tz=_dt.timezone.utc).astimezone()
+    return t.strftime("%Y-%m-%d %H:%M:%S %z")
+
+
+def _command_line(meta: Mapping[str, Any]) -> str | None:
+    env = meta.get("environment") if isinstance(meta.get("environment"), Mapping) else {}
+    for source in (meta, env):
+        for key in ("command_line", "command", "argv", "cmdline"):
+            value = source.get(key)
+            if isinstance(value, (list, tuple)):
+                return shlex.join(str(v) for v in value)
+            if value:
+                return str(value)
+    return None
+
+
+def _device_text(device: Any) -> tuple[str, str]:
+    """Short text for a device dict (kind or platform, #id) and its full text for a tooltip."""
+    if not isinstance(device, Mapping) or not device:
+        return ("—" if not device else str(device)), ""
+    name = device.get("kind") or device.get("device_kind") or device.get("platform") or ""
+    ident = device.get("id")
+    short = f"{name} #{ident}" if ident is not None and name else str(name or ident or "—")
+    full = ", ".join(f"{k}={v}" for k, v in device.items())
+    return short, full
+
+
+def _env_items(env: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    first = {k: i for i, k in enumerate(ENV_FIRST)}
+    keys = list(env)
+    keys.sort(key=lambda k: (first.get(str(k).lower(), len(first)),))
+    return [(str(k), env[k]) for k in keys]
+
+
+def _cell(text: str, v: str, title: str = "", bad: bool = False) -> dict[str, Any]:
+    return {"text": text, "v": v, "title": title, "bad": bad}
+
+
+def _verdict_row(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
+    metrics = rec.get("metrics") if isinstance(rec.get("metrics"), Mapping) else {}
+    timings = rec.get("timings") if isinstance(rec.get("timings"), Mapping) else {}
+    cells = []
+    for _, key, kind in METRIC_COLUMNS:
+        value = metrics.get(key)
+        cells.append(_cell(fmt_pct(value) if kind == "pct" else fmt_num(value),
+                           sort_key(value)))
+    nan, inf = to_float(metrics.get("nan_count")), to_float(metrics.get("inf_count"))
+    nonfinite = None if nan is None and inf is None else (nan or 0) + (inf or 0)
+    cells.append(_cell(fmt_num(nonfinite), sort_key(nonfinite),
+                       title=f"NaN: {fmt_num(metrics.get('nan_count'))}, "
+                             f"Inf: {fmt_num(metrics.get('inf_count'))}",
+                       bad=bool(nonfinite)))
+    run_s = timings.get("run_s_median")
+    compile_s = timings.get("compile_s")
+    cells.append(_cell(fmt_seconds(run_s), sort_key(run_s),
+                       title=f"compile: {fmt_seconds(compile_s)}" if compile_s is not None
+                       else ""))
+    device, device_full = _device_text(rec.get("device"))
+    status = str(rec.get("status", ""))
+    return {
+        "i": index,
+        "status": status,
+        "rank": STATUSES.index(status) if status in STATUSES else len(STATUSES),
+        "op": str(rec.get("op", "")),
+        "probe": str(rec.get("probe", "")),
+        "case": str(rec.get("case", "")),
+        "backend": str(rec.get("backend", "")),
+        "device": device,
+        "device_full": device_full,
+        "dtype": str(rec.get("dtype", "")),
+        "metrics": cells,
+        "reason": str(rec.get("reason", "")),
+    }
+
+
+def _agreement_row(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
+    metrics = rec.get("metrics") if isinstance(rec.get("metrics"), Mapping) else {}
+    mismatched, elements = to_float(metrics.get("mismatched")), to_float(metrics.get("elements"))
+    frac = mismatched / elements if mismatched is not None and elements else None
+    status = str(rec.get("status", ""))
+    return {
+        "i": index,
+        "status": status,
+        "rank": STATUSES.index(status) if status in STATUSES else len(STATUSES),
+        "op": str(rec.get("op", "")),
+        "probe": str(rec.get("probe", "")),
+        "case": str(rec.get("case", "")),
+        "backends": str(rec.get("backend", "")).replace("|", " vs "),
+        "dtype": str(rec.get("dtype", "")),
+        "max_ulp": {"text": fmt_num(metrics.get("max_ulp_between")),
+                    "v": sort_key(metrics.get("max_ulp_between"))},
+        "mismatched": {"text": fmt_num(metrics.get("mismatched")),
+                       "v": sort_key(metrics.get("mismatched"))},
+        "elements": {"text": fmt_num(metrics.get("elements")),
+                     "v": sort_key(metrics.get("elements"))},
+        "frac": {"text": fmt_pct(frac), "v": sort_key(frac)},
+        "reason": str(rec.get("reason", "")),
+    }
+
+
+def _asset(name: str) -> str:
+    return resources.files("diag.report").joinpath("templates", name).read_text("utf-8")
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("diag.report", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["fmt_num"] = fmt_num
+    env.tests["mapping"] = lambda v: isinstance(v, Mapping)
+    env.tests["sequence_of_mappings"] = lambda v: (
+        isinstance(v, (list, tuple)) and bool(v) and all(isinstance(x, Mapping) for x in v))
+    env.tests["scalar_sequence"] = lambda v: isinstance(v, (list, tuple))
+    return env
+
+
+def render_report(meta: Mapping[str, Any], records: Iterable[Mapping[str, Any]]) -> str:
+    """Render the HTML report for a run's metadata and records.
+
+    Args:
+      meta: the contents of ``run.json`` (``run_id``, ``state``, ``started``,
+        ``environment``, ...); missing keys render as "—".
+      records: record dicts as read from ``results.jsonl``.
+
+    Returns:
+      The complete HTML document as a string.
+    """
+    from diag import __version__
+
+    records = [r for r in records if isinstance(r, Mapping)]
+    counts = Counter(str(r.get("status", "")) for r in records)
+    statuses = [s for s in counts if s in STATUSES]
+    verdict = worst_status(statuses) if records else None
+    state = str(meta.get("state", "unknown"))
+
+    probe_rows, agreement_rows = [], []
+    for i, rec in enumerate(records):
+        if rec.get("kind", "probe") == "agreement":
+            agreement_rows.append(_agreement_row(rec, i))
+        else:
+            probe_rows.append(_verdict_row(rec, i))
+    problems = [row for row in (_verdict_row(r, i) for i, r in enumerate(records))
+                if row["status"] in ("fail", "error")]
+    problems.sort(key=lambda row: -row["rank"])
+
+    sweeps = []
+    for n, sweep in enumerate(sweep_groups(records)):
+        sweeps.append({"probe": sweep.probe, "op": sweep.op, "param": sweep.param,
+                       "n_series": len(sweep.series), "omitted": sweep.omitted,
+                       "svg": Markup(sweep_svg(sweep, f"sweep-{n}"))})
+
+    script = _asset("report.js")
+    script_hash = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode()
+    env_data = meta.get("environment")
+    backends = meta.get("backends")
+    skipped = meta.get("backends_skipped")
+    suite = meta.get("suite") if isinstance(meta.get("suite"), Mapping) else {}
+    return _environment().get_template("report.html.j2").render(
+        run_id=str(meta.get("run_id", "—")),
+        state=state,
+        state_note=STATE_NOTE.get(state),
+        started=_fmt_time(meta.get("started")),
+        finished=_fmt_time(meta["finished"]) if meta.get("finished") is not None else None,
+        command_line=_command_line(meta),
+        statuses=STATUSES[::-1],
+        counts={s: counts.get(s, 0) for s in STATUSES},
+        n_records=len(records),
+        verdict=verdict,
+        verdict_text=_verdict_text(verdict, state),
+        problems=problems,
+        suite=suite.get("name") or suite.get("path"),
+        suite_path=suite.get("path") if suite.get("name") else None,
+        environment=_env_items(env_data) if isinstance(env_data, Mapping) else [],
+        # What each worker reported at start-up: device, framework version, numerics settings.
+        backends=list(backends.items()) if isinstance(backends, Mapping) else [],
+        backends_skipped=list(skipped.items()) if isinstance(skipped, Mapping) else [],
+        metric_columns=METRIC_COLUMNS,
+        rows=probe_rows,
+        agreement_rows=agreement_rows,
+        sweeps=sweeps,
+        style=Markup(_asset("report.css")),
+        script=Markup(script),
+        script_hash=script_hash,
+        version=__version__,
+        generated=_fmt_time(_dt.datetime.now().timestamp()),
+    )
+
+
+def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+    """Write the self-contained HTML report of a run folder.
+
+    Works on finished, running and interrupted runs alike: it reads whatever records are in
+    ``results.jsonl`` (a torn last line is skipped) and says how complete they are.
+
+    Args:
+      run_dir: a run folder holding ``run.json`` and ``results.jsonl``.
+      out: where to write the HTML; defaults to ``run_dir/report.html``.
+
+    Returns:
+      The path of the written report.
+
+    Raises:
+      UsageError: `run_dir` has no ``run.json`` (it is not a run folder).
+    """
+    run = RunDir(run_dir)
+    if not run.run_json.is_file():
+        raise UsageError(f"{run.path}: not a run folder (no run.json); pass a folder that "
+                         "`diag run` created, e.g. reports/<run id>")
+    html = render_report(run.read_meta(), run.records())
+    path = Path(out) if out is not None else run.path / "report.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(html, encoding="utf-8")
+    os.replace(tmp, path)
+    return path

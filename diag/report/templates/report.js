@@ -1,0 +1,95 @@
+// diag report: sort any table.sortable by a header click; filter the verdict table.
+// Reads only the DOM this file ships with; never builds HTML from cell text.
+(function () {
+  "use strict";
+  var collator = new Intl.Collator(undefined, { numeric: true, sensitivity: "base" });
+
+  // Numeric cells carry data-v: "" (missing), "NaN", "Infinity" or a float. Missing sorts
+  // last in both directions; NaN (a garbage result) counts as worse than +inf.
+  function numKey(td) {
+    var v = td.getAttribute("data-v");
+    if (v === null || v === "") return null;
+    var x = parseFloat(v);
+    return isNaN(x) ? Number.POSITIVE_INFINITY : x;
+  }
+  function isNanCell(td) { return td.getAttribute("data-v") === "NaN"; }
+
+  function sortTable(table, col, th) {
+    var numeric = th.getAttribute("data-type") === "num";
+    var current = th.getAttribute("aria-sort");
+    // First click: worst first for numbers (largest), A-Z for text.
+    var dir = current ? (current === "ascending" ? "descending" : "ascending")
+                      : (numeric ? "descending" : "ascending");
+    var sign = dir === "ascending" ? 1 : -1;
+    var tbody = table.tBodies[0];
+    var rows = Array.prototype.slice.call(tbody.rows);
+    rows.sort(function (a, b) {
+      var ta = a.cells[col], tb = b.cells[col], c = 0;
+      if (numeric) {
+        var x = numKey(ta), y = numKey(tb);
+        if (x === null || y === null) {
+          if (x === null && y === null) c = 0; else return x === null ? 1 : -1;
+        } else if (x !== y) {
+          c = x < y ? -1 : 1;
+        } else {
+          c = (isNanCell(ta) ? 1 : 0) - (isNanCell(tb) ? 1 : 0);
+        }
+      } else {
+        c = collator.compare(ta.textContent.trim(), tb.textContent.trim());
+      }
+      if (c === 0) return (+a.getAttribute("data-i")) - (+b.getAttribute("data-i"));
+      return sign * c;
+    });
+    rows.forEach(function (r) { tbody.appendChild(r); });
+    Array.prototype.forEach.call(th.parentNode.cells, function (h) { h.removeAttribute("aria-sort"); });
+    th.setAttribute("aria-sort", dir);
+  }
+
+  Array.prototype.forEach.call(document.querySelectorAll("table.sortable"), function (table) {
+    Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th, col) {
+      th.tabIndex = 0;
+      th.addEventListener("click", function () { sortTable(table, col, th); });
+      th.addEventListener("keydown", function (e) {
+        if (e.key === "Enter" || e.key === " ") { e.preventDefault(); sortTable(table, col, th); }
+      });
+    });
+  });
+
+  var table = document.getElementById("verdict-table");
+  var input = document.getElementById("filter");
+  var select = document.getElementById("status-filter");
+  var counter = document.getElementById("row-count");
+  var problems = { warn: true, fail: true, error: true };
+
+  function applyFilter() {
+    if (!table) return;
+    var needle = input.value.trim().toLowerCase();
+    var want = select.value;
+    var rows = table.tBodies[0].rows, shown = 0;
+    for (var i = 0; i < rows.length; i++) {
+      var r = rows[i], s = r.getAttribute("data-status");
+      var ok = (!want || (want === "problems" ? problems[s] : s === want)) &&
+               (!needle || r.textContent.toLowerCase().indexOf(needle) >= 0);
+      r.hidden = !ok;
+      if (ok) shown++;
+    }
+    counter.textContent = "showing " + shown + " of " + rows.length;
+    Array.prototype.forEach.call(document.querySelectorAll("#status-counts button"), function (b) {
+      b.classList.toggle("active", b.getAttribute("data-status") === want);
+    });
+  }
+
+  if (table) {
+    input.addEventListener("input", applyFilter);
+    select.addEventListener("change", applyFilter);
+    Array.prototype.forEach.call(document.querySelectorAll("#status-counts button"), function (b) {
+      b.addEventListener("click", function () {
+        var s = b.getAttribute("data-status");
+        select.value = select.value === s ? "" : s;
+        applyFilter();
+        document.getElementById("results").scrollIntoView();
+      });
+    });
+    applyFilter();
+  }
+})();

@@ -1,0 +1,253 @@
+"""Load and validate suite files (TOML) into cases.
+
+A suite is a list of probe entries; each entry names an op from the probe table
+(`diag.probes.PROBES`) and a grid of parameters. Every field is checked before any worker
+starts: a bad file raises `SuiteError` naming the file, the field and what was expected.
+
+    [suite]
+    name = "matmul"
+    seed = 0
+
+    [[probe]]
+    name = "sweep_d4"          # unique within the suite
+    op = "matmul"
+    inputs = "normal"          # an input maker: normal, uniform, positive, wide
+    dtypes = ["float32", "bfloat16"]
+    shape = ["d", 4, "d"]      # [M, K, N]; a string names a swept parameter
+    sweep = { d = [64, 128, 256] }
+    precision = ["default"]    # default | high | highest | medium
+    precision_via = ["argument", "config"]   # per op (JAX only) or process-wide config
+
+`shapes = [[M, K, N], ...]` lists fixed shapes instead of `shape` + `sweep`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from diag.errors import SuiteError
+from diag.probes import INPUT_MAKERS, PRECISION_VIA, PRECISIONS, PROBES
+
+__all__ = ["Case", "Suite", "load_suite", "suite_names", "SUITE_DIR"]
+
+SUITE_DIR = Path(__file__).parent / "probes"
+
+_ENTRY_FIELDS = {"name", "op", "description", "inputs", "dtypes", "shape", "shapes", "sweep",
+                 "precision", "precision_via"}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One op on one input set under one setting; run on every backend it applies to.
+
+    Attributes:
+      id: short unique id within the suite, safe as a file name (`c0007`).
+      probe: the suite entry's name.
+      op: the op name.
+      label: human-readable case id, stable across runs (records' `case`).
+      params: the case parameters as data (shape, dtype, precision, sweep).
+      op_args: the parameters forwarded to the backend op.
+      inputs: name of the input maker.
+      input_key: identifies the input arrays (cases that differ only in op_args share them).
+      seed: the seed the inputs are drawn from.
+    """
+
+    id: str
+    probe: str
+    op: str
+    label: str
+    params: dict[str, Any]
+    op_args: dict[str, Any]
+    inputs: str
+    input_key: str
+    seed: int = 0
+    dtype: str = field(default="")
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    path: str
+    description: str
+    seed: int
+    cases: tuple[Case, ...]
+
+
+def suite_names() -> list[str]:
+    """Names of the suites shipped with diag."""
+    return sorted(p.stem for p in SUITE_DIR.glob("*.toml"))
+
+
+def _resolve(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists():
+        if not p.is_file():
+            raise SuiteError(str(p), "path", "an existing suite file (.toml)")
+        return p
+    shipped = SUITE_DIR / f"{name_or_path}.toml"
+    if not shipped.is_file():
+        raise SuiteError(name_or_path, "suite",
+                         f"a suite name ({', '.join(suite_names())}) or a path to a .toml file")
+    return shipped
+
+
+def _expect(path: Path, where: str, value: Any, typ, what: str) -> Any:
+    # bool is an int in Python; a suite saying `k = true` is a mistake, not a 1.
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        got = type(value).__name__
+        raise SuiteError(str(path), where, f"expected {what}, got {got} {value!r}")
+    return value
+
+
+def _str_list(path: Path, where: str, value: Any, allowed=None) -> list[str]:
+    _expect(path, where, value, list, "a list of strings")
+    if not value:
+        raise SuiteError(str(path), where, "expected a non-empty list")
+    for i, v in enumerate(value):
+        _expect(path, f"{where}[{i}]", v, str, "a string")
+        if allowed is not None and v not in allowed:
+            raise SuiteError(str(path), f"{where}[{i}]",
+                             f"expected one of {', '.join(allowed)}, got {v!r}")
+    return value
+
+
+def _shape_dims(path: Path, where: str, shape: Any, sweep: dict) -> list:
+    _expect(path, where, shape, list, "a list [M, K, N]")
+    if len(shape) != 3:
+        raise SuiteError(str(path), where, f"expected 3 dimensions [M, K, N], got {len(shape)}")
+    for i, dim in enumerate(shape):
+        if isinstance(dim, str):
+            if dim not in sweep:
+                raise SuiteError(str(path), f"{where}[{i}]",
+                                 f"'{dim}' is not a swept parameter (sweep has: "
+                                 f"{', '.join(sweep) or 'nothing'})")
+        else:
+            _expect(path, f"{where}[{i}]", dim, int, "a positive integer or a sweep name")
+            if dim < 1:
+                raise SuiteError(str(path), f"{where}[{i}]", f"expected >= 1, got {dim}")
+    return shape
+
+
+def load_suite(name_or_path: str) -> Suite:
+    """Load a shipped suite by name, or a suite file by path, and expand it into cases.
+
+    Raises:
+      SuiteError: unknown suite, unreadable or malformed TOML, or a field of the wrong type
+        or value; the message names the file, the field and what was expected.
+    """
+    path = _resolve(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise SuiteError(str(path), "toml", f"valid TOML ({e})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SuiteError(str(path), "file", f"a readable UTF-8 file ({e})") from None
+
+    head = _expect(path, "suite", data.get("suite", {}), dict, "a [suite] table")
+    name = _expect(path, "suite.name", head.get("name", path.stem), str, "a string")
+    description = _expect(path, "suite.description", head.get("description", ""), str,
+                          "a string")
+    seed = _expect(path, "suite.seed", head.get("seed", 0), int, "an integer")
+    unknown = set(data) - {"suite", "probe"}
+    if unknown:
+        raise SuiteError(str(path), sorted(unknown)[0], "only [suite] and [[probe]] tables")
+    entries = _expect(path, "probe", data.get("probe"), list, "one or more [[probe]] tables")
+    if not entries:
+        raise SuiteError(str(path), "probe", "one or more [[probe]] tables")
+
+    cases: list[Case] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(entries):
+        cases.extend(_expand(path, f"probe[{i}]", entry, seed, seen, start=len(cases)))
+    return Suite(name=name, path=str(path), description=description, seed=seed,
+                 cases=tuple(cases))
+
+
+def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int) -> list[Case]:
+    _expect(path, where, entry, dict, "a table")
+    unknown = set(entry) - _ENTRY_FIELDS
+    if unknown:
+        raise SuiteError(str(path), f"{where}.{sorted(unknown)[0]}",
+                         f"a known field ({', '.join(sorted(_ENTRY_FIELDS))})")
+    if "name" not in entry:
+        raise SuiteError(str(path), f"{where}.name", "a probe name (string)")
+    pname = _expect(path, f"{where}.name", entry["name"], str, "a string")
+    if pname in seen:
+        raise SuiteError(str(path), f"{where}.name", f"a unique name; '{pname}' is repeated")
+    seen.add(pname)
+    op = _expect(path, f"{where}.op", entry.get("op"), str, "an op name")
+    if op not in PROBES:
+        raise SuiteError(str(path), f"{where}.op", f"one of {', '.join(PROBES)}, got {op!r}")
+    probe = PROBES[op]
+    inputs = _expect(path, f"{where}.inputs", entry.get("inputs", "normal"), str, "a string")
+    if inputs not in INPUT_MAKERS:
+        raise SuiteError(str(path), f"{where}.inputs",
+                         f"one of {', '.join(INPUT_MAKERS)}, got {inputs!r}")
+    dtypes = _str_list(path, f"{where}.dtypes", entry.get("dtypes"), probe.dtypes)
+    precisions = _str_list(path, f"{where}.precision", entry.get("precision", ["default"]),
+                           PRECISIONS)
+    vias = _str_list(path, f"{where}.precision_via",
+                     entry.get("precision_via", list(PRECISION_VIA)), PRECISION_VIA)
+
+    sweep = _expect(path, f"{where}.sweep", entry.get("sweep", {}), dict, "a table of lists")
+    for key, values in sweep.items():
+        _expect(path, f"{where}.sweep.{key}", values, list, "a list of positive integers")
+        if not values:
+            raise SuiteError(str(path), f"{where}.sweep.{key}", "a non-empty list")
+        for j, v in enumerate(values):
+            _expect(path, f"{where}.sweep.{key}[{j}]", v, int, "a positive integer")
+            if v < 1:
+                raise SuiteError(str(path), f"{where}.sweep.{key}[{j}]", f"expected >= 1, got {v}")
+    if ("shape" in entry) == ("shapes" in entry):
+        raise SuiteError(str(path), f"{where}.shape",
+                         "exactly one of 'shape' (with 'sweep') or 'shapes'")
+    if "shape" in entry:
+        template = _shape_dims(path, f"{where}.shape", entry["shape"], sweep)
+        if len(sweep) > 1:
+            raise SuiteError(str(path), f"{where}.sweep", "at most one swept parameter")
+        if not sweep:
+            shapes = [(template, {})]
+        else:
+            (key, values), = sweep.items()
+            shapes = [([v if d == key else d for d in template], {"sweep": key, key: v})
+                      for v in values]
+    else:
+        if sweep:
+            raise SuiteError(str(path), f"{where}.sweep", "'sweep' only together with 'shape'")
+        listed = _expect(path, f"{where}.shapes", entry["shapes"], list, "a list of [M, K, N]")
+        if not listed:
+            raise SuiteError(str(path), f"{where}.shapes", "a non-empty list")
+        shapes = [(_shape_dims(path, f"{where}.shapes[{j}]", s, {}), {})
+                  for j, s in enumerate(listed)]
+
+    # 'default' touches no setting, so how it would be passed does not matter: one case.
+    settings = list(dict.fromkeys((p, "none" if p == "default" else v)
+                                  for p, v in itertools.product(precisions, vias)))
+    cases = []
+    for (mkn, sweep_params), dtype, (prec, via) in itertools.product(shapes, dtypes, settings):
+        m, k, n = mkn
+        params = {"m": m, "k": k, "n": n, "dtype": dtype, "precision": prec,
+                  "precision_via": via, **sweep_params}
+        op_args = {a: params[a] for a in probe.op_args}
+        key_data = json.dumps([op, inputs, dtype, mkn, seed])
+        input_key = hashlib.sha256(key_data.encode()).hexdigest()[:16]
+        label = f"{m}x{k}x{n} {dtype}"
+        if prec != "default":
+            label += f" precision={prec} via={via}"
+        cases.append(Case(
+            id=f"c{start + len(cases):04d}", probe=pname, op=op, label=label, params=params,
+            op_args=op_args, inputs=inputs, input_key=input_key,
+            seed=int(input_key[:8], 16) ^ seed, dtype=dtype,
+        ))
+    return cases

@@ -1,0 +1,193 @@
+"""The report works in a real browser, offline: rows render, charts have a size, headers
+sort, the filter box and status select hide rows, and the console stays clean (a wrong
+script hash in the Content-Security-Policy, a blocked fetch or a script error would each
+log a SEVERE entry).
+
+Runs headless Debian chromium through chromedriver; skipped only where they are absent
+(CI installs them).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+
+import pytest
+
+try:  # tests/ is on sys.path as a rootdir (no __init__.py) ...
+    from test_report import make_run
+except ImportError:  # ... or is a package
+    from tests.test_report import make_run
+
+from diag.report import write_report
+
+CHROMIUM = os.environ.get("DIAG_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("DIAG_CHROMEDRIVER", "/usr/bin/chromedriver")
+
+if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+    pytest.skip(f"needs {CHROMIUM} and {CHROMEDRIVER} (apt-get install chromium chromium-driver)",
+                allow_module_level=True)
+webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install "
+                                "'diag[test]')")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import Select  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def run_and_report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("browser")
+    run = make_run(root)
+    return run, write_report(run.path)
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--no-first-run", "--disable-quic",
+                "--window-size=1500,1100",
+                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
+    drv = webdriver.Chrome(service=service, options=opts)
+    drv.set_page_load_timeout(15)
+    yield drv
+    drv.quit()
+
+
+@pytest.fixture()
+def page(driver, run_and_report):
+    run, path = run_and_report
+    driver.get(path.resolve().as_uri())
+    return driver, run
+
+
+def _visible_rows(driver, table_id="verdict-table") -> int:
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0] + ' tbody tr'))"
+        ".filter(r => r.offsetParent !== null).length;", f"#{table_id}")
+
+
+def _column(driver, header: str, table_id="verdict-table") -> int:
+    headers = driver.find_elements(By.CSS_SELECTOR, f"#{table_id} thead th")
+    return [h.text.strip(" \u2195\u25b2\u25bc") for h in headers].index(header)
+
+
+def _cell_keys(driver, col: int) -> list[str | None]:
+    """data-v of one column, for the visible rows, in displayed order."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll('#verdict-table tbody tr'))"
+        ".filter(r => r.offsetParent !== null)"
+        ".map(r => r.cells[arguments[0]].getAttribute('data-v'));", col)
+
+
+def test_all_rows_visible_and_counted(page):
+    driver, run = page
+    records = run.records()
+    n_probe = sum(r["kind"] != "agreement" for r in records)
+    assert _visible_rows(driver) == n_probe
+    assert _visible_rows(driver, "agreement-table") == 1
+    assert driver.find_element(By.ID, "row-count").text == f"showing {n_probe} of {n_probe}"
+    assert driver.find_element(By.ID, "verdict").is_displayed()
+
+
+def test_charts_render_with_size(page):
+    driver, _ = page
+    svgs = driver.find_elements(By.CSS_SELECTOR, "figure.sweep svg")
+    assert len(svgs) == 3
+    for svg in svgs:
+        size = svg.size
+        assert size["width"] > 300 and size["height"] > 100, size
+    # The series lines themselves have geometry (not clipped away or empty).
+    box = driver.execute_script(
+        "const b = document.getElementById('sweep-0-max_abs_err-s3').getBBox();"
+        "return [b.width, b.height];")
+    assert box[0] > 10 and box[1] > 1
+
+
+def test_clicking_a_metric_header_sorts_numerically(page):
+    driver, _ = page
+    col = _column(driver, "max ULP")
+    header = driver.find_elements(By.CSS_SELECTOR, "#verdict-table thead th")[col]
+
+    header.click()  # numbers: worst (largest) first
+    assert header.get_attribute("aria-sort") == "descending"
+    keys = _cell_keys(driver, col)
+    # The failing softmax has max_ulp "inf"; missing values (error, skip) go last.
+    assert keys[0] == "Infinity"
+    present = [float(k) for k in keys if k]
+    assert present == sorted(present, reverse=True)
+    assert all(not k for k in keys[len(present):]) and len(keys) - len(present) == 2
+
+    header.click()
+    assert header.get_attribute("aria-sort") == "ascending"
+    keys = _cell_keys(driver, col)
+    present = [float(k) for k in keys if k]
+    assert present == sorted(present) and not math.isinf(present[0])
+    assert all(not k for k in keys[len(present):])
+
+
+def test_text_sort_is_natural(page):
+    driver, _ = page
+    col = _column(driver, "case")
+    driver.find_elements(By.CSS_SELECTOR, "#verdict-table thead th")[col].click()
+    cases = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#verdict-table tbody tr'))"
+        ".map(r => r.cells[arguments[0]].textContent);", col)
+    d_cases = [c for c in cases if c.startswith("d=") and c.endswith("precision=default")]
+    assert d_cases == ["d=64 precision=default", "d=256 precision=default",
+                       "d=1024 precision=default"]
+
+
+def test_filter_box_and_status_select_hide_rows(page):
+    driver, run = page
+    records = [r for r in run.records() if r["kind"] != "agreement"]
+    box = driver.find_element(By.ID, "filter")
+    box.send_keys("bfloat16")
+    want = sum("bfloat16" in r["dtype"] or "bfloat16" in r["case"] for r in records)
+    assert _visible_rows(driver) == want
+    assert driver.find_element(By.ID, "row-count").text == f"showing {want} of {len(records)}"
+
+    box.clear()
+    box.send_keys("torch-cpu")
+    assert _visible_rows(driver) == sum(r["backend"] == "torch-cpu" for r in records)
+
+    box.clear()
+    box.send_keys("x")  # clear() fires no input event; typing and deleting does
+    box.send_keys("\b")
+    assert _visible_rows(driver) == len(records)
+
+    status = Select(driver.find_element(By.ID, "status-filter"))
+    counts = Counter(r["status"] for r in records)
+    for value in ("fail", "error", "skip", "pass"):
+        status.select_by_value(value)
+        assert _visible_rows(driver) == counts[value], value
+    status.select_by_value("problems")
+    assert _visible_rows(driver) == counts["warn"] + counts["fail"] + counts["error"]
+
+    status.select_by_value("pass")
+    box.send_keys("jax-cpu")  # both filters apply together
+    assert _visible_rows(driver) == sum(r["status"] == "pass" and r["backend"] == "jax-cpu"
+                                        for r in records)
+
+
+def test_status_badge_in_header_filters(page):
+    driver, run = page
+    driver.find_element(By.CSS_SELECTOR, '#status-counts button[data-status="fail"]').click()
+    fails = sum(r["status"] == "fail" and r["kind"] != "agreement" for r in run.records())
+    assert _visible_rows(driver) == fails
+
+
+def test_console_has_no_errors(page):
+    driver, _ = page
+    driver.find_element(By.CSS_SELECTOR, "#verdict-table thead th").click()
+    if os.environ.get("DIAG_REPORT_SCREENSHOT"):
+        driver.save_screenshot(os.environ["DIAG_REPORT_SCREENSHOT"])
+    severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert severe == []
+    assert driver.execute_script("return window.__xss === undefined && !document.querySelector("
+                                 "'main script, header script')")

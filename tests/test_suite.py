@@ -1,0 +1,97 @@
+"""Suite files are validated before anything runs: a bad file names the file, field, expectation."""
+
+from __future__ import annotations
+
+import pytest
+
+from diag.errors import SuiteError
+from diag.suite import load_suite, suite_names
+
+
+def _write(tmp_path, text: str):
+    p = tmp_path / "s.toml"
+    p.write_text(text)
+    return str(p)
+
+
+GOOD = """
+[suite]
+name = "t"
+seed = 3
+
+[[probe]]
+name = "sweep"
+op = "matmul"
+dtypes = ["float32", "bfloat16"]
+shape = ["d", 4, "d"]
+sweep = { d = [8, 16] }
+"""
+
+
+def test_matmul_suite_covers_the_d4_sweep_dtypes_and_precisions():
+    suite = load_suite("matmul")
+    assert "matmul" in suite_names()
+    sweep = [c for c in suite.cases if c.probe == "sweep_d4"]
+    ds = sorted({c.params["d"] for c in sweep})
+    assert ds == [64, 128, 256, 512, 1024, 2048, 4096]
+    assert {c.dtype for c in sweep} == {"float32", "bfloat16", "float16"}
+    assert all(c.params["k"] == 4 and c.params["m"] == c.params["n"] == c.params["d"]
+               for c in sweep)
+    settings = {(c.params["precision"], c.params["precision_via"]) for c in suite.cases}
+    assert ("default", "none") in settings
+    for level in ("high", "highest", "medium"):
+        assert (level, "argument") in settings and (level, "config") in settings
+    assert len({c.id for c in suite.cases}) == len(suite.cases)
+
+
+def test_cases_with_same_inputs_share_an_input_key():
+    suite = load_suite("matmul")
+    prec = [c for c in suite.cases if c.probe == "precision" and c.params["m"] == 512]
+    assert len(prec) == 7 and len({c.input_key for c in prec}) == 1
+    sweep_4096 = [c for c in suite.cases if c.probe == "sweep_d4" and c.params["d"] == 4096
+                  and c.dtype == "float32"][0]
+    prec_4096 = [c for c in suite.cases if c.probe == "precision" and c.params["m"] == 4096][0]
+    assert sweep_4096.input_key == prec_4096.input_key  # ground truth computed once
+
+
+def test_good_suite_expands_grid(tmp_path):
+    suite = load_suite(_write(tmp_path, GOOD))
+    assert suite.name == "t"
+    assert [(c.params["d"], c.dtype) for c in suite.cases] == [
+        (8, "float32"), (8, "bfloat16"), (16, "float32"), (16, "bfloat16")]
+    assert suite.cases[0].label == "8x4x8 float32"
+
+
+@pytest.mark.parametrize("text, field, expected", [
+    (GOOD.replace('dtypes = ["float32", "bfloat16"]', 'dtypes = "float32"'),
+     "probe[0].dtypes", "expected a list of strings, got str"),
+    (GOOD.replace('"bfloat16"]', '"float99"]'), "probe[0].dtypes[1]", "float99"),
+    (GOOD.replace('op = "matmul"', 'op = "matmull"'), "probe[0].op", "matmull"),
+    (GOOD.replace("[8, 16]", "[8, 0]"), "probe[0].sweep.d[1]", "expected >= 1"),
+    (GOOD.replace("[8, 16]", "[8, true]"), "probe[0].sweep.d[1]", "positive integer, got bool"),
+    (GOOD.replace('["d", 4, "d"]', '["e", 4, "d"]'), "probe[0].shape[0]", "not a swept"),
+    (GOOD.replace('["d", 4, "d"]', '["d", 4]'), "probe[0].shape", "3 dimensions"),
+    (GOOD.replace("seed = 3", 'seed = "3"'), "suite.seed", "an integer"),
+    (GOOD + "\n[[probe]]\nname = \"sweep\"\nop = \"matmul\"\ndtypes=[\"float32\"]\n"
+            "shapes=[[1,2,3]]\n", "probe[1].name", "repeated"),
+    (GOOD.replace('name = "sweep"', 'name = "sweep"\nprecison = ["high"]'),
+     "probe[0].precison", "known field"),
+    (GOOD.replace('name = "sweep"', 'name = "sweep"\nprecision = ["ultra"]'),
+     "probe[0].precision[0]", "ultra"),
+    ("[suite\nname=1", "toml", "valid TOML"),
+    ("[suite]\nname = \"x\"\n", "probe", "[[probe]]"),
+])
+def test_bad_suite_names_file_field_and_expectation(tmp_path, text, field, expected):
+    path = _write(tmp_path, text)
+    with pytest.raises(SuiteError) as info:
+        load_suite(path)
+    msg = str(info.value)
+    assert msg.startswith(f"diag: {path}: field '{field}'"), msg
+    assert expected in msg
+    assert info.value.field == field
+
+
+def test_unknown_suite_name_lists_shipped_suites():
+    with pytest.raises(SuiteError) as info:
+        load_suite("no-such-suite")
+    assert "matmul" in str(info.value) and "no-such-suite" in str(info.value)
