@@ -136,7 +136,8 @@ def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on 
 def main() -> None:
     """Console-script entry point: DiagError -> one `diag:` line and its exit code."""
     try:
-        app(standalone_mode=False)
+        # With standalone_mode=False click returns the code a command exits with.
+        code = app(standalone_mode=False)
     except DiagError as e:
         if _debug:
             raise
@@ -155,7 +156,7 @@ def main() -> None:
             e.show()
             sys.exit(e.exit_code if e.exit_code else EXIT_USAGE)
         raise
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

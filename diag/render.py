@@ -76,22 +76,27 @@ def _num(x: Any) -> str:
 
 
 def summary_table(records: Iterable[dict[str, Any]]) -> Table:
-    """One row per (probe, backend, dtype): counts per status, worst bound ratio and ULP."""
+    """One row per (probe, backend, dtype): verdict, counts, worst bound ratio and ULP.
+
+    Skips are listed with the problems, not here: they have no probe or dtype.
+    """
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
-        groups[(r["probe"], r["backend"], r["dtype"])].append(r)
-    table = Table(title="diag: results", show_lines=False)
-    for col in ("probe", "backend", "dtype", "verdict", "pass", "warn", "fail", "error", "skip",
-                "worst bound ratio", "max ULP"):
-        table.add_column(col, justify="right" if col not in ("probe", "backend", "dtype") else "left")
+        if r["status"] != "skip":
+            groups[(r["probe"].split(".", 1)[-1], r["backend"], r["dtype"])].append(r)
+    table = Table(title="diag: results")
+    for col, justify in (("probe", "left"), ("backend", "left"), ("dtype", "left"),
+                         ("verdict", "left"), ("records", "left"), ("bound ratio", "right"),
+                         ("max ULP", "right")):
+        table.add_column(col, justify=justify)
     for (probe, backend, dtype), rs in groups.items():
         statuses = [r["status"] for r in rs]
+        counts = ", ".join(f"{statuses.count(s)} {s}" for s in STATUSES if s in statuses)
         ratios = [r["metrics"].get("bound_ratio") for r in rs
                   if isinstance(r["metrics"].get("bound_ratio"), (int, float))]
         ulps = [r["metrics"].get(k) for r in rs for k in ("max_ulp", "max_ulp_between")
                 if isinstance(r["metrics"].get(k), int)]
-        table.add_row(probe, backend, dtype, badge(worst_status(statuses)),
-                      *(str(statuses.count(s)) for s in ("pass", "warn", "fail", "error", "skip")),
+        table.add_row(probe, backend, dtype, badge(worst_status(statuses)), counts,
                       _num(max(ratios)) if ratios else "—", _num(max(ulps)) if ulps else "—")
     return table
 

@@ -122,18 +122,21 @@ def _str_list(path: Path, where: str, value: Any, allowed=None) -> list[str]:
     return value
 
 
-def _shape_dims(path: Path, where: str, shape: Any, sweep: dict) -> list:
+def _shape_dims(path: Path, where: str, shape: Any, sweep: dict | None) -> list:
+    """Check [M, K, N]; with `sweep` (a `shape` template) a string may name a swept param."""
     _expect(path, where, shape, list, "a list [M, K, N]")
     if len(shape) != 3:
         raise SuiteError(str(path), where, f"expected 3 dimensions [M, K, N], got {len(shape)}")
     for i, dim in enumerate(shape):
-        if isinstance(dim, str):
+        if isinstance(dim, str) and sweep is not None:
             if dim not in sweep:
                 raise SuiteError(str(path), f"{where}[{i}]",
                                  f"'{dim}' is not a swept parameter (sweep has: "
                                  f"{', '.join(sweep) or 'nothing'})")
         else:
-            _expect(path, f"{where}[{i}]", dim, int, "a positive integer or a sweep name")
+            _expect(path, f"{where}[{i}]", dim, int,
+                    "a positive integer or a sweep name" if sweep is not None else
+                    "a positive integer")
             if dim < 1:
                 raise SuiteError(str(path), f"{where}[{i}]", f"expected >= 1, got {dim}")
     return shape
@@ -228,7 +231,7 @@ def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int
         listed = _expect(path, f"{where}.shapes", entry["shapes"], list, "a list of [M, K, N]")
         if not listed:
             raise SuiteError(str(path), f"{where}.shapes", "a non-empty list")
-        shapes = [(_shape_dims(path, f"{where}.shapes[{j}]", s, {}), {})
+        shapes = [(_shape_dims(path, f"{where}.shapes[{j}]", s, None), {})
                   for j, s in enumerate(listed)]
 
     # 'default' touches no setting, so how it would be passed does not matter: one case.

@@ -20,7 +20,8 @@ Fault injection for diag's own tests and for users proving their harness:
 `DIAG_WORKER_FAULT=KIND@CASE` (or `KIND@BACKEND:CASE`) makes the worker fail just before the
 case with that id (`c0003`; `start` fails before the framework is even imported), KIND one of
 `kill` (SIGKILL itself), `abort` (SIGABRT, like a native crash), `raise` (an uncaught Python
-exception), `hang` (sleep forever).
+exception), `hang` (sleep forever), or `corrupt` (the case runs, then the first output
+element is doubled: silent wrong data, which the verdict must catch).
 """
 
 from __future__ import annotations
@@ -50,14 +51,17 @@ def _emit(stream, **event) -> None:
     stream.flush()
 
 
-def _inject_fault(backend: str, case_id: str) -> None:
+def _fault(backend: str, case_id: str) -> str | None:
     spec = os.environ.get("DIAG_WORKER_FAULT", "")
-    if not spec:
-        return
     kind, _, at = spec.partition("@")
     where, _, case = at.rpartition(":")
-    if case != case_id or where not in ("", backend):
-        return
+    if not spec or case != case_id or where not in ("", backend):
+        return None
+    return kind
+
+
+def _inject_fault(backend: str, case_id: str) -> None:
+    kind = _fault(backend, case_id)
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif kind == "abort":
@@ -99,6 +103,9 @@ def run_job(job: dict, stream) -> None:
                 backend.block(out)
                 samples.append(time.perf_counter() - t0)
             host = backend.get(out)
+            if _fault(spec.name, case["id"]) == "corrupt":
+                host = np.array(host)
+                host.flat[0] = host.flat[0] * 2
             path = os.path.join(out_dir, f"{case['id']}.{spec.name}.npy")
             np.save(path, numerics.bits_view(host))
             _emit(stream, event="result", case=case["id"], output=path,

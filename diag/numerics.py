@@ -1,0 +1,278 @@
+"""Floating-point facts diag relies on, in one place: dtypes, ULPs, unit roundoff, bounds, rounding.
+
+Every comparison diag makes is expressed in units of the output dtype (ULPs) and against the
+textbook error bound of the arithmetic a backend claims to use. Getting those units wrong is
+silent, so they live here, are tested against mpmath, and are imported by the oracle, the
+comparison code and the report alike.
+
+Numerical traps written down where they bite:
+
+* float64 -> bfloat16 through float32 rounds twice (ml_dtypes and torch both do it):
+  ``1 + 2**-8 + 2**-30`` becomes ``1.0`` instead of ``1 + 2**-7``. `round_to_dtype` rounds to odd
+  into float32 first, which makes the second rounding correct (24 >= 8 + 2 bits).
+* ml_dtypes turns the exact tie ``464`` into NaN for float8_e4m3fn; with round-half-even and an
+  unbounded exponent it rounds to ``448`` (even), which is finite, so `round_to_dtype` returns 448.
+* Bits are compared, not values, wherever the sign of zero matters: ``-0.0 == 0.0``.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import ml_dtypes
+import numpy as np
+
+from diag.errors import UsageError
+
+__all__ = [
+    "DTYPES",
+    "NAN_ULP",
+    "as_dtype",
+    "dtype_name",
+    "is_supported",
+    "precision_bits",
+    "unit_roundoff",
+    "gamma",
+    "matmul_error_bound",
+    "ulp_distance",
+    "round_to_dtype",
+    "bits_view",
+    "from_bits",
+]
+
+DTypeLike = Union[str, np.dtype, type]
+
+#: Names diag accepts for its floating-point dtypes, mapped to the numpy / ml_dtypes dtype.
+DTYPES: dict[str, np.dtype] = {
+    "float64": np.dtype(np.float64),
+    "float32": np.dtype(np.float32),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float16": np.dtype(np.float16),
+    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
+}
+_ALIASES = {"f64": "float64", "f32": "float32", "bf16": "bfloat16", "f16": "float16",
+            "half": "float16", "fp8_e4m3fn": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+_NAMES = {dt: name for name, dt in DTYPES.items()}
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+#: `ulp_distance` when exactly one side is NaN: 2**62. It is larger than the distance between
+#: any two non-NaN values of a dtype up to 32 bits (at most 2 * 0x7F800000 < 2**33), so a NaN
+#: mismatch always sorts above every numeric one; float64 distances saturate below it.
+NAN_ULP = 2**62
+
+
+def as_dtype(dtype: DTypeLike) -> np.dtype:
+    """The numpy dtype for a diag dtype name or a numpy / ml_dtypes dtype.
+
+    Args:
+        dtype: "float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float64"
+            (or a short alias such as "bf16"), or a dtype / scalar type of one of those.
+
+    Returns:
+        The `np.dtype`.
+
+    Raises:
+        UsageError: the dtype is not one diag handles.
+    """
+    if isinstance(dtype, str):
+        key = _ALIASES.get(dtype.lower(), dtype.lower())
+        if key in DTYPES:
+            return DTYPES[key]
+        raise UsageError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise UsageError(f"not a dtype: {dtype!r}; expected one of {', '.join(DTYPES)}") from None
+    if dt not in _NAMES:
+        raise UsageError(f"unsupported dtype {dt}; expected one of {', '.join(DTYPES)}")
+    return dt
+
+
+def is_supported(dtype: DTypeLike) -> bool:
+    """Whether `as_dtype` accepts `dtype`."""
+    try:
+        as_dtype(dtype)
+    except UsageError:
+        return False
+    return True
+
+
+def dtype_name(dtype: DTypeLike) -> str:
+    """The canonical diag name of a dtype ("bfloat16", not "bf16" or "<V2")."""
+    return _NAMES[as_dtype(dtype)]
+
+
+def precision_bits(dtype: DTypeLike) -> int:
+    """Significand bits p including the implicit bit (float32: 24, bfloat16: 8, float16: 11)."""
+    return int(ml_dtypes.finfo(as_dtype(dtype)).nmant) + 1
+
+
+def unit_roundoff(dtype: DTypeLike) -> float:
+    """Unit roundoff u = 2**-p of round-to-nearest (float32 2**-24, bf16 2**-8, fp16 2**-11)."""
+    return 2.0 ** -precision_bits(dtype)
+
+
+def gamma(k, dtype: DTypeLike):
+    """Higham's gamma_k = k u / (1 - k u); inf where k u >= 1.
+
+    gamma_k bounds the relative error of k successive roundings; a K-term dot product computed
+    in any order has |error| <= gamma_K * sum_k |a_k b_k| (products rounded too).
+
+    Args:
+        k: a count (int or integer array).
+        dtype: the dtype whose unit roundoff applies.
+
+    Returns:
+        A float (scalar k) or float64 array.
+    """
+    u = unit_roundoff(dtype)
+    ku = np.asarray(k, dtype=np.float64) * u
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g = np.where(ku < 1.0, ku / (1.0 - ku), np.inf)
+    return float(g) if g.ndim == 0 else g
+
+
+def matmul_error_bound(a, b, compute_dtype: DTypeLike) -> np.ndarray:
+    """Textbook forward error bound gamma_K * (|A| |B|)_ij of a matmul done in `compute_dtype`.
+
+    A backend whose error exceeds this bound used less precision than `compute_dtype` (for
+    example one bf16 pass where float32 was claimed). |A||B| is computed in float64 and scaled
+    up by (1 + gamma_K(float64)) so that its own rounding does not make the bound smaller.
+
+    Args:
+        a: [..., M, K] array (any float dtype diag knows).
+        b: [..., K, N] array.
+        compute_dtype: the dtype the backend claims to accumulate in.
+
+    Returns:
+        float64 array of shape [..., M, N].
+    """
+    a64 = np.abs(np.asarray(a).astype(np.float64))
+    b64 = np.abs(np.asarray(b).astype(np.float64))
+    if a64.ndim < 2 or b64.ndim < 2 or a64.shape[-1] != b64.shape[-2]:
+        raise UsageError(f"matmul_error_bound: shapes {a64.shape} and {b64.shape} do not "
+                         "multiply; expected [..., M, K] and [..., K, N]")
+    k = a64.shape[-1]
+    return (a64 @ b64) * (gamma(k, compute_dtype) * (1.0 + gamma(k + 1, np.float64)))
+
+
+def bits_view(arr) -> np.ndarray:
+    """The same bytes viewed as unsigned integers of the same width (bf16 -> uint16, ...).
+
+    Used to ship arrays between processes and to compare values bit for bit (-0.0 != 0.0,
+    NaN payloads kept).
+    """
+    arr = np.asarray(arr)
+    return arr.view(_UINT[arr.dtype.itemsize])
+
+
+def from_bits(bits, dtype: DTypeLike) -> np.ndarray:
+    """Inverse of `bits_view`: reinterpret unsigned integers as `dtype` (widths must match).
+
+    Raises:
+        UsageError: the bit array's width differs from the dtype's.
+    """
+    dt = as_dtype(dtype)
+    bits = np.asarray(bits)
+    if bits.dtype != np.dtype(_UINT[dt.itemsize]):
+        raise UsageError(f"from_bits: {bits.dtype} bits cannot hold {dtype_name(dt)}; "
+                         f"expected {np.dtype(_UINT[dt.itemsize])}")
+    return bits.view(dt)
+
+
+def _magnitude_and_sign(x: np.ndarray):
+    bits = bits_view(x).astype(np.uint64)
+    width = 8 * x.dtype.itemsize
+    sign_mask = np.uint64(1) << np.uint64(width - 1)
+    return bits & (sign_mask - np.uint64(1)), (bits & sign_mask) != 0
+
+
+def ulp_distance(x, y) -> np.ndarray:
+    """Number of representable values between x and y, elementwise, in their common dtype.
+
+    Works on the ordered-integer view of the bits: +0 and -0 are the same point, neighbours are 1
+    apart, the distance across zero adds both sides, +-inf sit one step beyond the largest
+    finite value. Both NaN -> 0 (agree); exactly one NaN -> `NAN_ULP`.
+
+    Args:
+        x: array of float32, bfloat16, float16, float8_* or float64.
+        y: array of the same dtype, broadcastable against x.
+
+    Returns:
+        int64 array (float64 distances saturate at NAN_ULP - 1).
+
+    Raises:
+        UsageError: the dtypes differ or are not supported.
+    """
+    x, y = np.asarray(x), np.asarray(y)
+    if x.dtype != y.dtype:
+        raise UsageError(f"ulp_distance: dtypes differ ({x.dtype} vs {y.dtype}); cast one side "
+                         "to the other's dtype first")
+    as_dtype(x.dtype)
+    x, y = np.broadcast_arrays(x, y)
+    mx, sx = _magnitude_and_sign(x)
+    my, sy = _magnitude_and_sign(y)
+    same = sx == sy
+    # Same sign: |mx - my|. Opposite signs: the path crosses zero, mx + my (< 2**64 in uint64).
+    dist = np.where(same, np.where(mx > my, mx - my, my - mx), mx + my)
+    dist = np.minimum(dist, np.uint64(NAN_ULP - 1)).astype(np.int64)
+    xn, yn = np.isnan(x.astype(np.float64)), np.isnan(y.astype(np.float64))
+    dist[xn & yn] = 0
+    dist[xn ^ yn] = NAN_ULP
+    return dist
+
+
+def _round_to_odd_f32(x64: np.ndarray) -> np.ndarray:
+    """float64 -> float32 rounded to odd: truncate, then set the last bit if inexact.
+
+    Rounding to odd into p >= q + 2 bits and then to nearest into q bits equals one rounding to
+    nearest into q bits (Boldo & Melquiond), also in the subnormal range of the q-bit format as
+    long as float32 keeps >= 2 extra bits there (true for bf16, fp16, fp8).
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = x64.astype(np.float32)  # round to nearest even
+        back = y.astype(np.float64)
+    inexact = (back != x64) & ~np.isnan(x64)
+    yb = y.view(np.uint32)
+    even = (yb & np.uint32(1)) == 0
+    # RNE landed on an even neighbour: the odd neighbour on x's side is one step away in the
+    # sign-magnitude bit order (towards larger magnitude if |x| > |y|). If RNE landed on an odd
+    # value it already is the round-to-odd result. inf (even, from overflow) steps to max finite
+    # (odd); 0 (from underflow) steps to the smallest subnormal with x's sign.
+    fix = inexact & even
+    if fix.any():
+        step = np.where(np.abs(x64) > np.abs(back), np.uint32(1), np.uint32(0xFFFFFFFF))
+        yb = yb.copy()
+        yb[fix] += step[fix]
+    return yb.view(np.float32)
+
+
+def round_to_dtype(x, dtype: DTypeLike) -> np.ndarray:
+    """Round float64 values ONCE, to nearest, ties to even, into `dtype`.
+
+    IEEE semantics: gradual underflow, signed zeros kept, overflow -> inf (float8_e4m3fn has no
+    inf: overflow -> NaN, as ml_dtypes does, but the exact tie +-464 rounds to +-448).
+
+    Args:
+        x: values; anything numpy converts exactly to float64 (float64, float32, ...).
+        dtype: target dtype (float64, float32, bfloat16, float16, float8_e4m3fn, float8_e5m2).
+
+    Returns:
+        Array of `dtype` with x's shape.
+    """
+    dt = as_dtype(dtype)
+    x64 = np.asarray(x).astype(np.float64)
+    if dt == np.float64:
+        return x64.copy()
+    if dt == np.float32:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return x64.astype(np.float32)  # IEEE conversion: a single RNE rounding
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = _round_to_odd_f32(x64).astype(dt)
+    if dt == np.dtype(ml_dtypes.float8_e4m3fn):
+        # ml_dtypes sends the tie 464 (between 448, even, and 480, not finite) to NaN.
+        tie = np.abs(x64) == 464.0
+        if tie.any():
+            out[tie] = np.copysign(448.0, x64[tie]).astype(dt)
+    return out

@@ -1,0 +1,179 @@
+"""The mpmath reference the fast oracle is proven against: exact sums, one rounding, no shortcuts.
+
+It is deliberately simple and slow. Every product of two inputs is formed exactly as an `mpf`,
+the sum is taken with `mpmath.fsum` at a working precision computed from the exponents of the
+terms so that no bit is lost (the sum is exact), and the exact result is rounded ONCE to the
+output dtype with round-half-even done on the integer significand. Going through `float()` and
+then casting would round twice (to float64 first) and can land on the wrong neighbour; the test
+suite shows one such case.
+
+IEEE special values follow the semantics of the exact sum: any NaN product (NaN input, inf * 0)
+or inf + -inf gives NaN; otherwise any infinite product gives that infinity; an exact zero is
++0 unless every term is -0.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Optional, Sequence
+
+import ml_dtypes
+import mpmath
+import numpy as np
+
+from diag.errors import UsageError
+from diag.numerics import as_dtype, dtype_name
+
+__all__ = ["dot", "round_mpf", "matmul"]
+
+
+def _format(dt: np.dtype):
+    fi = ml_dtypes.finfo(dt)
+    p = int(fi.nmant) + 1
+    emin = int(fi.minexp)  # exponent of the smallest normal
+    has_inf = dt != np.dtype(ml_dtypes.float8_e4m3fn)
+    return p, emin, float(fi.max), has_inf
+
+
+def round_mpf(x: mpmath.mpf, dtype) -> np.generic:
+    """Round an exact `mpf` to `dtype` once, to nearest, ties to even (IEEE overflow/underflow).
+
+    Args:
+        x: an exact mpmath value (finite, inf or nan).
+        dtype: output dtype (float64, float32, bfloat16, float16, float8_*).
+
+    Returns:
+        A numpy scalar of `dtype`. A zero `x` gives +0 (signed zeros are decided by the caller,
+        who knows the terms).
+    """
+    dt = as_dtype(dtype)
+    if mpmath.isnan(x):
+        return np.array(np.nan).astype(dt)[()]
+    p, emin, fmax, has_inf = _format(dt)
+    overflow = np.inf if has_inf else np.nan
+    if mpmath.isinf(x):
+        return np.array(math.copysign(overflow, float(x))).astype(dt)[()]
+    if x == 0:
+        return np.array(0.0).astype(dt)[()]
+    sign, man, exp, _ = x._mpf_  # x = (-1)**sign * man * 2**exp exactly, man odd
+    neg, m = bool(sign), int(man)
+    e = exp + m.bit_length() - 1  # floor(log2 |x|)
+    q = max(e, emin) - (p - 1)  # exponent of the last significand bit kept (gradual underflow)
+    if exp >= q:
+        n = m << (exp - q)
+    else:
+        shift = q - exp
+        n = m >> shift
+        rem = m - (n << shift)
+        half = 1 << (shift - 1)
+        if rem > half or (rem == half and n & 1):
+            n += 1
+    # Overflow is judged after rounding with an unbounded exponent, as IEEE 754 does.
+    if n and n.bit_length() + q > 1024:
+        v = overflow
+    else:
+        v = math.ldexp(n, q)  # exact: n < 2**(p+1), q >= emin - p + 1
+        if v > fmax:
+            v = overflow
+    # v is representable in dt (or inf/nan), so this cast does not round.
+    return np.array(-v if neg else v).astype(dt)[()]
+
+
+def dot(a: Sequence[float], b: Sequence[float]) -> tuple[mpmath.mpf, Optional[float]]:
+    """Exact sum of a_k * b_k.
+
+    Args:
+        a: K values (anything `float()` converts exactly).
+        b: K values.
+
+    Returns:
+        (exact, special): `exact` is the exact mpf sum of the finite products; `special` is
+        None, or the IEEE result (nan, inf, -inf, -0.0, 0.0) when it is decided by special
+        values or by an exact zero, whose sign the mpf cannot carry.
+    """
+    af = [float(x) for x in a]
+    bf = [float(y) for y in b]
+    prods = [x * y for x, y in zip(af, bf)]  # Python floats: only used for IEEE specials/signs
+    if any(math.isnan(p) for p in prods):
+        return mpmath.mpf(0), math.nan
+    pos = any(p == math.inf for p in prods)
+    neg = any(p == -math.inf for p in prods)
+    if pos and neg:
+        return mpmath.mpf(0), math.nan
+    if pos or neg:
+        return mpmath.mpf(0), math.inf if pos else -math.inf
+    # Exact products: mpf(float) is exact; a product of two 53-bit significands needs 106 bits.
+    with mpmath.workprec(120):
+        terms = [mpmath.mpf(x) * mpmath.mpf(y) for x, y in zip(af, bf)]
+    nz = [t for t in terms if t != 0]
+    if not nz:
+        # IEEE round-to-nearest: a sum of zeros is -0 only if every term is -0.
+        all_neg = len(prods) > 0 and all(math.copysign(1.0, p) < 0 for p in prods)
+        return mpmath.mpf(0), (-0.0 if all_neg else 0.0)
+    # Working precision that makes the sum exact: the span from the lowest set bit of any term
+    # to the top of the largest, plus carry room for len(nz) additions.
+    lo = min(t.man_exp[1] for t in nz)
+    hi = max(t.man_exp[1] + abs(int(t.man_exp[0])).bit_length() for t in nz)
+    prec = hi - lo + len(nz).bit_length() + 2
+    with mpmath.workprec(prec):
+        s = mpmath.fsum(nz)
+    if s == 0:
+        return s, 0.0  # exact cancellation of nonzero terms: +0 in round-to-nearest
+    return s, None
+
+
+def _element(a2: np.ndarray, b2: np.ndarray, i: int, j: int, dt: np.dtype) -> np.generic:
+    s, special = dot(a2[i, :].astype(np.float64), b2[:, j].astype(np.float64))
+    if special is not None:
+        return np.array(special).astype(dt)[()]
+    return round_mpf(s, dt)
+
+
+def matmul(a, b, out_dtype=None, elements: Optional[Iterable[Sequence[int]]] = None) -> np.ndarray:
+    """Correctly rounded matmul computed with mpmath, element by element (slow: the reference).
+
+    Args:
+        a: [..., M, K] array (float32, bfloat16, float16, float8_*; float64 too).
+        b: [..., K, N] array; batch dims broadcast as in numpy.
+        out_dtype: dtype of the result; default the inputs' dtype.
+        elements: optional output indices (tuples over the full output shape, batch dims
+            included) to compute instead of the whole product, for sampling large outputs.
+
+    Returns:
+        The full [..., M, N] result, or, with `elements`, a 1-D array with one value per index.
+
+    Raises:
+        UsageError: shapes do not multiply, dtypes are unknown or differ without `out_dtype`.
+    """
+    a, b = np.asarray(a), np.asarray(b)
+    as_dtype(a.dtype), as_dtype(b.dtype)
+    if out_dtype is None:
+        if a.dtype != b.dtype:
+            raise UsageError(f"mp.matmul: inputs are {dtype_name(a.dtype)} and "
+                             f"{dtype_name(b.dtype)}; pass out_dtype")
+        out_dtype = a.dtype
+    dt = as_dtype(out_dtype)
+    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
+        raise UsageError(f"mp.matmul: shapes {a.shape} and {b.shape} do not multiply; "
+                         "expected [..., M, K] and [..., K, N]")
+    try:
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise UsageError(f"mp.matmul: batch dims of {a.shape} and {b.shape} do not "
+                         "broadcast") from None
+    a = np.broadcast_to(a, batch + a.shape[-2:])
+    b = np.broadcast_to(b, batch + b.shape[-2:])
+    out_shape = batch + (a.shape[-2], b.shape[-1])
+    if elements is None:
+        out = np.empty(out_shape, dt)
+        for idx in np.ndindex(*out_shape):
+            out[idx] = _element(a[idx[:-2]], b[idx[:-2]], idx[-2], idx[-1], dt)
+        return out
+    vals = []
+    for idx in elements:
+        idx = tuple(int(t) for t in idx)
+        if len(idx) != len(out_shape):
+            raise UsageError(f"mp.matmul: element index {idx} does not match output shape "
+                             f"{out_shape}")
+        vals.append(_element(a[idx[:-2]], b[idx[:-2]], idx[-2], idx[-1], dt))
+    return np.array(vals, dtype=dt)
