@@ -8,24 +8,13 @@ that nearly cancel to zero give huge ULP and relative errors even for a correct 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from diag import numerics
 
-__all__ = ["Comparison", "compare", "agreement", "format_index"]
-
-
-@dataclass
-class Comparison:
-    """Metrics of one output against the truth, and the verdict they lead to."""
-
-    metrics: dict[str, Any]
-    status: str
-    reason: str
-    worst: dict[str, Any] = field(default_factory=dict)
+__all__ = ["compare", "judge", "agreement", "judge_agreement", "format_index"]
 
 
 def format_index(flat: int, shape: tuple[int, ...]) -> str:
@@ -123,15 +112,40 @@ def judge(metrics: dict[str, Any], *, promised: bool, claim: str, setting: str) 
     return "pass", f"within the {claim} bound (worst {metrics['bound_ratio']:.2g}x); {summary}"
 
 
-def agreement(x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
-    """How far two backends' outputs for the same case are apart, in ULPs of their dtype."""
+def agreement(x: np.ndarray, y: np.ndarray, bound: np.ndarray) -> dict[str, Any]:
+    """How far two backends' outputs for the same case are apart.
+
+    Args:
+      x, y: the two outputs (same shape and dtype).
+      bound: the per-element bound each backend is judged by; two backends that both keep
+        it can differ by up to twice it, so `bound_ratio` = max |x - y| / (2 * bound).
+    """
     ulp = numerics.ulp_distance(x, y).ravel()
     n = int(ulp.size)
     mismatched = int(np.count_nonzero(ulp))
+    x64, y64 = x.astype(np.float64).ravel(), y.astype(np.float64).ravel()
+    finite = np.isfinite(x64) & np.isfinite(y64)
+    diff = np.abs(np.subtract(x64, y64, out=np.zeros(n), where=finite))
+    ratio = np.divide(diff, 2 * bound.ravel(), out=np.zeros(n), where=finite)
     metrics: dict[str, Any] = {"elements": n, "mismatched": mismatched,
-                               "max_ulp_between": int(ulp.max()) if n else 0}
+                               "max_ulp_between": int(ulp.max()) if n else 0,
+                               "max_abs_diff": float(diff.max()) if n else 0.0,
+                               "bound_ratio": float(ratio.max()) if n else 0.0}
     if mismatched:
         w = int(ulp.argmax())
-        metrics["worst"] = {"index": format_index(w, x.shape), "a": float(x.ravel()[w]),
-                            "b": float(y.ravel()[w])}
+        metrics["worst"] = {"index": format_index(w, x.shape), "a": float(x64[w]),
+                            "b": float(y64[w])}
     return metrics
+
+
+def judge_agreement(metrics: dict[str, Any], a: str, b: str, claim: str) -> tuple[str, str]:
+    """pass: identical, or apart by no more than two correct backends may be; else warn."""
+    n, k = metrics["elements"], metrics["mismatched"]
+    if not k:
+        return "pass", f"{a} and {b} agree bit for bit"
+    detail = (f"{a} and {b} differ in {k} / {n} elements ({k / n:.2%}), up to "
+              f"{metrics['max_ulp_between']} ULP at {metrics['worst']['index']}")
+    if metrics["bound_ratio"] <= 1.0:
+        return "pass", f"{detail}; within what two backends keeping the {claim} bound may differ"
+    return "warn", (f"{detail}; {metrics['bound_ratio']:.3g}x what two backends keeping the "
+                    f"{claim} bound may differ")

@@ -217,7 +217,8 @@ def ulp_distance(x, y) -> np.ndarray:
     # Same sign: |mx - my|. Opposite signs: the path crosses zero, mx + my (< 2**64 in uint64).
     dist = np.where(same, np.where(mx > my, mx - my, my - mx), mx + my)
     dist = np.minimum(dist, np.uint64(NAN_ULP - 1)).astype(np.int64)
-    xn, yn = np.isnan(x.astype(np.float64)), np.isnan(y.astype(np.float64))
+    with np.errstate(invalid="ignore"):
+        xn, yn = np.isnan(x.astype(np.float64)), np.isnan(y.astype(np.float64))
     dist[xn & yn] = 0
     dist[xn ^ yn] = NAN_ULP
     return dist

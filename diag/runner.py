@@ -29,7 +29,7 @@ import numpy as np
 from diag import environment, numerics
 from diag.backends import BACKENDS, BackendSpec, framework_installed, get_spec, not_applicable
 from diag.backends import promises_full_precision
-from diag.compare import agreement, compare, judge
+from diag.compare import agreement, compare, judge, judge_agreement
 from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, UsageError
 from diag.probes import INPUT_MAKERS, PROBES
 from diag.results import Record, RunDir, new_run_id, worst_status
@@ -405,18 +405,17 @@ class _Run:
         for case_id, by_backend in self.outputs.items():
             names = sorted(by_backend)
             case = cases[case_id]
+            if len(names) < 2:
+                continue
+            probe = PROBES[case.op]
+            truth = self.truth.get(case).value
+            bound = probe.bound(self.inputs.get(case), truth, case.params)
             for i, a in enumerate(names):
                 for b in names[i + 1:]:
                     x = numerics.from_bits(np.load(by_backend[a]), case.dtype)
                     y = numerics.from_bits(np.load(by_backend[b]), case.dtype)
-                    m = agreement(x, y)
-                    if m["mismatched"]:
-                        n, k = m["elements"], m["mismatched"]
-                        status = "warn"
-                        reason = (f"{a} and {b} differ in {k} / {n} elements ({k / n:.2%}), "
-                                  f"up to {m['max_ulp_between']} ULP at {m['worst']['index']}")
-                    else:
-                        status, reason = "pass", f"{a} and {b} agree bit for bit"
+                    m = agreement(x, y, bound)
+                    status, reason = judge_agreement(m, a, b, probe.claim)
                     self.emit(Record(op=case.op, probe=f"{self.suite.name}.{case.probe}",
                                      case=case.label, params=case.params, backend=f"{a}|{b}",
                                      device={}, dtype=case.dtype, metrics=m, status=status,

@@ -84,9 +84,9 @@ def crafted_cases(dt):
     if dt == np.float16:
         # fp16 cannot hold 2**-35; put the midpoint at 2**15 and the nudge at 2**-24 * 2**-24:
         # 2**-48 absolute is 2**-63 relative, the closest fp16 gets to 2**-70.
-        s, nud, cancel = 15, (2.0**-24, 2.0**-24), 30
+        s, nud, cancel, small = 15, (2.0**-24, 2.0**-24), 30, -10
     else:
-        s, nud, cancel = 0, (2.0**-35, 2.0**-35), 40
+        s, nud, cancel, small = 0, (2.0**-35, 2.0**-35), 40, 0
     one = 2.0**s
     h = 2.0 ** (s - p)  # half an ulp at 2**s
     half_s = (2.0 ** (s // 2), 2.0 ** (s - s // 2))
@@ -97,8 +97,8 @@ def crafted_cases(dt):
         ("tie up to even", [x * one, h], [1, 1], one * (1 + 2.0 ** (2 - p))),
         ("just above midpoint", [half_s[0], h, nud[0]], [half_s[1], 1, nud[1]], one * x),
         ("just below midpoint", [half_s[0], h, -nud[0]], [half_s[1], 1, nud[1]], one),
-        (f"2**{cancel} cancellation", [c2[0], x, -c2[0]], [c2[1], 2.0 ** -(cancel - s) * one ** 0,
-                                                            c2[1]], None),
+        # big terms 2**40 times the result (2**30 + 2**10 in fp16, whose range is smaller)
+        (f"2**40 cancellation", [c2[0], x, -c2[0]], [c2[1], 2.0**small, c2[1]], x * 2.0**small),
         ("overflow on tie", [big, 2.0 ** (emax - p)], [1, 1], np.inf),
         ("max finite below tie", [big, 2.0 ** (emax - p - 1)], [1, 1], big),
         ("overflow", [big, big], [1, 1], np.inf),
@@ -238,15 +238,13 @@ def test_long_k_crafted_midpoint_needs_and_gets_the_exact_answer():
     k = 65536
     a = np.ones((1, k), np.float32)
     b = np.ones((k, 1), np.float32)
-    a[0, 0], b[0, 0] = 2.0**-8, 2.0**-8 * 2.0**-62  # 2**-78 ... adjust below
-    a[0, 0], b[0, 0] = 2.0**-35, 2.0**-35            # 2**-70
-    a[0, 1], b[0, 1] = 2.0**-4, 2.0**-4               # 2**-8 = half ulp at 2**16
-    # remaining 65534 ones: total = 65534 + 2**-8 + 2**-70; make it 65536 + 2**-8 + 2**-70
-    a[0, 2], b[0, 2] = 3.0, 1.0
+    a[0, 0], b[0, 0] = 2.0**-35, 2.0**-35  # 2**-70 instead of 1
+    a[0, 1], b[1, 0] = 2.0**-4, 2.0**-4    # 2**-8 (half an ulp at 2**16) instead of 1
+    a[0, 2] = 3.0                          # 3 instead of 1: total 65536 + 2**-8 + 2**-70
     res = oracle.matmul_result(a, b)
-    exact = mpmath.mpf(65534) + mpmath.mpf(2) ** -8 + mpmath.mpf(2) ** -70 + 2
-    assert exact == mpmath.mpf(2) ** 16 * (1 + mpmath.mpf(2) ** -24) + mpmath.mpf(2) ** -70
+    assert res.method == "f64-ksplit-dd"
     assert float(res.value[0, 0]) == 2.0**16 * (1 + 2.0**-23)
+    assert float(mp.matmul(a, b)[0, 0]) == 2.0**16 * (1 + 2.0**-23)
     assert res.fallbacks == 1
 
 
@@ -325,3 +323,62 @@ def test_import_oracle_loads_no_framework():
             "bad = [m for m in ('jax', 'torch', 'torch_xla') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=IDS)
+def test_medium_k_ksplit_path_matches_mp_on_a_sample(dt):
+    rng = np.random.default_rng(11)
+    k = 3000  # above KSPLIT_THRESHOLD: blocked double-double path
+    a = rng.standard_normal((6, k)).astype(dt)
+    b = rng.standard_normal((k, 5)).astype(dt)
+    res = oracle.matmul_result(a, b)
+    assert res.method == "f64-ksplit-dd"
+    sample = [(i, j) for i in range(6) for j in range(5) if (i + j) % 3 == 0]
+    want = mp.matmul(a, b, elements=sample)
+    assert_bits_equal(np.array([res.value[i, j] for i, j in sample]), want, f"{dt} K=3000")
+
+
+@pytest.mark.parametrize("scale, what", [(2.0**70, "f32 bound overflows: float64 bound"),
+                                         (2.0**-70, "f32 bound underflows: refined"),
+                                         (1.0, "plain")])
+def test_long_k_extreme_magnitudes_cancellation_and_zero_rows(scale, what):
+    rng = np.random.default_rng(13)
+    k = 2048
+    a = (rng.standard_normal((4, k)) * scale).astype(np.float32)
+    b = (rng.standard_normal((k, 3)) * scale).astype(np.float32)
+    a[0, :2] = [2.0**40 * scale, -(2.0**40) * scale]  # huge terms that cancel exactly
+    b[:2, 0] = [1.0, 1.0]
+    a[1] = -0.0   # row of zeros: every product is -0 * x, sign decides
+    b[:, 2] = 0.0
+    res = oracle.matmul_result(a, b)
+    want = mp.matmul(a, b)
+    assert_bits_equal(res.value, want, what)
+    assert np.signbit(res.value[1, 2]) == np.signbit(want[1, 2])
+
+
+def test_float64_output_matches_mp_including_specials():
+    cases, a, b = crafted_matrices(np.dtype(np.float32))
+    got, ref = oracle.matmul(a, b, "float64"), mp.matmul(a, b, "float64")
+    nan = np.isnan(got)
+    assert (nan == np.isnan(ref)).all()
+    assert_bits_equal(np.where(nan, 0, got), np.where(nan, 0, ref), "f64 out crafted")
+
+
+@pytest.mark.slow
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(matmul_inputs())
+def test_property_oracle_equals_mp_on_any_bits_many(ab):
+    test_property_oracle_equals_mp_on_any_bits.hypothesis.inner_test(ab)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dt", DTYPES, ids=IDS)
+def test_long_k_65536_more_samples_all_dtypes(dt):
+    rng = np.random.default_rng(17)
+    k = 65536
+    a = rng.standard_normal((4, k)).astype(dt)
+    b = rng.standard_normal((k, 4)).astype(dt)
+    res = oracle.matmul_result(a, b)
+    sample = [(i, j) for i in range(4) for j in range(4) if (i * 4 + j) % 2 == 0]
+    want = mp.matmul(a, b, elements=sample)
+    assert_bits_equal(np.array([res.value[i, j] for i, j in sample]), want, f"{dt} K=65536")

@@ -11,12 +11,20 @@ Ziv's strategy, per element: D = f * (|A||B|)_ij with f covering E, the rounding
 of approx +- D (see `_bound_factor`). The exact result lies in [approx - D, approx + D]; if both
 ends round to the same BITS of the output dtype (rounding is monotone, and bits keep -0 apart
 from +0), that is the correctly rounded result. The rest ("undecided", typically a few per
-million) are recomputed exactly (`_exact_element`) and COUNTED: `OracleResult.fallbacks`.
+million) are COUNTED (`OracleResult.fallbacks`) and settled by a vectorised error-free TwoSum
+tree over their exact products (`_refine`, error ~u**2); the very few left after that (exact
+ties, exact cancellation) are summed exactly with math.fsum (`_exact_element`, counted as
+`OracleResult.exact`).
 
 Long K. E grows with K; at K = 65536 a plain float64 product leaves ~18 % of fp32 elements
 undecided. There K is split into blocks of `KSPLIT_BLOCK`; each block product is a float64 GEMM
 of exact scalar products (error gamma_Kb), and the block results are accumulated in double-double
 with the error-free TwoSum, so E = gamma_Kb + O(nblocks**2 u**2): 256x smaller at Kb = 256.
+This is the K-split half of Ozaki's scheme only: the scalar products are exact, the block GEMMs
+are not (the bound covers them), which costs one GEMM instead of the several slice GEMMs a full
+Ozaki split needs; the fallback stays rare (~0.1 % of outputs at K = 65536). The bound |A||B| is
+taken with an sgemm here (half the memory traffic), with underflow and overflow accounted for
+(`_bound_f32`).
 
 float64 output. Here the float64 rounding itself must be decided, so every scalar product (exact)
 is accumulated in double-double (K rank-1 passes; slow for long K) and the decision uses the
@@ -46,8 +54,8 @@ KSPLIT_THRESHOLD = 1024
 KSPLIT_BLOCK = 256
 #: Output elements per row block: temporaries (~2 MB each) stay in cache between passes.
 BLOCK_ELEMENTS = 1 << 17
-#: Products materialised at once by the refine stage (float64: 32 MB).
-REFINE_PRODUCTS = 1 << 22
+#: Products materialised at once by the refine stage (float64: 2 MB, cache-resident).
+REFINE_PRODUCTS = 1 << 18
 
 _INPUT_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16),
                  np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2))
