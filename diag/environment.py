@@ -67,5 +67,7 @@ def collect(argv: list[str] | None = None) -> dict[str, Any]:
         "cwd": cwd,
         "git_revision": _git_revision(cwd),
         "packages": {p: v for p in _PACKAGES if (v := _version(p))},
-        "env": {k: os.environ[k] for k in NUMERICS_ENV_VARS if k in os.environ},
+        # XLA_FLAGS and LIBTPU_INIT_ARGS always (None: unset); the others when set.
+        "env": {k: os.environ.get(k) for k in NUMERICS_ENV_VARS
+                if k in os.environ or k in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")},
     }

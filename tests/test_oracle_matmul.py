@@ -382,3 +382,14 @@ def test_long_k_65536_more_samples_all_dtypes(dt):
     sample = [(i, j) for i in range(4) for j in range(4) if (i * 4 + j) % 2 == 0]
     want = mp.matmul(a, b, elements=sample)
     assert_bits_equal(np.array([res.value[i, j] for i, j in sample]), want, f"{dt} K=65536")
+
+
+def test_float64_output_long_k_matches_mp_on_a_sample():
+    rng = np.random.default_rng(19)
+    a = rng.standard_normal((3, 1500)).astype(np.float32)
+    b = rng.standard_normal((1500, 3)).astype(np.float32)
+    res = oracle.matmul_result(a, b, "float64")
+    assert res.method == "dd-exact-products"
+    sample = [(0, 0), (1, 2), (2, 1)]
+    want = mp.matmul(a, b, "float64", elements=sample)
+    assert_bits_equal(np.array([res.value[i, j] for i, j in sample]), want, "f64 out K=1500")

@@ -78,7 +78,10 @@ def test_run_folder_holds_environment_and_every_record(tiny_run):
     assert meta["state"] == "finished"
     assert meta["backends"]["jax-cpu"]["settings"]["jax_enable_x64"] is False
     assert meta["backends"]["torch-cpu"]["settings"]["float32_matmul_precision"] == "highest"
-    assert "packages" in meta["environment"] and "env" in meta["environment"]
+    env = meta["environment"]
+    assert env["packages"]["jax"] and env["packages"]["torch"]
+    assert "XLA_FLAGS" in env["env"] and "LIBTPU_INIT_ARGS" in env["env"]
+    assert env["command"] and env["host"]
     on_disk = list(read_records(tiny_run.run_dir))
     assert len(on_disk) == len(tiny_run.records)
     for r in on_disk:
