@@ -102,8 +102,10 @@ def summary_table(records: Iterable[dict[str, Any]]) -> Table:
 
 
 def problems_table(records: Iterable[dict[str, Any]], limit: int = 20) -> Table | None:
-    """The fail/error/skip records with their reasons (first `limit`)."""
-    bad = [r for r in records if r["status"] in ("fail", "error", "skip")]
+    """The error/fail/warn/skip records with their reasons, worst first (first `limit`)."""
+    order = ("error", "fail", "warn", "skip")
+    bad = sorted((r for r in records if r["status"] in order),
+                 key=lambda r: order.index(r["status"]))
     if not bad:
         return None
     table = Table(title=f"diag: {len(bad)} record(s) to look at", show_lines=False)

@@ -129,3 +129,21 @@ def test_ctrl_c_keeps_finished_records_and_marks_the_run_interrupted(tmp_path, t
     # The hung worker did not outlive the run.
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert f"diag-{results.parent.name}" not in ps
+
+
+def test_cache_info_and_clear(tmp_path):
+    import numpy as np
+
+    from diag import oracle
+
+    cache = oracle.GroundTruthCache(tmp_path / "c")
+    a = np.ones((4, 3), np.float32)
+    first = oracle.matmul_result(a, a.T, cache=cache)
+    again = oracle.matmul_result(a, a.T, cache=cache)
+    assert not first.cache_hit and again.cache_hit
+    np.testing.assert_array_equal(again.value, np.full((4, 4), 3, np.float32))
+    info = diag("cache", "info", "--cache-dir", str(tmp_path / "c"))
+    assert info.returncode == 0 and json.loads(info.stdout)["entries"] == 1
+    cleared = diag("cache", "clear", "--cache-dir", str(tmp_path / "c"))
+    assert cleared.returncode == 0 and "removed" in cleared.stderr
+    assert json.loads(diag("cache", "info", "--cache-dir", str(tmp_path / "c")).stdout)["entries"] == 0

@@ -73,6 +73,14 @@ def _inject_fault(backend: str, case_id: str) -> None:
             time.sleep(3600)
 
 
+def _timings(compile_s: float, samples: list[float]) -> dict:
+    """Raw samples, their median and spread; a spread over 50% means a busy machine."""
+    median = statistics.median(samples)
+    spread = (max(samples) - min(samples)) / median if median > 0 else 0.0
+    return {"compile_s": compile_s, "run_s_median": median, "run_s_samples": samples,
+            "run_s_spread": spread, "noisy": spread > 0.5}
+
+
 def run_job(job: dict, stream) -> None:
     from diag import numerics
     from diag.backends import get_spec
@@ -110,8 +118,7 @@ def run_job(job: dict, stream) -> None:
             np.save(path, numerics.bits_view(host))
             _emit(stream, event="result", case=case["id"], output=path,
                   dtype=numerics.dtype_name(host.dtype), shape=list(host.shape),
-                  timings={"compile_s": compile_s, "run_s_median": statistics.median(samples),
-                           "run_s_samples": samples})
+                  timings=_timings(compile_s, samples))
         except Exception as e:  # a failing op is a record, not the end of the worker
             _emit(stream, event="case_error", case=case["id"],
                   error=f"{type(e).__name__}: {e}".splitlines()[0][:500],
