@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from tests.conftest import needs_jax, needs_torch
 

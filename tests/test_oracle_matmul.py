@@ -98,7 +98,7 @@ def crafted_cases(dt):
         ("just above midpoint", [half_s[0], h, nud[0]], [half_s[1], 1, nud[1]], one * x),
         ("just below midpoint", [half_s[0], h, -nud[0]], [half_s[1], 1, nud[1]], one),
         # big terms 2**40 times the result (2**30 + 2**10 in fp16, whose range is smaller)
-        (f"2**40 cancellation", [c2[0], x, -c2[0]], [c2[1], 2.0**small, c2[1]], x * 2.0**small),
+        ("2**40 cancellation", [c2[0], x, -c2[0]], [c2[1], 2.0**small, c2[1]], x * 2.0**small),
         ("overflow on tie", [big, 2.0 ** (emax - p)], [1, 1], np.inf),
         ("max finite below tie", [big, 2.0 ** (emax - p - 1)], [1, 1], big),
         ("overflow", [big, big], [1, 1], np.inf),

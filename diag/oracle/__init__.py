@@ -17,9 +17,8 @@ from typing import Optional
 
 import numpy as np
 
-from diag.errors import UsageError
-from diag.numerics import as_dtype, dtype_name
 from diag.oracle import mp
+from diag.oracle._args import check_matmul_args
 from diag.oracle._matmul import _INPUT_DTYPES, matmul_core
 from diag.oracle.cache import ORACLE_VERSION, CachedTruth, GroundTruthCache, default_cache_dir
 
@@ -59,31 +58,6 @@ class OracleResult:
     exact: int = 0
 
 
-def _check_matmul_args(a, b, out_dtype):
-    a, b = np.asarray(a), np.asarray(b)
-    for name, x in (("a", a), ("b", b)):
-        if x.dtype not in _INPUT_DTYPES:
-            raise UsageError(
-                f"oracle.matmul: input {name} is {x.dtype}; expected one of "
-                f"{', '.join(dtype_name(d) for d in _INPUT_DTYPES)} (float64 inputs have inexact "
-                "products in float64: cast the inputs the backend really received)")
-    if out_dtype is None:
-        if a.dtype != b.dtype:
-            raise UsageError(f"oracle.matmul: inputs are {dtype_name(a.dtype)} and "
-                             f"{dtype_name(b.dtype)}; pass out_dtype to say which output is meant")
-        out_dtype = a.dtype
-    out_dt = as_dtype(out_dtype)
-    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
-        raise UsageError(f"oracle.matmul: shapes {a.shape} and {b.shape} do not multiply; "
-                         "expected [..., M, K] and [..., K, N]")
-    try:
-        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    except ValueError:
-        raise UsageError(f"oracle.matmul: batch dims of {a.shape} and {b.shape} do not "
-                         "broadcast") from None
-    return a, b, out_dt, batch
-
-
 def matmul_result(a, b, out_dtype=None, *, cache: Optional[GroundTruthCache] = None
                   ) -> OracleResult:
     """Correctly rounded ``a @ b`` with its provenance.
@@ -105,7 +79,7 @@ def matmul_result(a, b, out_dtype=None, *, cache: Optional[GroundTruthCache] = N
             out_dtype.
     """
     t0 = time.perf_counter()
-    a, b, out_dt, batch = _check_matmul_args(a, b, out_dtype)
+    a, b, out_dt, batch = check_matmul_args(a, b, out_dtype, "oracle.matmul", _INPUT_DTYPES)
     key = None
     if cache is not None:
         key = cache.key("matmul", [a, b], out_dt)

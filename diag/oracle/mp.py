@@ -22,7 +22,8 @@ import mpmath
 import numpy as np
 
 from diag.errors import UsageError
-from diag.numerics import as_dtype, dtype_name
+from diag.numerics import as_dtype
+from diag.oracle._args import check_matmul_args
 
 __all__ = ["dot", "round_mpf", "matmul"]
 
@@ -145,22 +146,7 @@ def matmul(a, b, out_dtype=None, elements: Optional[Iterable[Sequence[int]]] = N
     Raises:
         UsageError: shapes do not multiply, dtypes are unknown or differ without `out_dtype`.
     """
-    a, b = np.asarray(a), np.asarray(b)
-    as_dtype(a.dtype), as_dtype(b.dtype)
-    if out_dtype is None:
-        if a.dtype != b.dtype:
-            raise UsageError(f"mp.matmul: inputs are {dtype_name(a.dtype)} and "
-                             f"{dtype_name(b.dtype)}; pass out_dtype")
-        out_dtype = a.dtype
-    dt = as_dtype(out_dtype)
-    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
-        raise UsageError(f"mp.matmul: shapes {a.shape} and {b.shape} do not multiply; "
-                         "expected [..., M, K] and [..., K, N]")
-    try:
-        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    except ValueError:
-        raise UsageError(f"mp.matmul: batch dims of {a.shape} and {b.shape} do not "
-                         "broadcast") from None
+    a, b, dt, batch = check_matmul_args(a, b, out_dtype, "mp.matmul")
     a = np.broadcast_to(a, batch + a.shape[-2:])
     b = np.broadcast_to(b, batch + b.shape[-2:])
     out_shape = batch + (a.shape[-2], b.shape[-1])

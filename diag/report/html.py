@@ -178,6 +178,19 @@ def _cell(text: str, v: str, title: str = "", bad: bool = False) -> dict[str, An
     return {"text": text, "v": v, "title": title, "bad": bad}
 
 
+def _row_identity(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """The columns every table row has: position, status and its severity rank, what ran."""
+    status = str(rec.get("status", ""))
+    return {
+        "i": index,
+        "status": status,
+        "rank": STATUSES.index(status) if status in STATUSES else len(STATUSES),
+        "op": str(rec.get("op", "")),
+        "probe": str(rec.get("probe", "")),
+        "case": str(rec.get("case", "")),
+    }
+
+
 def _verdict_row(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
     metrics = rec.get("metrics") if isinstance(rec.get("metrics"), Mapping) else {}
     timings = rec.get("timings") if isinstance(rec.get("timings"), Mapping) else {}
@@ -198,14 +211,8 @@ def _verdict_row(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
                        title=f"compile: {fmt_seconds(compile_s)}" if compile_s is not None
                        else ""))
     device, device_full = _device_text(rec.get("device"))
-    status = str(rec.get("status", ""))
     return {
-        "i": index,
-        "status": status,
-        "rank": STATUSES.index(status) if status in STATUSES else len(STATUSES),
-        "op": str(rec.get("op", "")),
-        "probe": str(rec.get("probe", "")),
-        "case": str(rec.get("case", "")),
+        **_row_identity(rec, index),
         "backend": str(rec.get("backend", "")),
         "device": device,
         "device_full": device_full,
@@ -219,14 +226,8 @@ def _agreement_row(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
     metrics = rec.get("metrics") if isinstance(rec.get("metrics"), Mapping) else {}
     mismatched, elements = to_float(metrics.get("mismatched")), to_float(metrics.get("elements"))
     frac = mismatched / elements if mismatched is not None and elements else None
-    status = str(rec.get("status", ""))
     return {
-        "i": index,
-        "status": status,
-        "rank": STATUSES.index(status) if status in STATUSES else len(STATUSES),
-        "op": str(rec.get("op", "")),
-        "probe": str(rec.get("probe", "")),
-        "case": str(rec.get("case", "")),
+        **_row_identity(rec, index),
         "backends": str(rec.get("backend", "")).replace("|", " vs "),
         "dtype": str(rec.get("dtype", "")),
         "max_ulp": {"text": fmt_num(metrics.get("max_ulp_between")),
