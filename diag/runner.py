@@ -10,6 +10,7 @@ crashed worker is restarted for the cases it had not reached.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import queue
@@ -145,6 +146,15 @@ class _Inputs:
         self.work = work
         self._arrays: dict[str, list[np.ndarray]] = {}
         self._paths: dict[str, list[str]] = {}
+        self._digests: dict[str, list[str]] = {}
+
+    def digests(self, case: Case) -> list[str]:
+        """sha256 of each input's bits, to check what a backend received."""
+        if case.input_key not in self._digests:
+            self._digests[case.input_key] = [
+                hashlib.sha256(np.ascontiguousarray(numerics.bits_view(a)).tobytes()).hexdigest()
+                for a in self.get(case)]
+        return self._digests[case.input_key]
 
     def get(self, case: Case) -> list[np.ndarray]:
         if case.input_key not in self._arrays:
@@ -302,6 +312,10 @@ class _Run:
         oracle_info = {"method": truth.method, "fallbacks": truth.fallbacks,
                        "cache_hit": truth.cache_hit, "seconds": round(truth.seconds, 4)}
         expected = truth.value
+        if event.get("input_digests") != self.inputs.digests(case):
+            self.error(case, spec, f"{spec.name}: the inputs on the device are not bit-identical "
+                                   f"to the host's (a transfer or conversion changed them)")
+            return
         if output.shape != expected.shape or output.dtype != expected.dtype:
             self.emit(self._record(
                 case, spec, "fail",

@@ -153,3 +153,24 @@ def test_import_diag_loads_no_framework():
 def test_library_run_mirrors_cli(tmp_path, tiny_suite):
     result = diag.run(tiny_suite, backends=["jax-cpu"], out=tmp_path, repeats=1)
     assert result.state == "finished" and result.exit_code == 0
+
+
+def test_inputs_changed_on_the_way_to_the_device_are_an_error(tmp_path, tiny_suite, monkeypatch):
+    monkeypatch.setenv("DIAG_WORKER_FAULT", "corrupt_input@torch-cpu:c0002")
+    result = run(tiny_suite, ["torch-cpu"], out=tmp_path, repeats=1)
+    (bad,) = _by(result.records, status="error")
+    assert bad["case"] == "64x4x64 float32"
+    assert "not bit-identical to the host's" in bad["reason"]
+    assert len(_by(result.records, kind="probe", status="pass")) == 5  # + medium: warn
+
+
+def test_report_of_a_real_run_has_a_row_per_record_and_the_sweep_chart(tiny_run):
+    from diag.report import write_report
+
+    html = write_report(tiny_run.run_dir).read_text()
+    # One row per record: the verdict table and the agreement table together.
+    assert html.count('<tr class="row-') == len(tiny_run.records)
+    assert html.count('<tr class="row-pass"') == tiny_run.counts["pass"]
+    assert html.count('<tr class="row-warn"') == tiny_run.counts["warn"]
+    (sweeps,) = [m for m in html.split('<section id="')[1:] if m.startswith("sweeps")]
+    assert sweeps.count("<svg") == 1 and "tiny.sweep" in sweeps

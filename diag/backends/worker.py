@@ -10,7 +10,8 @@ framework must not take the run down with it.
 Protocol: one JSON object per line on the protocol stream (the original stdout; anything the
 framework prints is redirected to stderr so it cannot corrupt the stream):
   {"event": "ready", "device": {...}, "framework": {...}, "settings": {...}}
-  {"event": "result", "case": ID, "output": PATH, "dtype": ..., "shape": [...], "timings": {...}}
+  {"event": "result", "case": ID, "output": PATH, "dtype": ..., "shape": [...], "timings": {...},
+   "input_digests": [sha256 of each input as read back from the device]}
   {"event": "case_error", "case": ID, "error": "..."}
   {"event": "done"}
 Inputs and outputs travel as .npy files of the raw bits (`numerics.bits_view`), so every
@@ -21,11 +22,14 @@ Fault injection for diag's own tests and for users proving their harness:
 case with that id (`c0003`; `start` fails before the framework is even imported), KIND one of
 `kill` (SIGKILL itself), `abort` (SIGABRT, like a native crash), `raise` (an uncaught Python
 exception), `hang` (sleep forever), or `corrupt` (the case runs, then the first output
-element is doubled: silent wrong data, which the verdict must catch).
+element is doubled: silent wrong data, which the verdict must catch), or `corrupt_input`
+(the first input's first element is doubled on its way to the device, which the input
+digest check must catch).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -73,6 +77,12 @@ def _inject_fault(backend: str, case_id: str) -> None:
             time.sleep(3600)
 
 
+def _digest(x: np.ndarray) -> str:
+    from diag import numerics
+
+    return hashlib.sha256(np.ascontiguousarray(numerics.bits_view(x)).tobytes()).hexdigest()
+
+
 def _timings(compile_s: float, samples: list[float]) -> dict:
     """Raw samples, their median and spread; a spread over 50% means a busy machine."""
     median = statistics.median(samples)
@@ -101,7 +111,12 @@ def run_job(job: dict, stream) -> None:
                 for path, dtype in zip(case["inputs"], case["input_dtypes"])
             ]
             fn = getattr(backend, case["op"])(**case.get("op_args", {}))
+            if _fault(spec.name, case["id"]) == "corrupt_input":
+                host_inputs[0] = np.array(host_inputs[0])
+                host_inputs[0].flat[0] = host_inputs[0].flat[0] * 2
             args = [backend.put(x) for x in host_inputs]
+            # What the device holds, read back: proves the inputs arrived bit-identical.
+            received = [_digest(backend.get(x)) for x in args]
             thunk, compile_s = backend.prepare(fn, args)
             samples = []
             out = None
@@ -118,7 +133,7 @@ def run_job(job: dict, stream) -> None:
             np.save(path, numerics.bits_view(host))
             _emit(stream, event="result", case=case["id"], output=path,
                   dtype=numerics.dtype_name(host.dtype), shape=list(host.shape),
-                  timings=_timings(compile_s, samples))
+                  timings=_timings(compile_s, samples), input_digests=received)
         except Exception as e:  # a failing op is a record, not the end of the worker
             _emit(stream, event="case_error", case=case["id"],
                   error=f"{type(e).__name__}: {e}".splitlines()[0][:500],
