@@ -114,7 +114,7 @@ def resolve_backends(names: list[str] | None) -> tuple[list[BackendSpec], dict[s
     Raises:
       UsageError: an unknown backend name.
     """
-    specs = [get_spec(n) for n in names] if names else list(BACKENDS.values())
+    specs = [get_spec(n) for n in dict.fromkeys(names)] if names else list(BACKENDS.values())
     run: list[BackendSpec] = []
     skipped: dict[str, str] = {}
     seen: dict[str, tuple[list[str], str | None]] = {}
@@ -474,7 +474,11 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
     loaded = suite if isinstance(suite, Suite) else load_suite(suite)
     specs, skipped = resolve_backends(backends)
     run_id = new_run_id()
-    run_dir = RunDir.create(out, run_id, environment.collect(argv))
+    try:
+        run_dir = RunDir.create(out, run_id, environment.collect(argv))
+    except OSError as e:
+        raise UsageError(f"cannot create a run folder under '{out}': {e.strerror or e}; "
+                         f"pass --out with a writable folder") from None
     run_dir.update_meta(suite={"name": loaded.name, "path": loaded.path,
                                "cases": len(loaded.cases)},
                         backends_planned=[s.name for s in specs], backends_skipped=skipped)

@@ -146,3 +146,11 @@ def test_cache_info_and_clear(tmp_path):
     cleared = diag("cache", "clear", "--cache-dir", str(tmp_path / "c"))
     assert cleared.returncode == 0 and "removed" in cleared.stderr
     assert json.loads(diag("cache", "info", "--cache-dir", str(tmp_path / "c")).stdout)["entries"] == 0
+
+
+def test_out_that_is_a_file_exits_2(tmp_path, tiny_suite):
+    target = tmp_path / "a-file"
+    target.write_text("")
+    out = diag("run", "--suite", tiny_suite, "--backend", "jax-cpu", "--out", str(target))
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith(f"diag: cannot create a run folder under '{target}'")
