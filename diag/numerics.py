@@ -37,6 +37,7 @@ __all__ = [
     "ulp_distance",
     "round_to_dtype",
     "bits_view",
+    "bits_digest",
     "from_bits",
 ]
 
@@ -165,6 +166,14 @@ def bits_view(arr) -> np.ndarray:
     """
     arr = np.asarray(arr)
     return arr.view(_UINT[arr.dtype.itemsize])
+
+
+def bits_digest(arr) -> str:
+    """sha256 of an array's raw bits: equal digests mean bit-identical values (NaN payloads,
+    -0 and all)."""
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(bits_view(arr)).tobytes()).hexdigest()
 
 
 def from_bits(bits, dtype: DTypeLike) -> np.ndarray:

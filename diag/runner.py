@@ -10,7 +10,6 @@ crashed worker is restarted for the cases it had not reached.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import queue
@@ -151,9 +150,7 @@ class _Inputs:
     def digests(self, case: Case) -> list[str]:
         """sha256 of each input's bits, to check what a backend received."""
         if case.input_key not in self._digests:
-            self._digests[case.input_key] = [
-                hashlib.sha256(np.ascontiguousarray(numerics.bits_view(a)).tobytes()).hexdigest()
-                for a in self.get(case)]
+            self._digests[case.input_key] = [numerics.bits_digest(a) for a in self.get(case)]
         return self._digests[case.input_key]
 
     def get(self, case: Case) -> list[np.ndarray]:
@@ -267,11 +264,10 @@ class _Worker:
 
 
 class _Run:
-    def __init__(self, suite: Suite, specs: list[BackendSpec], skipped: dict[str, str],
-                 run_dir: RunDir, work: Path, *, repeats: int, case_timeout: float,
+    def __init__(self, suite: Suite, skipped: dict[str, str], run_dir: RunDir, work: Path, *, repeats: int, case_timeout: float,
                  startup_timeout: float, cache_dir: str | None, env: dict[str, str],
                  on_record: Callable[[dict], None] | None):
-        self.suite, self.specs, self.skipped = suite, specs, skipped
+        self.suite, self.skipped = suite, skipped
         self.run_dir, self.work = run_dir, work
         self.repeats, self.case_timeout, self.startup_timeout = repeats, case_timeout, startup_timeout
         self.env = env
@@ -484,7 +480,7 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
                         backends_planned=[s.name for s in specs], backends_skipped=skipped)
     work = Path(tempfile.mkdtemp(prefix=f"diag-{run_id}-"))
     state = "finished"
-    r = _Run(loaded, specs, skipped, run_dir, work, repeats=repeats, case_timeout=case_timeout,
+    r = _Run(loaded, skipped, run_dir, work, repeats=repeats, case_timeout=case_timeout,
              startup_timeout=startup_timeout, cache_dir=cache_dir,
              env=_worker_env(env), on_record=on_record)
     try:

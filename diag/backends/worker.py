@@ -29,7 +29,6 @@ digest check must catch).
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import os
@@ -77,12 +76,6 @@ def _inject_fault(backend: str, case_id: str) -> None:
             time.sleep(3600)
 
 
-def _digest(x: np.ndarray) -> str:
-    from diag import numerics
-
-    return hashlib.sha256(np.ascontiguousarray(numerics.bits_view(x)).tobytes()).hexdigest()
-
-
 def _timings(compile_s: float, samples: list[float]) -> dict:
     """Raw samples, their median and spread; a spread over 50% means a busy machine."""
     median = statistics.median(samples)
@@ -116,7 +109,7 @@ def run_job(job: dict, stream) -> None:
                 host_inputs[0].flat[0] = host_inputs[0].flat[0] * 2
             args = [backend.put(x) for x in host_inputs]
             # What the device holds, read back: proves the inputs arrived bit-identical.
-            received = [_digest(backend.get(x)) for x in args]
+            received = [numerics.bits_digest(backend.get(x)) for x in args]
             thunk, compile_s = backend.prepare(fn, args)
             samples = []
             out = None
