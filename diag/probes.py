@@ -55,11 +55,13 @@ def _matmul_bound(inputs: list[np.ndarray], truth: np.ndarray, params: dict) -> 
     """Largest |computed - truth| a backend may show if it computes as it claims.
 
     The claim: products of the given inputs summed in float32 (also for bf16/fp16 inputs,
-    as every framework documents), then rounded once to the output dtype. Textbook bound for
-    a K-term dot product summed in float32: gamma_K(u32) * (|A||B|)_ij. A rounding to a
-    narrower output adds u_out * |exact|; comparing against the correctly rounded truth
-    instead of the exact value adds half an ulp of the output. The eta term covers float32
-    underflow in the K partial sums.
+    as every framework documents), then rounded once to the output dtype. With P = |A||B|,
+    e the exact product and s the float32 sum (the textbook bound |s - e| <= gamma_K P, plus
+    K * eta for float32 underflow in the partial sums):
+      float32 output:   |s - e| <= gamma_K P
+      narrower output:  |fl(s) - e| <= (1 + u) gamma_K P + u |e| + eta_out / 2
+    and the truth itself is |truth - e| <= u |e| + eta_out / 2, with |e| <= t / (1 - u)
+    for t = |truth| and u the output's unit roundoff, eta_out its least subnormal.
     """
     from diag import numerics
 
@@ -67,15 +69,16 @@ def _matmul_bound(inputs: list[np.ndarray], truth: np.ndarray, params: dict) -> 
     k = a.shape[-1]
     with np.errstate(invalid="ignore"):  # inf * 0: the truth is NaN there and not judged
         absprod = np.matmul(np.abs(a), np.abs(b))
-    bound = numerics.gamma(k, np.float32) * absprod
     out = truth.dtype
-    t = np.abs(truth.astype(np.float64))
-    u_out = numerics.unit_roundoff(out)
-    if u_out > numerics.unit_roundoff(np.float32):
-        bound += u_out * t * (1 + u_out)  # the final rounding to the narrower output
-    # Half an ulp of the truth (<= u_out |t| when normal, half the least subnormal below).
-    bound += u_out * t + 0.5 * float(ml_dtypes.finfo(out).smallest_subnormal)
-    bound += k * float(np.finfo(np.float32).smallest_subnormal)
+    u = numerics.unit_roundoff(out)
+    eta_out = float(ml_dtypes.finfo(out).smallest_subnormal)
+    exact_mag = np.abs(truth.astype(np.float64)) / (1 - u)
+    bound = numerics.gamma(k, np.float32) * absprod + k * float(
+        np.finfo(np.float32).smallest_subnormal)
+    if u > numerics.unit_roundoff(np.float32):  # a final rounding to a narrower output
+        bound *= 1 + u
+        bound += u * exact_mag + eta_out / 2
+    bound += u * exact_mag + eta_out / 2  # the truth's own rounding
     return bound
 
 

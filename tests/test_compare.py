@@ -120,3 +120,31 @@ def test_ulp_metrics_see_a_one_ulp_nudge(product):
     m = compare(nudged, truth, bound)
     assert m["max_ulp"] == 1 and m["frac_not_correctly_rounded"] == 1 / truth.size
     assert int(numerics.ulp_distance(nudged, truth).sum()) == 1
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("shape", [(64, 4, 64), (32, 1024, 32), (16, 8192, 16)])
+def test_float32_accumulation_then_one_rounding_always_keeps_the_bound(dtype, shape):
+    """What every framework claims for bf16/fp16 inputs; double rounding included (f32 -> out)."""
+    m, k, n = shape
+    rng = np.random.default_rng(k)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    truth = oracle.matmul(a, b)
+    out = np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(dtype)
+    m_ = compare(out, truth, MATMUL.bound([a, b], truth, {}))
+    assert m_["bound_ratio"] <= 1, m_["worst"]
+
+
+def test_accumulating_in_half_precision_breaks_the_float32_claim():
+    """A sum kept in fp16 (each partial sum rounded) is what the bound exists to catch."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((8, 4096)).astype(np.float16)
+    b = rng.standard_normal((4096, 8)).astype(np.float16)
+    truth = oracle.matmul(a, b)
+    acc = np.zeros((8, 8), np.float16)
+    for i in range(a.shape[1]):  # sequential fp16 accumulation of exact-in-f32 products
+        acc = (acc.astype(np.float32) + np.outer(a[:, i], b[i, :]).astype(np.float32)).astype(
+            np.float16)
+    m_ = compare(acc, truth, MATMUL.bound([a, b], truth, {}))
+    assert m_["bound_ratio"] > 1 and m_["bound_exceeded"] > 0

@@ -199,7 +199,7 @@ def test_sweep_charts_have_one_line_per_series(report):
     ]
     main_svg = figures[0][2]
     # Each series is one drawn line per panel, with a prefixed id that is unique in the page.
-    for metric in ("max_ulp", "max_abs_err"):
+    for metric in ("max_ulp", "max_abs_err", "bound_ratio"):
         lines = re.findall(rf'id="sweep-0-{metric}-s(\d+)"', main_svg)
         assert sorted(map(int, lines)) == [0, 1, 2, 3]
         # 7 swept values -> 7 vertices in the line's path: one M and six L commands.

@@ -22,8 +22,11 @@ from typing import Any, Iterable, Mapping
 
 __all__ = ["Series", "Sweep", "sweep_groups", "sweep_svg", "to_float"]
 
-# The two panels of a sweep figure: (metric key, panel title).
-PANELS = (("max_ulp", "max ULP error"), ("max_abs_err", "max |error|"))
+# The panels of a sweep figure: (metric key, panel title, a reference line or None).
+# ULP and abs error show how error grows; the bound ratio is what decides the verdict:
+# above 1, the backend used less precision than it claims.
+PANELS = (("max_ulp", "max ULP error", None), ("max_abs_err", "max |error|", None),
+          ("bound_ratio", "error / bound (>1: less precise than claimed)", 1.0))
 
 
 def to_float(value: Any) -> float | None:
@@ -125,7 +128,7 @@ def sweep_groups(records: Iterable[Mapping[str, Any]]) -> list[Sweep]:
         if x is None or not math.isfinite(x):
             continue
         metrics = rec.get("metrics") or {}
-        values = {key: to_float(metrics.get(key)) for key, _ in PANELS}
+        values = {key: to_float(metrics.get(key)) for key, _, _ in PANELS}
         if all(v is None for v in values.values()):
             continue
         probe = str(rec.get("probe", ""))
@@ -180,7 +183,7 @@ def _is_power_of_two(x: float) -> bool:
 
 
 def sweep_svg(sweep: Sweep, fig_id: str) -> str:
-    """Draw one probe's sweep as an inline-ready SVG string (two panels, shared legend).
+    """Draw one probe's sweep as an inline-ready SVG string (one panel per metric, shared legend).
 
     Args:
       sweep: the probe's series, from `sweep_groups`.
@@ -197,13 +200,13 @@ def sweep_svg(sweep: Sweep, fig_id: str) -> str:
 
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", fig_id):
         raise ValueError(f"fig_id must be id-safe, got {fig_id!r}")
-    fig = Figure(figsize=(10, 3.9), layout="constrained")
+    fig = Figure(figsize=(4.4 * len(PANELS), 3.9), layout="constrained")
     axes = fig.subplots(1, len(PANELS))
     colors = matplotlib.colormaps["tab10"].colors
     markers = "osD^v<>ph*"
     xs_all = sorted({x for s in sweep.series for x in s.points})
     handles = []
-    for ax, (metric, title) in zip(axes, PANELS):
+    for ax, (metric, title, reference) in zip(axes, PANELS):
         ys_all: list[float] = []
         for i, series in enumerate(sweep.series):
             xs, ys = series.xy(metric)
@@ -219,6 +222,9 @@ def sweep_svg(sweep: Sweep, fig_id: str) -> str:
             if ax is axes[0]:
                 handles.append(line)
             ys_all.extend(ys)
+        if reference is not None:
+            ax.axhline(reference, color="#c0392b", linewidth=0.9, linestyle=":")
+            ys_all.append(reference)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(_mpl_text(sweep.param))
         ax.grid(True, which="major", linewidth=0.5, alpha=0.5)
