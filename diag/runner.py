@@ -1,7 +1,7 @@
 """Plan cases x backends, run each backend in its own worker, judge and record every result.
 
     suite -> cases -> inputs (numpy, seeded, written once) -> worker per backend -> compare
-          -> results.jsonl (appended as each record arrives) -> agreement across backends
+          -> results.jsonl (appended as each record arrives), with agreement across backends
 
 The host never imports a framework. A worker that is missing its framework, crashes, or hangs
 past its timeout becomes `skip`/`error` records and the run goes on with the next backend; a
@@ -264,8 +264,8 @@ class _Worker:
 
 
 class _Run:
-    def __init__(self, suite: Suite, skipped: dict[str, str], run_dir: RunDir, work: Path, *, repeats: int, case_timeout: float,
-                 startup_timeout: float, cache_dir: str | None, env: dict[str, str],
+    def __init__(self, suite: Suite, skipped: dict[str, str], run_dir: RunDir, work: Path, *,
+                 repeats: int, case_timeout: float, startup_timeout: float, cache_dir: str | None, env: dict[str, str],
                  on_record: Callable[[dict], None] | None):
         self.suite, self.skipped = suite, skipped
         self.run_dir, self.work = run_dir, work
@@ -319,7 +319,6 @@ class _Run:
                 f"{numerics.dtype_name(expected.dtype)}{list(expected.shape)}",
                 timings=event.get("timings", {}), oracle=oracle_info))
             return
-        self.outputs.setdefault(case.id, {})[spec.name] = event["output"]
         bound = probe.bound(self.inputs.get(case), expected, case.params)
         metrics = compare(output, expected, bound)
         precision = case.params.get("precision", "default")
@@ -328,6 +327,22 @@ class _Run:
             promised=promises_full_precision(spec, case.dtype, precision))
         self.emit(self._record(case, spec, status, reason, metrics=metrics,
                                timings=event.get("timings", {}), oracle=oracle_info))
+        self.agree(case, spec.name, output, bound)
+        self.outputs.setdefault(case.id, {})[spec.name] = event["output"]
+
+    def agree(self, case: Case, name: str, output: np.ndarray, bound: np.ndarray) -> None:
+        """Agreement records of this output with every earlier backend's for the same case,
+        judged with the bound this output was just judged by."""
+        claim = PROBES[case.op].claim
+        for earlier, path in self.outputs.get(case.id, {}).items():
+            other = numerics.from_bits(np.load(path), case.dtype)
+            (a, x), (b, y) = sorted([(earlier, other), (name, output)], key=lambda p: p[0])
+            m = agreement(x, y, bound)
+            status, reason = judge_agreement(m, a, b, claim)
+            self.emit(Record(op=case.op, probe=f"{self.suite.name}.{case.probe}",
+                             case=case.label, params=case.params, backend=f"{a}|{b}",
+                             device={}, dtype=case.dtype, metrics=m, status=status,
+                             reason=reason, kind="agreement"))
 
     def run_backend(self, spec: BackendSpec) -> None:
         pending = self.plan(spec)
@@ -410,27 +425,6 @@ class _Run:
                              backend=name, device={}, dtype="*", metrics={},
                              status="skip", reason=f"{name}: {reason}"))
 
-    def agreement_records(self) -> None:
-        cases = {c.id: c for c in self.suite.cases}
-        for case_id, by_backend in self.outputs.items():
-            names = sorted(by_backend)
-            case = cases[case_id]
-            if len(names) < 2:
-                continue
-            probe = PROBES[case.op]
-            truth = self.truth.get(case).value
-            bound = probe.bound(self.inputs.get(case), truth, case.params)
-            for i, a in enumerate(names):
-                for b in names[i + 1:]:
-                    x = numerics.from_bits(np.load(by_backend[a]), case.dtype)
-                    y = numerics.from_bits(np.load(by_backend[b]), case.dtype)
-                    m = agreement(x, y, bound)
-                    status, reason = judge_agreement(m, a, b, probe.claim)
-                    self.emit(Record(op=case.op, probe=f"{self.suite.name}.{case.probe}",
-                                     case=case.label, params=case.params, backend=f"{a}|{b}",
-                                     device={}, dtype=case.dtype, metrics=m, status=status,
-                                     reason=reason, kind="agreement"))
-
 
 def total_planned(suite: Suite, specs: list[BackendSpec]) -> int:
     return sum(1 for s in specs for c in suite.cases if not_applicable(s, c.params) is None)
@@ -489,7 +483,6 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         r.skip_records()
         for spec in specs:
             r.run_backend(spec)
-        r.agreement_records()
     except KeyboardInterrupt:
         state = "interrupted"
     except BaseException as e:  # a bug in diag itself: keep the records, say what happened

@@ -63,8 +63,7 @@ def _fault(backend: str, case_id: str) -> str | None:
     return kind
 
 
-def _inject_fault(backend: str, case_id: str) -> None:
-    kind = _fault(backend, case_id)
+def _inject_fault(kind: str | None, case_id: str) -> None:
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif kind == "abort":
@@ -89,7 +88,7 @@ def run_job(job: dict, stream) -> None:
     from diag.backends import get_spec
 
     spec = get_spec(job["backend"])
-    _inject_fault(spec.name, "start")
+    _inject_fault(_fault(spec.name, "start"), "start")
     backend = importlib.import_module(spec.module)
     info = backend.setup(spec.platform)
     _emit(stream, event="ready", **info)
@@ -97,14 +96,15 @@ def run_job(job: dict, stream) -> None:
     out_dir = job["out_dir"]
     repeats = max(1, int(job.get("repeats", 3)))
     for case in job["cases"]:
-        _inject_fault(spec.name, case["id"])
+        fault = _fault(spec.name, case["id"])
+        _inject_fault(fault, case["id"])
         try:
             host_inputs = [
                 numerics.from_bits(np.load(path, mmap_mode="r"), dtype)
                 for path, dtype in zip(case["inputs"], case["input_dtypes"])
             ]
             fn = getattr(backend, case["op"])(**case.get("op_args", {}))
-            if _fault(spec.name, case["id"]) == "corrupt_input":
+            if fault == "corrupt_input":
                 host_inputs[0] = np.array(host_inputs[0])
                 host_inputs[0].flat[0] = host_inputs[0].flat[0] * 2
             args = [backend.put(x) for x in host_inputs]
@@ -119,7 +119,7 @@ def run_job(job: dict, stream) -> None:
                 backend.block(out)
                 samples.append(time.perf_counter() - t0)
             host = backend.get(out)
-            if _fault(spec.name, case["id"]) == "corrupt":
+            if fault == "corrupt":
                 host = np.array(host)
                 host.flat[0] = host.flat[0] * 2
             path = os.path.join(out_dir, f"{case['id']}.{spec.name}.npy")
