@@ -113,7 +113,8 @@ def resolve_backends(names: list[str] | None) -> tuple[list[BackendSpec], dict[s
     Raises:
       UsageError: an unknown backend name.
     """
-    specs = [get_spec(n) for n in dict.fromkeys(names)] if names else list(BACKENDS.values())
+    specs = [get_spec(n) for n in dict.fromkeys(names)] if names else [
+        s for s in BACKENDS.values() if s.default]
     run: list[BackendSpec] = []
     skipped: dict[str, str] = {}
     seen: dict[str, tuple[list[str], str | None]] = {}
@@ -280,7 +281,7 @@ class _Run:
         self.worker: _Worker | None = None
 
     def plan(self, spec: BackendSpec) -> list[Case]:
-        return [c for c in self.suite.cases if not_applicable(spec, c.params) is None]
+        return [c for c in self.suite.cases if not_applicable(spec, c.op, c.params) is None]
 
     def emit(self, record: Record) -> None:
         record.run_id = self.run_dir.path.name
@@ -427,7 +428,7 @@ class _Run:
 
 
 def total_planned(suite: Suite, specs: list[BackendSpec]) -> int:
-    return sum(1 for s in specs for c in suite.cases if not_applicable(s, c.params) is None)
+    return sum(1 for s in specs for c in suite.cases if not_applicable(s, c.op, c.params) is None)
 
 
 def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,

@@ -43,6 +43,11 @@ class BackendSpec:
     # reported as `warn`), and whether bf16/fp16 products are promised float32 accumulation.
     promised: tuple[str, ...] = ("default", "medium", "high", "highest")
     narrow_promised: bool = True
+    # The ops this backend implements (None: every op in the probe table); cases of other
+    # ops are not applicable to it and produce no record.
+    ops: tuple[str, ...] | None = None
+    # Whether a run without --backend includes it (emulations are opt-in, never hardware).
+    default: bool = True
 
 
 _JAX = dict(framework="jax", module="diag.backends.jax_backend",
@@ -96,12 +101,14 @@ def framework_installed(framework: str) -> bool:
     return importlib.util.find_spec(framework) is not None
 
 
-def not_applicable(spec: BackendSpec, params: dict) -> str | None:
+def not_applicable(spec: BackendSpec, op: str, params: dict) -> str | None:
     """Why a case does not apply to a backend (None when it does).
 
     Such combinations are not measurements and produce no record: e.g. torch has no per-op
     matmul precision, so a `precision_via='argument'` case is JAX-only.
     """
+    if spec.ops is not None and op not in spec.ops:
+        return f"{spec.name} implements only {', '.join(spec.ops)}"
     via = params.get("precision_via")
     if via not in (None, "none") and via not in spec.precision_via:
         return f"{spec.framework} takes matmul precision only via {'/'.join(spec.precision_via)}"
