@@ -24,15 +24,19 @@ __all__ = [
     "SuiteError",
     "UsageError",
     "WorkerCrashed",
+    "nan",
     "numerics",
+    "flags",
     "oracle",
+    "precision",
     "report",
     "results",
     "run",
     "suite",
 ]
 
-_LAZY_MODULES = {"numerics", "oracle", "report", "results", "suite", "runner"}
+_LAZY_MODULES = {"numerics", "oracle", "report", "results", "suite", "runner", "precision",
+                 "flags", "nan"}
 
 
 def run(*args, **kwargs):

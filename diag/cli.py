@@ -39,7 +39,9 @@ def run(
     backend: Optional[List[str]] = typer.Option(
         None, "--backend", "-b",
         help="Backend(s) to run, repeatable or comma-separated (jax-cpu, jax-gpu, jax-tpu, "
-             "torch-cpu, torch-cuda). Default: every backend present."),
+             "torch-cpu, torch-cuda; numpy emulations of accelerator matmul arithmetic, never "
+             "run by default: emu-bf16x1, emu-bf16x3, emu-bf16x6, emu-tf32, emu-tf32x3, "
+             "emu-f16). Default: every hardware backend present."),
     out: Path = typer.Option(Path("reports"), "--out", "-o",
                              help="Folder the run folder is created in."),
     as_json: bool = typer.Option(False, "--json",
@@ -51,6 +53,12 @@ def run(
                                   help="Seconds one case may take before its worker is killed."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir",
                                              help="Ground-truth cache folder."),
+    ab: Optional[List[str]] = typer.Option(
+        None, "--ab",
+        help="A/B experiment: run every backend again with this setting (NAME=VALUE: an "
+             "environment variable, an XLA_FLAGS addition such as "
+             "'XLA_FLAGS=--xla_allow_excess_precision=false', or a JAX config option) and "
+             "report what it changes. Repeatable."),
 ) -> None:
     """Run a probe suite on every backend present and judge each result against exact math."""
     from diag import render, runner
@@ -59,7 +67,7 @@ def run(
     try:
         result = runner.run(suite, _split(backend), out=out, repeats=repeats,
                             case_timeout=timeout, cache_dir=str(cache_dir) if cache_dir else None,
-                            argv=["diag"] + sys.argv[1:], on_start=progress.start,
+                            ab=ab, argv=["diag"] + sys.argv[1:], on_start=progress.start,
                             on_record=progress.record)
     except runner.Interrupted as e:
         progress.stop()
@@ -125,6 +133,148 @@ def cache_clear(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir")) -
     cache = GroundTruthCache(cache_dir or default_cache_dir())
     removed = cache.clear()
     render.console.print(f"diag: removed {removed} cached file(s) from {cache.root}")
+
+
+@app.command("nodes")
+def nodes_cmd(
+    repeats: int = typer.Option(10, "--repeats", "-r", min=1,
+                                help="Calls per device per workload (inputs alternate between "
+                                     "two seeded arrays)."),
+    workload: Optional[List[str]] = typer.Option(
+        None, "--workload", "-w",
+        help="Builtin (matmul_bf16, matmul_f32, softmax, train_step) or your own "
+             "module:function / file.py:function; repeatable. Default: every builtin."),
+    input_shape: str = typer.Option("128,128", "--input-shape",
+                                    help="Input shape for your own workload, e.g. 64,256."),
+    input_dtype: str = typer.Option("float32", "--input-dtype",
+                                    help="Input dtype for your own workload."),
+    host_devices: Optional[int] = typer.Option(
+        None, "--host-devices", min=1,
+        help="Scan N CPU devices (sets --xla_force_host_platform_device_count)."),
+    platform: Optional[str] = typer.Option(None, "--platform",
+                                           help="cpu, gpu or tpu; default jax's default."),
+    inject: Optional[List[str]] = typer.Option(
+        None, "--inject",
+        help="Self-test fault: 'device=3,kind=nan|bitflip|stuck|slow,rate=0.01' "
+             "(also process=I, seed=S, delay=SECONDS); repeatable."),
+    distributed: bool = typer.Option(False, "--distributed",
+                                     help="Multi-host: start jax.distributed (auto-detected on "
+                                          "TPU pods and SLURM)."),
+    coordinator: Optional[str] = typer.Option(None, "--coordinator", help="HOST:PORT of "
+                                              "process 0, when jax cannot detect the cluster."),
+    num_processes: Optional[int] = typer.Option(None, "--num-processes", min=1),
+    process_id: Optional[int] = typer.Option(None, "--process-id", min=0),
+    init_timeout: int = typer.Option(60, "--init-timeout", min=1,
+                                     help="Seconds to wait for every process to join."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the inputs (part of the golden key)."),
+    golden_dir: Optional[Path] = typer.Option(None, "--golden-dir",
+                                              help="Golden digest store (default "
+                                                   "$DIAG_CACHE_DIR/golden or "
+                                                   "~/.cache/diag/golden)."),
+    save_golden: bool = typer.Option(False, "--save-golden",
+                                     help="Store this scan's digests as golden when every "
+                                          "device agrees."),
+    slow_factor: float = typer.Option(1.5, "--slow-factor",
+                                      help="Straggler: fastest repeat slower than this times "
+                                           "the median device."),
+    fail_on_slow: bool = typer.Option(False, "--fail-on-slow",
+                                      help="Stragglers are suspects too (exit 3)."),
+    out: Path = typer.Option(Path("reports"), "--out", "-o",
+                             help="Folder the run folder is created in (process 0 only)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON on stdout."),
+    report: bool = typer.Option(True, "--report/--no-report",
+                                help="Write report.html into the run folder."),
+) -> None:
+    """Scan devices (and hosts) for wrong results: same workloads everywhere, vote on the bits."""
+    from diag import nodes, render
+
+    try:
+        shape = [int(s) for s in input_shape.replace("x", ",").split(",") if s.strip()]
+    except ValueError:
+        raise DiagError(f"--input-shape {input_shape!r}: expected sizes like 64,256") from None
+    workloads = [nodes.load_workload(w, shape, input_dtype) for w in _split(workload) or []]
+    injections = [nodes.parse_injection(i) for i in inject or []]
+    result = nodes.scan(workloads=workloads or None, repeats=repeats, seed=seed,
+                        host_devices=host_devices, platform=platform, injections=injections,
+                        distributed=distributed, coordinator=coordinator,
+                        num_processes=num_processes, process_id=process_id,
+                        init_timeout=init_timeout, golden_dir=golden_dir,
+                        save_golden=save_golden, slow_factor=slow_factor,
+                        fail_on_slow=fail_on_slow)
+    if result["process_index"] != 0:
+        render.console.print(f"diag: process {result['process_index']} of "
+                             f"{result['num_processes']}: {result['verdict']}; process 0 "
+                             "writes the verdict")
+        raise typer.Exit(result["exit_code"])
+    run_dir = nodes.write_run(result, out, ["diag"] + sys.argv[1:])
+    report_path = None
+    if report:
+        from diag.report import write_report
+
+        report_path = write_report(run_dir)
+    if as_json:
+        render.out.print_json(json.dumps({**result, "run_dir": str(run_dir),
+                                          "report": str(report_path) if report_path else None},
+                                         default=str))
+    else:
+        for table in render.nodes_tables(result):
+            render.console.print(table)
+        for line in render.nodes_summary(result, run_dir):
+            render.console.print(line, markup=False)
+        if report_path:
+            render.console.print(f"diag: report: {report_path}", markup=False)
+    raise typer.Exit(result["exit_code"])
+
+
+@app.command("env")
+def env_cmd(
+    as_json: bool = typer.Option(False, "--json", help="Print everything as JSON on stdout."),
+    fingerprints: bool = typer.Option(
+        True, "--fingerprints/--no-fingerprints",
+        help="Measure which arithmetic each backend's matmul uses at each precision setting."),
+    timeout: float = typer.Option(300.0, "--timeout", min=1.0,
+                                  help="Seconds each framework's worker may take."),
+) -> None:
+    """Devices, versions and every numerics setting in effect, with risky ones flagged.
+
+    Exits 2 when XLA_FLAGS or LIBTPU_INIT_ARGS holds a flag XLA refuses (named in the
+    message), 4 when a framework's worker failed, else 0.
+    """
+    from diag import flags, render
+
+    report = flags.env_report(fingerprints=fingerprints, timeout=timeout)
+    code = 4 if any(fw.get("error") and "not installed" not in fw["error"]
+                    for fw in report["frameworks"].values()) else 0
+    if as_json:
+        render.out.print_json(json.dumps({**report, "exit_code": code}, default=str))
+    else:
+        for table in render.env_tables(report):
+            render.out.print(table)
+    raise typer.Exit(code)
+
+
+@app.command("nan")
+def nan_cmd(
+    target: str = typer.Argument(..., help="FILE.py:FUNCTION; FUNCTION returns (fn, args) to "
+                                           "hunt, or is hunted itself with no arguments."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+) -> None:
+    """Find the op that first produced a NaN/Inf reaching FUNCTION's results (exit 1 if any)."""
+    from diag import nan, render
+
+    fn, args, kwargs = nan.load_target(target)
+    report = nan.hunt(fn, args, kwargs)
+    if as_json:
+        render.out.print_json(json.dumps({
+            "target": target, "found": report is not None, "reason": nan.reason(report),
+            "report": report.to_dict() if report is not None else None}))
+    elif report is None:
+        render.out.print(f"diag nan: {target}: no NaN/Inf produced", soft_wrap=True,
+                         markup=False)
+    else:
+        render.out.print(render.nan_report_table(report))
+        render.out.print(f"diag nan: {nan.reason(report)}", soft_wrap=True, markup=False)
+    raise typer.Exit(1 if report is not None else 0)
 
 
 @app.callback()

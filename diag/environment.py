@@ -14,6 +14,8 @@ import subprocess
 import sys
 from typing import Any
 
+from diag import flags as _flags
+
 __all__ = ["collect", "NUMERICS_ENV_VARS"]
 
 # Environment variables that change what XLA, JAX, torch or CUDA compute.
@@ -29,6 +31,7 @@ NUMERICS_ENV_VARS = (
     "CUBLAS_WORKSPACE_CONFIG",
     "XLA_USE_BF16",
     "XLA_DOWNCAST_BF16",
+    "XLA_USE_32BIT_LONG",
     "PJRT_DEVICE",
     "CUDA_VISIBLE_DEVICES",
     "TPU_VISIBLE_CHIPS",
@@ -70,4 +73,8 @@ def collect(argv: list[str] | None = None) -> dict[str, Any]:
         # XLA_FLAGS and LIBTPU_INIT_ARGS always (None: unset); the others when set.
         "env": {k: os.environ.get(k) for k in NUMERICS_ENV_VARS
                 if k in os.environ or k in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")},
+        # XLA_FLAGS / LIBTPU_INIT_ARGS parsed, and what the settings rules say about the
+        # environment variables and flags (diag.flags; host side, no framework imported).
+        "flags": _flags.host_flags(),
+        "findings": _flags.host_findings(),
     }

@@ -1,20 +1,23 @@
 """The probe table: one frozen record per op, as data.
 
-A probe says which op a case runs (the same name in every backend module and in
-`diag.oracle`), which dtypes and parameters it takes, how its inputs are made, which
-parameters are forwarded to the backend op, and the error bound it is judged by. Quirks live
-in the record, never in `if op == ...` in the runner or the tests.
+A probe says which op a case runs (the same name in every backend module), which dtypes,
+shape dimensions and parameters it takes, how its inputs are made, which parameters are
+forwarded to the backend op, where its ground truth comes from and how a backend's output is
+judged against it (and against another backend's). Quirks live in the record, never in
+`if op == ...` in the runner or the tests.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 import ml_dtypes
 import numpy as np
 
-__all__ = ["Probe", "PROBES", "INPUT_MAKERS", "get_probe"]
+__all__ = ["Probe", "Outcome", "Evaluation", "PROBES", "INPUT_MAKERS", "get_probe"]
 
 
 def _normal(rng: np.random.Generator, shape, dtype) -> np.ndarray:
@@ -37,11 +40,99 @@ def _wide(rng: np.random.Generator, shape, dtype) -> np.ndarray:
     return (np.where(rng.random(shape) < 0.5, -mag, mag)).astype(dtype)
 
 
+def _normal5(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    # Logit rows with a wider spread, N(0, 5^2): the row sum is dominated by a few terms.
+    return (5.0 * rng.standard_normal(shape)).astype(dtype)
+
+
+def _near_1e4(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    # Logits near 1e4: exp overflows unless the row maximum is subtracted first. In bf16 the
+    # spacing there is 64, in fp16 8, so rows hold many exact ties.
+    return (1e4 + 10.0 * rng.standard_normal(shape)).astype(dtype)
+
+
+def _masked_half(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    # Attention-style masking: half of each row is -inf (exactly 0 after softmax).
+    x = rng.standard_normal(shape).astype(dtype)
+    mask = rng.random(shape) < 0.5
+    x[mask] = -np.inf
+    return x
+
+
+def _fully_masked(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    # The first half of the rows are all -inf: softmax is 0/0 there, the exact result is
+    # undefined and what a backend returns is a hazard to report. The rest are N(0, 1).
+    x = rng.standard_normal(shape).astype(dtype)
+    x[: max(1, shape[0] // 2)] = -np.inf
+    return x
+
+
+def _ties(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    # Small integers: exact ties in every dtype, as bf16 logits have.
+    return rng.integers(-8, 9, shape).astype(dtype)
+
+
+def _special(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    # N(0, 1) rows with NaN, +inf, -inf, +0 and -0 at random places: where frameworks'
+    # orders differ (NaN first or last, -0 against +0).
+    x = rng.standard_normal(shape).astype(dtype)
+    rows, n = shape
+    for value in (np.nan, np.inf, -np.inf, 0.0, -0.0):
+        for r in range(rows):
+            x[r, rng.integers(0, n, max(1, n // 64))] = value
+    return x
+
+
+def _all_equal(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    # Constant rows (every element tied); one row of signed zeros.
+    x = np.repeat(rng.standard_normal((shape[0], 1)), shape[1], axis=1).astype(dtype)
+    x[0] = np.where(rng.random(shape[1]) < 0.5, -0.0, 0.0).astype(dtype)
+    return x
+
+
+def _near_ties(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    """Sampler logits whose top two are one ulp apart, the larger at either index.
+
+    The exact argmax is unique in every row, but rounding the probabilities (or the logits
+    shifted by the row maximum) to a narrow dtype can make the two equal, and then an argmax
+    picks the lower index: the incident where a sampler dropped its most probable token.
+    Row maxima span 2^-2 ... 2^5, where one bf16 ulp of the logit is and is not resolvable in
+    the rounded probabilities.
+    """
+    rows, n = shape
+    x = (rng.standard_normal(shape) - 4.0).astype(dtype)  # the bulk well below the top two
+    for r in range(rows):
+        top = np.array(np.exp2(rng.uniform(-2.0, 5.0)), dtype=dtype)
+        up = _next_up(top)
+        i, j = rng.choice(n, size=2, replace=False)
+        # Larger value at the lower index in even rows, at the higher one in odd rows.
+        lo, hi = (i, j) if i < j else (j, i)
+        big, small = (lo, hi) if r % 2 == 0 else (hi, lo)
+        x[r, big], x[r, small] = up, top
+    return x
+
+
+def _next_up(v: np.ndarray) -> np.ndarray:
+    """The next representable value above a positive finite `v` in its own dtype."""
+    from diag import numerics
+
+    bits = numerics.bits_view(np.asarray(v)).copy()
+    return numerics.from_bits(bits + 1, numerics.dtype_name(np.asarray(v).dtype))
+
+
 INPUT_MAKERS: dict[str, Callable] = {
     "normal": _normal,
     "uniform": _uniform,
     "positive": _positive,
     "wide": _wide,
+    "normal5": _normal5,
+    "near_1e4": _near_1e4,
+    "masked_half": _masked_half,
+    "fully_masked": _fully_masked,
+    "ties": _ties,
+    "special": _special,
+    "all_equal": _all_equal,
+    "near_ties": _near_ties,
 }
 
 
@@ -51,7 +142,11 @@ def _matmul_shapes(params: dict) -> list[tuple[int, ...]]:
     return [batch + (m, k), batch + (k, n)]
 
 
-def _matmul_bound(inputs: list[np.ndarray], truth: np.ndarray, params: dict) -> np.ndarray:
+def _rows_shapes(params: dict) -> list[tuple[int, ...]]:
+    return [(params["rows"], params["n"])]
+
+
+def matmul_bound(inputs: list[np.ndarray], truth: np.ndarray, params: dict) -> np.ndarray:
     """Largest |computed - truth| a backend may show if it computes as it claims.
 
     The claim: products of the given inputs summed in float32 (also for bf16/fp16 inputs,
@@ -82,47 +177,325 @@ def _matmul_bound(inputs: list[np.ndarray], truth: np.ndarray, params: dict) -> 
     return bound
 
 
+@dataclass
+class Outcome:
+    """What one backend returned for one case, with everything needed to judge it.
+
+    Attributes:
+      inputs: the host's input arrays (what the backend received, bit for bit).
+      outputs: the backend's outputs, in the op's order.
+      names: a name per output (`values`, `indices`, or sampler paths like `jit/argmax`).
+      truth: the oracle's result for this case (None for probes that need none).
+      params: the case parameters.
+      promised: whether the backend promises the claimed arithmetic under this setting.
+      setting: the setting in words, for reasons (`precision=default`).
+    """
+
+    inputs: list
+    outputs: list
+    names: list
+    truth: Any
+    params: dict
+    promised: bool = True
+    setting: str = ""
+
+
+@dataclass
+class Evaluation:
+    """A verdict with its metrics; `context` is handed to the probe's agreement check."""
+
+    status: str
+    reason: str
+    metrics: dict
+    context: Any = None
+
+
+def _shape_mismatch(output: np.ndarray, expected: np.ndarray) -> Optional[Evaluation]:
+    from diag import numerics
+
+    if output.shape == expected.shape and output.dtype == expected.dtype:
+        return None
+    return Evaluation("fail", (f"returned {numerics.dtype_name(output.dtype)}"
+                               f"{list(output.shape)}, expected "
+                               f"{numerics.dtype_name(expected.dtype)}{list(expected.shape)}"),
+                      {})
+
+
+# ---------------------------------------------------------------------------------------------
+# Ground truth per probe (diag.oracle, same op names)
+
+
+def _oracle(op: str, *args_from_params: str) -> Callable:
+    def truth(inputs: list, params: dict, cache) -> Any:
+        from diag import oracle
+
+        extra = [params[a] for a in args_from_params]
+        return getattr(oracle, f"{op}_result")(*inputs, *extra, cache=cache)
+
+    truth.__name__ = f"{op}_truth"
+    return truth
+
+
+# ---------------------------------------------------------------------------------------------
+# Verdicts per probe (the policies live in diag.compare; these only route the arrays)
+
+
+def _matmul_evaluate(o: Outcome) -> Evaluation:
+    from diag.compare import compare, judge
+
+    expected = o.truth.value
+    bad = _shape_mismatch(o.outputs[0], expected)
+    if bad:
+        return bad
+    bound = matmul_bound(o.inputs, expected, o.params)
+    metrics = compare(o.outputs[0], expected, bound)
+    status, reason = judge(metrics, claim="float32 accumulation", setting=o.setting,
+                           promised=o.promised)
+    return Evaluation(status, reason, metrics, context=bound)
+
+
+def _matmul_agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
+    from diag.compare import agreement, judge_agreement
+
+    metrics = agreement(a.outputs[0], b.outputs[0], context)
+    status, reason = judge_agreement(metrics, *names, "float32 accumulation")
+    return status, reason, metrics
+
+
+def _softmax_evaluate(o: Outcome) -> Evaluation:
+    from diag.compare import compare_softmax, judge_softmax
+
+    expected = o.truth.value
+    bad = _shape_mismatch(o.outputs[0], expected)
+    if bad:
+        return bad
+    metrics = compare_softmax(o.outputs[0], expected, o.inputs[0])
+    status, reason = judge_softmax(metrics, o.params["dtype"])
+    return Evaluation(status, reason, metrics)
+
+
+def _softmax_agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
+    from diag.compare import agree_values
+
+    return agree_values(a.outputs[0], b.outputs[0], names,
+                        allowed_ulp=_softmax_allowed_ulp(a))
+
+
+def _softmax_allowed_ulp(o: Outcome) -> float:
+    from diag.compare import softmax_ulp_tolerance
+
+    return 2 * softmax_ulp_tolerance(o.params["dtype"], o.params["n"])
+
+
+def _top_k_evaluate(o: Outcome) -> Evaluation:
+    from diag.compare import check_top_k, judge_top_k
+
+    out = dict(zip(o.names, o.outputs))
+    values, indices = out["values"], out["indices"]
+    target = o.params.get("recall_target")
+    metrics = check_top_k(o.inputs[0], values, indices, o.params["k"], recall_target=target)
+    status, reason = judge_top_k(metrics, approx=target is not None, recall_target=target)
+    return Evaluation(status, reason, metrics)
+
+
+def _top_k_agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
+    from diag.compare import agree_top_k
+
+    x, y = dict(zip(a.names, a.outputs)), dict(zip(b.names, b.outputs))
+    return agree_top_k(a.inputs[0], (x["values"], x["indices"]), (y["values"], y["indices"]),
+                       a.params["k"], names)
+
+
+def _greedy_evaluate(o: Outcome) -> Evaluation:
+    from diag.compare import check_greedy, judge_greedy
+
+    tokens = dict(zip(o.names, o.outputs))
+    metrics = check_greedy(o.inputs[0], tokens, rounded_probs=o.truth.value)
+    status, reason = judge_greedy(metrics)
+    return Evaluation(status, reason, metrics)
+
+
+def _greedy_agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
+    from diag.compare import agree_tokens
+
+    return agree_tokens(dict(zip(a.names, a.outputs)), dict(zip(b.names, b.outputs)), names)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameter checks (run by the suite loader, before any worker starts)
+
+
+def _check_k(params: dict) -> Optional[str]:
+    k, n = params["k"], params["n"]
+    if not 1 <= k <= n:
+        return f"k must be in 1 ... n (n = {n}), got k = {k}"
+    return None
+
+
+def _check_approx(params: dict) -> Optional[str]:
+    bad_k = _check_k(params)
+    if bad_k:
+        return bad_k
+    target = params["recall_target"]
+    if not math.isfinite(target) or not 0.0 < target <= 1.0:
+        return f"recall_target must be a finite number in (0, 1], got {target}"
+    override = params["reduction_input_size_override"]
+    if override != -1 and override < params["n"]:
+        return (f"reduction_input_size_override must be -1 (none) or >= n (n = {params['n']}), "
+                f"got {override}")
+    return None
+
+
+def _no_check(params: dict) -> Optional[str]:
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Case labels
+
+
+def _matmul_label(params: dict) -> str:
+    label = f"{params['m']}x{params['k']}x{params['n']} {params['dtype']}"
+    if params.get("precision", "default") != "default":
+        label += f" precision={params['precision']} via={params['precision_via']}"
+    return label
+
+
+def _rows_label(*extra: str, quiet: Optional[dict] = None) -> Callable[[dict], str]:
+    """Labels like `16x32768 bfloat16 ties k=64`; parameters in `quiet` are left out while
+    they hold the value given there (the op's own default)."""
+    quiet = quiet or {}
+
+    def label(params: dict) -> str:
+        text = f"{params['rows']}x{params['n']} {params['dtype']} {params['inputs']}"
+        for name in extra:
+            value = params[name]
+            if name in quiet and value == quiet[name]:
+                continue
+            text += f" {name}={json.dumps(value) if isinstance(value, bool) else value}"
+        return text
+
+    return label
+
+
+def _matmul_normalize(params: dict) -> dict:
+    # 'default' touches no setting, so how it would be passed does not matter: one case.
+    if params["precision"] == "default":
+        params["precision_via"] = "none"
+    return params
+
+
+def _same(params: dict) -> dict:
+    return params
+
+
 @dataclass(frozen=True)
 class Probe:
     """One op as data.
 
     Attributes:
-      op: the op name; `getattr(backend_module, op)` and `getattr(diag.oracle, op)`.
-      params: parameter names a suite entry may set, with their Python types.
+      op: the op name; `getattr(backend_module, op)` runs it on a backend.
+      dims: the names of the suite's `shape` dimensions (matmul: m, k, n).
+      params: grid parameters a suite entry may set: name -> (type, allowed values or None,
+        default). Each may be given as one value or a list (the grid is their product).
       op_args: the parameters forwarded to the backend op (the rest shape the inputs).
       dtypes: dtypes this probe supports.
+      inputs: input makers (`INPUT_MAKERS`) that make sense for it.
       input_shapes: case params -> the shapes of the op's inputs.
-      bound: (inputs, truth, params) -> per-element float64 bound on |computed - truth|.
-      claim: a short phrase for reasons: what arithmetic the bound assumes.
+      truth: (inputs, params, cache) -> the oracle's result for the case.
+      truth_args: the parameters the ground truth depends on besides the inputs.
+      evaluate: `Outcome` -> `Evaluation`: one backend's output against the truth.
+      agree: (Outcome a, Outcome b, (name a, name b), context) -> (status, reason, metrics):
+        two backends' outputs for the same case against each other.
+      validate: params -> a message when the values are invalid together (k > n, ...).
+      label: params -> the case label records carry.
+      normalize: params -> params, merging grid points that mean the same case.
+      input_family: cases of probes with the same family, inputs maker, dtype and shape
+        share their input arrays (and so their ground truth).
+      claim: what the verdict assumes, for the report.
     """
 
     op: str
+    dims: tuple[str, ...]
     params: dict
     op_args: tuple[str, ...]
     dtypes: tuple[str, ...]
+    inputs: tuple[str, ...]
     input_shapes: Callable[[dict], list[tuple[int, ...]]]
-    bound: Callable[[list, np.ndarray, dict], np.ndarray]
+    truth: Callable[[list, dict, Any], Any]
+    evaluate: Callable[[Outcome], Evaluation]
+    agree: Callable[..., tuple]
     claim: str
+    truth_args: tuple[str, ...] = ()
+    validate: Callable[[dict], Optional[str]] = _no_check
+    label: Callable[[dict], str] = field(default=_matmul_label)
+    normalize: Callable[[dict], dict] = _same
+    input_family: str = ""
 
+    @property
+    def family(self) -> str:
+        return self.input_family or self.op
+
+
+PRECISIONS = ("default", "high", "highest", "medium")
+PRECISION_VIA = ("argument", "config")
+_FLOATS = ("float32", "bfloat16", "float16")
+_LOGIT_MAKERS = ("normal", "normal5", "near_1e4", "masked_half", "fully_masked", "ties",
+                 "special", "all_equal", "near_ties", "uniform", "wide")
 
 PROBES: dict[str, Probe] = {
     p.op: p
     for p in (
         Probe(
-            op="matmul",
-            params={"m": int, "k": int, "n": int, "batch": list,
-                    "precision": str, "precision_via": str},
+            op="matmul", dims=("m", "k", "n"),
+            params={"precision": (str, PRECISIONS, "default"),
+                    "precision_via": (str, PRECISION_VIA + ("none",), "argument")},
             op_args=("precision", "precision_via"),
-            dtypes=("float32", "bfloat16", "float16"),
-            input_shapes=_matmul_shapes,
-            bound=_matmul_bound,
-            claim="float32 accumulation",
+            dtypes=_FLOATS, inputs=("normal", "uniform", "positive", "wide"),
+            input_shapes=_matmul_shapes, truth=_oracle("matmul"),
+            evaluate=_matmul_evaluate, agree=_matmul_agree,
+            normalize=_matmul_normalize, claim="float32 accumulation",
+        ),
+        Probe(
+            op="softmax", dims=("rows", "n"), params={},
+            op_args=(), dtypes=_FLOATS, inputs=_LOGIT_MAKERS,
+            input_shapes=_rows_shapes, truth=_oracle("softmax"),
+            evaluate=_softmax_evaluate, agree=_softmax_agree, label=_rows_label(),
+            input_family="rows", claim="softmax over the last axis, float32 arithmetic",
+        ),
+        Probe(
+            op="top_k", dims=("rows", "n"), params={"k": (int, None, 1)},
+            op_args=("k",), dtypes=_FLOATS, inputs=_LOGIT_MAKERS,
+            input_shapes=_rows_shapes, truth=_oracle("top_k", "k"), truth_args=("k",),
+            evaluate=_top_k_evaluate, agree=_top_k_agree, validate=_check_k,
+            label=_rows_label("k"), input_family="rows", claim="exact top-k",
+        ),
+        Probe(
+            op="approx_max_k", dims=("rows", "n"),
+            params={"k": (int, None, 1), "recall_target": (float, None, 0.95),
+                    "aggregate_to_topk": (bool, None, True),
+                    "reduction_input_size_override": (int, None, -1)},
+            op_args=("k", "recall_target", "aggregate_to_topk",
+                     "reduction_input_size_override"),
+            dtypes=_FLOATS, inputs=_LOGIT_MAKERS,
+            input_shapes=_rows_shapes, truth=_oracle("top_k", "k"), truth_args=("k",),
+            evaluate=_top_k_evaluate, agree=_top_k_agree, validate=_check_approx,
+            label=_rows_label("k", "recall_target", "aggregate_to_topk",
+                              "reduction_input_size_override",
+                              quiet={"reduction_input_size_override": -1}),
+            input_family="rows", claim="top-k at the promised recall",
+        ),
+        Probe(
+            op="greedy_token", dims=("rows", "n"), params={},
+            op_args=(), dtypes=_FLOATS, inputs=_LOGIT_MAKERS,
+            # The truth is the correctly rounded softmax: what sampling from rounded
+            # probabilities can and cannot resolve.
+            input_shapes=_rows_shapes, truth=_oracle("softmax"),
+            evaluate=_greedy_evaluate, agree=_greedy_agree, label=_rows_label(),
+            input_family="rows", claim="the exact argmax token",
         ),
     )
 }
-
-PRECISIONS = ("default", "high", "highest", "medium")
-PRECISION_VIA = ("argument", "config")
 
 
 def get_probe(op: str) -> Probe:

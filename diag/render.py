@@ -14,7 +14,8 @@ from rich.table import Table
 
 from diag.results import STATUSES, worst_status
 
-__all__ = ["console", "RunProgress", "summary_table", "problems_table", "print_error"]
+__all__ = ["console", "RunProgress", "summary_table", "problems_table", "print_error",
+           "nodes_tables", "nodes_summary", "env_tables", "nan_report_table"]
 
 console = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
@@ -55,7 +56,7 @@ class RunProgress:
         if not self._progress:
             return
         counts = " ".join(f"{badge(s)} {self._counts[s]}" for s in STATUSES if self._counts[s])
-        advance = 0 if rec.get("kind") == "agreement" else 1
+        advance = 1 if rec.get("kind", "probe") == "probe" else 0
         self._progress.update(self._task, advance=advance,
                               description=f"{rec['backend']} {rec['case']}  {counts}")
 
@@ -115,4 +116,153 @@ def problems_table(records: Iterable[dict[str, Any]], limit: int = 20) -> Table 
         table.add_row(badge(r["status"]), r["backend"], r["probe"], r["case"], r["reason"])
     if len(bad) > limit:
         table.caption = f"... and {len(bad) - limit} more in results.jsonl"
+    return table
+
+
+def env_tables(report: dict[str, Any]) -> list:
+    """`diag env`: backends, settings and flags, fingerprints, findings (see diag.flags)."""
+    from rich.markup import escape
+
+    def cell(v: Any) -> str:
+        return "—" if v is None else escape(str(v))
+
+    backends = Table(title="diag env: backends")
+    for col in ("backend", "device", "framework", "settings"):
+        backends.add_column(col, overflow="fold")
+    fps = Table(title="diag env: matmul fingerprints (measured with crafted inputs)")
+    for col in ("backend", "precision", "via", "algorithm", "input bits", "accumulator"):
+        fps.add_column(col, overflow="fold")
+    for fw, data in report["frameworks"].items():
+        if data.get("error"):
+            backends.add_row(cell(fw), "—", "—", f"[yellow]{cell(data['error'])}[/]")
+        for name, info in data.get("backends", {}).items():
+            dev, framework = info.get("device") or {}, info.get("framework") or {}
+            backends.add_row(
+                cell(name), cell(f"{dev.get('kind')} x{dev.get('count')}"),
+                cell(f"{framework.get('name')} {framework.get('version')}"),
+                cell("\n".join(f"{k}={v}" for k, v in (info.get("settings") or {}).items())))
+            for fp in info.get("fingerprints") or []:
+                label = fp.get("label", "")
+                style = "green" if label == "F32_F32_F32" else "yellow"
+                fps.add_row(cell(name), cell(fp.get("precision")), cell(fp.get("via")),
+                            f"[{style}]{cell(label)}[/]",
+                            cell(", ".join(map(str, fp.get("input_bits") or []))),
+                            cell(fp.get("accumulator")))
+    settings = Table(title="diag env: environment and flags")
+    settings.add_column("setting")
+    settings.add_column("value", overflow="fold")
+    for k, v in sorted(report.get("env", {}).items()):
+        settings.add_row(cell(k), cell(v))
+    for var, entry in report.get("flags", {}).items():
+        for name, value in entry.get("flags", {}).items():
+            settings.add_row(cell(f"{var} --{name}"), cell(value))
+    settings.add_row("XLA_FLAGS check", cell(report.get("xla_flags_check")))
+    found = Table(title=f"diag env: {len(report['findings'])} setting(s) to look at",
+                  show_lines=True)
+    for col in ("severity", "setting", "value", "why", "instead"):
+        found.add_column(col, overflow="fold")
+    for f in report["findings"]:
+        style = "bold red" if f["severity"] == "risk" else "yellow"
+        found.add_row(f"[{style}]{cell(f['severity'])}[/]", cell(f["setting"]),
+                      cell(f["value"]), cell(f["why"]), cell(f["instead"]))
+    tables = [backends, settings]
+    if fps.row_count:
+        tables.append(fps)
+    return tables + ([found] if report["findings"] else [])
+
+
+_NODE_STYLE = {"ok": "green", "slow": "yellow", "suspect": "bold red"}
+
+
+def nodes_tables(nodes: dict[str, Any]) -> list:
+    """`diag nodes`: a table per device (verdict and evidence), hosts, detection, notes."""
+    from diag.numerics import NAN_ULP  # a NaN against a number
+
+    kinds = sorted({str(d["kind"]) for d in nodes["devices"]})
+    table = Table(title=f"diag nodes: {len(nodes['devices'])} device(s), {', '.join(kinds)}")
+    for col, justify in (("proc", "right"), ("host", "left"), ("device", "right"),
+                         ("verdict", "left"), ("wrong", "right"), ("NaN+Inf", "right"),
+                         ("max ULP", "right"), ("median", "right"), ("x med", "right"),
+                         ("evidence", "left")):
+        table.add_column(col, justify=justify, overflow="fold")
+    for d in nodes["devices"]:
+        v = d["verdict"]
+        table.add_row(str(d["process_index"]), d["host"], str(d["device_id"]),
+                      f"[{_NODE_STYLE.get(v, '')}]{v}[/]",
+                      f"{d['mismatched_calls']}/{d['calls']}",
+                      str(d["nan_count"] + d["inf_count"]),
+                      "—" if d["max_ulp"] is None else
+                      ("NaN" if d["max_ulp"] >= NAN_ULP else f"{d['max_ulp']:.3g}"),
+                      f"{d['time_median_s'] * 1e3:.3g} ms", f"{d['time_ratio']:.2f}",
+                      ", ".join(d["kinds"]) or "—")
+    tables = [table]
+    if len(nodes["hosts"]) > 1:
+        hosts = Table(title="diag nodes: hosts")
+        for col in ("process", "host", "devices", "suspects", "slow", "verdict"):
+            hosts.add_column(col)
+        for h in nodes["hosts"]:
+            v = h["verdict"]
+            hosts.add_row(str(h["process_index"]), h["host"], str(h["devices"]),
+                          str(h["suspects"]), str(h["slow"]), f"[{_NODE_STYLE.get(v, '')}]{v}[/]")
+        tables.append(hosts)
+    det = nodes["detection"]
+    detect = Table(title=f"diag nodes: detection, {det['formula']}, R={det['repeats']}, "
+                         f"W={det['workloads']}")
+    for col in ("fault rate per call", "P(detect) now", "R for 99%"):
+        detect.add_column(col, justify="right")
+    for row in det["rows"]:
+        detect.add_row(f"{row['rate']:g}", f"{100 * row['p_detect']:.4g}%",
+                       str(row["repeats_for_99"]))
+    tables.append(detect)
+    return tables
+
+
+def nodes_summary(nodes: dict[str, Any], run_dir: Any = None) -> list[str]:
+    """The closing lines of `diag nodes`: injections, notes, verdict, where it was written."""
+    lines = [f"diag: device {d['device_id']} (process {d['process_index']}, {d['host']}): "
+             f"{d['verdict']}: {d['reason']}" for d in nodes["devices"] if d["verdict"] != "ok"]
+    lines += [f"diag: injected {i['text']}" for i in nodes["injections"]]
+    lines += [f"diag: note: {n}" for n in nodes["notes"]]
+    bad = nodes["suspects"]
+    if bad:
+        names = ", ".join(f"device {s['device_id']} (process {s['process_index']}, "
+                          f"{s['host']})" for s in bad)
+        lines.append(f"diag: {len(bad)} suspect(s): {names}")
+    else:
+        lines.append(f"diag: all {len(nodes['devices'])} device(s) agree")
+    if nodes["slow"]:
+        lines.append(f"diag: {len(nodes['slow'])} slow device(s): "
+                     + ", ".join(str(s["device_id"]) for s in nodes["slow"]))
+    if run_dir is not None:
+        lines.append(f"diag: run folder: {run_dir}")
+    return lines
+
+
+def nan_report_table(report: Any) -> Table:
+    """A `diag.nan.NanReport` as a two-column table: the op, its line, its phase, its inputs."""
+    from rich.markup import escape
+
+    table = Table(title=escape(f"diag nan: {report.kind} born in {report.primitive}"),
+                  show_header=False, title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    rows = [("op", f"[bold red]{escape(report.primitive)}[/] ({report.framework}) produced "
+                   f"{report.kind}"),
+            ("source", report.source or "—"),
+            ("file", f"{report.file}:{report.line}" if report.file else "—"),
+            ("path", report.path or "(top level)"),
+            ("phase", report.phase)]
+    for i, s in enumerate(report.inputs):
+        rows.append((f"input {i}", s.short()))
+    if report.output is not None:
+        rows.append(("output", report.output.short()))
+    if report.bad_index is not None:
+        at = (", ".join(_num(v) for v in report.inputs_at_index)
+              if report.inputs_at_index is not None else "—")
+        rows.append(("first bad element", f"index {list(report.bad_index)}; inputs there: {at}"))
+    rows.append(("births seen", str(report.births)))
+    if report.note:
+        rows.append(("note", report.note))
+    for i, (name, value) in enumerate(rows):
+        table.add_row(name, value if i == 0 else escape(value))
     return table

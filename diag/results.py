@@ -54,6 +54,8 @@ class Record:
       timings: compile and run times with their raw samples.
       framework: framework name and version the worker ran.
       oracle: how ground truth was obtained (method, fallbacks, cache hit).
+      settings: the numerics settings in effect in the worker (XLA_FLAGS, LIBTPU_INIT_ARGS,
+        JAX config, torch precision flags), so one record says what it was computed under.
     """
 
     op: str
@@ -70,6 +72,7 @@ class Record:
     timings: dict[str, Any] = field(default_factory=dict)
     framework: dict[str, Any] = field(default_factory=dict)
     oracle: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
     run_id: str = ""
     schema: str = SCHEMA
 

@@ -10,9 +10,12 @@ crashed worker is restarted for the cases it had not reached.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -29,9 +32,8 @@ import numpy as np
 from diag import environment, numerics
 from diag.backends import BACKENDS, BackendSpec, framework_installed, get_spec, not_applicable
 from diag.backends import promises_full_precision
-from diag.compare import agreement, compare, judge, judge_agreement
 from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, UsageError
-from diag.probes import INPUT_MAKERS, PROBES
+from diag.probes import INPUT_MAKERS, PROBES, Outcome
 from diag.results import Record, RunDir, new_run_id, worst_status
 from diag.suite import Case, Suite, load_suite
 
@@ -176,26 +178,78 @@ class _Inputs:
 
 
 class _Truth:
-    """Correctly rounded results per input key, from diag.oracle (disk-cached by input hash)."""
+    """Ground truth per case from the probe's oracle (disk-cached by input hash), computed
+    once per input set and truth parameters (top_k and approx_max_k with the same k share)."""
 
     def __init__(self, inputs: _Inputs, cache_dir: str | None):
-        from diag import oracle
         from diag.oracle.cache import GroundTruthCache, default_cache_dir
 
-        self._oracle = oracle
         self._cache = GroundTruthCache(cache_dir or default_cache_dir())
         self._inputs = inputs
         self._memo: dict[str, Any] = {}
 
     def get(self, case: Case):
-        if case.input_key not in self._memo:
-            evaluate = getattr(self._oracle, f"{case.op}_result")
-            self._memo[case.input_key] = evaluate(*self._inputs.get(case), cache=self._cache)
-        return self._memo[case.input_key]
+        probe = PROBES[case.op]
+        key = json.dumps([probe.truth.__name__, case.input_key,
+                          [case.params[a] for a in probe.truth_args]])
+        if key not in self._memo:
+            self._memo[key] = probe.truth(self._inputs.get(case), case.params, self._cache)
+        return self._memo[key]
 
 
 # ---------------------------------------------------------------------------------------------
 # One worker
+
+
+# The A/B variant of a backend runs as `<backend>+B`: same device, the setting applied.
+AB_SUFFIX = "+B"
+HLO_EXCERPT_LINES = 40
+# An HLO instruction: `[ROOT] [%]name = type opcode(operands), ...`.
+_HLO_OP = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*.*?\s([a-z][a-z0-9\-]*)\(")
+
+
+def _hlo_ops(lines: list[str]) -> dict[str, int]:
+    """Instruction counts by opcode in HLO text."""
+    counts: dict[str, int] = {}
+    for line in lines:
+        m = _HLO_OP.match(line)
+        if m:
+            counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    return counts
+
+
+def parse_ab(assignments: list[str] | None) -> dict[str, str]:
+    """The environment of an A/B experiment's B side from `NAME=VALUE` assignments.
+
+    `XLA_FLAGS` and `LIBTPU_INIT_ARGS` values are appended to the flags already in effect;
+    a JAX config name (`jax_default_matmul_precision=highest`) becomes the environment
+    variable JAX reads it from at start-up (`JAX_DEFAULT_MATMUL_PRECISION`).
+
+    Raises:
+      UsageError: an assignment that is not NAME=VALUE.
+    """
+    env: dict[str, str] = {}
+    for item in assignments or []:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise UsageError(f"--ab expects NAME=VALUE (an environment variable or a JAX "
+                             f"config option), got {item!r}")
+        if name.lower().startswith("jax_"):
+            name = name.upper()
+        if name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS"):
+            current = env.get(name, os.environ.get(name, ""))
+            value = f"{current} {value}".strip()
+        env[name] = value
+    return env
+
+
+def _load_output(meta: dict) -> np.ndarray:
+    """An output the worker wrote: floats as raw bits (see `numerics.bits_view`), ints as is."""
+    data = np.load(meta["path"])
+    if meta["dtype"].startswith(("int", "uint", "bool")):
+        return data
+    return numerics.from_bits(data, meta["dtype"])
 
 
 class _Worker:
@@ -266,6 +320,7 @@ class _Worker:
 
 class _Run:
     def __init__(self, suite: Suite, skipped: dict[str, str], run_dir: RunDir, work: Path, *,
+                 ab_env: dict[str, str] | None = None,
                  repeats: int, case_timeout: float, startup_timeout: float, cache_dir: str | None, env: dict[str, str],
                  on_record: Callable[[dict], None] | None):
         self.suite, self.skipped = suite, skipped
@@ -276,9 +331,13 @@ class _Run:
         self.inputs = _Inputs(work)
         self.truth = _Truth(self.inputs, cache_dir)
         self.records: list[dict[str, Any]] = []
-        self.outputs: dict[str, dict[str, str]] = {}  # case id -> backend -> output path
+        # case id -> backend -> what it returned; outputs are small next to the inputs
+        self.outcomes: dict[str, dict[str, Outcome]] = {}
         self.backend_info: dict[str, Any] = {}
         self.worker: _Worker | None = None
+        self.ab_env = ab_env or {}
+        self.hlo: dict[str, dict[str, str]] = {}  # case id -> backend -> compiled HLO text path
+        self.verdicts: dict[str, dict[str, dict]] = {}  # case id -> backend -> its record
 
     def plan(self, spec: BackendSpec) -> list[Case]:
         return [c for c in self.suite.cases if not_applicable(spec, c.op, c.params) is None]
@@ -297,53 +356,107 @@ class _Run:
         return Record(op=case.op, probe=f"{self.suite.name}.{case.probe}", case=case.label,
                       params=case.params, backend=spec.name, device=info.get("device", {}),
                       dtype=case.dtype, metrics=extra.pop("metrics", {}), status=status,
-                      reason=reason, framework=info.get("framework", {}), **extra)
+                      reason=reason, framework=info.get("framework", {}),
+                      settings=info.get("settings") or {}, **extra)
 
     def error(self, case: Case, spec: BackendSpec, reason: str) -> None:
         self.emit(self._record(case, spec, "error", reason))
 
     def judge_result(self, case: Case, spec: BackendSpec, event: dict) -> None:
         probe = PROBES[case.op]
-        truth = self.truth.get(case)
-        output = numerics.from_bits(np.load(event["output"]), event["dtype"])
-        oracle_info = {"method": truth.method, "fallbacks": truth.fallbacks,
-                       "cache_hit": truth.cache_hit, "seconds": round(truth.seconds, 4)}
-        expected = truth.value
         if event.get("input_digests") != self.inputs.digests(case):
             self.error(case, spec, f"{spec.name}: the inputs on the device are not bit-identical "
                                    f"to the host's (a transfer or conversion changed them)")
             return
-        if output.shape != expected.shape or output.dtype != expected.dtype:
-            self.emit(self._record(
-                case, spec, "fail",
-                f"returned {numerics.dtype_name(output.dtype)}{list(output.shape)}, expected "
-                f"{numerics.dtype_name(expected.dtype)}{list(expected.shape)}",
-                timings=event.get("timings", {}), oracle=oracle_info))
-            return
-        bound = probe.bound(self.inputs.get(case), expected, case.params)
-        metrics = compare(output, expected, bound)
+        truth = self.truth.get(case)
+        oracle_info = {}
+        if truth is not None:
+            oracle_info = {"method": truth.method, "fallbacks": truth.fallbacks,
+                           "cache_hit": truth.cache_hit, "seconds": round(truth.seconds, 4)}
         precision = case.params.get("precision", "default")
-        status, reason = judge(
-            metrics, claim=probe.claim, setting=f"precision={precision}",
-            promised=promises_full_precision(spec, case.dtype, precision))
-        self.emit(self._record(case, spec, status, reason, metrics=metrics,
+        outcome = Outcome(
+            inputs=self.inputs.get(case), outputs=[_load_output(o) for o in event["outputs"]],
+            names=[o["name"] for o in event["outputs"]], truth=truth, params=case.params,
+            promised=promises_full_precision(spec, case.dtype, precision),
+            setting=f"precision={precision}")
+        ev = probe.evaluate(outcome)
+        self.emit(self._record(case, spec, ev.status, ev.reason, metrics=ev.metrics,
                                timings=event.get("timings", {}), oracle=oracle_info))
-        self.agree(case, spec.name, output, bound)
-        self.outputs.setdefault(case.id, {})[spec.name] = event["output"]
+        self.verdicts.setdefault(case.id, {})[spec.name] = self.records[-1]
+        if event.get("hlo"):
+            self.hlo.setdefault(case.id, {})[spec.name] = event["hlo"]
+        self.agree(case, spec.name, outcome, ev.context)
+        self.outcomes.setdefault(case.id, {})[spec.name] = outcome
 
-    def agree(self, case: Case, name: str, output: np.ndarray, bound: np.ndarray) -> None:
+    def agree(self, case: Case, name: str, outcome: Outcome, context: Any) -> None:
         """Agreement records of this output with every earlier backend's for the same case,
-        judged with the bound this output was just judged by."""
-        claim = PROBES[case.op].claim
-        for earlier, path in self.outputs.get(case.id, {}).items():
-            other = numerics.from_bits(np.load(path), case.dtype)
-            (a, x), (b, y) = sorted([(earlier, other), (name, output)], key=lambda p: p[0])
-            m = agreement(x, y, bound)
-            status, reason = judge_agreement(m, a, b, claim)
+        judged with what this output was just judged by (`context`, e.g. its bound)."""
+        probe = PROBES[case.op]
+        for earlier, other in self.outcomes.get(case.id, {}).items():
+            if earlier.endswith(AB_SUFFIX) or name.endswith(AB_SUFFIX):
+                # A setting's variant is compared with its own backend only.
+                if name == earlier + AB_SUFFIX:
+                    self.attribute(case, earlier, other, name, outcome, context)
+                continue
+            (a, x), (b, y) = sorted([(earlier, other), (name, outcome)], key=lambda p: p[0])
+            status, reason, metrics = probe.agree(x, y, (a, b), context)
             self.emit(Record(op=case.op, probe=f"{self.suite.name}.{case.probe}",
                              case=case.label, params=case.params, backend=f"{a}|{b}",
-                             device={}, dtype=case.dtype, metrics=m, status=status,
+                             device={}, dtype=case.dtype, metrics=metrics, status=status,
                              reason=reason, kind="agreement"))
+
+    def attribute(self, case: Case, a: str, x: Outcome, b: str, y: Outcome,
+                  context: Any) -> None:
+        """An `ab` record: what the A/B setting changed in this case on one backend."""
+        changed = [n for n, u, v in zip(x.names, x.outputs, y.outputs)
+                   if numerics.bits_digest(u) != numerics.bits_digest(v)]
+        _, _, difference = PROBES[case.op].agree(x, y, (a, b), context)
+        va, vb = self.verdicts[case.id][a], self.verdicts[case.id][b]
+        metrics: dict[str, Any] = {
+            "changed_outputs": changed, "difference": difference,
+            "status": [va["status"], vb["status"]],
+            "max_ulp": [va["metrics"].get("max_ulp"), vb["metrics"].get("max_ulp")]}
+        setting = " ".join(f"{k}={v}" for k, v in self.ab_env.items())
+        if not changed:
+            status, reason = "pass", f"{setting} changes nothing in {a}'s results (bit for bit)"
+        else:
+            status = "warn"
+            what = ", ".join(changed)
+            n, k = difference.get("elements"), difference.get("mismatched")
+            amount = f"{k} / {n} elements, " if n and k is not None else ""
+            reason = (f"{setting} changes {a}'s {what} ({amount}verdict {va['status']} -> "
+                      f"{vb['status']}): drift attributed to this setting")
+            hlo = self.hlo_diff(case, a, b)
+            if hlo:
+                metrics["hlo_diff"] = hlo
+                ops = ", ".join(f"{op} {n1}->{n2}" for op, (n1, n2) in hlo["ops"].items())
+                reason += f"; compiled HLO differs ({ops or 'no op count changes'})"
+        self.emit(Record(op=case.op, probe=f"{self.suite.name}.{case.probe}",
+                         case=case.label, params=case.params, backend=f"{a}|{b}", device={},
+                         dtype=case.dtype, metrics=metrics, status=status, reason=reason,
+                         kind="ab"))
+
+    def hlo_diff(self, case: Case, a: str, b: str) -> dict | None:
+        """The compiled-HLO difference between two variants of a case, written to the run
+        folder (`ab/<case>.<backend>.hlo.diff`), with the op counts that changed."""
+        paths = self.hlo.get(case.id, {})
+        if a not in paths or b not in paths:
+            return None
+        text_a, text_b = (Path(paths[n]).read_text().splitlines() for n in (a, b))
+        diff = list(difflib.unified_diff(text_a, text_b, f"{a}.hlo", f"{b}.hlo", lineterm=""))
+        folder = self.run_dir.path / "ab"
+        folder.mkdir(exist_ok=True)
+        path = folder / f"{case.id}.{a}.hlo.diff"
+        path.write_text("\n".join(diff) + "\n")
+        count_a, count_b = _hlo_ops(text_a), _hlo_ops(text_b)
+        ops = {op: (count_a.get(op, 0), count_b.get(op, 0))
+               for op in sorted(set(count_a) | set(count_b))
+               if count_a.get(op, 0) != count_b.get(op, 0)}
+        changed = sum(1 for line in diff if line[:1] in "+-" and line[:3] not in ("+++", "---"))
+        # The changed lines without their context, for the record and the report.
+        excerpt = [line for line in diff[2:] if line[:1] in "+-@"][:HLO_EXCERPT_LINES]
+        return {"path": str(path.relative_to(self.run_dir.path)), "changed_lines": changed,
+                "ops": ops, "excerpt": excerpt}
 
     def run_backend(self, spec: BackendSpec) -> None:
         pending = self.plan(spec)
@@ -373,7 +486,9 @@ class _Run:
           (cases not reached when it died, whether it became ready, the cause of death).
           The case it died on gets an `error` record here.
         """
-        job = {"backend": spec.name, "out_dir": str(self.work), "repeats": self.repeats,
+        base = spec.name.removesuffix(AB_SUFFIX)
+        job = {"backend": base, "label": spec.name, "out_dir": str(self.work),
+               "repeats": self.repeats, "hlo": bool(self.ab_env),
                "cases": [{"id": c.id, "op": c.op, "op_args": c.op_args,
                           "inputs": self.inputs.paths(c),
                           "input_dtypes": [c.dtype] * len(self.inputs.paths(c))}
@@ -382,7 +497,8 @@ class _Run:
         job_path.write_text(json.dumps(job))
         logs = self.run_dir.path / "logs"
         logs.mkdir(exist_ok=True)
-        self.worker = worker = _Worker(spec, job_path, logs / f"{spec.name}.stderr", self.env)
+        env = {**self.env, **self.ab_env} if spec.name.endswith(AB_SUFFIX) else self.env
+        self.worker = worker = _Worker(spec, job_path, logs / f"{spec.name}.stderr", env)
         by_id = {c.id: c for c in cases}
         index = 0
         started = False
@@ -435,7 +551,8 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         out: str | os.PathLike = "reports", repeats: int = 3,
         case_timeout: float = DEFAULT_CASE_TIMEOUT,
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT, cache_dir: str | None = None,
-        env: dict[str, str] | None = None, argv: list[str] | None = None,
+        env: dict[str, str] | None = None, ab: list[str] | None = None,
+        argv: list[str] | None = None,
         on_start: Callable[[int, list[str]], None] | None = None,
         on_record: Callable[[dict], None] | None = None) -> RunResult:
     """Run a suite on backends and write a run folder.
@@ -449,6 +566,10 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
       startup_timeout: seconds a worker may take to import its framework and open its device.
       cache_dir: ground-truth cache folder (default: `DIAG_CACHE_DIR` or ~/.cache/diag).
       env: extra environment variables for the workers.
+      ab: an A/B experiment: `NAME=VALUE` settings (environment variables, XLA_FLAGS
+        additions, JAX config options) for a second worker per backend, `<backend>+B`; each
+        case gets an `ab` record saying what the setting changed (and, for JAX, the compiled
+        HLO difference).
       argv: the command line recorded in run.json.
       on_start: called with (number of planned records, backend names) before workers start.
       on_record: called with each record as it is written.
@@ -463,7 +584,10 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
     if repeats < 1:
         raise UsageError(f"repeats must be >= 1, got {repeats}")
     loaded = suite if isinstance(suite, Suite) else load_suite(suite)
+    ab_env = parse_ab(ab)
     specs, skipped = resolve_backends(backends)
+    if ab_env:  # each backend, then the same backend under the setting
+        specs = [v for s in specs for v in (s, dataclasses.replace(s, name=s.name + AB_SUFFIX))]
     run_id = new_run_id()
     try:
         run_dir = RunDir.create(out, run_id, environment.collect(argv))
@@ -472,11 +596,12 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
                          f"pass --out with a writable folder") from None
     run_dir.update_meta(suite={"name": loaded.name, "path": loaded.path,
                                "cases": len(loaded.cases)},
-                        backends_planned=[s.name for s in specs], backends_skipped=skipped)
+                        backends_planned=[s.name for s in specs], backends_skipped=skipped,
+                        ab={"B": list(ab or []), "env": ab_env} if ab_env else None)
     work = Path(tempfile.mkdtemp(prefix=f"diag-{run_id}-"))
     state = "finished"
     r = _Run(loaded, skipped, run_dir, work, repeats=repeats, case_timeout=case_timeout,
-             startup_timeout=startup_timeout, cache_dir=cache_dir,
+             startup_timeout=startup_timeout, cache_dir=cache_dir, ab_env=ab_env,
              env=_worker_env(env), on_record=on_record)
     try:
         if on_start:

@@ -37,14 +37,14 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from diag.errors import SuiteError
-from diag.probes import INPUT_MAKERS, PRECISION_VIA, PRECISIONS, PROBES
+from diag.probes import PRECISION_VIA, PROBES
 
 __all__ = ["Case", "Suite", "load_suite", "suite_names", "SUITE_DIR"]
 
 SUITE_DIR = Path(__file__).parent / "probes"
 
-_ENTRY_FIELDS = {"name", "op", "description", "inputs", "dtypes", "shape", "shapes", "sweep",
-                 "precision", "precision_via"}
+# Fields every entry may have; each probe adds its own grid parameters (`Probe.params`).
+_ENTRY_FIELDS = {"name", "op", "description", "inputs", "dtypes", "shape", "shapes", "sweep"}
 
 
 @dataclass(frozen=True)
@@ -122,11 +122,14 @@ def _str_list(path: Path, where: str, value: Any, allowed=None) -> list[str]:
     return value
 
 
-def _shape_dims(path: Path, where: str, shape: Any, sweep: dict | None) -> list:
-    """Check [M, K, N]; with `sweep` (a `shape` template) a string may name a swept param."""
-    _expect(path, where, shape, list, "a list [M, K, N]")
-    if len(shape) != 3:
-        raise SuiteError(str(path), where, f"expected 3 dimensions [M, K, N], got {len(shape)}")
+def _shape_dims(path: Path, where: str, shape: Any, sweep: dict | None,
+                dims: tuple[str, ...]) -> list:
+    """Check a shape of the probe's dims; with `sweep` a string may name a swept param."""
+    names = "[" + ", ".join(d.upper() if len(d) == 1 else d for d in dims) + "]"
+    _expect(path, where, shape, list, f"a list {names}")
+    if len(shape) != len(dims):
+        raise SuiteError(str(path), where,
+                         f"expected {len(dims)} dimensions {names}, got {len(shape)}")
     for i, dim in enumerate(shape):
         if isinstance(dim, str) and sweep is not None:
             if dim not in sweep:
@@ -138,8 +141,27 @@ def _shape_dims(path: Path, where: str, shape: Any, sweep: dict | None) -> list:
                     "a positive integer or a sweep name" if sweep is not None else
                     "a positive integer")
             if dim < 1:
-                raise SuiteError(str(path), f"{where}[{i}]", f"expected >= 1, got {dim}")
+                raise SuiteError(str(path), f"{where}[{i}]",
+                                 f"expected >= 1 ({dims[i]} may not be empty), got {dim}")
     return shape
+
+
+def _grid_values(path: Path, where: str, value: Any, typ, allowed) -> list:
+    """One value or a list of values of a grid parameter, type- and range-checked."""
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise SuiteError(str(path), where, "expected a value or a non-empty list")
+    what = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+            list: "a list"}[typ]
+    for j, v in enumerate(values):
+        at = f"{where}[{j}]" if isinstance(value, list) else where
+        if typ is float and isinstance(v, int) and not isinstance(v, bool):
+            values[j] = v = float(v)
+        _expect(path, at, v, typ, what)
+        if allowed is not None and v not in allowed:
+            raise SuiteError(str(path), at,
+                             f"expected one of {', '.join(map(str, allowed))}, got {v!r}")
+    return values
 
 
 def load_suite(name_or_path: str) -> Suite:
@@ -179,10 +201,6 @@ def load_suite(name_or_path: str) -> Suite:
 
 def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int) -> list[Case]:
     _expect(path, where, entry, dict, "a table")
-    unknown = set(entry) - _ENTRY_FIELDS
-    if unknown:
-        raise SuiteError(str(path), f"{where}.{sorted(unknown)[0]}",
-                         f"a known field ({', '.join(sorted(_ENTRY_FIELDS))})")
     if "name" not in entry:
         raise SuiteError(str(path), f"{where}.name", "a probe name (string)")
     pname = _expect(path, f"{where}.name", entry["name"], str, "a string")
@@ -193,15 +211,18 @@ def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int
     if op not in PROBES:
         raise SuiteError(str(path), f"{where}.op", f"one of {', '.join(PROBES)}, got {op!r}")
     probe = PROBES[op]
-    inputs = _expect(path, f"{where}.inputs", entry.get("inputs", "normal"), str, "a string")
-    if inputs not in INPUT_MAKERS:
-        raise SuiteError(str(path), f"{where}.inputs",
-                         f"one of {', '.join(INPUT_MAKERS)}, got {inputs!r}")
+    known = _ENTRY_FIELDS | set(probe.params)
+    unknown = set(entry) - known
+    if unknown:
+        raise SuiteError(str(path), f"{where}.{sorted(unknown)[0]}",
+                         f"a known field for op '{op}' ({', '.join(sorted(known))})")
+    inputs = _grid_values(path, f"{where}.inputs", entry.get("inputs", "normal"), str,
+                          probe.inputs)
     dtypes = _str_list(path, f"{where}.dtypes", entry.get("dtypes"), probe.dtypes)
-    precisions = _str_list(path, f"{where}.precision", entry.get("precision", ["default"]),
-                           PRECISIONS)
-    vias = _str_list(path, f"{where}.precision_via",
-                     entry.get("precision_via", list(PRECISION_VIA)), PRECISION_VIA)
+    grid = {name: _grid_values(path, f"{where}.{name}", entry.get(name, default), typ, allowed)
+            for name, (typ, allowed, default) in probe.params.items()}
+    if op == "matmul" and "precision_via" not in entry:
+        grid["precision_via"] = list(PRECISION_VIA)
 
     sweep = _expect(path, f"{where}.sweep", entry.get("sweep", {}), dict, "a table of lists")
     for key, values in sweep.items():
@@ -216,7 +237,7 @@ def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int
         raise SuiteError(str(path), f"{where}.shape",
                          "exactly one of 'shape' (with 'sweep') or 'shapes'")
     if "shape" in entry:
-        template = _shape_dims(path, f"{where}.shape", entry["shape"], sweep)
+        template = _shape_dims(path, f"{where}.shape", entry["shape"], sweep, probe.dims)
         if len(sweep) > 1:
             raise SuiteError(str(path), f"{where}.sweep", "at most one swept parameter")
         if not sweep:
@@ -228,29 +249,33 @@ def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int
     else:
         if sweep:
             raise SuiteError(str(path), f"{where}.sweep", "'sweep' only together with 'shape'")
-        listed = _expect(path, f"{where}.shapes", entry["shapes"], list, "a list of [M, K, N]")
+        listed = _expect(path, f"{where}.shapes", entry["shapes"], list, "a list of shapes")
         if not listed:
             raise SuiteError(str(path), f"{where}.shapes", "a non-empty list")
-        shapes = [(_shape_dims(path, f"{where}.shapes[{j}]", s, None), {})
+        shapes = [(_shape_dims(path, f"{where}.shapes[{j}]", s, None, probe.dims), {})
                   for j, s in enumerate(listed)]
 
-    # 'default' touches no setting, so how it would be passed does not matter: one case.
-    settings = list(dict.fromkeys((p, "none" if p == "default" else v)
-                                  for p, v in itertools.product(precisions, vias)))
-    cases = []
-    for (mkn, sweep_params), dtype, (prec, via) in itertools.product(shapes, dtypes, settings):
-        m, k, n = mkn
-        params = {"m": m, "k": k, "n": n, "dtype": dtype, "precision": prec,
-                  "precision_via": via, **sweep_params}
+    cases: list[Case] = []
+    labels: set[str] = set()
+    names = list(grid)
+    for (dims, sweep_params), maker, dtype, values in itertools.product(
+            shapes, inputs, dtypes, itertools.product(*grid.values())):
+        params = {**dict(zip(probe.dims, dims)), "dtype": dtype, "inputs": maker,
+                  **dict(zip(names, values)), **sweep_params}
+        params = probe.normalize(params)
+        problem = probe.validate(params)
+        if problem:
+            raise SuiteError(str(path), where, problem)
+        label = probe.label(params)
+        if label in labels:  # grid points that mean the same case (normalize merged them)
+            continue
+        labels.add(label)
         op_args = {a: params[a] for a in probe.op_args}
-        key_data = json.dumps([op, inputs, dtype, mkn, seed])
+        key_data = json.dumps([probe.family, maker, dtype, dims, seed])
         input_key = hashlib.sha256(key_data.encode()).hexdigest()[:16]
-        label = f"{m}x{k}x{n} {dtype}"
-        if prec != "default":
-            label += f" precision={prec} via={via}"
         cases.append(Case(
             id=f"c{start + len(cases):04d}", probe=pname, op=op, label=label, params=params,
-            op_args=op_args, inputs=inputs, input_key=input_key,
+            op_args=op_args, inputs=maker, input_key=input_key,
             seed=int(input_key[:8], 16) ^ seed, dtype=dtype,
         ))
     return cases

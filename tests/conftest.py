@@ -4,13 +4,31 @@ from __future__ import annotations
 
 import importlib.util
 
+import ml_dtypes
+import numpy as np
 import pytest
+
+from diag.numerics import bits_view
 
 HAS_JAX = importlib.util.find_spec("jax") is not None
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 needs_jax = pytest.mark.skipif(not HAS_JAX, reason="jax is not installed")
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.dtype(np.float32), BF16, np.dtype(np.float16)]
+IDS = ["float32", "bfloat16", "float16"]
+
+
+def assert_bits_equal(got, want, what=""):
+    """Bit-for-bit equality (-0 != +0, NaN payloads kept), naming the first difference."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    bad = np.flatnonzero(bits_view(got).ravel() != bits_view(want).ravel())
+    assert bad.size == 0, (
+        f"{what}: {bad.size} / {got.size} elements differ; first at flat index {bad[0]}: "
+        f"got {got.ravel()[bad[0]]!r}, want {want.ravel()[bad[0]]!r}")
 
 TINY_SUITE = """
 [suite]

@@ -12,9 +12,8 @@ import pytest
 
 from diag import numerics, oracle
 from diag.compare import agreement, compare, judge, judge_agreement
-from diag.probes import PROBES
+from diag.probes import matmul_bound
 
-MATMUL = PROBES["matmul"]
 PARAMS = {"m": 256, "k": 256, "n": 256}
 
 
@@ -24,7 +23,7 @@ def product():
     a = rng.standard_normal((256, 256)).astype(np.float32)
     b = rng.standard_normal((256, 256)).astype(np.float32)
     truth = oracle.matmul(a, b)
-    return a, b, truth, MATMUL.bound([a, b], truth, PARAMS)
+    return a, b, truth, matmul_bound([a, b], truth, PARAMS)
 
 
 def _bf16_one_pass(a, b):
@@ -88,7 +87,7 @@ def test_nan_expected_by_the_exact_math_is_not_a_failure():
     assert np.isnan(truth[0, 0])
     with np.errstate(invalid="ignore"):
         out = np.matmul(a, b)
-    m = compare(out, truth, MATMUL.bound([a, b], truth, {}))
+    m = compare(out, truth, matmul_bound([a, b], truth, {}))
     assert m["unexpected_nonfinite"] == 0 and m["nan_count"] == 1
 
 
@@ -132,7 +131,7 @@ def test_float32_accumulation_then_one_rounding_always_keeps_the_bound(dtype, sh
     b = rng.standard_normal((k, n)).astype(dtype)
     truth = oracle.matmul(a, b)
     out = np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(dtype)
-    m_ = compare(out, truth, MATMUL.bound([a, b], truth, {}))
+    m_ = compare(out, truth, matmul_bound([a, b], truth, {}))
     assert m_["bound_ratio"] <= 1, m_["worst"]
 
 
@@ -146,5 +145,5 @@ def test_accumulating_in_half_precision_breaks_the_float32_claim():
     for i in range(a.shape[1]):  # sequential fp16 accumulation of exact-in-f32 products
         acc = (acc.astype(np.float32) + np.outer(a[:, i], b[i, :]).astype(np.float32)).astype(
             np.float16)
-    m_ = compare(acc, truth, MATMUL.bound([a, b], truth, {}))
+    m_ = compare(acc, truth, matmul_bound([a, b], truth, {}))
     assert m_["bound_ratio"] > 1 and m_["bound_exceeded"] > 0

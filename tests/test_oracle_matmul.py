@@ -23,19 +23,8 @@ import diag.oracle as oracle
 from diag.errors import UsageError
 from diag.numerics import bits_view, precision_bits
 from diag.oracle import mp
+from tests.conftest import BF16, DTYPES, IDS, assert_bits_equal
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
-DTYPES = [np.dtype(np.float32), BF16, np.dtype(np.float16)]
-IDS = ["float32", "bfloat16", "float16"]
-
-
-def assert_bits_equal(got, want, what=""):
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.dtype == want.dtype and got.shape == want.shape
-    bad = np.flatnonzero(bits_view(got).ravel() != bits_view(want).ravel())
-    assert bad.size == 0, (
-        f"{what}: {bad.size} / {got.size} elements differ; first at flat index {bad[0]}: "
-        f"got {got.ravel()[bad[0]]!r}, want {want.ravel()[bad[0]]!r}")
 
 
 def exact_in(values, dt):

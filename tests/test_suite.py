@@ -95,3 +95,70 @@ def test_unknown_suite_name_lists_shipped_suites():
     with pytest.raises(SuiteError) as info:
         load_suite("no-such-suite")
     assert "matmul" in str(info.value) and "no-such-suite" in str(info.value)
+
+
+TOPK = """
+[suite]
+name = "t"
+
+[[probe]]
+name = "tk"
+op = "approx_max_k"
+inputs = ["normal", "ties"]
+dtypes = ["bfloat16"]
+shapes = [[4, 1024]]
+k = 8
+recall_target = [0.9, 0.99]
+aggregate_to_topk = [true, false]
+"""
+
+
+def test_sampling_suite_has_every_op_and_input_class():
+    suite = load_suite("sampling")
+    assert "sampling" in suite_names()
+    ops = {c.op for c in suite.cases}
+    assert ops == {"softmax", "top_k", "approx_max_k", "greedy_token"}
+    inputs = {c.inputs for c in suite.cases}
+    for maker in ("normal", "normal5", "near_1e4", "masked_half", "fully_masked", "ties",
+                  "special", "all_equal", "near_ties"):
+        assert maker in inputs
+    vocab = {c.params["n"] for c in suite.cases if c.probe == "softmax_vocab"}
+    assert vocab == {32768, 131072, 262144}
+    approx = [c for c in suite.cases if c.op == "approx_max_k"]
+    assert {c.params["recall_target"] for c in approx} == {0.9, 0.95, 0.99}
+    assert {c.params["aggregate_to_topk"] for c in approx} == {True, False}
+    assert {c.params["reduction_input_size_override"] for c in approx} == {-1, 65536}
+    # top_k and approx_max_k cases on the same rows share inputs (and so ground truth).
+    keys = {c.op: c.input_key for c in suite.cases
+            if c.inputs == "normal" and c.dtype == "float32" and c.params.get("k") == 64}
+    assert keys["top_k"] == keys["approx_max_k"]
+
+
+def test_grid_parameters_expand_as_a_product(tmp_path):
+    suite = load_suite(_write(tmp_path, TOPK))
+    assert len(suite.cases) == 2 * 2 * 2
+    assert suite.cases[0].op_args == {"k": 8, "recall_target": 0.9, "aggregate_to_topk": True,
+                                      "reduction_input_size_override": -1}
+    assert suite.cases[0].label == "4x1024 bfloat16 normal k=8 recall_target=0.9 aggregate_to_topk=true"
+
+
+@pytest.mark.parametrize("change, field, expected", [
+    (("k = 8", "k = 0"), "probe[0]", "k must be in 1 ... n (n = 1024), got k = 0"),
+    (("k = 8", "k = 1025"), "probe[0]", "got k = 1025"),
+    (("[0.9, 0.99]", "[0.9, nan]"), "probe[0]", "recall_target must be a finite number"),
+    (("[0.9, 0.99]", "inf"), "probe[0]", "got inf"),
+    (("[0.9, 0.99]", "1.5"), "probe[0]", "in (0, 1]"),
+    (("[[4, 1024]]", "[[4, 0]]"), "probe[0].shapes[0][1]", "n may not be empty"),
+    (("[[4, 1024]]", "[[4, 16, 16]]"), "probe[0].shapes[0]", "2 dimensions [rows, N]"),
+    (("k = 8", 'k = "8"'), "probe[0].k", "an integer, got str"),
+    (("k = 8", "k = 8\nprecision = \"high\""), "probe[0].precision", "known field for op"),
+    (("recall_target", "reduction_input_size_override = 100\nrecall_target"), "probe[0]",
+     "reduction_input_size_override must be -1 (none) or >= n"),
+])
+def test_bad_sampling_parameters_exit_before_any_worker(tmp_path, change, field, expected):
+    path = _write(tmp_path, TOPK.replace(*change, 1))
+    with pytest.raises(SuiteError) as info:
+        load_suite(path)
+    assert info.value.field == field, str(info.value)
+    assert expected in str(info.value)
+

@@ -60,6 +60,8 @@ _TORCH = dict(framework="torch", module="diag.backends.torch_backend",
               # torch has no per-op matmul precision: only torch.set_float32_matmul_precision.
               precision_via=("config",),
               precisions=("default", "high", "highest", "medium"),
+              # torch has no approximate top-k.
+              ops=("matmul", "softmax", "top_k", "greedy_token"),
               install_hint="pip install 'diag[torch]'")
 
 BACKENDS: dict[str, BackendSpec] = {
@@ -81,6 +83,15 @@ BACKENDS: dict[str, BackendSpec] = {
         # allow_fp16/bf16_reduced_precision_reduction default to True for narrow inputs.
         BackendSpec(name="torch-cuda", platform="cuda", promised=("default", "highest"),
                     narrow_promised=False, **_TORCH),
+        # numpy emulations of dot algorithms (diag.precision): opt-in, never hardware, and
+        # promising nothing, so a bound breach is `warn`. The platform is the algorithm.
+        *(BackendSpec(name=f"emu-{short}", platform=algorithm, framework="numpy",
+                      module="diag.backends.emu_backend", precision_via=(),
+                      precisions=("default",), install_hint="numpy is always installed",
+                      promised=(), narrow_promised=False, ops=("matmul",), default=False)
+          for short, algorithm in (("bf16x1", "BF16_BF16_F32"), ("bf16x3", "BF16_BF16_F32_X3"),
+                                   ("bf16x6", "BF16_BF16_F32_X6"), ("tf32", "TF32_TF32_F32"),
+                                   ("tf32x3", "TF32_TF32_F32_X3"), ("f16", "F16_F16_F32"))),
     )
 }
 

@@ -11,6 +11,7 @@ string. On CPU, matmul precision settings are accepted but do not change the ari
 
 from __future__ import annotations
 
+import os
 import time
 
 import jax
@@ -51,6 +52,9 @@ def setup(platform: str) -> dict:
         "framework": {"name": "jax", "version": jax.__version__,
                       "jaxlib": getattr(jax.lib, "__version__", None) or _jaxlib_version()},
         "settings": {
+            # XLA reads these once, at start-up: what this worker's results were computed under.
+            "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+            "LIBTPU_INIT_ARGS": os.environ.get("LIBTPU_INIT_ARGS", ""),
             "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
             "jax_enable_x64": jax.config.jax_enable_x64,
             "jax_debug_nans": jax.config.jax_debug_nans,
@@ -80,11 +84,27 @@ def block(x) -> None:
 
 
 def prepare(fn, args):
-    """Jit, lower and compile `fn` for `args`; return (thunk, compile seconds)."""
+    """Jit, lower and compile `fn` for `args`; return (thunk, compile seconds).
+
+    An op that compiles its own parts (`fn.eager`, e.g. a sampler that runs both jitted and
+    op by op) is run once as warm-up instead, and that time is reported.
+    """
+    if getattr(fn, "eager", False):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        return (lambda: fn(*args)), time.perf_counter() - t0
     t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
     compile_s = time.perf_counter() - t0
     return (lambda: compiled(*args)), compile_s
+
+
+def hlo_text(fn, args) -> str | None:
+    """The optimised HLO XLA compiled for `fn` (what an A/B setting may change), or None for
+    ops that compile their own parts."""
+    if getattr(fn, "eager", False):
+        return None
+    return jax.jit(fn).lower(*args).compile().as_text()
 
 
 def matmul(precision: str = "default", precision_via: str = "none"):
@@ -101,3 +121,71 @@ def matmul(precision: str = "default", precision_via: str = "none"):
             return jnp.matmul(a, b)
 
     return f
+
+
+def softmax():
+    """`jax.nn.softmax` over the last axis, in the input dtype."""
+    return lambda x: jax.nn.softmax(x, axis=-1)
+
+
+def top_k(k: int):
+    """`jax.lax.top_k`: the k largest along the last axis, values and indices."""
+    def f(x):
+        values, indices = jax.lax.top_k(x, k)
+        return {"values": values, "indices": indices}
+
+    return f
+
+
+def approx_max_k(k: int, recall_target: float = 0.95, aggregate_to_topk: bool = True,
+                 reduction_input_size_override: int = -1):
+    """`jax.lax.approx_max_k`: approximate on TPU; elsewhere XLA's fallback (field notes:
+    on CPU float32 the same TopK as `lax.top_k`, other dtypes a sort). With
+    `aggregate_to_topk=False` it returns an implementation-defined number of candidates."""
+    def f(x):
+        values, indices = jax.lax.approx_max_k(
+            x, k, recall_target=recall_target, aggregate_to_topk=aggregate_to_topk,
+            reduction_input_size_override=reduction_input_size_override)
+        return {"values": values, "indices": indices}
+
+    return f
+
+
+# The batch sizes a sampler's rows are also run in: a chosen token must not depend on them.
+SAMPLER_BATCHES = (1, 8, 64)
+
+
+def _sampler(x):
+    """How a model's sampler picks the greedy token, four ways, in one function."""
+    probs = jax.nn.softmax(x, axis=-1)
+    return {"argmax": jnp.argmax(x, axis=-1).astype(jnp.int32),
+            "argmax_softmax": jnp.argmax(probs, axis=-1).astype(jnp.int32),
+            "top_k": jax.lax.top_k(x, 1)[1][..., 0].astype(jnp.int32),
+            "approx_max_k": jax.lax.approx_max_k(x, 1)[1][..., 0].astype(jnp.int32)}
+
+
+def greedy_token():
+    """The greedy token per row by every path a sampler may take.
+
+    `jit/*`: the four choices fused in one jitted function, where XLA may keep bf16
+    intermediates in float32 (`--xla_allow_excess_precision`). `eager/*`: op by op, each
+    result materialised in the input dtype (softmax output rounded before the argmax).
+    `jit/batchB/*`: the jitted function on batches of B rows.
+    """
+    fused = jax.jit(_sampler)
+
+    def paths(x):
+        out = {f"jit/{name}": v for name, v in fused(x).items()}
+        probs = jax.nn.softmax(x, axis=-1)  # materialised, in x's dtype
+        out["eager/argmax"] = jnp.argmax(x, axis=-1).astype(jnp.int32)
+        out["eager/argmax_softmax"] = jnp.argmax(probs, axis=-1).astype(jnp.int32)
+        out["eager/top_k"] = jax.lax.top_k(x, 1)[1][..., 0].astype(jnp.int32)
+        out["eager/approx_max_k"] = jax.lax.approx_max_k(x, 1)[1][..., 0].astype(jnp.int32)
+        for b in SAMPLER_BATCHES:
+            chunks = [fused(x[i:i + b]) for i in range(0, x.shape[0], b)]
+            for name in chunks[0]:
+                out[f"jit/batch{b}/{name}"] = jnp.concatenate([c[name] for c in chunks])
+        return out
+
+    paths.eager = True
+    return paths

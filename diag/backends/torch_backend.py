@@ -6,6 +6,7 @@ compile step: `prepare` runs the op once as warm-up and reports that time as com
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -41,6 +42,9 @@ def setup(platform: str) -> dict:
                    "count": torch.cuda.device_count() if platform == "cuda" else 1},
         "framework": {"name": "torch", "version": torch.__version__},
         "settings": {
+            # XLA reads these once, at start-up: what this worker's results were computed under.
+            "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+            "LIBTPU_INIT_ARGS": os.environ.get("LIBTPU_INIT_ARGS", ""),
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
             "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
@@ -101,3 +105,42 @@ def matmul(precision: str = "default", precision_via: str = "none"):
             torch.set_float32_matmul_precision(previous)
 
     return f
+
+
+def softmax():
+    """`torch.softmax` over the last axis, in the input dtype."""
+    return lambda x: torch.softmax(x, dim=-1)
+
+
+def top_k(k: int):
+    """`torch.topk`: the k largest along the last axis (sorted), values and indices."""
+    def f(x):
+        values, indices = torch.topk(x, k, dim=-1)
+        return {"values": values, "indices": indices}
+
+    return f
+
+
+# The batch sizes a sampler's rows are also run in: a chosen token must not depend on them.
+SAMPLER_BATCHES = (1, 8, 64)
+
+
+def _sampler(x) -> dict:
+    probs = torch.softmax(x, dim=-1)  # materialised, in x's dtype
+    return {"argmax": torch.argmax(x, dim=-1),
+            "argmax_softmax": torch.argmax(probs, dim=-1),
+            "top_k": torch.topk(x, 1, dim=-1).indices[..., 0]}
+
+
+def greedy_token():
+    """The greedy token per row by every path an eager sampler may take (torch has no
+    approx_max_k): `eager/*` on all rows, `eager/batchB/*` on batches of B rows."""
+    def paths(x):
+        out = {f"eager/{name}": v for name, v in _sampler(x).items()}
+        for b in SAMPLER_BATCHES:
+            chunks = [_sampler(x[i:i + b]) for i in range(0, x.shape[0], b)]
+            for name in chunks[0]:
+                out[f"eager/batch{b}/{name}"] = torch.cat([c[name] for c in chunks])
+        return out
+
+    return paths

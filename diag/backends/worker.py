@@ -10,12 +10,13 @@ framework must not take the run down with it.
 Protocol: one JSON object per line on the protocol stream (the original stdout; anything the
 framework prints is redirected to stderr so it cannot corrupt the stream):
   {"event": "ready", "device": {...}, "framework": {...}, "settings": {...}}
-  {"event": "result", "case": ID, "output": PATH, "dtype": ..., "shape": [...], "timings": {...},
-   "input_digests": [sha256 of each input as read back from the device]}
+  {"event": "result", "case": ID, "outputs": [{"name", "path", "dtype", "shape"}, ...],
+   "timings": {...}, "input_digests": [sha256 of each input as read back from the device]}
   {"event": "case_error", "case": ID, "error": "..."}
   {"event": "done"}
-Inputs and outputs travel as .npy files of the raw bits (`numerics.bits_view`), so every
-backend receives bit-identical inputs whatever the dtype.
+Inputs and float outputs travel as .npy files of the raw bits (`numerics.bits_view`), so every
+backend receives bit-identical inputs whatever the dtype; integer outputs (top-k indices,
+chosen tokens) as themselves. An op may return one array, a tuple, or a dict of named arrays.
 
 Fault injection for diag's own tests and for users proving their harness:
 `DIAG_WORKER_FAULT=KIND@CASE` (or `KIND@BACKEND:CASE`) makes the worker fail just before the
@@ -83,12 +84,24 @@ def _timings(compile_s: float, samples: list[float]) -> dict:
             "run_s_spread": spread, "noisy": spread > 0.5}
 
 
+def _named_outputs(out) -> list[tuple[str, object]]:
+    """An op's result as (name, array) pairs: one array (`out`), a tuple (`out0`, `out1`,
+    ... or the op's `names`), or a dict of named results (sampler paths)."""
+    if isinstance(out, dict):
+        return list(out.items())
+    if isinstance(out, (tuple, list)):
+        names = getattr(out, "_fields", None) or [f"out{i}" for i in range(len(out))]
+        return list(zip(names, out))
+    return [("out", out)]
+
+
 def run_job(job: dict, stream) -> None:
     from diag import numerics
     from diag.backends import get_spec
 
     spec = get_spec(job["backend"])
-    _inject_fault(_fault(spec.name, "start"), "start")
+    label = job.get("label", spec.name)  # `<backend>+B` for the B side of an A/B run
+    _inject_fault(_fault(label, "start"), "start")
     backend = importlib.import_module(spec.module)
     info = backend.setup(spec.platform)
     _emit(stream, event="ready", **info)
@@ -96,7 +109,7 @@ def run_job(job: dict, stream) -> None:
     out_dir = job["out_dir"]
     repeats = max(1, int(job.get("repeats", 3)))
     for case in job["cases"]:
-        fault = _fault(spec.name, case["id"])
+        fault = _fault(label, case["id"])
         _inject_fault(fault, case["id"])
         try:
             host_inputs = [
@@ -118,14 +131,25 @@ def run_job(job: dict, stream) -> None:
                 out = thunk()
                 backend.block(out)
                 samples.append(time.perf_counter() - t0)
-            host = backend.get(out)
-            if fault == "corrupt":
-                host = np.array(host)
-                host.flat[0] = host.flat[0] * 2
-            path = os.path.join(out_dir, f"{case['id']}.{spec.name}.npy")
-            np.save(path, numerics.bits_view(host))
-            _emit(stream, event="result", case=case["id"], output=path,
-                  dtype=numerics.dtype_name(host.dtype), shape=list(host.shape),
+            outputs = []
+            for i, (name, value) in enumerate(_named_outputs(out)):
+                host = np.array(backend.get(value))
+                if fault == "corrupt" and i == 0:
+                    host.flat[0] = host.flat[0] * 2
+                path = os.path.join(out_dir, f"{case['id']}.{label}.{i}.npy")
+                is_float = host.dtype.kind == "f" or host.dtype.name == "bfloat16"
+                np.save(path, numerics.bits_view(host) if is_float else host)
+                outputs.append({"name": name, "path": path, "shape": list(host.shape),
+                                "dtype": (numerics.dtype_name(host.dtype) if is_float
+                                          else host.dtype.name)})
+            hlo = None
+            if job.get("hlo") and hasattr(backend, "hlo_text"):
+                text = backend.hlo_text(fn, args)
+                if text is not None:
+                    hlo = os.path.join(out_dir, f"{case['id']}.{label}.hlo.txt")
+                    with open(hlo, "w") as f:
+                        f.write(text)
+            _emit(stream, event="result", case=case["id"], outputs=outputs, hlo=hlo,
                   timings=_timings(compile_s, samples), input_digests=received)
         except Exception as e:  # a failing op is a record, not the end of the worker
             _emit(stream, event="case_error", case=case["id"],
@@ -146,6 +170,12 @@ def main(argv: list[str]) -> int:
     stream = _protocol_stream()
     if len(argv) == 2 and argv[0] == "--discover":
         discover(argv[1], stream)
+        return 0
+    if len(argv) in (2, 3) and argv[0] == "--env":  # `diag env`: devices, settings, fingerprints
+        from diag.flags import worker_env
+
+        worker_env(argv[1], lambda **event: _emit(stream, **event),
+                   fingerprints=argv[2:] != ["--no-fingerprints"])
         return 0
     if len(argv) != 1:
         print("usage: python -m diag.backends.worker JOB.json | --discover FRAMEWORK",

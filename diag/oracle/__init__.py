@@ -1,7 +1,6 @@
 """Ground truth: the exact result of each op on the given inputs, rounded once to the output dtype.
 
-Functions here carry the SAME names as the backend ops (`matmul`; `softmax` and `top_k` come
-later), so the runner does ``getattr(diag.oracle, probe.op)(*inputs)``. Each op also has a
+Functions here carry the SAME names as the backend ops (`matmul`, `softmax`, `top_k`), so the runner does ``getattr(diag.oracle, probe.op)(*inputs)``. Each op also has a
 ``<op>_result`` form returning an `OracleResult` with how the answer was obtained (method, exact
 fallbacks, cache hit, time): nothing about the proof is hidden.
 
@@ -11,15 +10,20 @@ This package imports numpy, ml_dtypes and mpmath only (never jax or torch).
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
 from diag.oracle import mp
 from diag.oracle._args import check_matmul_args
+from diag.errors import UsageError
+from diag.numerics import as_dtype, dtype_name
 from diag.oracle._matmul import _INPUT_DTYPES, matmul_core
+from diag.oracle._softmax import SOFTMAX_INPUT_DTYPES, SOFTMAX_OUTPUT_DTYPES, softmax_core
+from diag.oracle._topk import check_k, rank_key, top_k_core
 from diag.oracle.cache import ORACLE_VERSION, CachedTruth, GroundTruthCache, default_cache_dir
 
 __all__ = [
@@ -31,6 +35,11 @@ __all__ = [
     "matmul",
     "matmul_result",
     "mp",
+    "rank_key",
+    "softmax",
+    "softmax_result",
+    "top_k",
+    "top_k_result",
 ]
 
 
@@ -40,13 +49,15 @@ class OracleResult:
 
     Attributes:
         value: the correctly rounded result.
-        method: the fast path used ("f64-bound", "f64-ksplit-dd", "dd-exact-products", "empty").
-        fallbacks: elements the BLAS fast path could not prove; each was then settled by an
-            error-free TwoSum tree over its products or, failing that, an exact sum.
+        method: the fast path used (matmul: "f64-bound", "f64-ksplit-dd", "dd-exact-products";
+            softmax: "f64-exp-bound"; top_k: "stable-sort"; "empty").
+        fallbacks: elements the fast path could not prove; each was then settled exactly
+            (matmul: an error-free TwoSum tree or an exact sum; softmax: mpmath).
         elements: number of output elements.
         cache_hit: True if the value came from the ground-truth cache.
         seconds: wall time of this call.
         exact: of the fallbacks, elements that needed the exact (math.fsum) sum.
+        extra: op-specific facts (softmax: "undefined_rows", "nan_rows"; top_k: "indices").
     """
 
     value: np.ndarray
@@ -56,6 +67,16 @@ class OracleResult:
     cache_hit: bool
     seconds: float
     exact: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def _cached(hit: CachedTruth, t0: float, **extra) -> OracleResult:
+    """An `OracleResult` for a cache hit, with the provenance the entry was stored with."""
+    return OracleResult(value=hit.value, method=str(hit.meta.get("method", "")),
+                        fallbacks=int(hit.meta.get("fallbacks", 0)),
+                        elements=int(hit.value.size), cache_hit=True,
+                        seconds=time.perf_counter() - t0, exact=int(hit.meta.get("exact", 0)),
+                        extra=extra)
 
 
 def matmul_result(a, b, out_dtype=None, *, cache: Optional[GroundTruthCache] = None
@@ -85,11 +106,7 @@ def matmul_result(a, b, out_dtype=None, *, cache: Optional[GroundTruthCache] = N
         key = cache.key("matmul", [a, b], out_dt)
         hit = cache.get(key)
         if hit is not None:
-            return OracleResult(value=hit.value, method=str(hit.meta.get("method", "")),
-                                fallbacks=int(hit.meta.get("fallbacks", 0)),
-                                elements=int(hit.value.size), cache_hit=True,
-                                seconds=time.perf_counter() - t0,
-                                exact=int(hit.meta.get("exact", 0)))
+            return _cached(hit, t0)
     m, n = a.shape[-2], b.shape[-1]
     value = np.empty(batch + (m, n), out_dt)
     a_b = np.broadcast_to(a, batch + a.shape[-2:])
@@ -121,3 +138,118 @@ def matmul(a, b, out_dtype=None) -> np.ndarray:
     ``getattr(diag.oracle, "matmul")``.
     """
     return matmul_result(a, b, out_dtype).value
+
+
+def _last_axis_input(x, who: str, allowed) -> np.ndarray:
+    x = np.asarray(x)
+    if x.dtype not in allowed:
+        raise UsageError(f"{who}: input is {x.dtype}; expected one of "
+                         f"{', '.join(dtype_name(d) for d in allowed)}")
+    if x.ndim == 0:
+        raise UsageError(f"{who}: input is a scalar; expected [..., n]")
+    return x
+
+
+def softmax_result(x, out_dtype=None, *, cache: Optional[GroundTruthCache] = None,
+                   _slack: float = 1.0) -> OracleResult:
+    """Correctly rounded softmax over the last axis, with its provenance.
+
+    The exact ``exp(x_i - max) / sum_j exp(x_j - max)`` of the given inputs, rounded once
+    (nearest-even) to `out_dtype`. -inf entries give exactly +0. Rows holding NaN or +inf give
+    NaN (listed in ``extra["nan_rows"]``); rows that are all -inf have no defined result, give
+    NaN and are listed in ``extra["undefined_rows"]`` (flat row numbers over the leading dims).
+    How it is proven: diag/oracle/_softmax.py and docs/oracle.md.
+
+    Args:
+        x: [..., n] float32, bfloat16, float16 (or float8) array.
+        out_dtype: output dtype (not float64); default x's dtype.
+        cache: optional `GroundTruthCache`; a hit skips the computation.
+
+    Returns:
+        `OracleResult` with method "f64-exp-bound"; `fallbacks` counts elements settled by
+        mpmath.
+
+    Raises:
+        UsageError: unsupported input or output dtype, or a 0-d input.
+    """
+    t0 = time.perf_counter()
+    x = _last_axis_input(x, "oracle.softmax", SOFTMAX_INPUT_DTYPES)
+    out_dt = as_dtype(out_dtype if out_dtype is not None else x.dtype)
+    if out_dt not in SOFTMAX_OUTPUT_DTYPES:
+        raise UsageError(f"oracle.softmax: output dtype {dtype_name(out_dt)} is not supported; "
+                         f"expected one of "
+                         f"{', '.join(dtype_name(d) for d in SOFTMAX_OUTPUT_DTYPES)}")
+    key = None
+    if cache is not None:
+        key = cache.key("softmax", [x], out_dt)
+        hit = cache.get(key)
+        if hit is not None:
+            return _cached(hit, t0, undefined_rows=list(hit.meta.get("undefined_rows", [])),
+                           nan_rows=list(hit.meta.get("nan_rows", [])))
+    flat = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+    value, fallbacks, undefined, nan_rows = softmax_core(flat, out_dt, _slack)
+    value = value.reshape(x.shape)
+    method = "f64-exp-bound" if value.size else "empty"
+    extra = {"undefined_rows": undefined, "nan_rows": nan_rows}
+    if cache is not None:
+        cache.put(key, value, {"op": "softmax", "method": method, "fallbacks": fallbacks,
+                               **extra})
+    return OracleResult(value=value, method=method, fallbacks=fallbacks,
+                        elements=int(value.size), cache_hit=False,
+                        seconds=time.perf_counter() - t0, extra=extra)
+
+
+def softmax(x, out_dtype=None) -> np.ndarray:
+    """Correctly rounded softmax over the last axis: `softmax_result(x, out_dtype).value`."""
+    return softmax_result(x, out_dtype).value
+
+
+def top_k_result(x, k: int, *, cache: Optional[GroundTruthCache] = None) -> OracleResult:
+    """Exact top-k over the last axis in diag's total order, with its provenance.
+
+    The order (docs/oracle.md): NaN above +inf, then descending value, -0 equal to +0, lower
+    index first among equals. Values keep the input's bits.
+
+    Args:
+        x: [..., n] array of any float dtype diag knows.
+        k: how many, 0 <= k <= n.
+        cache: optional `GroundTruthCache` (values and indices are both stored).
+
+    Returns:
+        `OracleResult` whose value is [..., k] in x's dtype and ``extra["indices"]`` the [..., k]
+        int64 indices.
+
+    Raises:
+        UsageError: unsupported dtype, 0-d input, or k not an integer in 0..n.
+    """
+    t0 = time.perf_counter()
+    x = np.asarray(x)
+    as_dtype(x.dtype)
+    x = _last_axis_input(x, "oracle.top_k", (x.dtype,))
+    k = check_k(k, x.shape[-1], "oracle.top_k")
+    key = None
+    if cache is not None:
+        key = cache.key("top_k", [x], x.dtype, k=k)
+        hit, hit_idx = cache.get(key), cache.get(key + "-indices")
+        if hit is not None and hit_idx is not None:
+            return _cached(hit, t0, indices=hit_idx.value.astype(np.int64))
+    values, idx = top_k_core(x.reshape(math.prod(x.shape[:-1]), x.shape[-1]), k)
+    values = values.reshape(x.shape[:-1] + (k,))
+    idx = idx.reshape(x.shape[:-1] + (k,))
+    method = "stable-sort" if values.size else "empty"
+    if cache is not None:
+        # Indices < 2**53 are exact in float64, which the cache stores bit for bit.
+        cache.put(key + "-indices", idx.astype(np.float64), {"op": "top_k/indices"})
+        cache.put(key, values, {"op": "top_k", "method": method, "k": k})
+    return OracleResult(value=values, method=method, fallbacks=0, elements=int(values.size),
+                        cache_hit=False, seconds=time.perf_counter() - t0,
+                        extra={"indices": idx})
+
+
+def top_k(x, k: int):
+    """Exact top-k over the last axis: (values, indices) of `top_k_result(x, k)`.
+
+    Same name and argument order as the backend ops (``jax.lax.top_k(x, k)``).
+    """
+    res = top_k_result(x, k)
+    return res.value, res.extra["indices"]

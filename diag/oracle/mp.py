@@ -10,6 +10,13 @@ suite shows one such case.
 IEEE special values follow the semantics of the exact sum: any NaN product (NaN input, inf * 0)
 or inf + -inf gives NaN; otherwise any infinite product gives that infinity; an exact zero is
 +0 unless every term is -0.
+
+`softmax` is the reference for the softmax oracle: exact differences ``x_j - max``, mpmath
+``exp`` and ``fsum`` at a working precision P with a proven-enough guard (Ziv's loop: the result
+is accepted only when the value widened by the error allowance rounds to one value of the output
+dtype; otherwise P doubles). A softmax value is never a rounding midpoint of a binary format
+unless it is exactly representable (e**d for a nonzero rational d is transcendental), so the
+loop ends.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from diag.errors import UsageError
 from diag.numerics import as_dtype
 from diag.oracle._args import check_matmul_args
 
-__all__ = ["dot", "round_mpf", "matmul"]
+__all__ = ["dot", "round_mpf", "matmul", "softmax", "softmax_row"]
 
 
 def _format(dt: np.dtype):
@@ -163,3 +170,94 @@ def matmul(a, b, out_dtype=None, elements: Optional[Iterable[Sequence[int]]] = N
                              f"{out_shape}")
         vals.append(_element(a[idx[:-2]], b[idx[:-2]], idx[-2], idx[-1], dt))
     return np.array(vals, dtype=dt)
+
+
+#: Guard bits over log2(row length) that `softmax_row` allows for mpmath's own rounding: exp
+#: is accurate to a few ulp of the working precision, the sum of n positive terms to n ulp.
+_SOFTMAX_GUARD = 8
+#: Precision above which `softmax_row` gives up (never reached: see the module docstring).
+_SOFTMAX_MAX_PREC = 1 << 14
+
+
+def softmax_row(row: Sequence[float], dtype, elements: Optional[Iterable[int]] = None) -> list:
+    """Correctly rounded softmax of one row, computed with mpmath (slow: the reference).
+
+    Semantics (the oracle documents the same): -inf entries give exactly +0; a row holding NaN
+    or +inf gives NaN everywhere (the IEEE computation meets inf - inf); a row that is all
+    -inf (or empty of finite values) has no defined result and gives NaN everywhere.
+
+    Args:
+        row: the row's values (float32/bfloat16/float16 values, as Python floats or float64).
+        dtype: output dtype.
+        elements: optional indices to compute; default every element.
+
+    Returns:
+        A list of numpy scalars of `dtype`, one per requested element.
+    """
+    dt = as_dtype(dtype)
+    if dt == np.dtype(np.float64):
+        raise UsageError("mp.softmax_row: float64 output is not supported (results below "
+                         "exp(-200) are returned as +0, exact only for narrower dtypes)")
+    xs = [float(v) for v in row]
+    idx = list(range(len(xs))) if elements is None else [int(i) for i in elements]
+    nan = np.array(np.nan).astype(dt)[()]
+    zero = np.array(0.0).astype(dt)[()]
+    if any(math.isnan(v) or v == math.inf for v in xs) or all(v == -math.inf for v in xs):
+        return [nan for _ in idx]
+    m = max(xs)
+    # x_j - m exactly (a float64 difference needs at most ~1100 bits); -inf entries drop out.
+    with mpmath.workprec(64):
+        d = {j: mpmath.fsub(v, m, exact=True) for j, v in enumerate(xs) if v != -math.inf}
+    n = len(d)
+    prec = 80 + n.bit_length()
+    while prec <= _SOFTMAX_MAX_PREC:
+        # Terms below the cut add < n 2**-(prec + 2 log2 n + 16) <= 2**-(prec + 16) relative to
+        # the sum (>= 1, the maximum gives exp(0)): inside `tol`. Their own results are below
+        # exp(-200) < 2**-288, +0 in every dtype diag has; exp of such huge negative d would
+        # also need astronomically many bits to round.
+        cut = -max(200.0, (prec + 2 * n.bit_length() + 16) * math.log(2))
+        with mpmath.workprec(prec):
+            e = {j: mpmath.exp(t) for j, t in d.items() if t >= cut}
+            s = mpmath.fsum(e.values())
+            tol = mpmath.ldexp(1, n.bit_length() + _SOFTMAX_GUARD - prec)
+            out, ok = [], True
+            for i in idx:
+                if i not in e or d[i] < -200:
+                    out.append(zero)
+                    continue
+                y = e[i] / s
+                lo, hi = round_mpf(y * (1 - tol), dt), round_mpf(y * (1 + tol), dt)
+                if lo != hi:
+                    ok = False
+                    break
+                out.append(hi)
+        if ok:
+            return out
+        prec *= 2
+    raise ArithmeticError(f"mp.softmax_row: no decision at {prec} bits")  # pragma: no cover
+
+
+def softmax(x, out_dtype=None) -> np.ndarray:
+    """Correctly rounded softmax over the last axis, row by row with mpmath (slow: the reference).
+
+    Args:
+        x: [..., n] array of float32, bfloat16, float16 (or float8) values.
+        out_dtype: output dtype; default x's dtype.
+
+    Returns:
+        Array of `out_dtype` with x's shape; see `softmax_row` for special values.
+
+    Raises:
+        UsageError: x is 0-d or of a dtype diag does not know.
+    """
+    x = np.asarray(x)
+    as_dtype(x.dtype)
+    if x.ndim == 0:
+        raise UsageError("mp.softmax: x is a scalar; expected [..., n]")
+    dt = as_dtype(out_dtype if out_dtype is not None else x.dtype)
+    rows = x.reshape(-1, x.shape[-1]).astype(np.float64)
+    out = np.empty(rows.shape, dt)
+    for r in range(rows.shape[0]):
+        if rows.shape[1]:
+            out[r] = softmax_row(rows[r], dt)
+    return out.reshape(x.shape)

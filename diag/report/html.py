@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import hashlib
+import json
 import math
 import os
 import shlex
@@ -26,7 +27,9 @@ import jinja2
 from markupsafe import Markup
 
 from diag.errors import UsageError
+from diag.flags import report_context as settings_context
 from diag.report.charts import sweep_groups, sweep_svg, to_float
+from diag.report.sections import ab_context, sampling_context
 from diag.results import STATUSES, RunDir, worst_status
 
 __all__ = ["render_report", "write_report"]
@@ -261,13 +264,15 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def render_report(meta: Mapping[str, Any], records: Iterable[Mapping[str, Any]]) -> str:
+def render_report(meta: Mapping[str, Any], records: Iterable[Mapping[str, Any]],
+                  nodes: Mapping[str, Any] | None = None) -> str:
     """Render the HTML report for a run's metadata and records.
 
     Args:
       meta: the contents of ``run.json`` (``run_id``, ``state``, ``started``,
         ``environment``, ...); missing keys render as "—".
       records: record dicts as read from ``results.jsonl``.
+      nodes: the contents of ``nodes.json`` of a `diag nodes` scan, or None (no section).
 
     Returns:
       The complete HTML document as a string.
@@ -282,9 +287,10 @@ def render_report(meta: Mapping[str, Any], records: Iterable[Mapping[str, Any]])
 
     probe_rows, agreement_rows = [], []
     for i, rec in enumerate(records):
-        if rec.get("kind", "probe") == "agreement":
+        kind = rec.get("kind", "probe")
+        if kind == "agreement":
             agreement_rows.append(_agreement_row(rec, i))
-        else:
+        elif kind == "probe":
             probe_rows.append(_verdict_row(rec, i))
     problems = [row for row in (_verdict_row(r, i) for i, r in enumerate(records))
                 if row["status"] in ("fail", "error")]
@@ -325,12 +331,25 @@ def render_report(meta: Mapping[str, Any], records: Iterable[Mapping[str, Any]])
         rows=probe_rows,
         agreement_rows=agreement_rows,
         sweeps=sweeps,
+        # Settings findings and precision fingerprints (diag.flags; _settings.html.j2).
+        settings=settings_context(meta),
         style=Markup(_asset("report.css")),
         script=Markup(script),
         script_hash=script_hash,
         version=__version__,
         generated=_fmt_time(_dt.datetime.now().timestamp()),
+        nodes=_nodes_context(nodes),
+        sampling=sampling_context(records),
+        ab=ab_context(records, meta),
     )
+
+
+def _nodes_context(nodes: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not isinstance(nodes, Mapping):
+        return None
+    from diag.nodes import report_context
+
+    return report_context(nodes)
 
 
 def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
@@ -353,7 +372,9 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     if not run.run_json.is_file():
         raise UsageError(f"{run.path}: not a run folder (no run.json); pass a folder that "
                          "`diag run` created, e.g. reports/<run id>")
-    html = render_report(run.read_meta(), run.records())
+    nodes_json = run.path / "nodes.json"
+    nodes = json.loads(nodes_json.read_text()) if nodes_json.is_file() else None
+    html = render_report(run.read_meta(), run.records(), nodes=nodes)
     path = Path(out) if out is not None else run.path / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")

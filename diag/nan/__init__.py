@@ -1,0 +1,295 @@
+"""Find the op that first produced a NaN or Inf in a user's function, and where it was written.
+
+"Random NaN loss" ends training runs, and the frameworks' own tools each answer part of the
+question: `jax_debug_nans` names the primitive but no source line and stops at pmap/shard_map;
+checkify names only the primitive; `torch.autograd.detect_anomaly` watches the backward pass
+only. `locate` gives one answer for JAX and PyTorch: which op, where in the user's code, forward
+or backward, inside which jit/scan/custom_jvp, and what its inputs looked like.
+
+What "first" means: an op *gives birth* to a non-finite value when its output holds a NaN while
+no input does, or an Inf while every input is finite. Births can be harmless (a NaN that a
+`where` masks away), so `locate` reports the earliest birth whose non-finite values reach what
+the function hands back (its outputs; for PyTorch also the gradients it accumulates and the
+tensors it updates in place). A function whose outputs are all finite is clean: `None`.
+
+Neither framework is imported here; the one the function uses is imported on first call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any, Callable
+
+from diag.errors import DiagError
+
+__all__ = [
+    "NanHuntError",
+    "NanReport",
+    "TensorSummary",
+    "hunt",
+    "load_target",
+    "locate",
+    "reason",
+]
+
+PHASES = ("forward", "backward", "input")
+
+
+class NanHuntError(DiagError):
+    """The function could not be hunted: it raised, could not be traced, or mixes frameworks."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSummary:
+    """What one input or output of the offending op held; enough to see why it went non-finite.
+
+    `min`/`max` ignore NaNs (None when there is no non-NaN element); `zeros`, `negatives`,
+    `nans`, `infs` are element counts. Non-float tensors leave the float fields None.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    min: float | None = None
+    max: float | None = None
+    zeros: int | None = None
+    negatives: int | None = None
+    nans: int = 0
+    infs: int = 0
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def short(self) -> str:
+        """One compact phrase, e.g. ``f32[4] min -1 max 3, 1 zero``."""
+        parts = [f"{self.dtype}{list(self.shape)}"]
+        if self.min is not None:
+            parts.append(f"min {self.min:.4g} max {self.max:.4g}")
+        for name, n in (("zero", self.zeros), ("negative", self.negatives), ("NaN", self.nans),
+                        ("Inf", self.infs)):
+            if n:
+                parts.append(f"{n} {name}{'s' if n > 1 and name[-1] != 'N' else ''}")
+        return ", ".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class NanReport:
+    """Where the first NaN/Inf that reaches a function's results was born.
+
+    Attributes:
+        framework: ``jax`` or ``torch``.
+        primitive: the op that produced it: a jaxpr primitive (``log``, ``div``) or an aten op
+            (``aten.sqrt``). ``input`` when the non-finite value was passed in, not computed.
+        kind: ``NaN`` or ``Inf``: what the op produced.
+        source: ``file.py:LINE (function)`` of the user's code that wrote the op (for a backward
+            op, the forward line it differentiates); empty when unknown.
+        file, line, function: the same source, unabbreviated.
+        path: where the op sits, e.g. ``jit[step]/scan[3]/custom_jvp``; the index in brackets is
+            the loop iteration. Empty at the top level.
+        phase: ``forward``, ``backward`` (the op exists to compute a gradient) or ``input``.
+        inputs: a summary per input of the op (non-tensor operands are left out).
+        output: summary of the op's (first non-finite) output.
+        bad_index: index of the first non-finite element of that output, when it has one.
+        inputs_at_index: each input's value at `bad_index`, for elementwise ops (same shape or
+            scalar inputs); None otherwise.
+        births: how many births were seen in total (a masked one counts too).
+        note: anything the reader should know (e.g. only the compiled run went non-finite).
+    """
+
+    framework: str
+    primitive: str
+    kind: str
+    source: str
+    path: str
+    phase: str
+    inputs: tuple[TensorSummary, ...] = ()
+    output: TensorSummary | None = None
+    file: str = ""
+    line: int = 0
+    function: str = ""
+    bad_index: tuple[int, ...] | None = None
+    inputs_at_index: tuple[float, ...] | None = None
+    births: int = 1
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (tuples become lists)."""
+        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+
+
+def reason(report: NanReport | None) -> str:
+    """One line for a record's ``reason`` field, e.g. from a training-step probe.
+
+    Example: ``NaN born in log at model.py:42 (loss) [jit[step]/scan[3]], forward; input 0:
+    f32[8] min -1 max 3``.
+    """
+    if report is None:
+        return "no NaN/Inf produced"
+    where = report.source or "an unknown line"
+    path = f" [{report.path}]" if report.path else ""
+    if report.phase == "input":
+        return f"{report.kind} passed in as {report.path or 'an input'}; no op produced it"
+    head = f"{report.kind} born in {report.primitive} at {where}{path}, {report.phase}"
+    ins = "; ".join(f"input {i}: {s.short()}" for i, s in enumerate(report.inputs))
+    return f"{head}; {ins}" if ins else head
+
+
+def _framework_of(fn: Callable, args: tuple, kwargs: dict) -> str:
+    """Which framework `fn` computes with: from its arguments, else from the names it sees."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        leaves = list(_leaves((args, kwargs)))
+        if isinstance(fn, torch.nn.Module) or any(isinstance(x, torch.Tensor) for x in leaves):
+            return "torch"
+        if isinstance(getattr(fn, "__self__", None), torch.nn.Module):
+            return "torch"
+    jax = sys.modules.get("jax")
+    if jax is not None and any(isinstance(x, jax.Array) for x in _leaves((args, kwargs))):
+        return "jax"
+    seen = _modules_seen(fn)
+    if "torch" in seen and "jax" not in seen:
+        return "torch"
+    if "jax" in seen:
+        return "jax"
+    if torch is not None and jax is None:
+        return "torch"
+    return "jax"
+
+
+def _leaves(tree: Any):
+    if isinstance(tree, (list, tuple)):
+        for t in tree:
+            yield from _leaves(t)
+    elif isinstance(tree, dict):
+        for t in tree.values():
+            yield from _leaves(t)
+    else:
+        yield tree
+
+
+def _modules_seen(fn: Callable) -> set[str]:
+    """Top-level package names of the modules a function's globals and closure refer to."""
+    fn = getattr(fn, "__wrapped__", fn)
+    code_fn = getattr(fn, "__func__", fn)
+    # Only the globals the code names: a module that imports both frameworks says nothing.
+    names = getattr(getattr(code_fn, "__code__", None), "co_names", ())
+    glob = getattr(code_fn, "__globals__", {})
+    scopes = [{n: glob[n] for n in names if n in glob}]
+    for cell in getattr(code_fn, "__closure__", None) or ():
+        try:
+            scopes.append({"_": cell.cell_contents})
+        except ValueError:  # an empty cell
+            pass
+    found = set()
+    for scope in scopes:
+        for value in scope.values():
+            mod = value if isinstance(value, types.ModuleType) else None
+            name = mod.__name__ if mod else getattr(value, "__module__", None) or ""
+            top = name.split(".", 1)[0]
+            if top in ("jax", "jaxlib", "flax", "optax", "equinox"):
+                found.add("jax")
+            elif top == "torch":
+                found.add("torch")
+    return found
+
+
+def hunt(fn: Callable, args: tuple = (), kwargs: dict | None = None, *,
+         framework: str | None = None) -> NanReport | None:
+    """`locate` with the framework chosen explicitly (``jax`` or ``torch``) instead of guessed.
+
+    Args:
+        fn: the function to run; for JAX it must be traceable (`jax.make_jaxpr`).
+        args, kwargs: what to call it with.
+        framework: ``jax``, ``torch`` or None to infer it from the arguments and the function.
+
+    Returns:
+        The report of the earliest NaN/Inf birth that reaches the function's results, or None
+        when every result is finite.
+
+    Raises:
+        NanHuntError: the function raised or could not be traced.
+    """
+    kwargs = dict(kwargs or {})
+    framework = framework or _framework_of(fn, args, kwargs)
+    if framework == "jax":
+        from diag.nan import _jax as impl
+    elif framework == "torch":
+        from diag.nan import _torch as impl
+    else:
+        raise NanHuntError(f"unknown framework {framework!r}; use 'jax' or 'torch'")
+    return impl.locate(fn, args, kwargs)
+
+
+def locate(fn: Callable, *args: Any, **kwargs: Any) -> NanReport | None:
+    """Run ``fn(*args, **kwargs)``; say which op first made a NaN/Inf that reaches its results.
+
+    JAX: the function is run once as given; if every output is finite it is clean and nothing
+    more runs. Otherwise it is traced to a jaxpr and evaluated equation by equation, descending
+    into jit, custom_jvp/custom_vjp, scan/while (iteration by iteration), cond and remat; when
+    the function takes gradients, transposed equations are the backward pass and keep the
+    forward line they differentiate. PyTorch: the function runs once under a dispatch mode that
+    sees every aten op, forward and backward (the backward's forward line comes from autograd's
+    anomaly metadata). A PyTorch step that updates parameters in place runs exactly once.
+
+    Args:
+        fn: the function (a jitted JAX function, a plain function, an `nn.Module`, ...).
+        *args, **kwargs: passed to `fn` unchanged.
+
+    Returns:
+        A `NanReport`, or None when the function's results are all finite.
+
+    Raises:
+        NanHuntError: `fn` raised, or (JAX) could not be traced.
+    """
+    return hunt(fn, args, kwargs)
+
+
+def load_target(spec: str) -> tuple[Callable, tuple, dict]:
+    """``FILE.py:FUNCTION`` -> (fn, args, kwargs) to hunt, as ``diag nan`` reads it.
+
+    FUNCTION is called with no arguments. If it returns ``(fn, args)`` or ``(fn, args,
+    kwargs)``, that is what is hunted; otherwise FUNCTION itself is, and so runs a second time
+    (return ``(step, args)`` from a PyTorch step that updates parameters in place).
+
+    Raises:
+        DiagError: bad spec, missing file or function, or the file/function raised.
+    """
+    file, sep, name = spec.rpartition(":")
+    if not sep or not file or not name.isidentifier():
+        raise DiagError(f"expected FILE.py:FUNCTION, got {spec!r}")
+    path = Path(file)
+    if not path.is_file():
+        raise DiagError(f"{file}: no such file")
+    mod_name = f"_diag_nan_target_{abs(hash(str(path.resolve())))}"
+    module_spec = importlib.util.spec_from_file_location(mod_name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise DiagError(f"{file}: not a Python file")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[mod_name] = module
+    sys.path.insert(0, str(path.resolve().parent))
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - the user's module may raise anything
+        raise DiagError(f"{file}: importing it raised {type(e).__name__}: {e}") from e
+    finally:
+        sys.path.remove(str(path.resolve().parent))
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise DiagError(f"{file}: no function {name!r}")
+    try:
+        got = fn()
+    except Exception as e:  # noqa: BLE001
+        raise NanHuntError(f"{name} raised {type(e).__name__}: {e}") from e
+    if (isinstance(got, tuple) and len(got) in (2, 3) and callable(got[0])
+            and isinstance(got[1], (tuple, list))
+            and (len(got) == 2 or isinstance(got[2], dict))):
+        return got[0], tuple(got[1]), dict(got[2]) if len(got) == 3 else {}
+    return fn, (), {}

@@ -1,0 +1,310 @@
+"""`diag nodes` names the device or host that computes wrong bits, and nothing else.
+
+Claims: the vote names exactly the device that differs (majority), refuses to guess with two
+devices unless a golden digest or a repeat disagreement decides; a single device's repeats of
+the same input are compared (intermittent faults); stragglers are `slow`, not suspects; the
+detection probability is the stated formula. End to end on CPU host devices: a clean scan of
+8 devices exits 0 over many repeats; a 1% injected fault on one device is named with every
+injected fault caught; with 3 jax.distributed processes, process 0 names the process whose
+workload corrupts its output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from diag import nodes
+from diag.errors import UsageError
+from tests.conftest import needs_jax
+
+DIAG = [sys.executable, "-m", "diag.cli"]
+
+
+def _obs(digests, times=None, nan=None):
+    """Synthetic observations: digests[d][w][r] as short strings."""
+    dig = np.array(digests, dtype=object)
+    D, W, R = dig.shape
+    devices = [{"device_id": d, "process_index": 0, "host": "h", "kind": "cpu",
+                "platform": "cpu"} for d in range(D)]
+    zeros = np.zeros((D, W, R), np.int64)
+    return nodes.Observations(
+        devices, [f"w{w}" for w in range(W)], dig,
+        zeros.copy() if nan is None else np.array(nan), zeros.copy(),
+        np.full((D, W, R), 1e-3) if times is None else np.array(times, float),
+        np.zeros((D, W, R), bool))
+
+
+def _suspect_ids(result):
+    return sorted(s["device_id"] for s in result["suspects"])
+
+
+# --- the vote (no jax) -----------------------------------------------------------------------
+
+def test_majority_names_only_the_device_that_differs():
+    good = [["a0", "a1", "a0", "a1"]]
+    bad = [["a0", "XX", "a0", "a1"]]
+    result = nodes.analyze(_obs([good, good, bad, good]))
+    assert _suspect_ids(result) == [2]
+    dev = result["devices"][2]
+    assert dev["mismatched_calls"] == 1 and dev["kinds"] == ["mismatch", "intermittent"]
+    assert "w0 repeats 1" in dev["reason"]
+    assert result["exit_code"] == 3
+
+
+def test_clean_observations_exit_0():
+    good = [["a0", "a1", "a0", "a1"], ["b0", "b1", "b0", "b1"]]
+    result = nodes.analyze(_obs([good] * 5))
+    assert result["suspects"] == [] and result["exit_code"] == 0
+    assert all(d["verdict"] == "ok" for d in result["devices"])
+
+
+def test_two_devices_that_disagree_are_both_named_and_the_tie_is_said():
+    result = nodes.analyze(_obs([[["a0", "a1"]], [["a0", "ZZ"]]]))
+    assert _suspect_ids(result) == [0, 1]
+    assert all("no-majority" in s["kinds"] for s in result["suspects"])
+    assert any("two devices" in n for n in result["notes"])
+
+
+def test_a_golden_digest_breaks_a_two_device_tie():
+    result = nodes.analyze(_obs([[["a0", "a1"]], [["a0", "ZZ"]]]),
+                           golden={"w0": ["a0", "a1"]})
+    assert _suspect_ids(result) == [1]
+    assert result["references"]["golden"] == 1
+
+
+def test_repeat_disagreement_breaks_a_two_device_tie():
+    # Device 1 answers input 1 two ways; device 0 is consistent: device 1 is the one to blame.
+    result = nodes.analyze(_obs([[["a0", "a1", "a0", "a1"]], [["a0", "ZZ", "a0", "a1"]]]))
+    assert _suspect_ids(result) == [1]
+
+
+def test_single_device_repeats_of_the_same_input_are_compared():
+    result = nodes.analyze(_obs([[["a0", "a1", "a0", "a1", "a0", "QQ"]]]))
+    assert _suspect_ids(result) == [0]
+    assert result["suspects"][0]["kinds"] == ["intermittent"]
+    assert any("one device" in n for n in result["notes"])
+
+
+def test_nan_in_a_wrong_output_is_counted_but_a_nan_everyone_gets_is_the_workload():
+    dig = [[["n0", "a1"]], [["n0", "a1"]], [["n0", "NN"]]]
+    nan = [[[3, 0]], [[3, 0]], [[3, 5]]]
+    result = nodes.analyze(_obs(dig, nan=nan))
+    assert _suspect_ids(result) == [2]
+    assert "nan" in result["suspects"][0]["kinds"]
+    assert result["devices"][0]["nan_count"] == 3 and result["devices"][0]["verdict"] == "ok"
+    assert any("w0 returns NaN/Inf in the reference" in n for n in result["notes"])
+
+
+def test_straggler_is_slow_not_a_suspect_unless_asked():
+    dig = [[["a0", "a1", "a0"]]] * 4
+    times = [[[1e-3, 1e-3, 1e-3]]] * 3 + [[[5e-3, 4e-3, 6e-3]]]
+    result = nodes.analyze(_obs(dig, times=times))
+    assert result["suspects"] == [] and result["exit_code"] == 0
+    assert [s["device_id"] for s in result["slow"]] == [3]
+    assert result["devices"][3]["verdict"] == "slow"
+    strict = nodes.analyze(_obs(dig, times=times), fail_on_slow=True)
+    assert _suspect_ids(strict) == [3] and strict["exit_code"] == 3
+
+
+def test_one_slow_repeat_is_noise_not_a_straggler():
+    dig = [[["a0", "a1", "a0"]]] * 4
+    times = [[[1e-3, 1e-3, 1e-3]]] * 3 + [[[1e-3, 50e-3, 1e-3]]]
+    assert nodes.analyze(_obs(dig, times=times))["slow"] == []
+
+
+# --- detection probability and injection ---------------------------------------------------
+
+@pytest.mark.parametrize("rate,workloads", [(0.01, 4), (0.001, 1), (0.3, 2)])
+def test_repeats_for_99_is_the_smallest_r_reaching_99_percent(rate, workloads):
+    r = nodes.repeats_for(rate, workloads, 0.99)
+    assert nodes.detection_probability(rate, r, workloads) >= 0.99
+    assert r == 1 or nodes.detection_probability(rate, r - 1, workloads) < 0.99
+    assert nodes.detection_probability(rate, r, workloads) == pytest.approx(
+        1 - (1 - rate) ** (r * workloads))
+
+
+def test_detection_probability_matches_a_simulation():
+    rng = np.random.default_rng(1)
+    rate, calls = 0.01, 40
+    caught = (rng.random((20000, calls)) < rate).any(axis=1).mean()
+    assert caught == pytest.approx(nodes.detection_probability(rate, 10, 4), abs=0.01)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("device=3,kind=melt", "kind must be one of nan, bitflip, stuck, slow"),
+    ("device=3,kind=nan,rate=0", "rate must be in (0, 1]"),
+    ("kind=nan,rate=0.1", "name the faulty device=ID and/or process=INDEX"),
+    ("device=x,kind=nan", "invalid literal for int()"),
+    ("device=1,kind=nan,color=red", "unknown key(s) color"),
+])
+def test_bad_injection_is_a_usage_error(text, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        nodes.parse_injection(text)
+
+
+def test_each_fault_kind_changes_the_output_as_described():
+    out = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
+    stale = out + 1
+    rng = np.random.default_rng(0)
+    flipped = nodes._corrupt(out, "bitflip", stale, rng)
+    diff = np.bitwise_xor(flipped.view(np.uint32), out.view(np.uint32))
+    assert [bin(int(x)).count("1") for x in diff.ravel() if x] == [1]
+    with_nan = nodes._corrupt(out, "nan", stale, rng)
+    assert np.isnan(with_nan).sum() == 1 and np.isnan(out).sum() == 0
+    assert np.array_equal(nodes._corrupt(out, "stuck", stale, rng), stale)
+
+
+def test_golden_store_is_outside_what_cache_clear_removes(tmp_path, monkeypatch):
+    from diag.oracle.cache import GroundTruthCache, default_cache_dir
+
+    monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "cache"))
+    path = nodes.golden_path(nodes.default_golden_dir(), "cpu", "cpu",
+                             {"jax": "1", "jaxlib": "1"})
+    keys = {"w0": "w0/v1"}
+    nodes._save_golden(path, keys, np.array([[["a0", "a1"]]] * 3, dtype=object), {})
+    GroundTruthCache(default_cache_dir()).clear()
+    assert nodes._load_golden(path, keys) == {"w0": ["a0", "a1"]}
+
+
+def test_bad_injection_on_the_command_line_exits_2_with_one_line():
+    out = subprocess.run(DIAG + ["nodes", "--inject", "device=1,kind=melt"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "diag: --inject 'device=1,kind=melt': kind must be one of nan, bitflip, stuck, slow"]
+
+
+# --- end to end on CPU host devices ----------------------------------------------------------
+
+def _scan(*args, tmp_path, timeout=120):
+    out = subprocess.run(DIAG + ["nodes", "--json", "--out", str(tmp_path / "runs"), *args],
+                         capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, "DIAG_CACHE_DIR": str(tmp_path / "cache")})
+    data = json.loads(out.stdout) if out.stdout.strip().startswith("{") else None
+    return out, data
+
+
+@needs_jax
+def test_clean_scan_of_8_host_devices_over_many_repeats_exits_0(tmp_path):
+    out, data = _scan("--host-devices", "8", "--repeats", "40", "-w", "matmul_bf16,softmax",
+                      tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert len(data["devices"]) == 8 and data["suspects"] == []
+    assert all(d["mismatched_calls"] == 0 and d["calls"] == 80 for d in data["devices"])
+    assert data["references"] == {"majority": 80, "golden": 0, "undecided": 0}
+
+
+@needs_jax
+def test_injected_1_percent_fault_on_one_device_is_named(tmp_path):
+    workloads = 2
+    repeats = nodes.repeats_for(0.01, workloads, 0.99)
+    out, data = _scan("--host-devices", "8", "--repeats", str(repeats),
+                      "-w", "matmul_f32,softmax", "--inject", "device=5,kind=bitflip,rate=0.01",
+                      tmp_path=tmp_path)
+    assert out.returncode == 3, out.stderr
+    assert [(s["device_id"], s["process_index"], s["host"]) for s in data["suspects"]] == [
+        (5, 0, socket.gethostname())]
+    dev5 = data["devices"][5]
+    assert dev5["injected_calls"] > 0 and dev5["injected_caught"] == dev5["injected_calls"]
+    assert dev5["mismatched_calls"] == dev5["injected_calls"]
+    row = next(r for r in data["detection"]["rows"] if r["rate"] == 0.01)
+    assert row["p_detect"] >= 0.99
+    run = tmp_path / "runs" / os.path.basename(data["run_dir"])
+    saved = json.loads((run / "nodes.json").read_text())
+    assert saved["suspects"] == data["suspects"]
+    html = (run / "report.html").read_text()
+    section = html[html.index('<section id="nodes"'):html.index('<section id="failures"')]
+    assert "device 5" in section and "suspect" in section
+
+
+@needs_jax
+def test_golden_digest_names_the_bad_one_of_two_devices(tmp_path):
+    base = ["--host-devices", "2", "--repeats", "4", "-w", "matmul_f32"]
+    out, data = _scan(*base, "--save-golden", tmp_path=tmp_path)
+    assert out.returncode == 0 and data["golden"]["saved"] == 1, out.stderr
+    out, data = _scan(*base, "--inject", "device=1,kind=stuck,rate=1", tmp_path=tmp_path)
+    assert out.returncode == 3, out.stderr
+    assert data["golden"]["compared"] == ["matmul_f32"]
+    assert [s["device_id"] for s in data["suspects"]] == [1]
+
+
+@needs_jax
+def test_host_devices_after_jax_started_with_another_count_is_refused():
+    code = ("import jax; jax.devices()\n"
+            "from diag import nodes\n"
+            "try:\n    nodes.scan(host_devices=3, repeats=1)\n"
+            "except nodes.UsageError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env={k: v for k, v in os.environ.items()
+                                          if k != "XLA_FLAGS"})
+    assert out.stdout.startswith("diag: --host-devices 3: jax was already started in this "
+                                 "process with 1 CPU device(s)"), out.stdout + out.stderr
+
+
+CORRUPTING_WORKLOAD = '''
+import jax
+import jax.numpy as jnp
+
+_f = jax.jit(lambda x: jnp.tanh(x @ x.T))
+
+
+def work(x):
+    y = _f(x)
+    if jax.process_index() == 1:  # this host's devices compute a wrong finite value
+        y = y.at[0, 0].add(1e-3)
+    return y
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@needs_jax
+def test_three_processes_process_0_names_the_process_that_corrupts(tmp_path):
+    workload = tmp_path / "corrupting.py"
+    workload.write_text(CORRUPTING_WORKLOAD)
+    port = _free_port()
+    procs = [subprocess.Popen(
+        DIAG + ["nodes", "--json", "--out", str(tmp_path / "runs"), "--distributed",
+                "--coordinator", f"127.0.0.1:{port}", "--num-processes", "3",
+                "--process-id", str(i), "--host-devices", "2", "--repeats", "4",
+                "--workload", f"{workload}:work", "--input-shape", "32,16",
+                "--init-timeout", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "DIAG_CACHE_DIR": str(tmp_path / "cache")}) for i in range(3)]
+    results = [p.communicate(timeout=120) for p in procs]
+    codes = [p.returncode for p in procs]
+    assert codes == [3, 3, 3], [r[1][-2000:] for r in results]
+    data = json.loads(results[0][0])
+    assert len(data["devices"]) == 6 and data["num_processes"] == 3
+    assert sorted((s["process_index"], s["host"]) for s in data["suspects"]) == [
+        (1, socket.gethostname())] * 2
+    assert [h["verdict"] for h in data["hosts"]] == ["ok", "suspect", "ok"]
+    # Wrong on every call, the same way each time: not intermittent (it may also be slower).
+    assert all(s["kinds"][0] == "mismatch" and "intermittent" not in s["kinds"]
+               for s in data["suspects"]), data["suspects"]
+    assert results[1][0] == "" and results[2][0] == ""  # only process 0 writes the verdict
+    assert len(list((tmp_path / "runs").iterdir())) == 1
+
+
+@needs_jax
+def test_pod_scan_example_self_test_names_the_faulty_process(tmp_path):
+    script = os.path.join(os.path.dirname(__file__), "..", "examples", "pod_scan.sh")
+    out = subprocess.run(["bash", script], capture_output=True, text=True, timeout=180,
+                         cwd=tmp_path, env={**os.environ, "SELFTEST": "1", "REPEATS": "10",
+                                            "OUT": str(tmp_path / "r"),
+                                            "DIAG_CACHE_DIR": str(tmp_path / "cache")})
+    assert out.returncode == 3, out.stderr
+    host = socket.gethostname()
+    assert out.stdout.strip().startswith(f"exclude: [('{host}', 1, ")
+    assert f"('{host}', 0, " not in out.stdout and f"('{host}', 2, " not in out.stdout
