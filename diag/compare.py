@@ -605,7 +605,9 @@ def check_top_k(x: np.ndarray, values: np.ndarray, indices: np.ndarray, k: int, 
             num = v64[~isn]
             nan_block = (not isn.any() or isn[:int(isn.sum())].all()
                          or isn[L - int(isn.sum()):].all())
-            rising = np.flatnonzero(np.diff(num) > 0) if num.size > 1 else np.array([], int)
+            with np.errstate(invalid="ignore"):  # inf - inf between equal infinities
+                rising = (np.flatnonzero(np.diff(num) > 0) if num.size > 1
+                          else np.array([], int))
             if rising.size or not nan_block:
                 counts["unsorted"] += 1
                 if rising.size:
@@ -613,7 +615,11 @@ def check_top_k(x: np.ndarray, values: np.ndarray, indices: np.ndarray, k: int, 
                     problems.append(f"values not sorted descending ({float(num[j])!r} before "
                                     f"{float(num[j + 1])!r})")
                 else:
-                    where = int(np.flatnonzero(isn)[0])
+                    # The first NaN outside a leading or trailing block of NaNs.
+                    lead = int(np.argmin(isn)) if not isn.all() else L
+                    trail = int(np.argmin(isn[::-1])) if not isn.all() else L
+                    where = next(int(p) for p in np.flatnonzero(isn)
+                                 if lead <= p < L - trail)
                     problems.append(f"values not sorted: NaN at position {where} between "
                                     f"numbers (NaN must come first or last)")
         if problems:

@@ -433,6 +433,35 @@ def _precision_settings(spec) -> list[tuple[str, str]]:
     return pairs
 
 
+def matmul_fingerprints(backend, settings: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Inside a worker: the fingerprint of the backend module's matmul per (precision, via).
+
+    Args:
+      backend: a set-up backend module (put/get/matmul).
+      settings: (precision, via) pairs to measure.
+
+    Returns:
+      One JSON-ready entry per setting: precision, via and `Fingerprint.to_json()`, or
+      label ERROR with the exception as evidence (one failing setting is a finding).
+    """
+    from diag.precision import fingerprint
+
+    fps = []
+    for prec, via in settings:
+        fn = backend.matmul(precision=prec, precision_via=via)
+
+        def on_device(a, b, fn=fn):
+            return backend.get(fn(backend.put(a), backend.put(b)))
+
+        entry: dict[str, Any] = {"precision": prec, "via": via}
+        try:
+            entry.update(fingerprint(on_device).to_json())
+        except Exception as e:
+            entry.update(label="ERROR", evidence=[f"{type(e).__name__}: {e}"[:300]])
+        fps.append(entry)
+    return fps
+
+
 def worker_env(framework: str, emit: Callable[..., None], fingerprints: bool = True) -> None:
     """Inside a worker: each present backend's device, versions, settings, fingerprints.
 
@@ -442,7 +471,6 @@ def worker_env(framework: str, emit: Callable[..., None], fingerprints: bool = T
     import importlib
 
     from diag.backends import BACKENDS
-    from diag.precision import fingerprint
 
     specs = [s for s in BACKENDS.values() if s.framework == framework and s.default]
     backend = importlib.import_module(specs[0].module)
@@ -451,19 +479,7 @@ def worker_env(framework: str, emit: Callable[..., None], fingerprints: bool = T
         if spec.platform not in platforms:
             continue
         info = backend.setup(spec.platform)
-        fps = []
-        for prec, via in (_precision_settings(spec) if fingerprints else []):
-            fn = backend.matmul(precision=prec, precision_via=via)
-
-            def on_device(a, b, fn=fn):
-                return backend.get(fn(backend.put(a), backend.put(b)))
-
-            entry: dict[str, Any] = {"precision": prec, "via": via}
-            try:
-                entry.update(fingerprint(on_device).to_json())
-            except Exception as e:  # one failing setting is a finding, not the end
-                entry.update(label="ERROR", evidence=[f"{type(e).__name__}: {e}"[:300]])
-            fps.append(entry)
+        fps = matmul_fingerprints(backend, _precision_settings(spec) if fingerprints else [])
         emit(event="backend", backend=spec.name, fingerprints=fps, **info)
     emit(event="done", platforms=platforms)
 

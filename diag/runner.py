@@ -489,6 +489,7 @@ class _Run:
         base = spec.name.removesuffix(AB_SUFFIX)
         job = {"backend": base, "label": spec.name, "out_dir": str(self.work),
                "repeats": self.repeats, "hlo": bool(self.ab_env),
+               "fingerprint": any(c.op == "matmul" for c in cases),
                "cases": [{"id": c.id, "op": c.op, "op_args": c.op_args,
                           "inputs": self.inputs.paths(c),
                           "input_dtypes": [c.dtype] * len(self.inputs.paths(c))}
@@ -522,8 +523,9 @@ class _Run:
                 kind = event.get("event")
                 if kind == "ready":
                     started = True
-                    self.backend_info[spec.name] = {k: event.get(k) for k in
-                                                    ("device", "framework", "settings")}
+                    self.backend_info[spec.name] = {
+                        k: event[k] for k in ("device", "framework", "settings",
+                                              "fingerprints") if k in event}
                 elif kind == "result":
                     self.judge_result(by_id[event["case"]], spec, event)
                     index += 1

@@ -21,6 +21,16 @@ DTYPES = [np.dtype(np.float32), BF16, np.dtype(np.float16)]
 IDS = ["float32", "bfloat16", "float16"]
 
 
+def marked_line(path, marker: str) -> int:
+    """The line number in `path` ending with `# <marker>`: where a report must point."""
+    from pathlib import Path
+
+    hits = [i for i, text in enumerate(Path(path).read_text().splitlines(), 1)
+            if text.rstrip().endswith(f"# {marker}")]
+    assert len(hits) == 1, marker
+    return hits[0]
+
+
 def assert_bits_equal(got, want, what=""):
     """Bit-for-bit equality (-0 != +0, NaN payloads kept), naming the first difference."""
     got, want = np.asarray(got), np.asarray(want)

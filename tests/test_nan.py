@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import needs_jax
+from tests.conftest import marked_line, needs_jax
 
 pytestmark = needs_jax
 
@@ -29,11 +29,7 @@ ROOT = HERE.parent.parent
 
 
 def line_of(marker: str, path: Path = HERE) -> int:
-    """The line number holding `# <marker>`; the report must point exactly there."""
-    hits = [i for i, text in enumerate(path.read_text().splitlines(), 1)
-            if text.rstrip().endswith(f"# {marker}")]
-    assert len(hits) == 1, marker
-    return hits[0]
+    return marked_line(path, marker)
 
 
 def src(marker: str, function: str) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import needs_torch
+from tests.conftest import marked_line, needs_torch
 
 pytestmark = needs_torch
 
@@ -23,10 +23,7 @@ HERE = Path(__file__)
 
 
 def line_of(marker: str) -> int:
-    hits = [i for i, text in enumerate(HERE.read_text().splitlines(), 1)
-            if text.rstrip().endswith(f"# {marker}")]
-    assert len(hits) == 1, marker
-    return hits[0]
+    return marked_line(HERE, marker)
 
 
 def src(marker: str, function: str) -> str:

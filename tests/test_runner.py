@@ -78,6 +78,10 @@ def test_run_folder_holds_environment_and_every_record(tiny_run):
     assert meta["state"] == "finished"
     assert meta["backends"]["jax-cpu"]["settings"]["jax_enable_x64"] is False
     assert meta["backends"]["torch-cpu"]["settings"]["float32_matmul_precision"] == "highest"
+    # Each worker measured which arithmetic its matmul uses (diag.precision): float32 on CPU.
+    for name in ("jax-cpu", "torch-cpu"):
+        (fp,) = meta["backends"][name]["fingerprints"]
+        assert (fp["precision"], fp["label"]) == ("default", "F32_F32_F32")
     env = meta["environment"]
     assert env["packages"]["jax"] and env["packages"]["torch"]
     assert "XLA_FLAGS" in env["env"] and "LIBTPU_INIT_ARGS" in env["env"]

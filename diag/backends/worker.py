@@ -9,7 +9,8 @@ framework must not take the run down with it.
 
 Protocol: one JSON object per line on the protocol stream (the original stdout; anything the
 framework prints is redirected to stderr so it cannot corrupt the stream):
-  {"event": "ready", "device": {...}, "framework": {...}, "settings": {...}}
+  {"event": "ready", "device": {...}, "framework": {...}, "settings": {...},
+   "fingerprints": [...] (with job "fingerprint": the matmul's arithmetic, diag.precision)}
   {"event": "result", "case": ID, "outputs": [{"name", "path", "dtype", "shape"}, ...],
    "timings": {...}, "input_digests": [sha256 of each input as read back from the device]}
   {"event": "case_error", "case": ID, "error": "..."}
@@ -85,14 +86,14 @@ def _timings(compile_s: float, samples: list[float]) -> dict:
 
 
 def _named_outputs(out) -> list[tuple[str, object]]:
-    """An op's result as (name, array) pairs: one array (`out`), a tuple (`out0`, `out1`,
+    """An op's result as (name, array) pairs: one array (`output`), a tuple (`out0`, `out1`,
     ... or the op's `names`), or a dict of named results (sampler paths)."""
     if isinstance(out, dict):
         return list(out.items())
     if isinstance(out, (tuple, list)):
         names = getattr(out, "_fields", None) or [f"out{i}" for i in range(len(out))]
         return list(zip(names, out))
-    return [("out", out)]
+    return [("output", out)]
 
 
 def run_job(job: dict, stream) -> None:
@@ -104,6 +105,11 @@ def run_job(job: dict, stream) -> None:
     _inject_fault(_fault(label, "start"), "start")
     backend = importlib.import_module(spec.module)
     info = backend.setup(spec.platform)
+    if job.get("fingerprint") and hasattr(backend, "matmul"):
+        # What arithmetic this backend's matmul uses as the run finds it (diag.precision).
+        from diag.flags import matmul_fingerprints
+
+        info["fingerprints"] = matmul_fingerprints(backend, [("default", "none")])
     _emit(stream, event="ready", **info)
 
     out_dir = job["out_dir"]
