@@ -240,9 +240,9 @@ def env_cmd(
     Exits 2 when XLA_FLAGS or LIBTPU_INIT_ARGS holds a flag XLA refuses (named in the
     message), 4 when a framework's worker failed, else 0.
     """
-    from diag import flags, render
+    from diag import environment, render
 
-    report = flags.env_report(fingerprints=fingerprints, timeout=timeout)
+    report = environment.env_report(fingerprints=fingerprints, timeout=timeout)
     code = 4 if any(fw.get("error") and "not installed" not in fw["error"]
                     for fw in report["frameworks"].values()) else 0
     if as_json:

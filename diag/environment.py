@@ -12,11 +12,11 @@ import platform
 import socket
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Mapping
 
 from diag import flags as _flags
 
-__all__ = ["collect", "NUMERICS_ENV_VARS"]
+__all__ = ["collect", "env_report", "NUMERICS_ENV_VARS"]
 
 # Environment variables that change what XLA, JAX, torch or CUDA compute.
 NUMERICS_ENV_VARS = (
@@ -77,4 +77,57 @@ def collect(argv: list[str] | None = None) -> dict[str, Any]:
         # environment variables and flags (diag.flags; host side, no framework imported).
         "flags": _flags.host_flags(),
         "findings": _flags.host_findings(),
+    }
+
+
+def env_report(*, fingerprints: bool = True, timeout: float = _flags.ENV_TIMEOUT,
+               environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Everything numerics-relevant in effect here: what `diag env` shows.
+
+    Args:
+      fingerprints: measure each backend's matmul under each precision setting it can
+        express (`diag.precision.fingerprint`); a few seconds per framework on CPU.
+      timeout: seconds each framework worker may take.
+      environ: the environment to audit (default: this process's).
+
+    Returns:
+      {"host", "flags", "xla_flags_check", "frameworks": {fw: {"backends", "platforms",
+      "error"}}, "findings"}. Emulated backends are not listed: they are not hardware.
+
+    Raises:
+      BadFlag: XLA_FLAGS or LIBTPU_INIT_ARGS holds a flag XLA refuses (exit 2).
+    """
+    from diag.backends import framework_installed
+    from diag.flags import (FLAG_VARS, _run_env_worker, findings, host_flags, parse_flags,
+                            validate_xla_flags)
+
+    environ = dict(os.environ if environ is None else environ)
+    for var in FLAG_VARS:
+        parse_flags(environ.get(var), var)  # malformed -> BadFlag before anything starts
+    check = validate_xla_flags(environ)
+    frameworks: dict[str, Any] = {}
+    for fw in ("jax", "torch"):
+        if not framework_installed(fw):
+            frameworks[fw] = {"backends": {}, "error": f"{fw} is not installed"}
+            continue
+        frameworks[fw] = _run_env_worker(fw, environ, fingerprints, timeout)
+    present = {name for fw in frameworks.values() for name in fw["backends"]}
+
+    def settings(fw: str):
+        infos = list(frameworks[fw]["backends"].values())
+        return infos[0].get("settings", {}) if infos else None
+
+    flags = host_flags(environ)
+    host = collect()
+    env_vars = {k: environ[k] for k in environ
+                if k in NUMERICS_ENV_VARS or k.startswith("JAX_")}
+    return {
+        "host": {k: host[k] for k in ("host", "platform", "machine", "cpu_count", "python",
+                                      "packages")},
+        "env": env_vars,
+        "flags": flags,
+        "xla_flags_check": check,
+        "frameworks": frameworks,
+        "findings": findings({"env": environ, "flags": flags, "jax": settings("jax"),
+                              "torch": settings("torch"), "backends": present}),
     }

@@ -11,9 +11,10 @@ unknown flag in XLA_FLAGS kills every XLA process outright. This module
 - judges settings with `RULES`, a table of rules as data (one row per rule, with the
   one-line why and what to set instead), on the host without importing a framework
   (`host_findings`, stored in every run.json);
-- assembles `diag env` (`env_report`): devices, versions and settings from one worker per
-  framework (`worker_env`, run inside `python -m diag.backends.worker --env FRAMEWORK`),
-  with the measured precision fingerprint of each backend's matmul per precision setting.
+- runs the worker side of `diag env` (assembled by `diag.environment.env_report`): devices,
+  versions and settings from one worker per framework (`worker_env`, run inside
+  `python -m diag.backends.worker --env FRAMEWORK`), with the measured precision fingerprint
+  of each backend's matmul per precision setting.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ __all__ = [
     "validate_xla_flags",
     "findings",
     "host_findings",
-    "env_report",
     "worker_env",
     "report_context",
 ]
@@ -366,58 +366,6 @@ def _run_env_worker(framework: str, environ: Mapping[str, str], fingerprints: bo
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
         result["error"] = f"the {framework} worker failed (exit {proc.returncode}): {tail}"
     return result
-
-
-def env_report(*, fingerprints: bool = True, timeout: float = ENV_TIMEOUT,
-               environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Everything numerics-relevant in effect here: what `diag env` shows.
-
-    Args:
-      fingerprints: measure each backend's matmul under each precision setting it can
-        express (`diag.precision.fingerprint`); a few seconds per framework on CPU.
-      timeout: seconds each framework worker may take.
-      environ: the environment to audit (default: this process's).
-
-    Returns:
-      {"host", "flags", "xla_flags_check", "frameworks": {fw: {"backends", "platforms",
-      "error"}}, "findings"}. Emulated backends are not listed: they are not hardware.
-
-    Raises:
-      BadFlag: XLA_FLAGS or LIBTPU_INIT_ARGS holds a flag XLA refuses (exit 2).
-    """
-    from diag import environment
-    from diag.backends import framework_installed
-
-    environ = dict(os.environ if environ is None else environ)
-    for var in FLAG_VARS:
-        parse_flags(environ.get(var), var)  # malformed -> BadFlag before anything starts
-    check = validate_xla_flags(environ)
-    frameworks: dict[str, Any] = {}
-    for fw in ("jax", "torch"):
-        if not framework_installed(fw):
-            frameworks[fw] = {"backends": {}, "error": f"{fw} is not installed"}
-            continue
-        frameworks[fw] = _run_env_worker(fw, environ, fingerprints, timeout)
-    present = {name for fw in frameworks.values() for name in fw["backends"]}
-
-    def settings(fw: str):
-        infos = list(frameworks[fw]["backends"].values())
-        return infos[0].get("settings", {}) if infos else None
-
-    flags = host_flags(environ)
-    host = environment.collect()
-    env_vars = {k: environ[k] for k in environ
-                if k in environment.NUMERICS_ENV_VARS or k.startswith("JAX_")}
-    return {
-        "host": {k: host[k] for k in ("host", "platform", "machine", "cpu_count", "python",
-                                      "packages")},
-        "env": env_vars,
-        "flags": flags,
-        "xla_flags_check": check,
-        "frameworks": frameworks,
-        "findings": findings({"env": environ, "flags": flags, "jax": settings("jax"),
-                              "torch": settings("torch"), "backends": present}),
-    }
 
 
 def _precision_settings(spec) -> list[tuple[str, str]]:
