@@ -11,10 +11,9 @@ unknown flag in XLA_FLAGS kills every XLA process outright. This module
 - judges settings with `RULES`, a table of rules as data (one row per rule, with the
   one-line why and what to set instead), on the host without importing a framework
   (`host_findings`, stored in every run.json);
-- runs the worker side of `diag env` (assembled by `diag.environment.env_report`): devices,
-  versions and settings from one worker per framework (`worker_env`, run inside
-  `python -m diag.backends.worker --env FRAMEWORK`), with the measured precision fingerprint
-  of each backend's matmul per precision setting.
+- starts the workers of `diag env` (`python -m diag.backends.worker --env FRAMEWORK`, which
+  report devices, settings and each matmul's measured precision fingerprint per setting;
+  `diag.environment.env_report` assembles the whole).
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ __all__ = [
     "validate_xla_flags",
     "findings",
     "host_findings",
-    "worker_env",
     "report_context",
 ]
 
@@ -366,70 +364,6 @@ def _run_env_worker(framework: str, environ: Mapping[str, str], fingerprints: bo
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
         result["error"] = f"the {framework} worker failed (exit {proc.returncode}): {tail}"
     return result
-
-
-def _precision_settings(spec) -> list[tuple[str, str]]:
-    """(precision, via) pairs a backend can express: default, then each level both ways."""
-    from diag.backends import not_applicable
-
-    pairs = [("default", "none")]
-    for prec in spec.precisions:
-        for via in spec.precision_via:
-            params = {"precision": prec, "precision_via": via}
-            if prec != "default" and not_applicable(spec, "matmul", params) is None:
-                pairs.append((prec, via))
-    return pairs
-
-
-def matmul_fingerprints(backend, settings: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """Inside a worker: the fingerprint of the backend module's matmul per (precision, via).
-
-    Args:
-      backend: a set-up backend module (put/get/matmul).
-      settings: (precision, via) pairs to measure.
-
-    Returns:
-      One JSON-ready entry per setting: precision, via and `Fingerprint.to_json()`, or
-      label ERROR with the exception as evidence (one failing setting is a finding).
-    """
-    from diag.precision import fingerprint
-
-    fps = []
-    for prec, via in settings:
-        fn = backend.matmul(precision=prec, precision_via=via)
-
-        def on_device(a, b, fn=fn):
-            return backend.get(fn(backend.put(a), backend.put(b)))
-
-        entry: dict[str, Any] = {"precision": prec, "via": via}
-        try:
-            entry.update(fingerprint(on_device).to_json())
-        except Exception as e:
-            entry.update(label="ERROR", evidence=[f"{type(e).__name__}: {e}"[:300]])
-        fps.append(entry)
-    return fps
-
-
-def worker_env(framework: str, emit: Callable[..., None], fingerprints: bool = True) -> None:
-    """Inside a worker: each present backend's device, versions, settings, fingerprints.
-
-    Emits one `backend` event per backend of `framework` whose platform is present, then
-    `done` with the platforms seen.
-    """
-    import importlib
-
-    from diag.backends import BACKENDS
-
-    specs = [s for s in BACKENDS.values() if s.framework == framework and s.default]
-    backend = importlib.import_module(specs[0].module)
-    platforms = backend.discover()
-    for spec in specs:
-        if spec.platform not in platforms:
-            continue
-        info = backend.setup(spec.platform)
-        fps = matmul_fingerprints(backend, _precision_settings(spec) if fingerprints else [])
-        emit(event="backend", backend=spec.name, fingerprints=fps, **info)
-    emit(event="done", platforms=platforms)
 
 
 # ---------------------------------------------------------------------------------------------

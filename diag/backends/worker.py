@@ -2,6 +2,7 @@
 
     python -m diag.backends.worker JOB.json        # run the cases of one backend
     python -m diag.backends.worker --discover jax   # print the platforms a framework sees
+    python -m diag.backends.worker --env jax        # `diag env`: devices, settings, fingerprints
 
 Why a subprocess per backend: a TPU can be opened by one process at a time, JAX and torch_xla
 must not share a process, XLA reads its flags once at start-up, and a crash or hang in a
@@ -39,6 +40,7 @@ import statistics
 import sys
 import time
 import traceback
+from typing import Any, Callable
 
 import numpy as np
 
@@ -107,8 +109,6 @@ def run_job(job: dict, stream) -> None:
     info = backend.setup(spec.platform)
     if job.get("fingerprint") and hasattr(backend, "matmul"):
         # What arithmetic this backend's matmul uses as the run finds it (diag.precision).
-        from diag.flags import matmul_fingerprints
-
         info["fingerprints"] = matmul_fingerprints(backend, [("default", "none")])
     _emit(stream, event="ready", **info)
 
@@ -172,14 +172,80 @@ def discover(framework: str, stream) -> None:
     _emit(stream, event="platforms", platforms=backend.discover())
 
 
+# ---------------------------------------------------------------------------------------------
+# Precision fingerprints and `diag env` (worker side)
+
+
+def _precision_settings(spec) -> list[tuple[str, str]]:
+    """(precision, via) pairs a backend can express: default, then each level both ways."""
+    from diag.backends import not_applicable
+
+    pairs = [("default", "none")]
+    for prec in spec.precisions:
+        for via in spec.precision_via:
+            params = {"precision": prec, "precision_via": via}
+            if prec != "default" and not_applicable(spec, "matmul", params) is None:
+                pairs.append((prec, via))
+    return pairs
+
+
+def matmul_fingerprints(backend, settings: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Inside a worker: the fingerprint of the backend module's matmul per (precision, via).
+
+    Args:
+      backend: a set-up backend module (put/get/matmul).
+      settings: (precision, via) pairs to measure.
+
+    Returns:
+      One JSON-ready entry per setting: precision, via and `Fingerprint.to_json()`, or
+      label ERROR with the exception as evidence (one failing setting is a finding).
+    """
+    from diag.precision import fingerprint
+
+    fps = []
+    for prec, via in settings:
+        fn = backend.matmul(precision=prec, precision_via=via)
+
+        def on_device(a, b, fn=fn):
+            return backend.get(fn(backend.put(a), backend.put(b)))
+
+        entry: dict[str, Any] = {"precision": prec, "via": via}
+        try:
+            entry.update(fingerprint(on_device).to_json())
+        except Exception as e:
+            entry.update(label="ERROR", evidence=[f"{type(e).__name__}: {e}"[:300]])
+        fps.append(entry)
+    return fps
+
+
+def worker_env(framework: str, emit: Callable[..., None], fingerprints: bool = True) -> None:
+    """Inside a worker: each present backend's device, versions, settings, fingerprints.
+
+    Emits one `backend` event per backend of `framework` whose platform is present, then
+    `done` with the platforms seen.
+    """
+    import importlib
+
+    from diag.backends import BACKENDS
+
+    specs = [s for s in BACKENDS.values() if s.framework == framework and s.default]
+    backend = importlib.import_module(specs[0].module)
+    platforms = backend.discover()
+    for spec in specs:
+        if spec.platform not in platforms:
+            continue
+        info = backend.setup(spec.platform)
+        fps = matmul_fingerprints(backend, _precision_settings(spec) if fingerprints else [])
+        emit(event="backend", backend=spec.name, fingerprints=fps, **info)
+    emit(event="done", platforms=platforms)
+
+
 def main(argv: list[str]) -> int:
     stream = _protocol_stream()
     if len(argv) == 2 and argv[0] == "--discover":
         discover(argv[1], stream)
         return 0
     if len(argv) in (2, 3) and argv[0] == "--env":  # `diag env`: devices, settings, fingerprints
-        from diag.flags import worker_env
-
         worker_env(argv[1], lambda **event: _emit(stream, **event),
                    fingerprints=argv[2:] != ["--no-fingerprints"])
         return 0
