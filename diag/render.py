@@ -89,7 +89,8 @@ def summary_table(records: Iterable[dict[str, Any]]) -> Table:
     for col, justify in (("probe", "left"), ("backend", "left"), ("dtype", "left"),
                          ("verdict", "left"), ("records", "left"), ("bound ratio", "right"),
                          ("max ULP", "right")):
-        table.add_column(col, justify=justify)
+        # Wrap rather than cut: `softmax_vocab` and `softmax_hazards` must stay apart.
+        table.add_column(col, justify=justify, overflow="fold")
     for (probe, backend, dtype), rs in groups.items():
         statuses = [r["status"] for r in rs]
         counts = ", ".join(f"{statuses.count(s)} {s}" for s in STATUSES if s in statuses)
