@@ -220,6 +220,10 @@ def ulp_distance(x, y) -> np.ndarray:
                          "to the other's dtype first")
     as_dtype(x.dtype)
     x, y = np.broadcast_arrays(x, y)
+    shape = x.shape
+    # 1-d views: numpy scalars (0-d inputs) would warn on the uint64 wrap-around that
+    # np.where's unused branch computes, and cannot take item assignment.
+    x, y = x.reshape(-1), y.reshape(-1)
     mx, sx = _magnitude_and_sign(x)
     my, sy = _magnitude_and_sign(y)
     same = sx == sy
@@ -230,7 +234,7 @@ def ulp_distance(x, y) -> np.ndarray:
         xn, yn = np.isnan(x.astype(np.float64)), np.isnan(y.astype(np.float64))
     dist[xn & yn] = 0
     dist[xn ^ yn] = NAN_ULP
-    return dist
+    return dist.reshape(shape)
 
 
 def _round_to_odd_f32(x64: np.ndarray) -> np.ndarray:

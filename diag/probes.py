@@ -120,6 +120,19 @@ def _next_up(v: np.ndarray) -> np.ndarray:
     return numerics.from_bits(bits + 1, numerics.dtype_name(np.asarray(v).dtype))
 
 
+def _mlp(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    # Training-step inputs and weights, N(0, 1/fan_in): activations stay O(1).
+    return (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(dtype)
+
+
+def _mlp_huge(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    # The same scaled by 3e4 (inputs clipped to stay finite): tanh saturates, so logits are
+    # sums of +-w2 with a spread of ~3e4 and overflow float16 (max 65504) but not float32,
+    # bf16 or the float64 reference. The fp16 loss goes NaN: the NaN hunt names the op.
+    big = float(ml_dtypes.finfo(dtype).max)
+    return np.clip(3e4 * rng.standard_normal(shape) / np.sqrt(shape[0]), -big, big).astype(dtype)
+
+
 INPUT_MAKERS: dict[str, Callable] = {
     "normal": _normal,
     "uniform": _uniform,
@@ -133,6 +146,8 @@ INPUT_MAKERS: dict[str, Callable] = {
     "special": _special,
     "all_equal": _all_equal,
     "near_ties": _near_ties,
+    "mlp": _mlp,
+    "mlp_huge": _mlp_huge,
 }
 
 
@@ -140,6 +155,11 @@ def _matmul_shapes(params: dict) -> list[tuple[int, ...]]:
     batch = tuple(params.get("batch", ()))
     m, k, n = params["m"], params["k"], params["n"]
     return [batch + (m, k), batch + (k, n)]
+
+
+def _train_shapes(params: dict) -> list[tuple[int, ...]]:
+    b, d, c = params["batch"], params["d"], params["c"]
+    return [(b, d), (d, d), (d, c)]
 
 
 def _rows_shapes(params: dict) -> list[tuple[int, ...]]:
@@ -189,6 +209,8 @@ class Outcome:
       params: the case parameters.
       promised: whether the backend promises the claimed arithmetic under this setting.
       setting: the setting in words, for reasons (`precision=default`).
+      nan_report: where a non-finite output was born (`diag.nan`), when the op asked the
+        worker to hunt it.
     """
 
     inputs: list
@@ -198,6 +220,7 @@ class Outcome:
     params: dict
     promised: bool = True
     setting: str = ""
+    nan_report: Optional[dict] = None
 
 
 @dataclass
@@ -321,6 +344,24 @@ def _greedy_agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tu
     return agree_tokens(dict(zip(a.names, a.outputs)), dict(zip(b.names, b.outputs)), names)
 
 
+def _train_evaluate(o: Outcome) -> Evaluation:
+    from diag.compare import compare_train_step, judge_train_step
+
+    out = dict(zip(o.names, o.outputs))
+    truth = {"loss": o.truth.value, **o.truth.extra}
+    metrics = compare_train_step(out, truth, o.inputs)
+    status, reason = judge_train_step(metrics, nan_reason=(o.nan_report or {}).get("reason"))
+    if o.nan_report:
+        metrics["nan_report"] = o.nan_report
+    return Evaluation(status, reason, metrics)
+
+
+def _train_agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
+    from diag.compare import agree_train_step
+
+    return agree_train_step(dict(zip(a.names, a.outputs)), dict(zip(b.names, b.outputs)), names)
+
+
 # ---------------------------------------------------------------------------------------------
 # Parameter checks (run by the suite loader, before any worker starts)
 
@@ -376,6 +417,11 @@ def _rows_label(*extra: str, quiet: Optional[dict] = None) -> Callable[[dict], s
         return text
 
     return label
+
+
+def _train_label(params: dict) -> str:
+    return (f"batch={params['batch']} d={params['d']} c={params['c']} {params['dtype']} "
+            f"{params['inputs']} lr={params['lr']}")
 
 
 def _matmul_normalize(params: dict) -> dict:
@@ -493,6 +539,13 @@ PROBES: dict[str, Probe] = {
             input_shapes=_rows_shapes, truth=_oracle("softmax"),
             evaluate=_greedy_evaluate, agree=_greedy_agree, label=_rows_label(),
             input_family="rows", claim="the exact argmax token",
+        ),
+        Probe(
+            op="train_step", dims=("batch", "d", "c"), params={"lr": (float, None, 0.1)},
+            op_args=("lr",), dtypes=_FLOATS, inputs=("mlp", "mlp_huge"),
+            input_shapes=_train_shapes, truth=_oracle("train_step", "lr"), truth_args=("lr",),
+            evaluate=_train_evaluate, agree=_train_agree, label=_train_label,
+            claim="a finite step matching the float64 reference",
         ),
     )
 }

@@ -378,7 +378,7 @@ class _Run:
             inputs=self.inputs.get(case), outputs=[_load_output(o) for o in event["outputs"]],
             names=[o["name"] for o in event["outputs"]], truth=truth, params=case.params,
             promised=promises_full_precision(spec, case.dtype, precision),
-            setting=f"precision={precision}")
+            setting=f"precision={precision}", nan_report=event.get("nan_report"))
         ev = probe.evaluate(outcome)
         self.emit(self._record(case, spec, ev.status, ev.reason, metrics=ev.metrics,
                                timings=event.get("timings", {}), oracle=oracle_info))

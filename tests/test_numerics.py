@@ -144,3 +144,10 @@ def test_round_to_dtype_avoids_the_double_rounding_of_ml_dtypes():
     assert float(round_to_dtype(x, "bfloat16")[0]) == 1 + 2.0**-7
     assert float(round_to_dtype(np.array([464.0]), "float8_e4m3fn")[0]) == 448.0
     assert np.isnan(float(round_to_dtype(np.array([465.0]), "float8_e4m3fn")[0]))
+
+
+def test_ulp_distance_of_scalars_keeps_their_shape():
+    one = np.float32(1.0)
+    d = ulp_distance(np.asarray(one), np.asarray(np.nextafter(one, np.float32(2))))
+    assert d.shape == () and int(d) == 1
+    assert int(ulp_distance(np.asarray(np.float32(np.nan)), np.asarray(one))) == NAN_ULP

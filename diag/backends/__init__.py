@@ -61,7 +61,7 @@ _TORCH = dict(framework="torch", module="diag.backends.torch_backend",
               precision_via=("config",),
               precisions=("default", "high", "highest", "medium"),
               # torch has no approximate top-k.
-              ops=("matmul", "softmax", "top_k", "greedy_token"),
+              ops=("matmul", "softmax", "top_k", "greedy_token", "train_step"),
               install_hint="pip install 'diag[torch]'")
 
 BACKENDS: dict[str, BackendSpec] = {

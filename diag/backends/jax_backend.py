@@ -189,3 +189,21 @@ def greedy_token():
 
     paths.eager = True
     return paths
+
+
+def _train_loss(w1, w2, x):
+    """Softmax cross-entropy of a tanh MLP; labels from the inputs (see diag.oracle._train)."""
+    labels = jnp.argmax(x[:, :w2.shape[1]], axis=1)
+    logits = jnp.tanh(x @ w1) @ w2
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+
+def train_step(lr: float = 0.1):
+    """One SGD step (`jax.value_and_grad`), in the inputs' dtype: loss and updated weights."""
+    def step(x, w1, w2):
+        loss, (g1, g2) = jax.value_and_grad(_train_loss, argnums=(0, 1))(w1, w2, x)
+        return {"loss": loss, "w1": w1 - lr * g1, "w2": w2 - lr * g2}
+
+    step.hunt_nans = True  # a non-finite step is hunted to its op (diag.nan)
+    return step

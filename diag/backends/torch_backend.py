@@ -144,3 +144,19 @@ def greedy_token():
         return out
 
     return paths
+
+
+def train_step(lr: float = 0.1):
+    """One SGD step (autograd), in the inputs' dtype: loss and updated weights. Functional:
+    the inputs are not modified, so the step can be run again (timing, a NaN hunt)."""
+    def step(x, w1, w2):
+        w1g, w2g = (w.detach().clone().requires_grad_(True) for w in (w1, w2))
+        labels = torch.argmax(x[:, :w2.shape[1]], dim=1)
+        logits = torch.tanh(x @ w1g) @ w2g
+        loss = torch.nn.functional.cross_entropy(logits, labels)
+        g1, g2 = torch.autograd.grad(loss, (w1g, w2g))
+        with torch.no_grad():
+            return {"loss": loss.detach(), "w1": w1 - lr * g1, "w2": w2 - lr * g2}
+
+    step.hunt_nans = True  # a non-finite step is hunted to its op (diag.nan)
+    return step

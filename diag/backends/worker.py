@@ -98,6 +98,20 @@ def _named_outputs(out) -> list[tuple[str, object]]:
     return [("output", out)]
 
 
+_FLOAT_NAMES = ("float32", "bfloat16", "float16", "float64", "float8_e4m3fn", "float8_e5m2")
+
+
+def _hunt(fn, args) -> dict:
+    """Where a non-finite output was born (`diag.nan.locate`), for the record's reason."""
+    try:
+        from diag import nan
+
+        report = nan.locate(fn, *args)
+        return {"reason": nan.reason(report), **(report.to_dict() if report else {})}
+    except Exception as e:  # the hunt is evidence; its failure must not lose the result
+        return {"reason": f"the NaN hunt failed: {type(e).__name__}: {e}"[:300]}
+
+
 def run_job(job: dict, stream) -> None:
     from diag import numerics
     from diag.backends import get_spec
@@ -148,6 +162,12 @@ def run_job(job: dict, stream) -> None:
                 outputs.append({"name": name, "path": path, "shape": list(host.shape),
                                 "dtype": (numerics.dtype_name(host.dtype) if is_float
                                           else host.dtype.name)})
+            nan_report = None
+            if getattr(fn, "hunt_nans", False) and not all(
+                    np.isfinite(np.asarray(numerics.from_bits(np.load(o["path"]), o["dtype"]),
+                                           dtype=np.float64)).all()
+                    for o in outputs if o["dtype"] in _FLOAT_NAMES):
+                nan_report = _hunt(fn, args)
             hlo = None
             if job.get("hlo") and hasattr(backend, "hlo_text"):
                 text = backend.hlo_text(fn, args)
@@ -156,6 +176,7 @@ def run_job(job: dict, stream) -> None:
                     with open(hlo, "w") as f:
                         f.write(text)
             _emit(stream, event="result", case=case["id"], outputs=outputs, hlo=hlo,
+                  nan_report=nan_report,
                   timings=_timings(compile_s, samples), input_digests=received)
         except Exception as e:  # a failing op is a record, not the end of the worker
             _emit(stream, event="case_error", case=case["id"],

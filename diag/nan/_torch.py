@@ -4,9 +4,9 @@ A `TorchDispatchMode` sits below autograd, so it sees the aten ops of the forwar
 ones autograd's engine runs for the backward pass (`torch.autograd.set_multithreading_enabled
 (False)` keeps the engine on the calling thread, where the mode is active). An op runs during
 the backward pass exactly when `torch._C._current_autograd_node()` is set; its forward line
-comes from the node's anomaly metadata (anomaly mode is switched on, without its NaN check, for
-the run). Forward lines come from the Python stack at dispatch time, skipping torch's and diag's
-own frames.
+comes from a tag diag puts on each autograd node as the forward pass creates it (or from
+anomaly mode's traceback when the user turned that on; diag does not: it costs ~5x). Forward lines come from the Python stack at dispatch time, skipping torch's frames
+and the hunt's own.
 
 The function runs once, as the user would run it: a training step that updates parameters in
 place is not repeated. Results that count ("sinks") are what the function returns, the
@@ -30,12 +30,13 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-import diag
 from diag.nan import NanHuntError, NanReport
 from diag.nan._summary import first_bad_index, summarize, values_at
 
-_SKIP_DIRS = tuple(os.path.normcase(os.path.dirname(m.__file__)) + os.sep
-                   for m in (torch, diag))
+# torch's frames and the hunt's own; diag's probe ops (diag/backends) are the code being hunted
+# when the training-step probe calls the hunt, so they count as the user's.
+_SKIP_DIRS = (os.path.normcase(os.path.dirname(torch.__file__)) + os.sep,
+              os.path.normcase(os.path.dirname(os.path.abspath(__file__))) + os.sep)
 _STDLIB = os.path.normcase(sysconfig.get_paths()["stdlib"]) + os.sep
 _TB_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 

@@ -131,6 +131,32 @@ def matmul_result(a, b, out_dtype=None, *, cache: Optional[GroundTruthCache] = N
                         seconds=time.perf_counter() - t0, exact=exact)
 
 
+def train_step_result(x, w1, w2, lr: float = 0.1, *,
+                      cache: Optional[GroundTruthCache] = None) -> OracleResult:
+    """The training-step probe's reference: one SGD step of a small MLP in float64, each
+    output rounded once to the inputs' dtype (`diag.oracle._train`; NOT an exact result: a
+    float64 evaluation, whose error is far below the dtype's ulp at the probe's sizes).
+
+    Returns:
+        `OracleResult` with value = the loss (0-d array) and extra = {"w1", "w2"} (updated
+        weights), method "float64-reference".
+    """
+    from diag.numerics import round_to_dtype
+    from diag.oracle._train import train_step_core
+
+    t0 = time.perf_counter()
+    arrays = [np.asarray(a) for a in (x, w1, w2)]
+    dt = arrays[0].dtype
+    as_dtype(dt)
+    loss, n1, n2 = train_step_core(*(a.astype(np.float64) for a in arrays), lr)
+    with np.errstate(over="ignore", invalid="ignore"):
+        value = round_to_dtype(np.asarray(loss), dt)
+        extra = {"w1": round_to_dtype(n1, dt), "w2": round_to_dtype(n2, dt)}
+    return OracleResult(value=value, method="float64-reference", fallbacks=0,
+                        elements=1 + n1.size + n2.size, cache_hit=False,
+                        seconds=time.perf_counter() - t0, extra=extra)
+
+
 def matmul(a, b, out_dtype=None) -> np.ndarray:
     """Correctly rounded ``a @ b``: `matmul_result(a, b, out_dtype).value`.
 
