@@ -245,8 +245,12 @@ def parse_ab(assignments: list[str] | None) -> dict[str, str]:
 
 
 def _load_output(meta: dict) -> np.ndarray:
-    """An output the worker wrote: floats as raw bits (see `numerics.bits_view`), ints as is."""
-    data = np.load(meta["path"])
+    """An output the worker wrote: floats as raw bits (see `numerics.bits_view`), ints as is.
+
+    Memory-mapped: outputs are kept for agreement with later backends, and the OS pages them
+    from the work folder instead of holding every backend's outputs in memory.
+    """
+    data = np.load(meta["path"], mmap_mode="r")
     if meta["dtype"].startswith(("int", "uint", "bool")):
         return data
     return numerics.from_bits(data, meta["dtype"])
