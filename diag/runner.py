@@ -324,8 +324,9 @@ class _Worker:
 
 class _Run:
     def __init__(self, suite: Suite, skipped: dict[str, str], run_dir: RunDir, work: Path, *,
+                 repeats: int, case_timeout: float, startup_timeout: float,
+                 cache_dir: str | None, env: dict[str, str],
                  ab_env: dict[str, str] | None = None,
-                 repeats: int, case_timeout: float, startup_timeout: float, cache_dir: str | None, env: dict[str, str],
                  on_record: Callable[[dict], None] | None):
         self.suite, self.skipped = suite, skipped
         self.run_dir, self.work = run_dir, work
@@ -404,10 +405,14 @@ class _Run:
                 continue
             (a, x), (b, y) = sorted([(earlier, other), (name, outcome)], key=lambda p: p[0])
             status, reason, metrics = probe.agree(x, y, (a, b), context)
-            self.emit(Record(op=case.op, probe=f"{self.suite.name}.{case.probe}",
-                             case=case.label, params=case.params, backend=f"{a}|{b}",
-                             device={}, dtype=case.dtype, metrics=metrics, status=status,
-                             reason=reason, kind="agreement"))
+            self.emit(self._pair_record(case, f"{a}|{b}", "agreement", status, reason, metrics))
+
+    def _pair_record(self, case: Case, backends: str, kind: str, status: str, reason: str,
+                     metrics: dict) -> Record:
+        """A record about two outputs of one case (`agreement`, `ab`): no single device."""
+        return Record(op=case.op, probe=f"{self.suite.name}.{case.probe}", case=case.label,
+                      params=case.params, backend=backends, device={}, dtype=case.dtype,
+                      metrics=metrics, status=status, reason=reason, kind=kind)
 
     def attribute(self, case: Case, a: str, x: Outcome, b: str, y: Outcome,
                   context: Any) -> None:
@@ -435,10 +440,7 @@ class _Run:
                 metrics["hlo_diff"] = hlo
                 ops = ", ".join(f"{op} {n1}->{n2}" for op, (n1, n2) in hlo["ops"].items())
                 reason += f"; compiled HLO differs ({ops or 'no op count changes'})"
-        self.emit(Record(op=case.op, probe=f"{self.suite.name}.{case.probe}",
-                         case=case.label, params=case.params, backend=f"{a}|{b}", device={},
-                         dtype=case.dtype, metrics=metrics, status=status, reason=reason,
-                         kind="ab"))
+        self.emit(self._pair_record(case, f"{a}|{b}", "ab", status, reason, metrics))
 
     def hlo_diff(self, case: Case, a: str, b: str) -> dict | None:
         """The compiled-HLO difference between two variants of a case, written to the run

@@ -37,7 +37,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from diag.errors import SuiteError
-from diag.probes import PRECISION_VIA, PROBES
+from diag.probes import PROBES
 
 __all__ = ["Case", "Suite", "load_suite", "suite_names", "SUITE_DIR"]
 
@@ -148,7 +148,7 @@ def _shape_dims(path: Path, where: str, shape: Any, sweep: dict | None,
 
 def _grid_values(path: Path, where: str, value: Any, typ, allowed) -> list:
     """One value or a list of values of a grid parameter, type- and range-checked."""
-    values = value if isinstance(value, list) else [value]
+    values = list(value) if isinstance(value, list) else [value]  # never the probe's default
     if not values:
         raise SuiteError(str(path), where, "expected a value or a non-empty list")
     what = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
@@ -221,8 +221,6 @@ def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int
     dtypes = _str_list(path, f"{where}.dtypes", entry.get("dtypes"), probe.dtypes)
     grid = {name: _grid_values(path, f"{where}.{name}", entry.get(name, default), typ, allowed)
             for name, (typ, allowed, default) in probe.params.items()}
-    if op == "matmul" and "precision_via" not in entry:
-        grid["precision_via"] = list(PRECISION_VIA)
 
     sweep = _expect(path, f"{where}.sweep", entry.get("sweep", {}), dict, "a table of lists")
     for key, values in sweep.items():

@@ -98,9 +98,6 @@ def _named_outputs(out) -> list[tuple[str, object]]:
     return [("output", out)]
 
 
-_FLOAT_NAMES = ("float32", "bfloat16", "float16", "float64", "float8_e4m3fn", "float8_e5m2")
-
-
 def _hunt(fn, args) -> dict:
     """Where a non-finite output was born (`diag.nan.locate`), for the record's reason."""
     try:
@@ -152,21 +149,21 @@ def run_job(job: dict, stream) -> None:
                 backend.block(out)
                 samples.append(time.perf_counter() - t0)
             outputs = []
+            finite = True
             for i, (name, value) in enumerate(_named_outputs(out)):
                 host = np.array(backend.get(value))
                 if fault == "corrupt" and i == 0:
                     host.flat[0] = host.flat[0] * 2
                 path = os.path.join(out_dir, f"{case['id']}.{label}.{i}.npy")
-                is_float = host.dtype.kind == "f" or host.dtype.name == "bfloat16"
+                is_float = numerics.is_supported(host.dtype)  # float dtypes diag handles
+                if is_float:
+                    finite &= bool(np.isfinite(host.astype(np.float64)).all())
                 np.save(path, numerics.bits_view(host) if is_float else host)
                 outputs.append({"name": name, "path": path, "shape": list(host.shape),
                                 "dtype": (numerics.dtype_name(host.dtype) if is_float
                                           else host.dtype.name)})
             nan_report = None
-            if getattr(fn, "hunt_nans", False) and not all(
-                    np.isfinite(np.asarray(numerics.from_bits(np.load(o["path"]), o["dtype"]),
-                                           dtype=np.float64)).all()
-                    for o in outputs if o["dtype"] in _FLOAT_NAMES):
+            if getattr(fn, "hunt_nans", False) and not finite:
                 nan_report = _hunt(fn, args)
             hlo = None
             if job.get("hlo") and hasattr(backend, "hlo_text"):
