@@ -73,3 +73,34 @@ def tiny_suite(tmp_path):
 def _isolated_cache(tmp_path, monkeypatch):
     """Tests never touch the user's ground-truth cache."""
     monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "gt-cache"))
+
+
+REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+def diag_script() -> str:
+    """The installed `diag` console script: what a user's shell runs."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    found = shutil.which("diag") or str(Path(sys.executable).with_name("diag"))
+    assert Path(found).exists(), "the `diag` console script is not installed (pip install -e .)"
+    return found
+
+
+def run_diag(*args: str, env: dict | None = None, timeout: float = 300, cwd=None,
+             input: str | None = None):
+    """Run the real `diag` entry point in a subprocess, as a shell would.
+
+    PYTHONPATH puts this checkout first, so the script runs the code under test even when
+    the editable install points at another checkout.
+    """
+    import os
+    import subprocess
+
+    full = {**os.environ, **(env or {})}
+    full["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + full["PYTHONPATH"]
+                                           if full.get("PYTHONPATH") else "")
+    return subprocess.run([diag_script(), *args], capture_output=True, text=True,
+                          timeout=timeout, env=full, cwd=cwd, input=input)
