@@ -126,7 +126,7 @@ def cache_info(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir")) ->
 
 @cache_app.command("clear")
 def cache_clear(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir")) -> None:
-    """Delete every cached ground-truth result."""
+    """Delete diag's cached ground-truth results (only in a folder diag marked as its cache)."""
     from diag import render
     from diag.oracle.cache import GroundTruthCache, default_cache_dir
 
