@@ -221,6 +221,8 @@ def nodes_cmd(
             render.console.print(table)
         for line in render.nodes_summary(result, run_dir):
             render.console.print(line, markup=False)
+        for outcome in (result.get("selftest") or {}).get("injections", []):
+            render.console.print(f"diag: {outcome['text']}", markup=False)
         if report_path:
             render.console.print(f"diag: report: {report_path}", markup=False)
     raise typer.Exit(result["exit_code"])

@@ -196,9 +196,23 @@ class GroundTruthCache:
             return None
         return npy
 
+    def mark(self) -> bool:
+        """Create the cache folder and mark it as diag's, as the first write does.
+
+        An existing folder is marked only when it holds nothing but diag's own files (an older
+        diag's cache, golden digests), never a folder of other files.
+
+        Returns:
+            Whether the folder is marked now.
+
+        Raises:
+            OSError: the folder or the marker cannot be written.
+        """
+        self._ready = False
+        self._ensure_root()
+        return self.marked
+
     def _ensure_root(self) -> None:
-        """Create the cache folder, marking it; an existing folder is marked only when it holds
-        nothing but diag's entries (an older diag's cache), never a folder of other files."""
         if self._ready:
             return
         if not self.marked:
