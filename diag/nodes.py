@@ -1260,6 +1260,7 @@ def write_run(nodes: Mapping[str, Any], out: os.PathLike | str = "reports",
     run.update_meta(state="finished", finished=time.time(), command="nodes",
                     exit_code=nodes.get("exit_code"),
                     nodes={"verdict": nodes.get("verdict"),
+                           "selftest": (nodes.get("selftest") or {}).get("verdict"),
                            "suspects": len(nodes.get("suspects", [])),
                            "devices": len(nodes.get("devices", []))})
     return run.path
@@ -1304,6 +1305,8 @@ def report_context(nodes: Mapping[str, Any]) -> dict[str, Any]:
         "suspects": list(nodes.get("suspects", [])), "slow": list(nodes.get("slow", [])),
         "rows": rows, "hosts": list(nodes.get("hosts", [])), "detection": detection,
         "detection_formula": det.get("formula", ""),
-        "notes": list(nodes.get("notes", [])),
+        # A self-test's outcome is the first thing to read when faults were injected.
+        "notes": [o.get("text", "") for o in (nodes.get("selftest") or {}).get("injections", [])]
+        + list(nodes.get("notes", [])),
         "injections": [i.get("text", "") for i in nodes.get("injections", [])],
     }

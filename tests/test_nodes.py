@@ -255,7 +255,11 @@ def test_injected_fault_that_never_fires_is_a_failed_self_test_with_the_repeats_
     assert "never fired in 2 repeat(s) x 1 workload(s)" in outcome["text"]
     assert outcome["text"].endswith(f"use --repeats {need}")
     run = tmp_path / "runs" / os.path.basename(data["run_dir"])
-    assert json.loads((run / "run.json").read_text())["exit_code"] == 1
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["exit_code"] == 1 and meta["nodes"]["selftest"] == "missed"
+    html = (run / "report.html").read_text()
+    section = html[html.index('<section id="nodes"'):html.index('<section id="failures"')]
+    assert "self-test FAILED" in section and f"--repeats {need}" in section
 
 
 @needs_jax
