@@ -126,7 +126,7 @@ def cache_info(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir")) ->
 
 @cache_app.command("clear")
 def cache_clear(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir")) -> None:
-    """Delete every cached ground-truth result."""
+    """Delete diag's cached ground-truth results (only in a folder diag marked as its cache)."""
     from diag import render
     from diag.oracle.cache import GroundTruthCache, default_cache_dir
 
@@ -221,6 +221,8 @@ def nodes_cmd(
             render.console.print(table)
         for line in render.nodes_summary(result, run_dir):
             render.console.print(line, markup=False)
+        for outcome in (result.get("selftest") or {}).get("injections", []):
+            render.console.print(f"diag: {outcome['text']}", markup=False)
         if report_path:
             render.console.print(f"diag: report: {report_path}", markup=False)
     raise typer.Exit(result["exit_code"])

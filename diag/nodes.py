@@ -49,12 +49,14 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from diag.errors import EXIT_BAD_NODE, EXIT_OK, DiagError, UsageError
+from diag.errors import (EXIT_BAD_NODE, EXIT_NUMERICAL_FAILURE, EXIT_OK, DiagError,
+                         UsageError)
 from diag.numerics import (NAN_ULP, as_dtype, bits_view, dtype_name, is_supported,
                            ulp_distance)
 
 __all__ = [
     "BUILTIN_WORKLOADS",
+    "EXIT_SELFTEST_MISSED",
     "FAULT_KINDS",
     "INPUTS_PER_WORKLOAD",
     "NODES_SCHEMA",
@@ -64,8 +66,10 @@ __all__ = [
     "Workload",
     "analyze",
     "builtin_workload",
+    "check_injections",
     "default_golden_dir",
     "detection_probability",
+    "injection_outcomes",
     "load_workload",
     "parse_injection",
     "repeats_for",
@@ -79,6 +83,9 @@ GOLDEN_SCHEMA = "diag.golden/1"
 #: Distinct seeded inputs per workload; repeat r uses input r % INPUTS_PER_WORKLOAD.
 INPUTS_PER_WORKLOAD = 2
 FAULT_KINDS = ("nan", "bitflip", "stuck", "slow")
+#: Exit code when an injected fault was not found and no device is a suspect: the self-test
+#: is a check that failed (1), not a bad device (3: none was named), not bad usage (2).
+EXIT_SELFTEST_MISSED = EXIT_NUMERICAL_FAILURE
 _DIGEST_BYTES = 32
 _NAME_BYTES = 64
 
@@ -271,6 +278,15 @@ class Injection:
         return ((self.device is None or self.device == device_id)
                 and (self.process is None or self.process == process_index))
 
+    def spec(self) -> str:
+        """The ``--inject`` text that gives this injection back."""
+        parts = [f"device={self.device}" if self.device is not None else "",
+                 f"process={self.process}" if self.process is not None else "",
+                 f"kind={self.kind}", f"rate={self.rate:g}",
+                 f"seed={self.seed}" if self.seed else "",
+                 f"delay={self.delay:g}" if self.kind == "slow" else ""]
+        return ",".join(p for p in parts if p)
+
     def describe(self) -> str:
         where = ", ".join(p for p in (f"device {self.device}" if self.device is not None else "",
                                       f"process {self.process}" if self.process is not None
@@ -348,6 +364,128 @@ def _detection(repeats: int, workloads: int, injections: Sequence[Injection]) ->
         "rows": [{"rate": p, "p_detect": detection_probability(p, repeats, workloads),
                   "repeats_for_99": repeats_for(p, workloads, 0.99)} for p in rates],
     }
+
+
+def check_injections(injections: Sequence[Injection],
+                     devices: Sequence[tuple[int, int]]) -> None:
+    """Refuse an injection that matches no scanned device: a self-test that cannot fail.
+
+    Args:
+      injections: the requested faults.
+      devices: (device id, process index) of every device the scan covers.
+
+    Raises:
+      UsageError: an injection names a device or process (or pair) that is not scanned.
+    """
+    pairs = sorted(set(devices))
+    for inj in injections:
+        if any(inj.applies_to(d, p) for d, p in pairs):
+            continue
+        ids = sorted({d for d, _ in pairs})
+        procs = sorted({p for _, p in pairs})
+        have = f"device ids {_id_ranges(ids)}"
+        if len(procs) > 1 or inj.process is not None:
+            have += f" on process(es) {_id_ranges(procs)}"
+        if inj.device is not None and inj.device not in ids:
+            what = f"no device {inj.device}"
+        elif inj.process is not None and inj.process not in procs:
+            what = f"no process {inj.process}"
+        else:
+            what = f"device {inj.device} is not on process {inj.process}"
+        raise UsageError(f"--inject {inj.spec()!r}: {what} in this scan ({have}); name one of "
+                         "the scanned devices")
+
+
+def _id_ranges(ids: Sequence[int]) -> str:
+    """[0, 1, 2, 3, 7] -> "0-3, 7"."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def injection_outcomes(nodes: Mapping[str, Any], injections: Sequence[Injection],
+                       slow_factor: float = 1.5) -> list[dict[str, Any]]:
+    """Whether the scan found each injected fault: a self-test that missed must say so.
+
+    A corrupting injection (nan, bitflip, stuck) is found when a device it applies to got a
+    faulty call that diag flagged and is named a suspect; a ``slow`` one when such a device is
+    reported slow (or suspect for it). Not found has two causes, told apart because the cure
+    differs: the fault never fired (rate x calls too small: more repeats, the number given), or
+    it fired and diag could not see it (no reference to compare with, or a fault that left the
+    bits unchanged; a straggler is judged by its fastest repeat, so a ``slow`` fault needs
+    rate=1).
+
+    Args:
+      nodes: the verdict (``devices``, ``repeats``, ``workloads``) of `scan` / `analyze`.
+      injections: the faults this process was asked to inject.
+      slow_factor: the straggler threshold the scan used.
+
+    Returns:
+      One dict per injection: ``spec``, ``kind``, ``rate``, ``devices`` (ids it applied to),
+      ``fired`` and ``caught`` calls, ``found`` (bool), ``repeats_for_99`` (None for slow) and
+      ``text``, one line for people.
+    """
+    repeats = int(nodes.get("repeats") or 1)
+    n_work = max(len(nodes.get("workloads") or []), 1)
+    calls = repeats * n_work
+    out = []
+    for inj in injections:
+        devs = [d for d in nodes.get("devices", [])
+                if inj.applies_to(d["device_id"], d["process_index"])]
+        fired = sum(int(d.get("injected_calls") or 0) for d in devs)
+        caught = sum(int(d.get("injected_caught") or 0) for d in devs)
+        hit = [d for d in devs if d.get("injected_calls")]
+        if inj.kind == "slow":
+            found = any("slow" in d.get("kinds", []) for d in hit)
+            r99 = None
+        else:
+            found = any(d.get("verdict") == "suspect" and d.get("injected_caught")
+                        for d in hit)
+            r99 = repeats_for(inj.rate, n_work, 0.99)
+        where = f"the injected {inj.describe()}"
+        if found:
+            text = (f"self-test passed: {where} was found ({caught} of {fired} faulty call(s) "
+                    "flagged)" if inj.kind != "slow" else
+                    f"self-test passed: {where} was found (the device is reported slow)")
+        elif fired == 0:
+            p = detection_probability(inj.rate, repeats, n_work)
+            text = (f"self-test FAILED: {where} never fired in {repeats} repeat(s) x {n_work} "
+                    f"workload(s) = {calls} call(s) per device (chance it fires at least once: "
+                    f"{100 * p:.3g}%), so nothing was tested")
+            if r99 is not None:
+                text += f"; to expect to see it (99%) use --repeats {r99}"
+            elif inj.rate < 1:
+                text += ("; a slow fault needs rate=1 to be seen (stragglers are judged by "
+                         "their fastest repeat)")
+        elif inj.kind == "slow":
+            why = ("a straggler is judged by its fastest repeat, so a slow fault needs rate=1"
+                   if inj.rate < 1 else
+                   "two or more devices are needed to compare times" if
+                   len(nodes.get("devices", [])) < 2 else
+                   f"the delay did not lift its fastest repeat above {slow_factor:g} x the "
+                   f"median device; inject a longer delay=SECONDS")
+            text = f"self-test FAILED: {where} fired but the device was not reported slow: {why}"
+        else:
+            refs = nodes.get("references") or {}
+            if refs.get("majority") or refs.get("golden"):
+                why = "the faulty outputs' bits equal the reference (the fault changed nothing)"
+            else:
+                why = ("there was no reference to compare with (too few devices for a majority "
+                       "and no stored golden digest), and " +
+                       (f"with {repeats} repeat(s) no input is seen twice"
+                        if repeats <= INPUTS_PER_WORKLOAD else
+                        "the device's repeats of the same input agreed with each other"))
+            text = (f"self-test FAILED: {where} fired on {fired} call(s) but diag flagged "
+                    f"{caught}: {why}")
+        out.append({"spec": inj.spec(), "kind": inj.kind, "rate": inj.rate,
+                    "devices": [d["device_id"] for d in devs], "fired": fired,
+                    "caught": caught, "found": bool(found), "repeats_for_99": r99,
+                    "text": text})
+    return out
 
 
 def _corrupt(out: np.ndarray, kind: str, stale: np.ndarray, rng: np.random.Generator):
@@ -635,6 +773,18 @@ def default_golden_dir() -> Path:
     if os.environ.get("DIAG_CACHE_DIR"):
         return Path(os.environ["DIAG_CACHE_DIR"]).expanduser() / "golden"
     return Path.home() / ".cache" / "diag" / "golden"
+
+
+def _mark_cache_folder(gdir: Path) -> None:
+    """When the golden store lives in diag's cache folder (``$DIAG_CACHE_DIR/golden``), mark
+    that folder as diag's, so `diag cache clear` accepts the folder diag created."""
+    from diag.oracle.cache import GroundTruthCache, default_cache_dir
+
+    if Path(gdir) == default_cache_dir() / "golden":
+        try:
+            GroundTruthCache(default_cache_dir()).mark()
+        except OSError:  # saving the golden digests reports any real write problem
+            pass
 
 
 def _safe(text: str) -> str:
@@ -951,11 +1101,18 @@ def scan(*, workloads: Optional[Sequence[Workload]] = None, repeats: int = 10, s
 
     Returns:
       The nodes.json data: the verdict of `analyze` plus ``process_index``,
-      ``num_processes``, ``workloads``, ``golden``, ``injections``, ``detection``, timings.
-      Every process returns the same verdict; only ``process_index`` differs.
+      ``num_processes``, ``workloads``, ``golden``, ``injections``, ``detection``,
+      ``selftest`` (None without injections, else ``{"verdict": "found" | "missed",
+      "injections": injection_outcomes(...)}``), timings. ``exit_code`` is 3 with a suspect,
+      else `EXIT_SELFTEST_MISSED` (1) when an injected fault was not found, else 0. Every
+      process returns the same verdict; only ``process_index`` differs (and ``selftest``,
+      which covers the injections that process was given).
 
     Raises:
-      UsageError: bad arguments, or jax already started with another device count.
+      UsageError: bad arguments, jax already started with another device count, an
+        injection that matches no scanned device, or (`diag.flags.BadFlag`) a flag in
+        XLA_FLAGS that XLA refuses, found in a throwaway process before jax is imported
+        here (XLA would abort this one).
       NodeScanError: jax missing, distributed start-up failed, or a workload raised.
     """
     if repeats < 1:
@@ -969,6 +1126,11 @@ def scan(*, workloads: Optional[Sequence[Workload]] = None, repeats: int = 10, s
     if len(set(names)) != len(names):
         raise UsageError(f"workload given twice: {', '.join(names)}")
     t_start = time.perf_counter()
+    if "jax" not in sys.modules:
+        # XLA aborts the whole process on a flag it does not know; find out in a throwaway one.
+        from diag.flags import validate_xla_flags
+
+        validate_xla_flags()
     jax = _import_jax(host_devices)
     # Gloo prints on stdout; --json output must stay parseable.
     with _StdoutToStderr() if distributed else contextlib.nullcontext():
@@ -980,8 +1142,10 @@ def scan(*, workloads: Optional[Sequence[Workload]] = None, repeats: int = 10, s
             platform = platform or ("cpu" if host_devices is not None else None)
             try:
                 devices = jax.local_devices(backend=platform) if platform else jax.local_devices()
+                every = jax.devices(platform) if platform else jax.devices()
             except RuntimeError as e:
                 raise UsageError(f"--platform {platform}: {str(e).splitlines()[0]}") from None
+            check_injections(injections, [(int(d.id), int(d.process_index)) for d in every])
             pid, nproc = jax.process_index(), jax.process_count()
             host = socket.gethostname()
             t_run = time.perf_counter()
@@ -1010,12 +1174,22 @@ def scan(*, workloads: Optional[Sequence[Workload]] = None, repeats: int = 10, s
                     pass
     obs = Observations(devs, names, digests, nan, inf, times, injected, ulps)
     result = analyze(obs, golden, slow_factor=slow_factor, fail_on_slow=fail_on_slow)
+    selftest = None
+    if injections:
+        outcomes = injection_outcomes({**result, "repeats": repeats, "workloads": names},
+                                      injections, slow_factor)
+        missed = [o for o in outcomes if not o["found"]]
+        selftest = {"verdict": "missed" if missed else "found", "injections": outcomes}
+        if missed and not result["suspects"]:
+            # A self-test that did not see its own fault must not read as a clean fleet.
+            result["exit_code"] = EXIT_SELFTEST_MISSED
     golden_info: dict[str, Any] = {"path": str(gpath), "compared": sorted(golden),
                                    "saved": 0}
     if save_golden:
         if result["suspects"]:
             result["notes"].append("golden not saved: the scan found suspects")
         elif pid == 0:
+            _mark_cache_folder(gdir)
             golden_info["saved"] = _save_golden(gpath, keys, digests, {
                 "platform": plat, "device_kind": kind, **versions, "host": host,
                 "devices": len(devs)})
@@ -1031,6 +1205,7 @@ def scan(*, workloads: Optional[Sequence[Workload]] = None, repeats: int = 10, s
                         "process": i.process, "seed": i.seed, "text": i.describe()}
                        for i in injections],
         "detection": _detection(repeats, len(workloads), injections),
+        "selftest": selftest,
         "local_devices": len(devices), "compile_seconds": local.compile_s,
         "scan_seconds": run_s - local.compile_s,
         "seconds_per_device": (run_s - local.compile_s) / max(len(devices), 1),
@@ -1085,6 +1260,7 @@ def write_run(nodes: Mapping[str, Any], out: os.PathLike | str = "reports",
     run.update_meta(state="finished", finished=time.time(), command="nodes",
                     exit_code=nodes.get("exit_code"),
                     nodes={"verdict": nodes.get("verdict"),
+                           "selftest": (nodes.get("selftest") or {}).get("verdict"),
                            "suspects": len(nodes.get("suspects", [])),
                            "devices": len(nodes.get("devices", []))})
     return run.path
@@ -1129,6 +1305,8 @@ def report_context(nodes: Mapping[str, Any]) -> dict[str, Any]:
         "suspects": list(nodes.get("suspects", [])), "slow": list(nodes.get("slow", [])),
         "rows": rows, "hosts": list(nodes.get("hosts", [])), "detection": detection,
         "detection_formula": det.get("formula", ""),
-        "notes": list(nodes.get("notes", [])),
+        # A self-test's outcome is the first thing to read when faults were injected.
+        "notes": [o.get("text", "") for o in (nodes.get("selftest") or {}).get("injections", [])]
+        + list(nodes.get("notes", [])),
         "injections": [i.get("text", "") for i in nodes.get("injections", [])],
     }

@@ -22,9 +22,9 @@ import pytest
 
 from diag import nodes
 from diag.errors import UsageError
-from tests.conftest import needs_jax
+from tests.conftest import REPO_ROOT, diag_script, needs_jax, run_diag
 
-DIAG = [sys.executable, "-m", "diag.cli"]
+DIAG = [diag_script()]  # the console script a user's shell runs
 
 
 def _obs(digests, times=None, nan=None):
@@ -168,14 +168,14 @@ def test_golden_store_is_outside_what_cache_clear_removes(tmp_path, monkeypatch)
     path = nodes.golden_path(nodes.default_golden_dir(), "cpu", "cpu",
                              {"jax": "1", "jaxlib": "1"})
     keys = {"w0": "w0/v1"}
+    nodes._mark_cache_folder(nodes.default_golden_dir())  # what scan(save_golden=True) does
     nodes._save_golden(path, keys, np.array([[["a0", "a1"]]] * 3, dtype=object), {})
     GroundTruthCache(default_cache_dir()).clear()
     assert nodes._load_golden(path, keys) == {"w0": ["a0", "a1"]}
 
 
 def test_bad_injection_on_the_command_line_exits_2_with_one_line():
-    out = subprocess.run(DIAG + ["nodes", "--inject", "device=1,kind=melt"],
-                         capture_output=True, text=True, timeout=60)
+    out = run_diag("nodes", "--inject", "device=1,kind=melt", timeout=60)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         "diag: --inject 'device=1,kind=melt': kind must be one of nan, bitflip, stuck, slow"]
@@ -183,10 +183,9 @@ def test_bad_injection_on_the_command_line_exits_2_with_one_line():
 
 # --- end to end on CPU host devices ----------------------------------------------------------
 
-def _scan(*args, tmp_path, timeout=120):
-    out = subprocess.run(DIAG + ["nodes", "--json", "--out", str(tmp_path / "runs"), *args],
-                         capture_output=True, text=True, timeout=timeout,
-                         env={**os.environ, "DIAG_CACHE_DIR": str(tmp_path / "cache")})
+def _scan(*args, tmp_path, timeout=120, env=None):
+    out = run_diag("nodes", "--json", "--out", str(tmp_path / "runs"), *args, timeout=timeout,
+                   env={"DIAG_CACHE_DIR": str(tmp_path / "cache"), **(env or {})})
     data = json.loads(out.stdout) if out.stdout.strip().startswith("{") else None
     return out, data
 
@@ -216,6 +215,8 @@ def test_injected_1_percent_fault_on_one_device_is_named(tmp_path):
     assert dev5["mismatched_calls"] == dev5["injected_calls"]
     row = next(r for r in data["detection"]["rows"] if r["rate"] == 0.01)
     assert row["p_detect"] >= 0.99
+    assert data["selftest"]["verdict"] == "found"
+    assert [o["found"] for o in data["selftest"]["injections"]] == [True]
     run = tmp_path / "runs" / os.path.basename(data["run_dir"])
     saved = json.loads((run / "nodes.json").read_text())
     assert saved["suspects"] == data["suspects"]
@@ -229,10 +230,126 @@ def test_golden_digest_names_the_bad_one_of_two_devices(tmp_path):
     base = ["--host-devices", "2", "--repeats", "4", "-w", "matmul_f32"]
     out, data = _scan(*base, "--save-golden", tmp_path=tmp_path)
     assert out.returncode == 0 and data["golden"]["saved"] == 1, out.stderr
+    cleared = run_diag("cache", "clear", env={"DIAG_CACHE_DIR": str(tmp_path / "cache")})
+    assert cleared.returncode == 0, cleared.stderr  # diag's folder, and the golden stays
     out, data = _scan(*base, "--inject", "device=1,kind=stuck,rate=1", tmp_path=tmp_path)
     assert out.returncode == 3, out.stderr
     assert data["golden"]["compared"] == ["matmul_f32"]
     assert [s["device_id"] for s in data["suspects"]] == [1]
+
+
+@needs_jax
+def test_injected_fault_that_never_fires_is_a_failed_self_test_with_the_repeats_needed(
+        tmp_path):
+    # 8 devices, 2 repeats x 1 workload at rate 0.001: P(fire) = 0.2%; the seeded draw does
+    # not fire, so the scan sees 8 agreeing devices, which must not read as a passed self-test.
+    out, data = _scan("--host-devices", "8", "--repeats", "2", "-w", "matmul_f32",
+                      "--inject", "device=5,kind=bitflip,rate=0.001", tmp_path=tmp_path)
+    assert data is not None, out.stderr
+    assert data["devices"][5]["injected_calls"] == 0 and data["suspects"] == []
+    assert out.returncode == 1 == data["exit_code"] == nodes.EXIT_SELFTEST_MISSED
+    (outcome,) = data["selftest"]["injections"]
+    need = nodes.repeats_for(0.001, 1, 0.99)
+    assert (outcome["found"], outcome["fired"], outcome["repeats_for_99"]) == (False, 0, need)
+    assert data["selftest"]["verdict"] == "missed"
+    assert "never fired in 2 repeat(s) x 1 workload(s)" in outcome["text"]
+    assert outcome["text"].endswith(f"use --repeats {need}")
+    run = tmp_path / "runs" / os.path.basename(data["run_dir"])
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["exit_code"] == 1 and meta["nodes"]["selftest"] == "missed"
+    html = (run / "report.html").read_text()
+    section = html[html.index('<section id="nodes"'):html.index('<section id="failures"')]
+    assert "self-test FAILED" in section and f"--repeats {need}" in section
+
+
+@needs_jax
+def test_terminal_says_the_self_test_failed(tmp_path):
+    out = run_diag("nodes", "--no-report", "--out", str(tmp_path / "runs"), "--host-devices",
+                   "4", "--repeats", "2", "-w", "matmul_f32", "--inject",
+                   "device=2,kind=nan,rate=0.001", env={"COLUMNS": "400"}, timeout=120)
+    assert out.returncode == 1, out.stderr
+    need = nodes.repeats_for(0.001, 1, 0.99)
+    lines = (out.stdout + out.stderr).splitlines()
+    failed = [line for line in lines if line.startswith("diag: self-test FAILED: ")]
+    assert len(failed) == 1 and failed[0].endswith(f"use --repeats {need}"), lines
+
+
+@needs_jax
+def test_injected_fault_that_fires_but_cannot_be_seen_is_a_failed_self_test(tmp_path):
+    # One device, one repeat: no majority, no golden digest, no input seen twice.
+    out, data = _scan("--host-devices", "1", "--repeats", "1", "-w", "matmul_f32",
+                      "--inject", "device=0,kind=bitflip,rate=1", tmp_path=tmp_path)
+    assert out.returncode == 1, out.stderr
+    (outcome,) = data["selftest"]["injections"]
+    assert outcome["fired"] == data["devices"][0]["injected_calls"] == 1
+    assert outcome["caught"] == 0 and not outcome["found"]
+    assert "no reference to compare with" in outcome["text"]
+
+
+def test_injection_outcomes_tell_never_fired_from_unseen_and_found():
+    # The verdict of a synthetic scan: device 1 had 3 faulty calls; what it was judged decides.
+    def verdict(kinds, caught):
+        devs = [{"device_id": d, "process_index": 0, "verdict": "ok", "kinds": [],
+                 "injected_calls": 0, "injected_caught": 0} for d in range(3)]
+        devs[1].update(kinds=kinds, injected_calls=3, injected_caught=caught,
+                       verdict="suspect" if caught else ("slow" if kinds else "ok"))
+        return {"devices": devs, "repeats": 4, "workloads": ["w0"],
+                "references": {"majority": 4, "golden": 0}}
+
+    slow = nodes.Injection("slow", rate=0.5, device=1)
+    flip = nodes.Injection("bitflip", rate=0.5, device=1)
+    (o,) = nodes.injection_outcomes(verdict([], 0), [slow])
+    assert not o["found"] and "needs rate=1" in o["text"] and o["repeats_for_99"] is None
+    (o,) = nodes.injection_outcomes(verdict(["slow"], 0), [slow])
+    assert o["found"] and o["text"].startswith("self-test passed")
+    (o,) = nodes.injection_outcomes(verdict(["mismatch"], 3), [flip])
+    assert o["found"] and (o["fired"], o["caught"]) == (3, 3)
+    (o,) = nodes.injection_outcomes(verdict([], 0), [flip])
+    assert not o["found"] and "bits equal the reference" in o["text"]
+    other = nodes.Injection("nan", rate=0.01, device=2)  # device 2 got no faulty call
+    (o,) = nodes.injection_outcomes(verdict([], 0), [other])
+    assert not o["found"] and o["fired"] == 0
+    assert o["text"].endswith(f"use --repeats {nodes.repeats_for(0.01, 1, 0.99)}")
+
+
+@needs_jax
+@pytest.mark.parametrize("spec, message", [
+    ("device=99,kind=nan", "--inject 'device=99,kind=nan,rate=1': no device 99 in this scan "
+                           "(device ids 0-3); name one of the scanned devices"),
+    ("process=1,kind=bitflip,rate=0.5", "--inject 'process=1,kind=bitflip,rate=0.5': no "
+                                        "process 1 in this scan (device ids 0-3 on process(es) "
+                                        "0); name one of the scanned devices"),
+])
+def test_injection_that_cannot_apply_exits_2_with_one_line(tmp_path, spec, message):
+    out, data = _scan("--host-devices", "4", "--repeats", "1", "-w", "matmul_f32",
+                      "--inject", spec, tmp_path=tmp_path)
+    assert out.returncode == 2 and data is None
+    assert out.stderr.strip().splitlines() == [f"diag: {message}"]
+    assert not (tmp_path / "runs").exists()
+
+
+@needs_jax
+def test_unknown_xla_flag_exits_2_naming_it_before_jax_starts(tmp_path):
+    out, data = _scan("--host-devices", "2", "--repeats", "1", "-w", "matmul_f32",
+                      tmp_path=tmp_path, env={"XLA_FLAGS": "--xla_nonexistent_flag=1"})
+    assert out.returncode == 2 and data is None, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("diag: XLA_FLAGS: bad flag "
+                                                   "'--xla_nonexistent_flag=1'"), lines
+    assert not (tmp_path / "runs").exists()
+
+
+@needs_jax
+def test_library_scan_refuses_an_unknown_xla_flag_instead_of_dying():
+    code = ("from diag import nodes\n"
+            "from diag.flags import BadFlag\n"
+            "try:\n    nodes.scan(host_devices=2, repeats=1)\n"
+            "except BadFlag as e:\n    print('refused:', e.flag)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(REPO_ROOT),
+                                           "XLA_FLAGS": "--xla_nonexistent_flag=1"})
+    assert out.returncode == 0 and out.stdout == "refused: --xla_nonexistent_flag=1\n", \
+        out.stderr[-2000:]
 
 
 @needs_jax
@@ -281,7 +398,8 @@ def test_three_processes_process_0_names_the_process_that_corrupts(tmp_path):
                 "--workload", f"{workload}:work", "--input-shape", "32,16",
                 "--init-timeout", "60"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "DIAG_CACHE_DIR": str(tmp_path / "cache")}) for i in range(3)]
+        env={**os.environ, "DIAG_CACHE_DIR": str(tmp_path / "cache"),
+             "PYTHONPATH": str(REPO_ROOT)}) for i in range(3)]
     results = [p.communicate(timeout=120) for p in procs]
     codes = [p.returncode for p in procs]
     assert codes == [3, 3, 3], [r[1][-2000:] for r in results]

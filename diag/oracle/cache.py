@@ -4,29 +4,74 @@ The key hashes the op name, every input's dtype, shape and bytes, the output dty
 parameters and `ORACLE_VERSION`; a change to any of them is a different entry, and bumping the
 version when the oracle's arithmetic changes invalidates everything computed before. Values are
 stored as the unsigned-integer bit view (`.npy`, so -0.0 and NaN payloads survive) next to a JSON
-file with the dtype, shape, method and fallback count. Writes go to a temporary file in the same
-directory followed by `os.replace`, so a reader never sees half an entry, even when two runs share
-the directory.
+file with the dtype, shape, method and fallback count.
+
+What the cache promises, because a wrong or missing cache must never change a verdict:
+
+* **Verified reads.** The JSON holds a sha256 over the metadata and the value's bits; `get`
+  recomputes it, and an entry that does not match (a flipped bit on disk, a torn copy) is a miss
+  with a warning, so the oracle recomputes and overwrites it. A corrupt entry would otherwise be
+  a false ``fail`` blamed on the backend.
+* **Never fatal.** A cache that cannot be written (a read-only folder, a HOME where
+  ``~/.cache`` cannot be created) is reported once per process on the ``diag.oracle.cache``
+  logger (stderr by default) and the run goes on uncached.
+* **Deletes only its own files.** When diag creates the cache folder it writes a marker
+  (`MARKER`, in the CACHEDIR.TAG format backup tools know); `clear` refuses a folder without
+  it, and even in a marked folder removes only files named like diag's entries
+  (``<key[:2]>/<key>.npy|.json``).
+* **Atomic, umask-respecting writes.** Each file is written to a temporary name in the same
+  folder and moved into place with `os.replace`, so a reader never sees half an entry, even when
+  two runs share the folder; files are created with mode 0666 less the umask, like every other
+  file diag writes (not `mkstemp`'s 0600).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
-import tempfile
+import re
+import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from diag.errors import DiagError, UsageError
 from diag.numerics import as_dtype, bits_view, dtype_name, from_bits
 
-__all__ = ["ORACLE_VERSION", "CachedTruth", "GroundTruthCache", "default_cache_dir"]
+__all__ = ["MARKER", "ORACLE_VERSION", "CachedTruth", "GroundTruthCache", "NotACache",
+           "default_cache_dir"]
 
 #: Bump when any oracle's arithmetic changes: old entries then stop matching.
 ORACLE_VERSION = "1"
+
+#: The file that marks a folder as diag's cache (CACHEDIR.TAG: backup tools skip the folder).
+MARKER = "CACHEDIR.TAG"
+_MARKER_SIGNATURE = "Signature: 8a477f597d28d172789f06886806bc55"
+_MARKER_TEXT = (f"{_MARKER_SIGNATURE}\n"
+                "# This folder is a diag ground-truth cache (diag.oracle.cache).\n"
+                "# `diag cache clear` deletes diag's entries here and nothing else.\n")
+_MARKER_LINE = "# This folder is a diag ground-truth cache"
+#: An entry file: ``<2 hex>/<64 hex>.npy`` or ``.json``, the 2 hex being the key's first two.
+_ENTRY = re.compile(r"^([0-9a-f]{2})[0-9a-f]{62}\.(npy|json)$")
+_HEX2 = re.compile(r"[0-9a-f]{2}")
+#: diag's own folders that may sit beside the entries (`diag.nodes` keeps golden digests in
+#: ``$DIAG_CACHE_DIR/golden``); `clear` never enters them.
+_DIAG_SUBFOLDERS = ("golden",)
+_TMP_PREFIX = ".tmp-"
+#: A temporary file older than this is a crashed writer's leftover; younger, a live write.
+_STALE_TMP_S = 600.0
+
+log = logging.getLogger(__name__)
+_warned_unwritable: set[str] = set()
+
+
+class NotACache(UsageError):
+    """`clear` was pointed at a folder diag did not create as its cache."""
 
 
 def default_cache_dir() -> Path:
@@ -43,14 +88,33 @@ class CachedTruth:
     meta: dict
 
 
+def _checksum(meta: dict, bits: np.ndarray) -> str:
+    """sha256 over the metadata (without its own checksum) and the value's bits."""
+    h = hashlib.sha256()
+    h.update(json.dumps({k: v for k, v in meta.items() if k != "sha256"},
+                        sort_keys=True).encode())
+    bits = np.ascontiguousarray(bits)
+    h.update(f"|{bits.dtype.str}{bits.shape}|".encode())
+    h.update(bits.tobytes())
+    return h.hexdigest()
+
+
+def _is_entry(path: Path) -> bool:
+    m = _ENTRY.match(path.name)
+    return m is not None and m.group(1) == path.parent.name
+
+
 class GroundTruthCache:
     """Directory of cached oracle results: ``<root>/<key[:2]>/<key>.npy`` + ``.json``."""
 
     def __init__(self, root: Union[str, Path, None] = None):
         """Args:
-        root: cache directory; default `default_cache_dir()`. Created on first write.
+        root: cache directory; default `default_cache_dir()`. Created (and marked) on first
+            write.
         """
         self.root = Path(root) if root is not None else default_cache_dir()
+        self._writable = True
+        self._ready = False  # the folder exists and is marked (or left unmarked on purpose)
 
     @staticmethod
     def key(op: str, inputs: Sequence[np.ndarray], out_dtype, **params: Any) -> str:
@@ -68,33 +132,109 @@ class GroundTruthCache:
         d = self.root / key[:2]
         return d / f"{key}.npy", d / f"{key}.json"
 
+    @property
+    def marked(self) -> bool:
+        """Whether the folder carries diag's cache marker (diag created it)."""
+        try:
+            return _MARKER_LINE in (self.root / MARKER).read_text(errors="replace")
+        except OSError:
+            return False
+
     def get(self, key: str) -> Optional[CachedTruth]:
-        """The entry for `key`, or None if absent or unreadable (a corrupt entry is a miss)."""
+        """The entry for `key`, or None if absent, unreadable or failing its checksum.
+
+        A checksum mismatch is logged (the entry is then recomputed and overwritten by the
+        caller's `put`); an entry without a checksum (written by an older diag) is a silent miss.
+        """
         npy, meta_path = self._paths(key)
         try:
             meta = json.loads(meta_path.read_text())
             bits = np.load(npy, allow_pickle=False)
+            stored = meta.get("sha256")
+            if stored is None:
+                return None
+            if stored != _checksum(meta, bits):
+                log.warning("diag: ground-truth cache entry %s failed its checksum (corrupted "
+                            "on disk); recomputing it", npy)
+                return None
             value = from_bits(bits, meta["dtype"]).reshape(meta["shape"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, DiagError):
             return None
         return CachedTruth(value=value, meta=meta)
 
-    def put(self, key: str, value: np.ndarray, meta: Optional[dict] = None) -> Path:
-        """Store `value` (bit view) and `meta` atomically; returns the .npy path."""
+    def put(self, key: str, value: np.ndarray, meta: Optional[dict] = None) -> Optional[Path]:
+        """Store `value` (bit view) and `meta` atomically; returns the .npy path.
+
+        Returns None, without raising, when the cache cannot be written: the first such failure
+        per folder and process is logged, and this cache object stops trying.
+        """
+        if not self._writable:
+            return None
         npy, meta_path = self._paths(key)
-        npy.parent.mkdir(parents=True, exist_ok=True)
         value = np.ascontiguousarray(value)
+        bits = bits_view(value)
         full = dict(meta or {})
         full.update(dtype=dtype_name(as_dtype(value.dtype)), shape=list(value.shape),
                     oracle_version=ORACLE_VERSION)
-        self._atomic_write(npy, lambda f: np.save(f, bits_view(value), allow_pickle=False))
-        # The .json is written last: get() needs both, so a crash in between leaves a miss.
-        self._atomic_write(meta_path, lambda f: f.write(json.dumps(full, sort_keys=True).encode()))
+        full["sha256"] = _checksum(full, bits)
+        try:
+            self._ensure_root()
+            npy.parent.mkdir(exist_ok=True)
+            self._atomic_write(npy, lambda f: np.save(f, bits, allow_pickle=False))
+            # The .json is written last: get() needs both, so a crash in between leaves a miss.
+            self._atomic_write(meta_path,
+                               lambda f: f.write(json.dumps(full, sort_keys=True).encode()))
+        except OSError as e:
+            self._writable = False
+            where = str(self.root)
+            if where not in _warned_unwritable:
+                _warned_unwritable.add(where)
+                log.warning("diag: ground-truth cache %s is not writable (%s); going on "
+                            "uncached: set DIAG_CACHE_DIR or --cache-dir to a writable folder "
+                            "to keep ground truth between runs", where,
+                            e.strerror or type(e).__name__)
+            return None
         return npy
 
+    def mark(self) -> bool:
+        """Create the cache folder and mark it as diag's, as the first write does.
+
+        An existing folder is marked only when it holds nothing but diag's own files (an older
+        diag's cache, golden digests), never a folder of other files.
+
+        Returns:
+            Whether the folder is marked now.
+
+        Raises:
+            OSError: the folder or the marker cannot be written.
+        """
+        self._ready = False
+        self._ensure_root()
+        return self.marked
+
+    def _ensure_root(self) -> None:
+        if self._ready:
+            return
+        if not self.marked:
+            known = lambda p: (p.name.startswith(_TMP_PREFIX) or (  # noqa: E731
+                p.is_dir() and (_HEX2.fullmatch(p.name) or p.name in _DIAG_SUBFOLDERS)))
+            if not (self.root.is_dir() and not all(known(p) for p in self.root.iterdir())):
+                self.root.mkdir(parents=True, exist_ok=True)
+                self._atomic_write(self.root / MARKER, lambda f: f.write(_MARKER_TEXT.encode()))
+        self._ready = True
+
     @staticmethod
-    def _atomic_write(path: Path, write) -> None:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    def _atomic_write(path: Path, write: Callable) -> None:
+        # O_EXCL with a random name (what mkstemp does) but mode 0666: the umask decides.
+        for _ in range(100):
+            tmp = path.parent / f"{_TMP_PREFIX}{secrets.token_hex(8)}{path.suffix}"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise FileExistsError(f"no free temporary name in {path.parent}")
         try:
             with os.fdopen(fd, "wb") as f:
                 write(f)
@@ -107,32 +247,54 @@ class GroundTruthCache:
             raise
 
     def _files(self) -> list[Path]:
+        """diag's entry files in the folder (nothing else, whatever else is there)."""
         if not self.root.is_dir():
             return []
-        return [p for p in self.root.glob("*/*") if p.is_file() and p.suffix in (".npy", ".json")]
+        return sorted(p for p in self.root.glob("??/*") if p.is_file() and _is_entry(p))
 
     def clear(self) -> int:
-        """Remove every entry; returns the number of files removed."""
+        """Remove diag's entries (and crashed writers' temporary files); returns the count.
+
+        Only files named like entries, in a folder carrying diag's marker, are removed; the
+        marker stays, and any other file is left where it is.
+
+        Raises:
+            NotACache: the folder exists but lacks diag's marker: diag did not create it, so
+                nothing in it is removed.
+        """
+        if not self.root.exists():
+            return 0
+        if not self.marked:
+            raise NotACache(f"{self.root} is not a diag cache folder (no {MARKER} marker "
+                            "written by diag): nothing removed; pass the folder `diag cache "
+                            "info` shows, or delete an old diag cache by hand")
+        now = time.time()
         n = 0
-        for p in self._files():
-            try:
-                p.unlink()
-                n += 1
-            except FileNotFoundError:
-                pass
-        for d in self.root.glob("*") if self.root.is_dir() else []:
-            if d.is_dir():
+        for d in self.root.iterdir():
+            if not (d.is_dir() and _HEX2.fullmatch(d.name)):
+                continue
+            for p in d.iterdir():
+                stale_tmp = (p.name.startswith(_TMP_PREFIX) and p.is_file()
+                             and now - p.stat().st_mtime > _STALE_TMP_S)
+                if not (p.is_file() and _is_entry(p)) and not stale_tmp:
+                    continue
                 try:
-                    d.rmdir()
-                except OSError:
+                    p.unlink()
+                    n += 1
+                except FileNotFoundError:
                     pass
+            try:
+                d.rmdir()  # only when empty: anything else in it stays
+            except OSError:
+                pass
         return n
 
     def info(self) -> dict:
-        """{"path": str, "entries": int, "bytes": int} of the cache directory."""
+        """{"path", "marked", "entries", "bytes"} of the cache directory (diag's files only)."""
         files = self._files()
         return {
             "path": str(self.root),
+            "marked": self.marked,
             "entries": sum(1 for p in files if p.suffix == ".json"),
             "bytes": sum(p.stat().st_size for p in files),
         }
