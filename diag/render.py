@@ -35,7 +35,7 @@ PLAIN_WIDTH = 10_000
 def _console(stderr: bool) -> Console:
     """A rich console; off a terminal, lines are never wrapped (COLUMNS still wins if set)."""
     c = Console(stderr=stderr, highlight=False)
-    if not c.is_terminal and "COLUMNS" not in os.environ:
+    if not c.is_terminal and not os.environ.get("COLUMNS"):
         c = Console(stderr=stderr, highlight=False, width=PLAIN_WIDTH, soft_wrap=True)
     return c
 
@@ -66,7 +66,7 @@ class RunProgress:
 
     On a terminal it is a live bar. Elsewhere (a CI log, a file) a live bar would print
     nothing until the end, so each record is one plain line as it arrives:
-    ``diag run: [12/130] jax-cpu 64x4x64 float32: pass (2.1 s)``.
+    ``diag run: [12/130] jax-cpu matmul.sweep_d4 64x4x64 float32: pass (2.1 s)``.
     """
 
     def __init__(self, enabled: bool = True, live: bool | None = None):
@@ -103,7 +103,7 @@ class RunProgress:
         if not self.live:
             kind = "" if rec.get("kind", "probe") == "probe" else f" ({rec.get('kind')})"
             print_line(f"diag run: [{self._done}/{self._total}] {rec['backend']} "
-                       f"{rec['case']}{kind}: {rec['status']} "
+                       f"{rec['probe']} {rec['case']}{kind}: {rec['status']} "
                        f"({time.monotonic() - self._t0:.1f} s)", err=True)
             sys.stderr.flush()
             return
