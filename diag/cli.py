@@ -245,9 +245,10 @@ def nodes_cmd(
                         save_golden=save_golden, slow_factor=slow_factor,
                         fail_on_slow=fail_on_slow)
     if result["process_index"] != 0:
+        # A log line, not the result: process 0's stdout carries the verdict.
         render.print_line(f"diag: process {result['process_index']} of "
                           f"{result['num_processes']}: {result['verdict']}; process 0 "
-                          "writes the verdict")
+                          "writes the verdict", err=True)
         raise typer.Exit(result["exit_code"])
     run_dir = nodes.write_run(result, out, ["diag"] + sys.argv[1:])
     report_path = None
