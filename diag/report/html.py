@@ -35,13 +35,15 @@ from diag.results import STATUSES, RunDir, worst_status
 __all__ = ["render_report", "write_report"]
 
 # Columns of the verdict table: (header, metric key or None, kind). `kind` picks formatting
-# and sorting: "num" sorts numerically, "text" naturally ("d=64" before "d=128").
+# and sorting: "num" sorts numerically, "text" naturally ("d=64" before "d=128"). The bound
+# ratio decides a verdict, so it leads; the ULP and relative figures follow as evidence (an
+# element that nearly cancels can be a million ULP off in a correct float32 sum).
 METRIC_COLUMNS = (
+    ("bound ratio", "bound_ratio", "num"),
     ("max ULP", "max_ulp", "num"),
     ("p99 ULP", "p99_ulp", "num"),
     ("not corr. rounded", "frac_not_correctly_rounded", "pct"),
     ("max rel err", "max_rel_err", "num"),
-    ("bound ratio", "bound_ratio", "num"),
 )
 
 # Environment keys shown first when present (matched case-insensitively); the rest follow
