@@ -1,7 +1,9 @@
 """diag: do these devices, frameworks and compiler flags compute what the math says?
 
 `import diag` loads no framework (jax, torch, torch_xla); each is imported only inside its
-backend module, in the worker subprocess that runs it. Submodules are loaded on first use.
+backend module, in the worker subprocess that runs it. Submodules are loaded on first use:
+``import diag; diag.nodes.scan(...)`` works without ``import diag.nodes`` (a test reads every
+``diag.<name>`` the README and docs/ mention and touches it after a bare ``import diag``).
 """
 
 from __future__ import annotations
@@ -24,19 +26,27 @@ __all__ = [
     "SuiteError",
     "UsageError",
     "WorkerCrashed",
-    "nan",
-    "numerics",
+    "compare",
+    "environment",
+    "errors",
     "flags",
+    "nan",
+    "nodes",
+    "numerics",
     "oracle",
     "precision",
+    "probes",
     "report",
     "results",
     "run",
+    "runner",
     "suite",
 ]
 
-_LAZY_MODULES = {"numerics", "oracle", "report", "results", "suite", "runner", "precision",
-                 "flags", "nan"}
+# The library's modules, loaded on first attribute access (none imports a framework at
+# import time). `cli` and `render` are the command line's, not the library's.
+_LAZY_MODULES = {"compare", "environment", "errors", "flags", "nan", "nodes", "numerics",
+                 "oracle", "precision", "probes", "report", "results", "runner", "suite"}
 
 
 def run(*args, **kwargs):
@@ -50,3 +60,7 @@ def __getattr__(name: str):
     if name in _LAZY_MODULES:
         return importlib.import_module(f"diag.{name}")
     raise AttributeError(f"module 'diag' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

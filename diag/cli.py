@@ -2,12 +2,18 @@
 
 Exit codes (stable, documented in the README): 0 all good; 1 a numerical check failed;
 2 bad usage or bad input file; 3 a bad device or host was found; 4 a worker crashed or an op
-raised; 130 interrupted (Ctrl-C), the run folder keeps every finished record.
+raised; 70 diag itself failed (a bug: one line, the traceback with --debug); 130 interrupted
+(Ctrl-C) and 143 terminated (SIGTERM), the run folder keeps every finished record.
+
+What the user sees on an error is always one line starting ``diag:`` on stderr: usage
+errors are caught through typer's own exception (`typer.TyperException`, the root of the
+click that typer vendors; the `click` package itself may not be installed).
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -16,14 +22,40 @@ import typer
 
 from diag.errors import DiagError, EXIT_USAGE
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+# no_args_is_help is off: a bare `diag` is a usage error (one line, exit 2), not a help page
+# printed by the parser before diag can say anything.
+app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions_enable=False,
                   help="diag: do these devices, frameworks and compiler flags compute what "
                        "the math says?")
-cache_app = typer.Typer(no_args_is_help=True, help="Inspect or clear the ground-truth cache.")
+cache_app = typer.Typer(no_args_is_help=False, help="Inspect or clear the ground-truth cache.")
 app.add_typer(cache_app, name="cache")
 
 EXIT_INTERRUPTED = 130
+# SIGTERM (a CI job cancelled, a scheduler's preemption): 128 + 15, as a shell reports it.
+EXIT_TERMINATED = 128 + signal.SIGTERM
+# diag itself failed (a bug, not the user's input nor the device): sysexits' EX_SOFTWARE,
+# apart from 1 (a numerical failure, which a CI gate must be able to trust) and from 2-4.
+EXIT_INTERNAL = 70
 _debug = False
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, so every Ctrl-C clean-up path runs for it.
+
+    `diag.runner.run` already turns a KeyboardInterrupt into a run folder marked
+    `interrupted`, its worker killed and its temp folder removed; SIGTERM deserves the same.
+    """
+
+
+_terminated = False
+
+
+def _on_sigterm(signum, frame) -> None:
+    global _terminated
+    if _terminated:  # a second SIGTERM must not cut the clean-up of the first short
+        return
+    _terminated = True
+    raise Terminated("terminated by SIGTERM")
 
 
 def _split(values: Optional[List[str]]) -> Optional[List[str]]:
@@ -72,8 +104,9 @@ def run(
     except runner.Interrupted as e:
         progress.stop()
         n = len(e.result.records)
-        render.print_error(f"diag: interrupted; {n} finished record(s) kept in {e.result.run_dir}")
-        raise typer.Exit(EXIT_INTERRUPTED)
+        why = "terminated (SIGTERM)" if _terminated else "interrupted"
+        render.print_error(f"diag: {why}; {n} finished record(s) kept in {e.result.run_dir}")
+        raise typer.Exit(EXIT_TERMINATED if _terminated else EXIT_INTERRUPTED)
     finally:
         progress.stop()
     report_path = None
@@ -87,14 +120,14 @@ def run(
             "exit_code": result.exit_code, "report": str(report_path) if report_path else None,
             "records": result.records}, default=str))
     else:
-        render.console.print(render.summary_table(result.records))
+        render.out.print(render.summary_table(result.records))
         problems = render.problems_table(result.records)
         if problems is not None:
-            render.console.print(problems)
+            render.out.print(problems)
         counts = ", ".join(f"{v} {k}" for k, v in result.counts.items() if v)
-        render.console.print(f"diag: {counts or 'no records'}; run folder: {result.run_dir}")
+        render.print_line(f"diag: {counts or 'no records'}; run folder: {result.run_dir}")
         if report_path:
-            render.console.print(f"diag: report: {report_path}")
+            render.print_line(f"diag: report: {report_path}")
     raise typer.Exit(result.exit_code)
 
 
@@ -103,15 +136,25 @@ def report_cmd(
     run_dir: Path = typer.Argument(..., help="A run folder (holding run.json and results.jsonl)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the HTML file."),
 ) -> None:
-    """Write a self-contained HTML report for a run folder."""
+    """Write a self-contained HTML report for a run folder.
+
+    Exits 2 when results.jsonl has lines that cannot be read (other than a torn last line):
+    the report is still written, and says how many records it could not show.
+    """
     from diag import render
     from diag.report import write_report
+    from diag.results import read_results
 
     if not (run_dir / "run.json").is_file():
         raise DiagError(f"{run_dir}: not a diag run folder (no run.json); pass the folder "
                         f"that `diag run` printed")
     path = write_report(run_dir, out)
-    render.console.print(f"diag: report: {path}")
+    read = read_results(run_dir)
+    render.print_line(f"diag: report: {path}")
+    for problem in read.problems(run_dir / "results.jsonl"):
+        render.print_error(f"diag: {problem}")
+    if read.unreadable:
+        raise typer.Exit(EXIT_USAGE)
 
 
 @cache_app.command("info")
@@ -132,7 +175,7 @@ def cache_clear(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir")) -
 
     cache = GroundTruthCache(cache_dir or default_cache_dir())
     removed = cache.clear()
-    render.console.print(f"diag: removed {removed} cached file(s) from {cache.root}")
+    render.print_line(f"diag: removed {removed} cached file(s) from {cache.root}")
 
 
 @app.command("nodes")
@@ -202,9 +245,10 @@ def nodes_cmd(
                         save_golden=save_golden, slow_factor=slow_factor,
                         fail_on_slow=fail_on_slow)
     if result["process_index"] != 0:
-        render.console.print(f"diag: process {result['process_index']} of "
-                             f"{result['num_processes']}: {result['verdict']}; process 0 "
-                             "writes the verdict")
+        # A log line, not the result: process 0's stdout carries the verdict.
+        render.print_line(f"diag: process {result['process_index']} of "
+                          f"{result['num_processes']}: {result['verdict']}; process 0 "
+                          "writes the verdict", err=True)
         raise typer.Exit(result["exit_code"])
     run_dir = nodes.write_run(result, out, ["diag"] + sys.argv[1:])
     report_path = None
@@ -218,13 +262,13 @@ def nodes_cmd(
                                          default=str))
     else:
         for table in render.nodes_tables(result):
-            render.console.print(table)
+            render.out.print(table)
         for line in render.nodes_summary(result, run_dir):
-            render.console.print(line, markup=False)
+            render.print_line(line)
         for outcome in (result.get("selftest") or {}).get("injections", []):
-            render.console.print(f"diag: {outcome['text']}", markup=False)
+            render.print_line(f"diag: {outcome['text']}")
         if report_path:
-            render.console.print(f"diag: report: {report_path}", markup=False)
+            render.print_line(f"diag: report: {report_path}")
     raise typer.Exit(result["exit_code"])
 
 
@@ -285,30 +329,75 @@ def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on 
     _debug = debug
 
 
+def _usage_line(e: Exception) -> str:
+    """A typer/click usage error as one `diag:` line that says where help is."""
+    ctx = getattr(e, "ctx", None)
+    if ctx is not None and ctx.command_path:
+        where = ctx.command_path
+    else:  # the parser raised before it made a context: the command is the first known word
+        names = [c.name or c.callback.__name__ for c in app.registered_commands]
+        names += [g.name for g in app.registered_groups]
+        word = next((a for a in sys.argv[1:] if a in names), None)
+        where = f"diag {word}" if word else "diag"
+    text = (e.format_message() if hasattr(e, "format_message") else str(e)).strip()
+    text = " ".join(text.split()).rstrip(".")
+    if not text:
+        text = "missing command"
+    text = text[0].lower() + text[1:]
+    return f"diag: {text}; see '{where} --help'"
+
+
+def _exit_code(code: int) -> int:
+    return EXIT_TERMINATED if _terminated else code
+
+
 def main() -> None:
-    """Console-script entry point: DiagError -> one `diag:` line and its exit code."""
+    """Console-script entry point: every outcome is an exit code, every error one line.
+
+    DiagError -> its message and exit code; a usage error -> one line naming it and where
+    help is, exit 2; Ctrl-C -> 130, SIGTERM -> 143; anything else is a bug in diag -> one line
+    and exit 70. `--debug` adds the traceback (the exit code stays the same).
+    """
+    import traceback
+
+    debug = "--debug" in sys.argv[1:sys.argv.index("--") if "--" in sys.argv else None]
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        # With standalone_mode=False click returns the code a command exits with.
-        code = app(standalone_mode=False)
+        # With standalone_mode=False typer returns the code a command exits with and lets
+        # usage errors through to us; a KeyboardInterrupt comes back as 130.
+        code = app(standalone_mode=False, prog_name="diag")
     except DiagError as e:
-        if _debug:
-            raise
+        if _debug or debug:
+            traceback.print_exc()
+        _fail(str(e))
+        sys.exit(_exit_code(e.exit_code))
+    except typer.Exit as e:
+        sys.exit(_exit_code(e.exit_code))
+    except (typer.Abort, KeyboardInterrupt):
+        sys.exit(_exit_code(EXIT_INTERRUPTED))
+    except typer.TyperException as e:  # bad usage: unknown option/command, bad value
+        if _debug or debug:
+            traceback.print_exc()
+        _fail(_usage_line(e))
+        sys.exit(_exit_code(EXIT_USAGE))
+    except Exception as e:  # a bug in diag: say so in one line, keep the traceback for --debug
+        if _debug or debug:
+            traceback.print_exc()
+        first = " ".join(str(e).split())[:300]
+        _fail(f"diag: internal error: {type(e).__name__}{': ' + first if first else ''}; "
+              "rerun with --debug for the traceback and report it")
+        sys.exit(_exit_code(EXIT_INTERNAL))
+    sys.exit(_exit_code(code if isinstance(code, int) else 0))
+
+
+def _fail(line: str) -> None:
+    """Print one error line on stderr; plain text if rich itself is what failed."""
+    try:
         from diag import render
 
-        render.print_error(str(e))
-        sys.exit(e.exit_code)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except (typer.Abort, KeyboardInterrupt):
-        sys.exit(EXIT_INTERRUPTED)
-    except Exception as e:  # click usage errors arrive here in standalone_mode=False
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(e.exit_code if e.exit_code else EXIT_USAGE)
-        raise
-    sys.exit(code if isinstance(code, int) else 0)
+        render.print_error(line)
+    except Exception:  # noqa: BLE001 - the last resort must not raise
+        print(line, file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,64 +1,118 @@
 """Terminal rendering: the only module that imports rich.
 
 The CLI calls the library and hands what it returns here; nothing here computes a verdict.
+
+Two streams, so a person and a CI log both read it right: `out` (stdout) carries what a
+command found (tables, the summary line, where the report is), `console` (stderr) carries
+progress, logs and errors; `diag run > summary.txt` keeps the verdict and drops the progress.
+Every string that comes from a user, a suite or a record (probe and case names, reasons,
+paths) is escaped before rich sees it: `attn[heads]` is a name, not a style tag.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from collections import defaultdict
 from typing import Any, Iterable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from diag.results import STATUSES, worst_status
 
-__all__ = ["console", "RunProgress", "summary_table", "problems_table", "print_error",
-           "nodes_tables", "nodes_summary", "env_tables", "nan_report_table"]
+__all__ = ["console", "out", "RunProgress", "summary_table", "problems_table", "print_error",
+           "print_line", "nodes_tables", "nodes_summary", "env_tables", "nan_report_table"]
 
-console = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+# Width for a stream that is not a terminal (a CI log, a file): wide enough that no table
+# of diag's is wrapped or folded; rich only pads a table to its content's width.
+PLAIN_WIDTH = 10_000
+
+
+def _console(stderr: bool) -> Console:
+    """A rich console; off a terminal, lines are never wrapped (COLUMNS still wins if set)."""
+    c = Console(stderr=stderr, highlight=False)
+    if not c.is_terminal and not os.environ.get("COLUMNS"):
+        c = Console(stderr=stderr, highlight=False, width=PLAIN_WIDTH, soft_wrap=True)
+    return c
+
+
+console = _console(stderr=True)
+out = _console(stderr=False)
 
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "error": "bold magenta",
           "skip": "dim"}
 
 
 def badge(status: str) -> str:
-    return f"[{_STYLE.get(status, '')}]{status}[/]"
+    return f"[{_STYLE.get(status, '')}]{escape(str(status))}[/]"
 
 
 def print_error(message: str) -> None:
-    console.print(f"[bold red]{message}[/]", markup=True, soft_wrap=True, highlight=False)
+    """One error line on stderr, exactly as given (no markup is read from it)."""
+    console.print(message, style="bold red", markup=False, soft_wrap=True, highlight=False)
+
+
+def print_line(message: str, *, err: bool = False) -> None:
+    """One plain line (no markup read from it, never wrapped) on stdout, or stderr."""
+    (console if err else out).print(message, markup=False, soft_wrap=True, highlight=False)
 
 
 class RunProgress:
-    """A progress bar over planned records, on stderr; a no-op when disabled."""
+    """Progress over the planned records, on stderr; a no-op when disabled.
 
-    def __init__(self, enabled: bool = True):
+    On a terminal it is a live bar. Elsewhere (a CI log, a file) a live bar would print
+    nothing until the end, so each record is one plain line as it arrives:
+    ``diag run: [12/130] jax-cpu matmul.sweep_d4 64x4x64 float32: pass (2.1 s)``.
+    """
+
+    def __init__(self, enabled: bool = True, live: bool | None = None):
         self.enabled = enabled
+        self.live = console.is_terminal if live is None else live
         self._progress: Progress | None = None
         self._task = None
         self._counts: dict[str, int] = defaultdict(int)
+        self._total = 0
+        self._done = 0
+        self._t0 = time.monotonic()
 
     def start(self, total: int, backends: list[str]) -> None:
         if not self.enabled:
+            return
+        self._total, self._t0 = total, time.monotonic()
+        if not self.live:
+            print_line(f"diag run: {total} record(s) planned on backends: "
+                       f"{', '.join(backends) or 'none'}", err=True)
             return
         self._progress = Progress(TextColumn("[bold]diag run[/]"), BarColumn(),
                                   MofNCompleteColumn(), TextColumn("{task.description}"),
                                   TimeElapsedColumn(), console=console, transient=False)
         self._progress.start()
-        self._task = self._progress.add_task(f"backends: {', '.join(backends) or 'none'}",
-                                             total=total)
+        self._task = self._progress.add_task(
+            escape(f"backends: {', '.join(backends) or 'none'}"), total=total)
 
     def record(self, rec: dict[str, Any]) -> None:
         self._counts[rec["status"]] += 1
+        advance = 1 if rec.get("kind", "probe") == "probe" else 0
+        self._done += advance
+        if not self.enabled:
+            return
+        if not self.live:
+            kind = "" if rec.get("kind", "probe") == "probe" else f" ({rec.get('kind')})"
+            print_line(f"diag run: [{self._done}/{self._total}] {rec['backend']} "
+                       f"{rec['probe']} {rec['case']}{kind}: {rec['status']} "
+                       f"({time.monotonic() - self._t0:.1f} s)", err=True)
+            sys.stderr.flush()
+            return
         if not self._progress:
             return
         counts = " ".join(f"{badge(s)} {self._counts[s]}" for s in STATUSES if self._counts[s])
-        advance = 1 if rec.get("kind", "probe") == "probe" else 0
         self._progress.update(self._task, advance=advance,
-                              description=f"{rec['backend']} {rec['case']}  {counts}")
+                              description=f"{escape(str(rec['backend']))} "
+                                          f"{escape(str(rec['case']))}  {counts}")
 
     def stop(self) -> None:
         if self._progress:
@@ -76,19 +130,31 @@ def _num(x: Any) -> str:
     return str(x)
 
 
-def summary_table(records: Iterable[dict[str, Any]]) -> Table:
-    """One row per (probe, backend, dtype): verdict, counts, worst bound ratio and ULP.
+# ULP metrics the summary shows where no error bound applies (see `summary_table`).
+_ULP_KEYS = ("max_ulp", "max_ulp_between", "loss_ulp")
 
+
+def summary_table(records: Iterable[dict[str, Any]]) -> Table:
+    """One row per (probe, backend, dtype): verdict, counts, and the measure that decided.
+
+    The bound ratio (worst error over the error bound of the arithmetic the backend claims)
+    decides wherever a bound applies, so it leads. A ULP figure is shown only for rows with
+    no bound ratio, where ULPs are what the verdict compared (two backends' agreement in ULP,
+    a training step's loss): next to a bound ratio a max ULP misleads, because an element
+    that nearly cancels to zero is millions of ULP off in a perfectly good float32 sum.
     Skips are listed with the problems, not here: they have no probe or dtype.
     """
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
         if r["status"] != "skip":
             groups[(r["probe"].split(".", 1)[-1], r["backend"], r["dtype"])].append(r)
-    table = Table(title="diag: results")
+    table = Table(title="diag: results",
+                  caption="bound ratio: worst error / the error bound of the claimed "
+                          "arithmetic (above 1: less precision than claimed); ULP only where "
+                          "no bound applies")
     for col, justify in (("probe", "left"), ("backend", "left"), ("dtype", "left"),
-                         ("verdict", "left"), ("records", "left"), ("bound ratio", "right"),
-                         ("max ULP", "right")):
+                         ("verdict", "left"), ("bound ratio", "right"), ("ULP", "right"),
+                         ("records", "left")):
         # Wrap rather than cut: `softmax_vocab` and `softmax_hazards` must stay apart.
         table.add_column(col, justify=justify, overflow="fold")
     for (probe, backend, dtype), rs in groups.items():
@@ -96,10 +162,11 @@ def summary_table(records: Iterable[dict[str, Any]]) -> Table:
         counts = ", ".join(f"{statuses.count(s)} {s}" for s in STATUSES if s in statuses)
         ratios = [r["metrics"].get("bound_ratio") for r in rs
                   if isinstance(r["metrics"].get("bound_ratio"), (int, float))]
-        ulps = [r["metrics"].get(k) for r in rs for k in ("max_ulp", "max_ulp_between")
-                if isinstance(r["metrics"].get(k), int)]
-        table.add_row(probe, backend, dtype, badge(worst_status(statuses)), counts,
-                      _num(max(ratios)) if ratios else "—", _num(max(ulps)) if ulps else "—")
+        ulps = [] if ratios else [r["metrics"].get(k) for r in rs for k in _ULP_KEYS
+                                  if isinstance(r["metrics"].get(k), int)]
+        table.add_row(escape(probe), escape(str(backend)), escape(str(dtype)),
+                      badge(worst_status(statuses)), _num(max(ratios)) if ratios else "—",
+                      _num(max(ulps)) if ulps else "—", counts)
     return table
 
 
@@ -114,7 +181,8 @@ def problems_table(records: Iterable[dict[str, Any]], limit: int = 20) -> Table 
     for col in ("status", "backend", "probe", "case", "reason"):
         table.add_column(col, overflow="fold")
     for r in bad[:limit]:
-        table.add_row(badge(r["status"]), r["backend"], r["probe"], r["case"], r["reason"])
+        table.add_row(badge(r["status"]), escape(str(r["backend"])), escape(str(r["probe"])),
+                      escape(str(r["case"])), escape(str(r["reason"])))
     if len(bad) > limit:
         table.caption = f"... and {len(bad) - limit} more in results.jsonl"
     return table
@@ -180,7 +248,8 @@ def nodes_tables(nodes: dict[str, Any]) -> list:
     from diag.numerics import NAN_ULP  # a NaN against a number
 
     kinds = sorted({str(d["kind"]) for d in nodes["devices"]})
-    table = Table(title=f"diag nodes: {len(nodes['devices'])} device(s), {', '.join(kinds)}")
+    table = Table(title=escape(f"diag nodes: {len(nodes['devices'])} device(s), "
+                               f"{', '.join(kinds)}"))
     for col, justify in (("proc", "right"), ("host", "left"), ("device", "right"),
                          ("verdict", "left"), ("wrong", "right"), ("NaN+Inf", "right"),
                          ("max ULP", "right"), ("median", "right"), ("x med", "right"),
@@ -188,14 +257,14 @@ def nodes_tables(nodes: dict[str, Any]) -> list:
         table.add_column(col, justify=justify, overflow="fold")
     for d in nodes["devices"]:
         v = d["verdict"]
-        table.add_row(str(d["process_index"]), d["host"], str(d["device_id"]),
+        table.add_row(str(d["process_index"]), escape(str(d["host"])), str(d["device_id"]),
                       f"[{_NODE_STYLE.get(v, '')}]{v}[/]",
                       f"{d['mismatched_calls']}/{d['calls']}",
                       str(d["nan_count"] + d["inf_count"]),
                       "—" if d["max_ulp"] is None else
                       ("NaN" if d["max_ulp"] >= NAN_ULP else f"{d['max_ulp']:.3g}"),
                       f"{d['time_median_s'] * 1e3:.3g} ms", f"{d['time_ratio']:.2f}",
-                      ", ".join(d["kinds"]) or "—")
+                      escape(", ".join(d["kinds"])) or "—")
     tables = [table]
     if len(nodes["hosts"]) > 1:
         hosts = Table(title="diag nodes: hosts")
@@ -203,12 +272,12 @@ def nodes_tables(nodes: dict[str, Any]) -> list:
             hosts.add_column(col)
         for h in nodes["hosts"]:
             v = h["verdict"]
-            hosts.add_row(str(h["process_index"]), h["host"], str(h["devices"]),
+            hosts.add_row(str(h["process_index"]), escape(str(h["host"])), str(h["devices"]),
                           str(h["suspects"]), str(h["slow"]), f"[{_NODE_STYLE.get(v, '')}]{v}[/]")
         tables.append(hosts)
     det = nodes["detection"]
-    detect = Table(title=f"diag nodes: detection, {det['formula']}, R={det['repeats']}, "
-                         f"W={det['workloads']}")
+    detect = Table(title=escape(f"diag nodes: detection, {det['formula']}, "
+                                f"R={det['repeats']}, W={det['workloads']}"))
     for col in ("fault rate per call", "P(detect) now", "R for 99%"):
         detect.add_column(col, justify="right")
     for row in det["rows"]:

@@ -11,28 +11,33 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from diag.errors import UsageError
+
 __all__ = [
     "SCHEMA",
     "STATUSES",
     "Record",
+    "RecordsRead",
     "RunDir",
     "new_run_id",
     "read_records",
+    "read_results",
     "worst_status",
 ]
 
 SCHEMA = "diag.record/1"
 RUN_SCHEMA = "diag.run/1"
 
-# Ordered from best to worst; `worst_status` relies on this order.
+# Display order (best to worst, a skip beside the passes). Severity is `worst_status`'s
+# business: a skip checked nothing, so it never outranks a checked result.
 STATUSES = ("pass", "skip", "warn", "fail", "error")
+CHECKED = ("pass", "warn", "fail", "error")  # from best to worst
 
 
 @dataclass
@@ -96,33 +101,100 @@ def _finite(obj: Any) -> Any:
 
 
 def worst_status(statuses) -> str:
-    """The worst of the given statuses (`pass` for none)."""
-    return max(statuses, key=STATUSES.index, default="pass")
+    """The verdict of a set of records: the worst status among those that checked something.
+
+    The one verdict function of diag: run.json's `verdict`, the terminal summary and the HTML
+    report all use it. A `skip` checked nothing, so it never outranks a checked result (130
+    passes and 3 skipped backends are a pass); the verdict is `skip` ("nothing was checked")
+    only when no record checked anything, including when there are no records at all.
+
+    Args:
+      statuses: status strings (members of STATUSES).
+
+    Returns:
+      One of STATUSES.
+    """
+    checked = [s for s in statuses if s in CHECKED]
+    return max(checked, key=CHECKED.index) if checked else "skip"
 
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
-def read_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
-    """Yield records from a ``results.jsonl`` file (or a run directory containing one).
+@dataclass
+class RecordsRead:
+    """What reading a ``results.jsonl`` found: the records, and every line it could not read.
 
-    A torn last line (the process was killed mid-write) is skipped, never fatal.
+    Attributes:
+      records: the records, in file order.
+      unreadable: 1-based numbers of lines that are not a JSON object, except a torn last
+        line. Records are appended whole and fsynced, so such a line means the file was
+        damaged or edited: a report that left them out silently could lose a `fail`.
+      torn_last_line: the number of the last line when it is not a JSON object (the host was
+        killed mid-write, the one damage an append-only file expects), else None.
+    """
+
+    records: list[dict[str, Any]]
+    unreadable: list[int] = field(default_factory=list)
+    torn_last_line: int | None = None
+
+    def problems(self, path: str | os.PathLike = "results.jsonl") -> list[str]:
+        """One sentence per kind of damage, for the terminal and the report (none if clean)."""
+        out = []
+        if self.unreadable:
+            shown = ", ".join(map(str, self.unreadable[:10]))
+            more = f", ... ({len(self.unreadable) - 10} more)" if len(self.unreadable) > 10 else ""
+            out.append(f"{len(self.unreadable)} line(s) of {path} could not be read (line "
+                       f"{shown}{more}); the verdict leaves them out, so it may hide a failure")
+        if self.torn_last_line is not None:
+            out.append(f"the last line of {path} (line {self.torn_last_line}) is torn, as a "
+                       "write cut short leaves it; it is left out")
+        return out
+
+
+def read_results(path: str | os.PathLike) -> RecordsRead:
+    """Read a ``results.jsonl`` file (or a run directory holding one), counting bad lines.
+
+    Args:
+      path: the file, or a run folder.
+
+    Returns:
+      RecordsRead: the records, the unreadable lines and a torn last line, if any. A missing
+      file reads as no records.
     """
     p = Path(path)
     if p.is_dir():
         p = p / "results.jsonl"
     if not p.exists():
-        return
-    with p.open() as f:
-        for line in f:
+        return RecordsRead([])
+    records: list[dict[str, Any]] = []
+    bad: list[int] = []
+    last = 0
+    with p.open(encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
             line = line.strip()
             if not line:
                 continue
+            last = number
             try:
-                yield json.loads(line)
+                rec = json.loads(line)
             except json.JSONDecodeError:
-                continue
+                rec = None
+            if isinstance(rec, dict):
+                records.append(rec)
+            else:
+                bad.append(number)
+    torn = bad.pop() if bad and bad[-1] == last else None
+    return RecordsRead(records, bad, torn)
+
+
+def read_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """Yield the readable records of a ``results.jsonl`` file (or a run directory).
+
+    Unreadable lines are left out; call `read_results` to learn how many there were.
+    """
+    yield from read_results(path).records
 
 
 class RunDir:
@@ -149,15 +221,41 @@ class RunDir:
         return run
 
     def read_meta(self) -> dict[str, Any]:
-        with self.run_json.open() as f:
-            return json.load(f)
+        """The contents of run.json.
+
+        Raises:
+          UsageError: run.json is not a JSON object (truncated or edited by hand); the
+            message names the file and where the JSON breaks.
+        """
+        try:
+            with self.run_json.open(encoding="utf-8") as f:
+                meta = json.load(f)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{self.run_json}: not valid JSON ({e.msg} at line {e.lineno}, "
+                             f"column {e.colno}); the run folder is damaged, rerun the "
+                             "suite or restore run.json") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"{self.run_json}: not UTF-8 text; the run folder is damaged, "
+                             "rerun the suite or restore run.json") from None
+        if not isinstance(meta, dict):
+            raise UsageError(f"{self.run_json}: holds a JSON {type(meta).__name__}, not the "
+                             "object diag writes; rerun the suite or restore run.json")
+        return meta
 
     def write_meta(self, meta: dict[str, Any]) -> None:
-        """Replace run.json atomically (write a temp file, then rename)."""
-        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".run.json.")
-        with os.fdopen(fd, "w") as f:
-            json.dump(_finite(meta), f, indent=2, default=str)
-        os.replace(tmp, self.run_json)
+        """Replace run.json atomically (write a temp file, then rename).
+
+        The temp file is created with mode 0666 less the umask, as every other file diag
+        writes (`tempfile.mkstemp` would make run.json 0600, unreadable to a CI artefact
+        uploader running as another user).
+        """
+        tmp = self.path / f".run.json.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        try:
+            with tmp.open("x", encoding="utf-8") as f:
+                json.dump(_finite(meta), f, indent=2, default=str)
+            os.replace(tmp, self.run_json)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def update_meta(self, **fields: Any) -> None:
         meta = self.read_meta()
@@ -174,4 +272,9 @@ class RunDir:
             os.fsync(f.fileno())
 
     def records(self) -> list[dict[str, Any]]:
-        return list(read_records(self.results_jsonl))
+        """The readable records (see `read_results` for the unreadable lines)."""
+        return self.read_results().records
+
+    def read_results(self) -> RecordsRead:
+        """The records and any line of results.jsonl that could not be read."""
+        return read_results(self.results_jsonl)

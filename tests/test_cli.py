@@ -1,6 +1,7 @@
 """The `diag` command as a user runs it: exit codes, one-line errors, JSON, Ctrl-C.
 
-Every test runs the installed console script's module in a subprocess, as a shell would.
+Every test runs the installed `diag` console script in a subprocess, as a shell would
+(`run_diag`); what a command found is on stdout, progress and errors on stderr.
 """
 
 from __future__ import annotations
@@ -9,19 +10,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 
-from tests.conftest import needs_jax, needs_torch
+from tests.conftest import REPO_ROOT, diag_script, needs_jax, needs_torch, run_diag
 
-DIAG = [sys.executable, "-m", "diag.cli"]
-
-
-def diag(*args: str, env: dict | None = None, timeout: float = 300):
-    return subprocess.run(DIAG + list(args), capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+diag = run_diag
 
 
 def test_help_lists_the_commands():
@@ -85,7 +80,7 @@ def test_silently_wrong_output_fails_with_exit_1(tmp_path, tiny_suite):
     out = diag("run", "--suite", tiny_suite, "--backend", "jax-cpu", "--out", str(tmp_path),
                "--no-report", "--repeats", "1", env={"DIAG_WORKER_FAULT": "corrupt@c0002"})
     assert out.returncode == 1, out.stderr
-    assert "fail" in out.stderr and "64x4x64 float32" in out.stderr
+    assert "fail" in out.stdout and "64x4x64 float32" in out.stdout
     (run_dir,) = [p.parent for p in tmp_path.glob("*/run.json")]
     recs = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     (bad,) = [r for r in recs if r["status"] == "fail"]
@@ -99,15 +94,16 @@ def test_worker_crash_exits_4(tmp_path, tiny_suite):
     out = diag("run", "--suite", tiny_suite, "--backend", "jax-cpu", "--out", str(tmp_path),
                "--no-report", "--repeats", "1", env={"DIAG_WORKER_FAULT": "kill@c0000"})
     assert out.returncode == 4
-    assert "killed by SIGKILL" in out.stderr
+    assert "killed by SIGKILL" in out.stdout
 
 
 @needs_jax
 def test_ctrl_c_keeps_finished_records_and_marks_the_run_interrupted(tmp_path, tiny_suite):
-    proc = subprocess.Popen(DIAG + ["run", "--suite", tiny_suite, "--backend", "jax-cpu",
-                                    "--out", str(tmp_path), "--repeats", "1"],
+    proc = subprocess.Popen([diag_script(), "run", "--suite", tiny_suite, "--backend",
+                             "jax-cpu", "--out", str(tmp_path), "--repeats", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "DIAG_WORKER_FAULT": "hang@c0003"})
+                            env={**os.environ, "DIAG_WORKER_FAULT": "hang@c0003",
+                                 "PYTHONPATH": str(REPO_ROOT)})
     deadline = time.time() + 120
     results = None
     while time.time() < deadline:
@@ -145,7 +141,7 @@ def test_cache_info_and_clear(tmp_path):
     info = diag("cache", "info", "--cache-dir", str(tmp_path / "c"))
     assert info.returncode == 0 and json.loads(info.stdout)["entries"] == 1
     cleared = diag("cache", "clear", "--cache-dir", str(tmp_path / "c"))
-    assert cleared.returncode == 0 and "removed" in cleared.stderr
+    assert cleared.returncode == 0 and "removed" in cleared.stdout
     assert json.loads(diag("cache", "info", "--cache-dir", str(tmp_path / "c")).stdout)["entries"] == 0
 
 

@@ -277,3 +277,20 @@ def test_import_diag_report_loads_no_framework_or_matplotlib():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_read_results_counts_every_unreadable_line_and_a_torn_last_line_apart(tmp_path):
+    from diag.results import read_results
+
+    good = '{"status": "pass"}'
+    path = tmp_path / "results.jsonl"
+    # A line cut short, a JSON value that is not a record, a blank line, then a torn end.
+    path.write_text("\n".join([good, '{"status": "fa', good, "[1, 2]", "", good, '{"st']))
+    read = read_results(path)
+    assert len(read.records) == 3
+    assert read.unreadable == [2, 4] and read.torn_last_line == 7
+    problems = read.problems("results.jsonl")
+    assert len(problems) == 2 and "2 line(s)" in problems[0] and "line 7" in problems[1]
+    path.write_text(good + "\n" + good + "\n")
+    clean = read_results(path)
+    assert len(clean.records) == 2 and clean.problems() == []

@@ -35,13 +35,15 @@ from diag.results import STATUSES, RunDir, worst_status
 __all__ = ["render_report", "write_report"]
 
 # Columns of the verdict table: (header, metric key or None, kind). `kind` picks formatting
-# and sorting: "num" sorts numerically, "text" naturally ("d=64" before "d=128").
+# and sorting: "num" sorts numerically, "text" naturally ("d=64" before "d=128"). The bound
+# ratio decides a verdict, so it leads; the ULP and relative figures follow as evidence (an
+# element that nearly cancels can be a million ULP off in a correct float32 sum).
 METRIC_COLUMNS = (
+    ("bound ratio", "bound_ratio", "num"),
     ("max ULP", "max_ulp", "num"),
     ("p99 ULP", "p99_ulp", "num"),
     ("not corr. rounded", "frac_not_correctly_rounded", "pct"),
     ("max rel err", "max_rel_err", "num"),
-    ("bound ratio", "bound_ratio", "num"),
 )
 
 # Environment keys shown first when present (matched case-insensitively); the rest follow
@@ -265,7 +267,8 @@ def _environment() -> jinja2.Environment:
 
 
 def render_report(meta: Mapping[str, Any], records: Iterable[Mapping[str, Any]],
-                  nodes: Mapping[str, Any] | None = None) -> str:
+                  nodes: Mapping[str, Any] | None = None,
+                  damage: Iterable[str] = ()) -> str:
     """Render the HTML report for a run's metadata and records.
 
     Args:
@@ -273,6 +276,8 @@ def render_report(meta: Mapping[str, Any], records: Iterable[Mapping[str, Any]],
         ``environment``, ...); missing keys render as "—".
       records: record dicts as read from ``results.jsonl``.
       nodes: the contents of ``nodes.json`` of a `diag nodes` scan, or None (no section).
+      damage: sentences saying what could not be read (`RecordsRead.problems`), shown above
+        the verdict, which then says it covers the readable records only.
 
     Returns:
       The complete HTML document as a string.
@@ -284,6 +289,10 @@ def render_report(meta: Mapping[str, Any], records: Iterable[Mapping[str, Any]],
     statuses = [s for s in counts if s in STATUSES]
     verdict = worst_status(statuses) if records else None
     state = str(meta.get("state", "unknown"))
+    damage = list(damage)
+    verdict_text = _verdict_text(verdict, state)
+    if damage:
+        verdict_text += " (readable records only: see the warning above)"
 
     probe_rows, agreement_rows = [], []
     for i, rec in enumerate(records):
@@ -319,7 +328,8 @@ def render_report(meta: Mapping[str, Any], records: Iterable[Mapping[str, Any]],
         counts={s: counts.get(s, 0) for s in STATUSES},
         n_records=len(records),
         verdict=verdict,
-        verdict_text=_verdict_text(verdict, state),
+        verdict_text=verdict_text,
+        damage=damage,
         problems=problems,
         suite=suite.get("name") or suite.get("path"),
         suite_path=suite.get("path") if suite.get("name") else None,
@@ -366,18 +376,33 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
       The path of the written report.
 
     Raises:
-      UsageError: `run_dir` has no ``run.json`` (it is not a run folder).
+      UsageError: `run_dir` has no ``run.json`` (it is not a run folder), its run.json or
+        nodes.json is not valid JSON, or the report cannot be written to `out`.
     """
     run = RunDir(run_dir)
     if not run.run_json.is_file():
         raise UsageError(f"{run.path}: not a run folder (no run.json); pass a folder that "
                          "`diag run` created, e.g. reports/<run id>")
     nodes_json = run.path / "nodes.json"
-    nodes = json.loads(nodes_json.read_text()) if nodes_json.is_file() else None
-    html = render_report(run.read_meta(), run.records(), nodes=nodes)
+    nodes = None
+    if nodes_json.is_file():
+        try:
+            nodes = json.loads(nodes_json.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UsageError(f"{nodes_json}: not valid JSON ({e}); the run folder is "
+                             "damaged, rerun `diag nodes`") from None
+    read = run.read_results()
+    html = render_report(run.read_meta(), read.records, nodes=nodes,
+                         damage=read.problems(run.results_jsonl))
     path = Path(out) if out is not None else run.path / "report.html"
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(html, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(html, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        if tmp.parent.is_dir():
+            tmp.unlink(missing_ok=True)
+        raise UsageError(f"cannot write the report to '{path}': {e.strerror or e}; pass "
+                         "--out with a writable path") from None
     return path
