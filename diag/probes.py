@@ -247,6 +247,14 @@ class MalformedOutput(ValueError):
     """
 
 
+def _only_output(o: "Outcome", expected: np.ndarray) -> np.ndarray:
+    """The one output of a single-output op, checked against the truth's shape and dtype."""
+    if len(o.outputs) != 1:
+        raise MalformedOutput(f"returned {len(o.outputs)} outputs, expected 1")
+    _shape_mismatch(o.outputs[0], expected)
+    return o.outputs[0]
+
+
 def _shape_mismatch(output: np.ndarray, expected: np.ndarray) -> None:
     """Raise `MalformedOutput` unless `output` has the truth's shape and dtype."""
     from diag import numerics
@@ -281,9 +289,9 @@ def _matmul_evaluate(o: Outcome) -> Evaluation:
     from diag.compare import compare, judge
 
     expected = o.truth.value
-    _shape_mismatch(o.outputs[0], expected)
+    output = _only_output(o, expected)
     bound = matmul_bound(o.inputs, expected, o.params)
-    metrics = compare(o.outputs[0], expected, bound)
+    metrics = compare(output, expected, bound)
     status, reason = judge(metrics, claim="float32 accumulation", setting=o.setting,
                            promised=o.promised)
     return Evaluation(status, reason, metrics, context=bound)
@@ -301,8 +309,8 @@ def _softmax_evaluate(o: Outcome) -> Evaluation:
     from diag.compare import compare_softmax, judge_softmax
 
     expected = o.truth.value
-    _shape_mismatch(o.outputs[0], expected)
-    metrics = compare_softmax(o.outputs[0], expected, o.inputs[0])
+    output = _only_output(o, expected)
+    metrics = compare_softmax(output, expected, o.inputs[0])
     status, reason = judge_softmax(metrics, o.params["dtype"])
     return Evaluation(status, reason, metrics)
 

@@ -199,6 +199,11 @@ def memory_limit(max_memory: float | None = None) -> tuple[int, str]:
     return total // 2, f"half of this machine's {total / GIB:.1f} GiB"
 
 
+def _gib(n: float) -> str:
+    gib = n / GIB
+    return f"{gib:.1f} GiB" if gib >= 1 else f"{gib:.2g} GiB"
+
+
 def check_memory(suite: Suite, max_memory: float | None = None) -> None:
     """Refuse a suite with a case whose estimated host memory is above the limit.
 
@@ -213,9 +218,9 @@ def check_memory(suite: Suite, max_memory: float | None = None) -> None:
     for case in suite.cases:
         if case.host_bytes > limit:
             raise SuiteError(suite.path, f"{case.where}.shape" if case.where else "shape",
-                             f"case '{case.label}' needs about {case.host_bytes / GIB:.1f} GiB "
-                             f"of host memory (inputs, ground truth, verdict), more than the "
-                             f"limit of {limit / GIB:.1f} GiB ({source}); use smaller shapes, "
+                             f"case '{case.label}' needs about {_gib(case.host_bytes)} of host "
+                             f"memory (inputs, ground truth, verdict), more than the limit of "
+                             f"{_gib(limit)} ({source}); use smaller shapes, "
                              f"or raise the limit with --max-memory GIB (library: max_memory=)")
 
 
