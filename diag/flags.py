@@ -2,7 +2,8 @@
 
 Why: "same code, different math" is mostly settings nobody looks at. An f32 matmul is one
 bf16 pass on TPU and TF32 on NVIDIA GPUs under JAX's defaults; torch's
-`set_float32_matmul_precision('medium')` multiplies in bf16 (even on CPU, measured);
+`set_float32_matmul_precision('medium')` permits bf16 (on some CPUs too: oneDNN decides per
+CPU, measured both ways);
 `--xla_allow_excess_precision` (default true) lets XLA keep bf16 values in f32; and an
 unknown flag in XLA_FLAGS kills every XLA process outright. This module
 
@@ -257,7 +258,7 @@ RULES: tuple[Rule, ...] = (
     Rule("torch-matmul-precision", "torch", "float32_matmul_precision",
          lambda v: _set(v) and v != "highest", "risk",
          "'high' lets float32 matmuls use TF32 and 'medium' bf16 (measured: torch-cpu "
-         "multiplies in bf16 under 'medium')",
+         "multiplies in bf16 under 'medium' on some CPUs, float32 on others)",
          "torch.set_float32_matmul_precision('highest')"),
     Rule("torch-cuda-tf32", "torch", "cuda.matmul.allow_tf32", _truthy, "risk",
          "float32 matmuls on NVIDIA Ampere and later run in TF32 (10-bit significands)",
