@@ -39,6 +39,7 @@ __all__ = [
     "parse_flags",
     "host_flags",
     "validate_xla_flags",
+    "flag_error",
     "findings",
     "host_findings",
     "report_context",
@@ -118,7 +119,7 @@ _NOT_FILE = re.compile(r'Could not open file "([^"]*)" to read flags for environ
                        r'variable "(\w+)"')
 
 
-def _flag_error(stderr: str) -> BadFlag | None:
+def flag_error(stderr: str) -> BadFlag | None:
     """The bad flag an XLA process named before it aborted, if it named one."""
     if m := _UNKNOWN.search(stderr):
         return BadFlag(m.group(1), m.group(2), "XLA does not know this flag")
@@ -162,7 +163,7 @@ def validate_xla_flags(environ: Mapping[str, str] | None = None,
         return f"not validated (the check did not finish within {timeout:g} s)"
     if proc.returncode == 0:
         return "ok: a JAX process started with these XLA_FLAGS"
-    bad = _flag_error(proc.stderr)
+    bad = flag_error(proc.stderr)
     if bad is not None:
         raise bad
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
@@ -359,7 +360,7 @@ def _run_env_worker(framework: str, environ: Mapping[str, str], fingerprints: bo
         elif event.get("event") == "done":
             result["platforms"] = event.get("platforms", [])
     if proc.returncode != 0 or "platforms" not in result:
-        bad = _flag_error(proc.stderr)
+        bad = flag_error(proc.stderr)
         if bad is not None:
             raise bad
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]

@@ -105,7 +105,7 @@ def _discover(framework: str, env: dict[str, str]) -> tuple[list[str], str | Non
       BadFlag: the framework aborted on a flag in XLA_FLAGS/LIBTPU_INIT_ARGS (JAX reads them
         when it lists its devices, so this check costs no extra process).
     """
-    from diag.flags import _flag_error
+    from diag.flags import flag_error
 
     try:
         proc = subprocess.run(_worker_cmd("--discover", framework), capture_output=True,
@@ -119,7 +119,7 @@ def _discover(framework: str, env: dict[str, str]) -> tuple[list[str], str | Non
             continue
         if event.get("event") == "platforms":
             return event["platforms"], None
-    bad = _flag_error(proc.stderr)
+    bad = flag_error(proc.stderr)
     if bad is not None:
         raise bad
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]

@@ -170,27 +170,34 @@ def test_bad_sampling_parameters_exit_before_any_worker(tmp_path, change, field,
 
 
 
-_PEAK = """
-import json, resource, sys, tempfile
+_PEAK = r"""
+import json, re, sys, tempfile
 from pathlib import Path
 import numpy as np
 from diag.probes import PROBES, Outcome
 from diag.runner import _Inputs, _Truth
 from diag.suite import load_suite
 
+def hwm():
+    # This process's peak RSS (VmHWM, KiB). Not ru_maxrss: Linux carries that over from the
+    # parent across exec, so under a big pytest process it would read the parent's peak.
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024
+
+
 case = load_suite(sys.argv[1]).cases[0]
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = hwm()
 inputs = _Inputs(Path(tempfile.mkdtemp()))
 truth = _Truth(inputs, tempfile.mkdtemp()).get(case)
 outcome = Outcome(inputs=inputs.get(case), outputs=[np.array(truth.value)], names=["output"],
                   truth=truth, params=case.params)
 assert PROBES[case.op].evaluate(outcome).status == "pass"
-peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024  # KiB on Linux
+peak = hwm() - before
 print(json.dumps({"peak": peak, "estimate": case.host_bytes}))
 """
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in KiB on Linux only")
+@pytest.mark.skipif(sys.platform != "linux", reason="reads VmHWM from /proc/self/status")
 @pytest.mark.parametrize("op, shape", [
     ("matmul", [1024, 4, 1024]),   # output-dominated
     ("matmul", [16, 32768, 16]),   # input-dominated (long K: Ozaki splitting)
