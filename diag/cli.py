@@ -91,6 +91,10 @@ def run(
              "environment variable, an XLA_FLAGS addition such as "
              "'XLA_FLAGS=--xla_allow_excess_precision=false', or a JAX config option) and "
              "report what it changes. Repeatable."),
+    max_memory: Optional[float] = typer.Option(
+        None, "--max-memory", min=0.001,
+        help="Host memory one case may need, in GiB; a suite with a larger case is refused "
+             "before anything runs. Default: half of this machine's physical memory."),
 ) -> None:
     """Run a probe suite on every backend present and judge each result against exact math."""
     from diag import render, runner
@@ -99,7 +103,8 @@ def run(
     try:
         result = runner.run(suite, _split(backend), out=out, repeats=repeats,
                             case_timeout=timeout, cache_dir=str(cache_dir) if cache_dir else None,
-                            ab=ab, argv=["diag"] + sys.argv[1:], on_start=progress.start,
+                            ab=ab, max_memory=max_memory, argv=["diag"] + sys.argv[1:],
+                            on_start=progress.start,
                             on_record=progress.record)
     except runner.Interrupted as e:
         progress.stop()

@@ -2,7 +2,8 @@
 
 Why: "same code, different math" is mostly settings nobody looks at. An f32 matmul is one
 bf16 pass on TPU and TF32 on NVIDIA GPUs under JAX's defaults; torch's
-`set_float32_matmul_precision('medium')` multiplies in bf16 (even on CPU, measured);
+`set_float32_matmul_precision('medium')` permits bf16 (on some CPUs too: oneDNN decides per
+CPU, measured both ways);
 `--xla_allow_excess_precision` (default true) lets XLA keep bf16 values in f32; and an
 unknown flag in XLA_FLAGS kills every XLA process outright. This module
 
@@ -38,6 +39,7 @@ __all__ = [
     "parse_flags",
     "host_flags",
     "validate_xla_flags",
+    "flag_error",
     "findings",
     "host_findings",
     "report_context",
@@ -117,7 +119,7 @@ _NOT_FILE = re.compile(r'Could not open file "([^"]*)" to read flags for environ
                        r'variable "(\w+)"')
 
 
-def _flag_error(stderr: str) -> BadFlag | None:
+def flag_error(stderr: str) -> BadFlag | None:
     """The bad flag an XLA process named before it aborted, if it named one."""
     if m := _UNKNOWN.search(stderr):
         return BadFlag(m.group(1), m.group(2), "XLA does not know this flag")
@@ -161,7 +163,7 @@ def validate_xla_flags(environ: Mapping[str, str] | None = None,
         return f"not validated (the check did not finish within {timeout:g} s)"
     if proc.returncode == 0:
         return "ok: a JAX process started with these XLA_FLAGS"
-    bad = _flag_error(proc.stderr)
+    bad = flag_error(proc.stderr)
     if bad is not None:
         raise bad
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
@@ -257,7 +259,7 @@ RULES: tuple[Rule, ...] = (
     Rule("torch-matmul-precision", "torch", "float32_matmul_precision",
          lambda v: _set(v) and v != "highest", "risk",
          "'high' lets float32 matmuls use TF32 and 'medium' bf16 (measured: torch-cpu "
-         "multiplies in bf16 under 'medium')",
+         "multiplies in bf16 under 'medium' on some CPUs, float32 on others)",
          "torch.set_float32_matmul_precision('highest')"),
     Rule("torch-cuda-tf32", "torch", "cuda.matmul.allow_tf32", _truthy, "risk",
          "float32 matmuls on NVIDIA Ampere and later run in TF32 (10-bit significands)",
@@ -358,7 +360,7 @@ def _run_env_worker(framework: str, environ: Mapping[str, str], fingerprints: bo
         elif event.get("event") == "done":
             result["platforms"] = event.get("platforms", [])
     if proc.returncode != 0 or "platforms" not in result:
-        bad = _flag_error(proc.stderr)
+        bad = flag_error(proc.stderr)
         if bad is not None:
             raise bad
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]

@@ -17,7 +17,8 @@ from typing import Any, Callable, Optional
 import ml_dtypes
 import numpy as np
 
-__all__ = ["Probe", "Outcome", "Evaluation", "PROBES", "INPUT_MAKERS", "get_probe"]
+__all__ = ["Probe", "Outcome", "Evaluation", "MalformedOutput", "PROBES", "INPUT_MAKERS",
+           "EXPECTATIONS", "get_probe", "expected_outcome"]
 
 
 def _normal(rng: np.random.Generator, shape, dtype) -> np.ndarray:
@@ -238,15 +239,31 @@ class Evaluation:
     context: Any = None
 
 
-def _shape_mismatch(output: np.ndarray, expected: np.ndarray) -> Optional[Evaluation]:
+class MalformedOutput(ValueError):
+    """A backend returned outputs of the wrong shape, dtype or number: not a numerical result.
+
+    The runner turns it (and any other exception while judging one output) into an `error`
+    record with the reason, and the run goes on.
+    """
+
+
+def _only_output(o: "Outcome", expected: np.ndarray) -> np.ndarray:
+    """The one output of a single-output op, checked against the truth's shape and dtype."""
+    if len(o.outputs) != 1:
+        raise MalformedOutput(f"returned {len(o.outputs)} outputs, expected 1")
+    _shape_mismatch(o.outputs[0], expected)
+    return o.outputs[0]
+
+
+def _shape_mismatch(output: np.ndarray, expected: np.ndarray) -> None:
+    """Raise `MalformedOutput` unless `output` has the truth's shape and dtype."""
     from diag import numerics
 
     if output.shape == expected.shape and output.dtype == expected.dtype:
-        return None
-    return Evaluation("fail", (f"returned {numerics.dtype_name(output.dtype)}"
-                               f"{list(output.shape)}, expected "
-                               f"{numerics.dtype_name(expected.dtype)}{list(expected.shape)}"),
-                      {})
+        return
+    raise MalformedOutput(f"returned {numerics.dtype_name(output.dtype)}{list(output.shape)}, "
+                          f"expected {numerics.dtype_name(expected.dtype)}"
+                          f"{list(expected.shape)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,11 +289,9 @@ def _matmul_evaluate(o: Outcome) -> Evaluation:
     from diag.compare import compare, judge
 
     expected = o.truth.value
-    bad = _shape_mismatch(o.outputs[0], expected)
-    if bad:
-        return bad
+    output = _only_output(o, expected)
     bound = matmul_bound(o.inputs, expected, o.params)
-    metrics = compare(o.outputs[0], expected, bound)
+    metrics = compare(output, expected, bound)
     status, reason = judge(metrics, claim="float32 accumulation", setting=o.setting,
                            promised=o.promised)
     return Evaluation(status, reason, metrics, context=bound)
@@ -294,10 +309,8 @@ def _softmax_evaluate(o: Outcome) -> Evaluation:
     from diag.compare import compare_softmax, judge_softmax
 
     expected = o.truth.value
-    bad = _shape_mismatch(o.outputs[0], expected)
-    if bad:
-        return bad
-    metrics = compare_softmax(o.outputs[0], expected, o.inputs[0])
+    output = _only_output(o, expected)
+    metrics = compare_softmax(output, expected, o.inputs[0])
     status, reason = judge_softmax(metrics, o.params["dtype"])
     return Evaluation(status, reason, metrics)
 
@@ -310,11 +323,39 @@ def _softmax_agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> t
     return agree_values(a.outputs[0], b.outputs[0], names, allowed_ulp=allowed)
 
 
+def _top_k_outputs(o: Outcome) -> tuple[np.ndarray, np.ndarray]:
+    """`values` and `indices`, checked for shape and dtype before they are judged.
+
+    Raises:
+      MalformedOutput: a missing output, or shapes that are not [rows..., k] (with
+        `aggregate_to_topk=False` the candidate count is the implementation's, so only the
+        leading dimensions are checked), or values of another dtype than the input.
+    """
+    from diag import numerics
+
+    out = o.named
+    missing = [n for n in ("values", "indices") if n not in out]
+    if missing:
+        raise MalformedOutput(f"no {' or '.join(missing)} output (got: "
+                              f"{', '.join(o.names) or 'no outputs'})")
+    values, indices = out["values"], out["indices"]
+    x, k = o.inputs[0], o.params["k"]
+    want = list(x.shape[:-1]) + [k]
+    exact = o.params.get("aggregate_to_topk", True)
+    if (values.shape != indices.shape or list(values.shape[:-1]) != want[:-1]
+            or (exact and values.shape[-1] != k) or values.shape[-1] < 1):
+        raise MalformedOutput(f"returned values{list(values.shape)} and indices"
+                              f"{list(indices.shape)}, expected {want} each")
+    if values.dtype != x.dtype:
+        raise MalformedOutput(f"returned {numerics.dtype_name(values.dtype)} values for "
+                              f"{numerics.dtype_name(x.dtype)} inputs")
+    return values, indices
+
+
 def _top_k_evaluate(o: Outcome) -> Evaluation:
     from diag.compare import check_top_k, judge_top_k
 
-    out = o.named
-    values, indices = out["values"], out["indices"]
+    values, indices = _top_k_outputs(o)
     target = o.params.get("recall_target")
     metrics = check_top_k(o.inputs[0], values, indices, o.params["k"], recall_target=target)
     status, reason = judge_top_k(metrics, approx=target is not None, recall_target=target)
@@ -324,9 +365,8 @@ def _top_k_evaluate(o: Outcome) -> Evaluation:
 def _top_k_agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
     from diag.compare import agree_top_k
 
-    x, y = a.named, b.named
-    return agree_top_k(a.inputs[0], (x["values"], x["indices"]), (y["values"], y["indices"]),
-                       a.params["k"], names)
+    return agree_top_k(a.inputs[0], _top_k_outputs(a), _top_k_outputs(b), a.params["k"],
+                       names)
 
 
 def _greedy_evaluate(o: Outcome) -> Evaluation:
@@ -360,6 +400,89 @@ def _train_agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tup
     from diag.compare import agree_train_step
 
     return agree_train_step(a.named, b.named, names)
+
+
+# ---------------------------------------------------------------------------------------------
+# Planted outcomes (a suite entry's `expect`)
+
+# Outcomes a suite entry may declare it plants, so that the entry checks diag itself: the
+# record passes when diag reports the planted outcome and fails when it does not.
+EXPECTATIONS: dict[str, str] = {
+    "nonfinite": "the inputs make the op overflow to NaN/Inf where the exact result is finite",
+}
+
+
+def _nonfinite_count(outputs: list) -> int:
+    from diag import numerics
+
+    return sum(int(np.count_nonzero(~np.isfinite(np.asarray(a).astype(np.float64))))
+               for a in outputs if numerics.is_supported(np.asarray(a).dtype))
+
+
+def expected_outcome(expect: Optional[str], ev: Evaluation, o: Outcome) -> Evaluation:
+    """The verdict of a case whose suite entry plants an outcome (`expect`).
+
+    A planted overflow is caught when the probe's own verdict is `fail` with NaN/Inf in the
+    outputs: then the record passes, saying so. It fails when the outputs stay finite (the
+    planted fault did not happen, so the case tested nothing) or when NaN/Inf went unflagged.
+
+    Args:
+      expect: the entry's `expect` (a key of `EXPECTATIONS`), or None for an ordinary case.
+      ev: the probe's verdict as if nothing were planted.
+      o: what the backend returned.
+    """
+    if expect is None:
+        return ev
+    nonfinite = _nonfinite_count(o.outputs)
+    caught = ev.status == "fail" and nonfinite > 0
+    metrics = {**ev.metrics, "expect": expect, "expect_caught": caught}
+    if caught:
+        return Evaluation("pass", f"planted NaN/Inf caught, as the suite expects "
+                                  f"(expect = \"{expect}\"): {ev.reason}", metrics, ev.context)
+    if nonfinite == 0:
+        why = ("every output is finite: the planted overflow did not happen, so this case "
+               "checked nothing")
+    else:
+        why = f"{nonfinite} output elements are NaN/Inf but the verdict did not flag them"
+    return Evaluation("fail", f"the suite plants NaN/Inf here (expect = \"{expect}\") but "
+                              f"{why}; verdict without the plant: {ev.status}: {ev.reason}",
+                      metrics, ev.context)
+
+
+# ---------------------------------------------------------------------------------------------
+# Host memory per case (checked by the suite loader)
+
+# Bytes per element the host holds at once while a case is drawn, its ground truth computed
+# and an output judged, in float64-sized units (8 bytes): see `Probe.host_bytes`.
+_F64 = 8
+
+
+def _matmul_bytes(params: dict) -> int:
+    # Inputs: float64 draws, the stored arrays and the oracle's/bound's float64 copies and
+    # splits. Outputs: the truth, |A||B|, the bound, the loaded output and compare's arrays.
+    batch = math.prod(params.get("batch", ()))
+    m, k, n = params["m"], params["k"], params["n"]
+    return _F64 * batch * (MATMUL_INPUT_COPIES * (m * k + k * n) + MATMUL_OUTPUT_COPIES * m * n)
+
+
+def _rows_bytes(params: dict) -> int:
+    # Rows ops hold the inputs, the float64 truth and its error terms, and the outputs.
+    return _F64 * ROWS_COPIES * params["rows"] * params["n"]
+
+
+def _train_bytes(params: dict) -> int:
+    b, d, c = params["batch"], params["d"], params["c"]
+    return _F64 * ROWS_COPIES * (b * d + d * d + d * c + b * c)
+
+
+# Peak host memory over input + truth + verdict, in float64 copies of the inputs and of the
+# output, rounded up from measured peaks (numpy 2, float32, VmHWM): matmul [16,32768,16]
+# 4.0 and [64,65536,64] 2.7 input copies, [2048,4,2048] 12.7 output copies; softmax
+# [4,65536] 22 and [8,131072] 18 copies. The estimates are 1.1-2.3x those peaks;
+# `tests/test_suite.py` checks that the estimate stays above a measured peak.
+MATMUL_INPUT_COPIES = 6
+MATMUL_OUTPUT_COPIES = 16
+ROWS_COPIES = 24
 
 
 # ---------------------------------------------------------------------------------------------
@@ -459,6 +582,9 @@ class Probe:
       input_family: cases of probes with the same family, inputs maker, dtype and shape
         share their input arrays (and so their ground truth).
       claim: what the verdict assumes, for the report.
+      host_bytes: params -> an estimate of the host memory one case needs at its peak
+        (inputs drawn, ground truth computed, an output judged); the suite loader refuses a
+        case above the memory limit before anything runs.
     """
 
     op: str
@@ -472,6 +598,7 @@ class Probe:
     evaluate: Callable[[Outcome], Evaluation]
     agree: Callable[..., tuple]
     claim: str
+    host_bytes: Callable[[dict], int]
     truth_args: tuple[str, ...] = ()
     validate: Callable[[dict], Optional[str]] = _no_check
     label: Callable[[dict], str] = field(default=_matmul_label)
@@ -502,6 +629,7 @@ PROBES: dict[str, Probe] = {
             input_shapes=_matmul_shapes, truth=_oracle("matmul"),
             evaluate=_matmul_evaluate, agree=_matmul_agree,
             normalize=_matmul_normalize, claim="float32 accumulation",
+            host_bytes=_matmul_bytes,
         ),
         Probe(
             op="softmax", dims=("rows", "n"), params={},
@@ -509,6 +637,7 @@ PROBES: dict[str, Probe] = {
             input_shapes=_rows_shapes, truth=_oracle("softmax"),
             evaluate=_softmax_evaluate, agree=_softmax_agree, label=_rows_label(),
             input_family="rows", claim="softmax over the last axis, float32 arithmetic",
+            host_bytes=_rows_bytes,
         ),
         Probe(
             op="top_k", dims=("rows", "n"), params={"k": (int, None, 1)},
@@ -516,6 +645,7 @@ PROBES: dict[str, Probe] = {
             input_shapes=_rows_shapes, truth=_oracle("top_k", "k"), truth_args=("k",),
             evaluate=_top_k_evaluate, agree=_top_k_agree, validate=_check_k,
             label=_rows_label("k"), input_family="rows", claim="exact top-k",
+            host_bytes=_rows_bytes,
         ),
         Probe(
             op="approx_max_k", dims=("rows", "n"),
@@ -531,6 +661,7 @@ PROBES: dict[str, Probe] = {
                               "reduction_input_size_override",
                               quiet={"reduction_input_size_override": -1}),
             input_family="rows", claim="top-k at the promised recall",
+            host_bytes=_rows_bytes,
         ),
         Probe(
             op="greedy_token", dims=("rows", "n"), params={},
@@ -540,6 +671,7 @@ PROBES: dict[str, Probe] = {
             input_shapes=_rows_shapes, truth=_oracle("softmax"),
             evaluate=_greedy_evaluate, agree=_greedy_agree, label=_rows_label(),
             input_family="rows", claim="the exact argmax token",
+            host_bytes=_rows_bytes,
         ),
         Probe(
             op="train_step", dims=("batch", "d", "c"), params={"lr": (float, None, 0.1)},
@@ -547,6 +679,7 @@ PROBES: dict[str, Probe] = {
             input_shapes=_train_shapes, truth=_oracle("train_step", "lr"), truth_args=("lr",),
             evaluate=_train_evaluate, agree=_train_agree, label=_train_label,
             claim="a finite step matching the float64 reference",
+            host_bytes=_train_bytes,
         ),
     )
 }

@@ -3,9 +3,16 @@
     suite -> cases -> inputs (numpy, seeded, written once) -> worker per backend -> compare
           -> results.jsonl (appended as each record arrives), with agreement across backends
 
-The host never imports a framework. A worker that is missing its framework, crashes, or hangs
-past its timeout becomes `skip`/`error` records and the run goes on with the next backend; a
-crashed worker is restarted for the cases it had not reached.
+The host never imports a framework. A worker that crashes or hangs past its timeout becomes
+`error` records and the run goes on with the next backend; a crashed worker is restarted for
+the cases it had not reached. A backend that cannot run (framework or device absent) is a
+`skip` record in a default run and an `error` record when the user named it: a gate that
+asked for jax-tpu must not go green without it. An output that cannot be judged (wrong
+shape, missing outputs) is an `error` record for that case, never the end of the run.
+
+Checked before any run folder is written (exit 2): bad XLA_FLAGS/LIBTPU_INIT_ARGS when a JAX
+backend is planned, a suite with no case for the chosen backends, a case needing more host
+memory than the limit.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -33,11 +41,12 @@ from diag import environment, numerics
 from diag.backends import BACKENDS, BackendSpec, framework_installed, get_spec, not_applicable
 from diag.backends import promises_full_precision
 from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, UsageError
-from diag.probes import INPUT_MAKERS, PROBES, Outcome
+from diag.probes import INPUT_MAKERS, PROBES, Evaluation, Outcome, expected_outcome
 from diag.results import Record, RunDir, new_run_id, worst_status
-from diag.suite import Case, Suite, load_suite
+from diag.suite import Case, Suite, check_memory, load_suite
 
-__all__ = ["run", "RunResult", "resolve_backends", "DEFAULT_CASE_TIMEOUT"]
+__all__ = ["run", "RunResult", "resolve_backends", "candidate_backends", "check_applicable",
+           "check_flags", "parse_ab", "DEFAULT_CASE_TIMEOUT"]
 
 DEFAULT_CASE_TIMEOUT = 600.0
 DEFAULT_STARTUP_TIMEOUT = 300.0
@@ -88,11 +97,19 @@ def _worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _discover(framework: str) -> tuple[list[str], str | None]:
-    """Platforms a framework sees, from a throwaway worker; (platforms, error)."""
+def _discover(framework: str, env: dict[str, str]) -> tuple[list[str], str | None]:
+    """Platforms a framework sees, from a throwaway worker started with the workers'
+    environment; (platforms, error).
+
+    Raises:
+      BadFlag: the framework aborted on a flag in XLA_FLAGS/LIBTPU_INIT_ARGS (JAX reads them
+        when it lists its devices, so this check costs no extra process).
+    """
+    from diag.flags import flag_error
+
     try:
         proc = subprocess.run(_worker_cmd("--discover", framework), capture_output=True,
-                              text=True, timeout=DISCOVERY_TIMEOUT, env=_worker_env())
+                              text=True, timeout=DISCOVERY_TIMEOUT, env=env)
     except subprocess.TimeoutExpired:
         return [], f"{framework} did not list its devices within {DISCOVERY_TIMEOUT:.0f} s"
     for line in proc.stdout.splitlines():
@@ -102,21 +119,38 @@ def _discover(framework: str) -> tuple[list[str], str | None]:
             continue
         if event.get("event") == "platforms":
             return event["platforms"], None
+    bad = flag_error(proc.stderr)
+    if bad is not None:
+        raise bad
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     return [], f"importing {framework} failed (exit {proc.returncode}): {tail}"
 
 
-def resolve_backends(names: list[str] | None) -> tuple[list[BackendSpec], dict[str, str]]:
-    """Which backends to run and which to skip (with the reason).
-
-    Args:
-      names: backend names the user asked for, or None for every backend present.
+def candidate_backends(names: list[str] | None) -> list[BackendSpec]:
+    """The backends named (in order, once each), or every default backend.
 
     Raises:
       UsageError: an unknown backend name.
     """
-    specs = [get_spec(n) for n in dict.fromkeys(names)] if names else [
-        s for s in BACKENDS.values() if s.default]
+    if names:
+        return [get_spec(n) for n in dict.fromkeys(names)]
+    return [s for s in BACKENDS.values() if s.default]
+
+
+def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
+                     ) -> tuple[list[BackendSpec], dict[str, str]]:
+    """Which backends can run and which cannot (with the reason).
+
+    Args:
+      names: backend names the user asked for, or None for every backend present.
+      env: the workers' environment (default: this process's, as workers get it).
+
+    Raises:
+      UsageError: an unknown backend name.
+      BadFlag: JAX refused a flag in XLA_FLAGS/LIBTPU_INIT_ARGS while listing its devices.
+    """
+    env = _worker_env() if env is None else env
+    specs = candidate_backends(names)
     run: list[BackendSpec] = []
     skipped: dict[str, str] = {}
     seen: dict[str, tuple[list[str], str | None]] = {}
@@ -125,7 +159,7 @@ def resolve_backends(names: list[str] | None) -> tuple[list[BackendSpec], dict[s
             skipped[spec.name] = f"{spec.framework} is not installed ({spec.install_hint})"
             continue
         if spec.framework not in seen:
-            seen[spec.framework] = _discover(spec.framework)
+            seen[spec.framework] = _discover(spec.framework, env)
         platforms, error = seen[spec.framework]
         if error:
             skipped[spec.name] = error
@@ -218,16 +252,23 @@ def _hlo_ops(lines: list[str]) -> dict[str, int]:
     return counts
 
 
-def parse_ab(assignments: list[str] | None) -> dict[str, str]:
+def parse_ab(assignments: list[str] | None,
+             base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of an A/B experiment's B side from `NAME=VALUE` assignments.
 
-    `XLA_FLAGS` and `LIBTPU_INIT_ARGS` values are appended to the flags already in effect;
+    `XLA_FLAGS` and `LIBTPU_INIT_ARGS` values are appended to the flags in effect on the A
+    side (`base`: the environment the A worker gets, a library caller's `env=` included);
     a JAX config name (`jax_default_matmul_precision=highest`) becomes the environment
     variable JAX reads it from at start-up (`JAX_DEFAULT_MATMUL_PRECISION`).
+
+    Args:
+      assignments: `NAME=VALUE` strings.
+      base: the A side's environment (default: this process's).
 
     Raises:
       UsageError: an assignment that is not NAME=VALUE.
     """
+    base = os.environ if base is None else base
     env: dict[str, str] = {}
     for item in assignments or []:
         name, sep, value = item.partition("=")
@@ -238,10 +279,24 @@ def parse_ab(assignments: list[str] | None) -> dict[str, str]:
         if name.lower().startswith("jax_"):
             name = name.upper()
         if name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS"):
-            current = env.get(name, os.environ.get(name, ""))
+            current = env.get(name, base.get(name, ""))
             value = f"{current} {value}".strip()
         env[name] = value
     return env
+
+
+def _as_emulation(ev: Evaluation) -> Evaluation:
+    """An emulated backend's verdict: `warn` at worst.
+
+    An emulation is a model of an algorithm, not a device under test, and it promises
+    nothing: a bound breach, or an overflow to Inf where the truth is finite, shows what that
+    algorithm does to the case (worth a warning), never a broken machine or library.
+    """
+    if ev.status != "fail":
+        return ev
+    return dataclasses.replace(ev, status="warn", reason=(
+        f"{ev.reason}; an emulation promises nothing, so this is what the emulated algorithm "
+        f"does here, not a failure"))
 
 
 def _load_output(meta: dict) -> np.ndarray:
@@ -379,12 +434,25 @@ class _Run:
             oracle_info = {"method": truth.method, "fallbacks": truth.fallbacks,
                            "cache_hit": truth.cache_hit, "seconds": round(truth.seconds, 4)}
         precision = case.params.get("precision", "default")
-        outcome = Outcome(
-            inputs=self.inputs.get(case), outputs=[_load_output(o) for o in event["outputs"]],
-            names=[o["name"] for o in event["outputs"]], truth=truth, params=case.params,
-            promised=promises_full_precision(spec, case.dtype, precision),
-            setting=f"precision={precision}", nan_report=event.get("nan_report"))
-        ev = probe.evaluate(outcome)
+        shapes = ", ".join(f"{o.get('name')} {o.get('dtype')}{o.get('shape')}"
+                           for o in event.get("outputs") or []) or "no outputs"
+        try:
+            outcome = Outcome(
+                inputs=self.inputs.get(case),
+                outputs=[_load_output(o) for o in event["outputs"]],
+                names=[o["name"] for o in event["outputs"]], truth=truth, params=case.params,
+                promised=promises_full_precision(spec, case.dtype, precision),
+                setting=f"precision={precision}", nan_report=event.get("nan_report"))
+            ev = expected_outcome(case.expect, probe.evaluate(outcome), outcome)
+        except Exception as e:  # an output diag cannot judge is this case's error, not the run's
+            self.emit(self._record(
+                case, spec, "error", f"{spec.name}: cannot judge the output ({shapes}): "
+                                     f"{type(e).__name__}: {e}"[:500],
+                metrics={"traceback": traceback.format_exc()[-2000:]},
+                timings=event.get("timings", {}), oracle=oracle_info))
+            return
+        if spec.emulated:
+            ev = _as_emulation(ev)
         self.emit(self._record(case, spec, ev.status, ev.reason, metrics=ev.metrics,
                                timings=event.get("timings", {}), oracle=oracle_info))
         self.verdicts.setdefault(case.id, {})[spec.name] = self.records[-1]
@@ -404,7 +472,12 @@ class _Run:
                     self.attribute(case, earlier, other, name, outcome, context)
                 continue
             (a, x), (b, y) = sorted([(earlier, other), (name, outcome)], key=lambda p: p[0])
-            status, reason, metrics = probe.agree(x, y, (a, b), context)
+            try:
+                status, reason, metrics = probe.agree(x, y, (a, b), context)
+            except Exception as e:  # as in judge_result: one pair's error, not the run's
+                status, reason = "error", (f"cannot compare {a} and {b}: "
+                                           f"{type(e).__name__}: {e}")[:500]
+                metrics = {"traceback": traceback.format_exc()[-2000:]}
             self.emit(self._pair_record(case, f"{a}|{b}", "agreement", status, reason, metrics))
 
     def _pair_record(self, case: Case, backends: str, kind: str, status: str, reason: str,
@@ -493,9 +566,15 @@ class _Run:
           The case it died on gets an `error` record here.
         """
         base = spec.name.removesuffix(AB_SUFFIX)
+        # The arithmetic of each matmul precision setting the cases use, measured in the worker
+        # (diag.precision): what a verdict under that setting can be checked against.
+        settings = {("default", "none")} | {
+            (c.params.get("precision", "default"), c.params.get("precision_via", "none"))
+            for c in cases if c.op == "matmul"}
         job = {"backend": base, "label": spec.name, "out_dir": str(self.work),
                "repeats": self.repeats, "hlo": bool(self.ab_env),
-               "fingerprint": any(c.op == "matmul" for c in cases),
+               "fingerprint": sorted(settings, key=lambda p: (p != ("default", "none"), p))
+               if any(c.op == "matmul" for c in cases) else [],
                "cases": [{"id": c.id, "op": c.op, "op_args": c.op_args,
                           "inputs": self.inputs.paths(c),
                           "input_dtypes": [c.dtype] * len(self.inputs.paths(c))}
@@ -544,15 +623,63 @@ class _Run:
         finally:
             worker.kill()
 
-    def skip_records(self) -> None:
+    def skip_records(self, requested: bool) -> None:
+        """A record per backend that cannot run: `skip` in a default run, `error` when the
+        user named it (a run asked to check a backend must not pass without it)."""
         for name, reason in self.skipped.items():
+            status, why = ("error", f"{name}: not run although asked for: {reason}") \
+                if requested else ("skip", f"{name}: {reason}")
             self.emit(Record(op="*", probe=f"{self.suite.name}", case="*", params={},
                              backend=name, device={}, dtype="*", metrics={},
-                             status="skip", reason=f"{name}: {reason}"))
+                             status=status, reason=why))
 
 
 def total_planned(suite: Suite, specs: list[BackendSpec]) -> int:
     return sum(1 for s in specs for c in suite.cases if not_applicable(s, c.op, c.params) is None)
+
+
+def check_applicable(suite: Suite, specs: list[BackendSpec]) -> None:
+    """Refuse a suite none of whose cases applies to any of these backends.
+
+    Such a run would check nothing and say so only as "no records"; a CI gate would go green.
+
+    Raises:
+      UsageError: naming the suite's ops and, per backend, why its cases do not apply.
+    """
+    if not specs or total_planned(suite, specs):
+        return
+    ops = ", ".join(dict.fromkeys(c.op for c in suite.cases))
+    why = "; ".join(
+        f"{s.name}: " + ", ".join(dict.fromkeys(
+            r for c in suite.cases if (r := not_applicable(s, c.op, c.params))))
+        for s in specs)
+    raise UsageError(f"suite '{suite.name}' has no case that runs on "
+                     f"{', '.join(s.name for s in specs)} (the suite's ops: {ops}; {why}); "
+                     f"choose other backends with --backend or another suite")
+
+
+def check_flags(specs: list[BackendSpec], env: dict[str, str],
+                ab_env: dict[str, str]) -> None:
+    """Refuse XLA_FLAGS/LIBTPU_INIT_ARGS that a JAX worker would abort on (as `diag env`).
+
+    Only when a JAX backend is among `specs`. Syntax is checked here, on the host; whether
+    XLA knows each flag is checked by JAX itself when it lists its devices (`_discover`,
+    started with the same environment, no extra process), and for an A/B run whose B side
+    changes the flags, in one throwaway JAX process (`diag.flags.validate_xla_flags`).
+
+    Raises:
+      BadFlag: naming the variable and the flag (exit 2).
+    """
+    from diag.flags import FLAG_VARS, parse_flags, validate_xla_flags
+
+    if not any(s.framework == "jax" for s in specs):
+        return
+    b_env = {**env, **ab_env}
+    for var in FLAG_VARS:
+        parse_flags(env.get(var), var)
+        parse_flags(b_env.get(var), var)
+    if any(b_env.get(v) != env.get(v) for v in FLAG_VARS) and framework_installed("jax"):
+        validate_xla_flags(b_env)
 
 
 def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
@@ -560,7 +687,7 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         case_timeout: float = DEFAULT_CASE_TIMEOUT,
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT, cache_dir: str | None = None,
         env: dict[str, str] | None = None, ab: list[str] | None = None,
-        argv: list[str] | None = None,
+        max_memory: float | None = None, argv: list[str] | None = None,
         on_start: Callable[[int, list[str]], None] | None = None,
         on_record: Callable[[dict], None] | None = None) -> RunResult:
     """Run a suite on backends and write a run folder.
@@ -573,11 +700,13 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
       case_timeout: seconds a worker may take for one case before it is killed.
       startup_timeout: seconds a worker may take to import its framework and open its device.
       cache_dir: ground-truth cache folder (default: `DIAG_CACHE_DIR` or ~/.cache/diag).
-      env: extra environment variables for the workers.
+      env: extra environment variables for the workers (both sides of an A/B run).
       ab: an A/B experiment: `NAME=VALUE` settings (environment variables, XLA_FLAGS
         additions, JAX config options) for a second worker per backend, `<backend>+B`; each
         case gets an `ab` record saying what the setting changed (and, for JAX, the compiled
-        HLO difference).
+        HLO difference). XLA_FLAGS additions extend the A side's flags, `env=` included.
+      max_memory: host memory one case may need, in GiB (default: half of the physical
+        memory; `diag.suite.memory_limit`).
       argv: the command line recorded in run.json.
       on_start: called with (number of planned records, backend names) before workers start.
       on_record: called with each record as it is written.
@@ -586,14 +715,26 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
       RunResult with the run folder, the records and the final state.
 
     Raises:
-      SuiteError, UsageError: bad suite or backend name, before anything is written.
+      SuiteError, UsageError: before anything is written: a bad suite or backend name, a
+        suite with no case for these backends, a case needing more host memory than
+        `max_memory`, bad XLA_FLAGS/LIBTPU_INIT_ARGS for a JAX backend (`BadFlag`).
       Interrupted: Ctrl-C; the run folder is kept and marked `interrupted`.
     """
     if repeats < 1:
         raise UsageError(f"repeats must be >= 1, got {repeats}")
-    loaded = suite if isinstance(suite, Suite) else load_suite(suite)
-    ab_env = parse_ab(ab)
-    specs, skipped = resolve_backends(backends)
+    if max_memory is not None and not max_memory > 0:
+        raise UsageError(f"max_memory must be a positive number of GiB, got {max_memory}")
+    if isinstance(suite, Suite):
+        loaded = suite
+        check_memory(loaded, max_memory)
+    else:
+        loaded = load_suite(suite, max_memory=max_memory)
+    worker_env = _worker_env(env)
+    ab_env = parse_ab(ab, base=worker_env)
+    candidates = candidate_backends(backends)
+    check_applicable(loaded, candidates)
+    check_flags(candidates, worker_env, ab_env)
+    specs, skipped = resolve_backends(backends, worker_env)
     if ab_env:  # each backend, then the same backend under the setting
         specs = [v for s in specs for v in (s, dataclasses.replace(s, name=s.name + AB_SUFFIX))]
     run_id = new_run_id()
@@ -610,11 +751,11 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
     state = "finished"
     r = _Run(loaded, skipped, run_dir, work, repeats=repeats, case_timeout=case_timeout,
              startup_timeout=startup_timeout, cache_dir=cache_dir, ab_env=ab_env,
-             env=_worker_env(env), on_record=on_record)
+             env=worker_env, on_record=on_record)
     try:
         if on_start:
             on_start(total_planned(loaded, specs) + len(skipped), [s.name for s in specs])
-        r.skip_records()
+        r.skip_records(requested=bool(backends))
         for spec in specs:
             r.run_backend(spec)
     except KeyboardInterrupt:

@@ -19,6 +19,14 @@ starts: a bad file raises `SuiteError` naming the file, the field and what was e
     precision_via = ["argument", "config"]   # per op (JAX only) or process-wide config
 
 `shapes = [[M, K, N], ...]` lists fixed shapes instead of `shape` + `sweep`.
+`expect = "nonfinite"` declares that the entry plants an overflow on purpose: its records pass
+when diag reports the NaN/Inf and fail when it does not (`diag.probes.expected_outcome`).
+
+Each case's peak host memory is estimated (`Probe.host_bytes`) and a case above the limit is
+refused here, naming the figure, instead of dying in numpy mid-run: the limit is half of this
+machine's physical memory (the host's inputs and ground truth share the machine with a CPU
+worker's own copies of the same arrays and the OS), 8 GiB where that is unknown, or what
+`max_memory` (`diag run --max-memory GIB`) says.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,14 +46,19 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from diag.errors import SuiteError
-from diag.probes import PROBES
+from diag.probes import EXPECTATIONS, PROBES
 
-__all__ = ["Case", "Suite", "load_suite", "suite_names", "SUITE_DIR"]
+__all__ = ["Case", "Suite", "load_suite", "suite_names", "check_memory", "memory_limit",
+           "SUITE_DIR"]
+
+GIB = 2**30
+FALLBACK_MEMORY_LIMIT = 8 * GIB  # where the physical memory cannot be read
 
 SUITE_DIR = Path(__file__).parent / "probes"
 
 # Fields every entry may have; each probe adds its own grid parameters (`Probe.params`).
-_ENTRY_FIELDS = {"name", "op", "description", "inputs", "dtypes", "shape", "shapes", "sweep"}
+_ENTRY_FIELDS = {"name", "op", "description", "inputs", "dtypes", "shape", "shapes", "sweep",
+                 "expect"}
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,9 @@ class Case:
       inputs: name of the input maker.
       input_key: identifies the input arrays (cases that differ only in op_args share them).
       seed: the seed the inputs are drawn from.
+      expect: the outcome the suite entry plants (`diag.probes.EXPECTATIONS`), or None.
+      host_bytes: the estimated peak host memory of the case (`Probe.host_bytes`).
+      where: the suite entry it came from (`probe[2]`), for errors.
     """
 
     id: str
@@ -73,6 +90,9 @@ class Case:
     input_key: str
     seed: int = 0
     dtype: str = field(default="")
+    expect: str | None = None
+    host_bytes: int = 0
+    where: str = ""
 
 
 @dataclass(frozen=True)
@@ -164,12 +184,57 @@ def _grid_values(path: Path, where: str, value: Any, typ, allowed) -> list:
     return values
 
 
-def load_suite(name_or_path: str) -> Suite:
-    """Load a shipped suite by name, or a suite file by path, and expand it into cases.
+def memory_limit(max_memory: float | None = None) -> tuple[int, str]:
+    """The host memory a case may need, in bytes, and where the figure comes from.
+
+    Args:
+      max_memory: the limit in GiB; None for half of the physical memory.
+    """
+    if max_memory is not None:
+        return int(max_memory * GIB), "--max-memory"
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return FALLBACK_MEMORY_LIMIT, "the default when physical memory is unknown"
+    return total // 2, f"half of this machine's {total / GIB:.1f} GiB"
+
+
+def _gib(n: float) -> str:
+    gib = n / GIB
+    return f"{gib:.1f} GiB" if gib >= 1 else f"{gib:.2g} GiB"
+
+
+def check_memory(suite: Suite, max_memory: float | None = None) -> None:
+    """Refuse a suite with a case whose estimated host memory is above the limit.
+
+    Args:
+      suite: a loaded suite.
+      max_memory: the limit in GiB; None for half of the physical memory.
 
     Raises:
-      SuiteError: unknown suite, unreadable or malformed TOML, or a field of the wrong type
-        or value; the message names the file, the field and what was expected.
+      SuiteError: naming the case, its estimate and the limit, and how to raise it.
+    """
+    limit, source = memory_limit(max_memory)
+    for case in suite.cases:
+        if case.host_bytes > limit:
+            raise SuiteError(suite.path, f"{case.where}.shape" if case.where else "shape",
+                             f"case '{case.label}' needs about {_gib(case.host_bytes)} of host "
+                             f"memory (inputs, ground truth, verdict), more than the limit of "
+                             f"{_gib(limit)} ({source}); use smaller shapes, "
+                             f"or raise the limit with --max-memory GIB (library: max_memory=)")
+
+
+def load_suite(name_or_path: str, max_memory: float | None = None) -> Suite:
+    """Load a shipped suite by name, or a suite file by path, and expand it into cases.
+
+    Args:
+      name_or_path: a shipped suite name or a path to a .toml file.
+      max_memory: host memory one case may need, in GiB (None: half of physical memory).
+
+    Raises:
+      SuiteError: unknown suite, unreadable or malformed TOML, a field of the wrong type
+        or value, or a case needing more host memory than the limit; the message names the
+        file, the field and what was expected.
     """
     path = _resolve(name_or_path)
     try:
@@ -195,8 +260,10 @@ def load_suite(name_or_path: str) -> Suite:
     seen: set[str] = set()
     for i, entry in enumerate(entries):
         cases.extend(_expand(path, f"probe[{i}]", entry, seed, seen, start=len(cases)))
-    return Suite(name=name, path=str(path), description=description, seed=seed,
-                 cases=tuple(cases))
+    suite = Suite(name=name, path=str(path), description=description, seed=seed,
+                  cases=tuple(cases))
+    check_memory(suite, max_memory)
+    return suite
 
 
 def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int) -> list[Case]:
@@ -219,6 +286,12 @@ def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int
     inputs = _grid_values(path, f"{where}.inputs", entry.get("inputs", "normal"), str,
                           probe.inputs)
     dtypes = _str_list(path, f"{where}.dtypes", entry.get("dtypes"), probe.dtypes)
+    expect = entry.get("expect")
+    if expect is not None:
+        _expect(path, f"{where}.expect", expect, str, "a string")
+        if expect not in EXPECTATIONS:
+            raise SuiteError(str(path), f"{where}.expect",
+                             f"expected one of {', '.join(EXPECTATIONS)}, got {expect!r}")
     grid = {name: _grid_values(path, f"{where}.{name}", entry.get(name, default), typ, allowed)
             for name, (typ, allowed, default) in probe.params.items()}
 
@@ -274,6 +347,7 @@ def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int
         cases.append(Case(
             id=f"c{start + len(cases):04d}", probe=pname, op=op, label=label, params=params,
             op_args=op_args, inputs=maker, input_key=input_key,
-            seed=int(input_key[:8], 16) ^ seed, dtype=dtype,
+            seed=int(input_key[:8], 16) ^ seed, dtype=dtype, expect=expect,
+            host_bytes=probe.host_bytes(params), where=where,
         ))
     return cases

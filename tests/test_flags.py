@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from diag import environment
+from diag.precision import fingerprint
 from diag.flags import (RULES, BadFlag, findings, host_findings, host_flags, parse_flags,
                         report_context, validate_xla_flags)
 from tests.conftest import needs_jax, needs_torch
@@ -150,9 +151,24 @@ def test_diag_env_with_a_bad_xla_flag_exits_2_naming_it(flags, named):
     assert out.stdout == ""
 
 
+def _torch_label_under(precision: str) -> str:
+    """The fingerprint of torch-cpu's matmul under a precision setting, in this process."""
+    import torch
+
+    def mm(a, b):
+        return torch.from_numpy(a) @ torch.from_numpy(b)
+
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision(precision)
+        return fingerprint(mm).label
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
 @needs_jax
 @needs_torch
-def test_diag_env_json_on_cpu_reads_f32_and_flags_torch_medium():
+def test_diag_env_json_on_cpu_reads_f32_and_measures_torch_medium():
     out = diag("env", "--json", env={"XLA_USE_BF16": "1"})
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
@@ -162,9 +178,12 @@ def test_diag_env_json_on_cpu_reads_f32_and_flags_torch_medium():
            for fp in info["fingerprints"]}
     assert fps[("jax-cpu", "default", "none")] == "F32_F32_F32"
     assert fps[("torch-cpu", "default", "none")] == "F32_F32_F32"
-    # every JAX setting computes float32 on CPU (field notes); torch 'medium' is bf16 here.
+    # every JAX setting computes float32 on CPU (field notes); torch 'highest' is float32 by
+    # its documentation; 'medium' is oneDNN's choice per CPU (bf16 on some, float32 on
+    # others): what `diag env` reports must be what this CPU does, measured here directly.
     assert {v for (name, _, _), v in fps.items() if name == "jax-cpu"} == {"F32_F32_F32"}
-    assert fps[("torch-cpu", "medium", "config")] == "BF16_BF16_F32"
+    assert fps[("torch-cpu", "highest", "config")] == "F32_F32_F32"
+    assert fps[("torch-cpu", "medium", "config")] == _torch_label_under("medium")
     rules = {f["rule"] for f in report["findings"]}
     assert {"xla-use-bf16", "xla-excess-precision"} <= rules
     assert "torch-cudnn-tf32" not in rules  # no CUDA here

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from diag.errors import SuiteError
 from diag.suite import load_suite, suite_names
+from tests.conftest import REPO_ROOT
 
 
 def _write(tmp_path, text: str):
@@ -162,3 +168,50 @@ def test_bad_sampling_parameters_exit_before_any_worker(tmp_path, change, field,
     assert info.value.field == field, str(info.value)
     assert expected in str(info.value)
 
+
+
+_PEAK = r"""
+import json, re, sys, tempfile
+from pathlib import Path
+import numpy as np
+from diag.probes import PROBES, Outcome
+from diag.runner import _Inputs, _Truth
+from diag.suite import load_suite
+
+def hwm():
+    # This process's peak RSS (VmHWM, KiB). Not ru_maxrss: Linux carries that over from the
+    # parent across exec, so under a big pytest process it would read the parent's peak.
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024
+
+
+case = load_suite(sys.argv[1]).cases[0]
+before = hwm()
+inputs = _Inputs(Path(tempfile.mkdtemp()))
+truth = _Truth(inputs, tempfile.mkdtemp()).get(case)
+outcome = Outcome(inputs=inputs.get(case), outputs=[np.array(truth.value)], names=["output"],
+                  truth=truth, params=case.params)
+assert PROBES[case.op].evaluate(outcome).status == "pass"
+peak = hwm() - before
+print(json.dumps({"peak": peak, "estimate": case.host_bytes}))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads VmHWM from /proc/self/status")
+@pytest.mark.parametrize("op, shape", [
+    ("matmul", [1024, 4, 1024]),   # output-dominated
+    ("matmul", [16, 32768, 16]),   # input-dominated (long K: Ozaki splitting)
+    ("softmax", [4, 65536]),
+])
+def test_host_memory_estimate_is_above_the_measured_peak(tmp_path, op, shape):
+    """The estimate the loader refuses oversized cases by must not undercount: the host's
+    peak memory for one case (inputs drawn, ground truth, verdict) stays below it."""
+    path = _write(tmp_path, f'[suite]\nname = "m"\n[[probe]]\nname = "p"\nop = "{op}"\n'
+                            f'dtypes = ["float32"]\nshapes = [{shape}]\n')
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "DIAG_CACHE_DIR": str(tmp_path / "c")}
+    out = subprocess.run([sys.executable, "-c", _PEAK, path], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    m = json.loads(out.stdout)
+    assert m["peak"] > 0
+    assert m["peak"] <= m["estimate"] <= 4 * m["peak"], m

@@ -48,6 +48,9 @@ class BackendSpec:
     ops: tuple[str, ...] | None = None
     # Whether a run without --backend includes it (emulations are opt-in, never hardware).
     default: bool = True
+    # A numpy model of an algorithm, not a device under test: its verdicts are `warn` at
+    # worst (diag.runner), since an emulation promises nothing.
+    emulated: bool = False
 
 
 _JAX = dict(framework="jax", module="diag.backends.jax_backend",
@@ -75,8 +78,10 @@ BACKENDS: dict[str, BackendSpec] = {
                     narrow_promised=False, **_JAX),
         BackendSpec(name="jax-tpu", platform="tpu", promised=("highest",),
                     narrow_promised=False, **_JAX),
-        # torch documents that 'high' and 'medium' permit TF32/bf16 internally, on CPU too:
-        # measured here, 'medium' makes torch-cpu multiply float32 in bf16 (oneDNN).
+        # torch documents that 'high' and 'medium' permit TF32/bf16 internally, on CPU too;
+        # whether 'medium' does multiply float32 in bf16 on a CPU is oneDNN's choice per CPU
+        # (measured: bf16 on one machine, plain float32 on an AMD EPYC with avx512_bf16 and
+        # no AMX). Each run fingerprints the setting it uses (diag.precision).
         BackendSpec(name="torch-cpu", platform="cpu", promised=("default", "highest"),
                     **_TORCH),
         # torch's default float32 matmul precision is 'highest' (TF32 off since 1.12);
@@ -84,11 +89,13 @@ BACKENDS: dict[str, BackendSpec] = {
         BackendSpec(name="torch-cuda", platform="cuda", promised=("default", "highest"),
                     narrow_promised=False, **_TORCH),
         # numpy emulations of dot algorithms (diag.precision): opt-in, never hardware, and
-        # promising nothing, so a bound breach is `warn`. The platform is the algorithm.
+        # promising nothing, so every verdict is `warn` at worst. The platform is the
+        # algorithm.
         *(BackendSpec(name=f"emu-{short}", platform=algorithm, framework="numpy",
                       module="diag.backends.emu_backend", precision_via=(),
                       precisions=("default",), install_hint="numpy is always installed",
-                      promised=(), narrow_promised=False, ops=("matmul",), default=False)
+                      promised=(), narrow_promised=False, ops=("matmul",), default=False,
+                      emulated=True)
           for short, algorithm in (("bf16x1", "BF16_BF16_F32"), ("bf16x3", "BF16_BF16_F32_X3"),
                                    ("bf16x6", "BF16_BF16_F32_X6"), ("tf32", "TF32_TF32_F32"),
                                    ("tf32x3", "TF32_TF32_F32_X3"), ("f16", "F16_F16_F32"))),

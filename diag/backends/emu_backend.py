@@ -7,7 +7,9 @@ Running a probe on `emu-bf16x1` next to `jax-cpu` shows what that default does t
 
 An emulation is never a hardware result: the device reads `platform: emulated` with a kind
 that says "not hardware", the backend names start with `emu-`, and their specs promise
-nothing (a bound breach is `warn`, never `fail`). Only `matmul` is implemented.
+nothing: every verdict on them is `warn` at worst, never `fail` (a bound breach, or an
+overflow to Inf where the truth is finite, is what the emulated algorithm does there, not a
+broken device). Only `matmul` is implemented.
 
 Same interface as the other backend modules (see `diag.backends.worker`); the "platform" is
 the algorithm's `DotAlgorithmPreset` name. Framework: numpy (always installed).

@@ -11,7 +11,8 @@ framework must not take the run down with it.
 Protocol: one JSON object per line on the protocol stream (the original stdout; anything the
 framework prints is redirected to stderr so it cannot corrupt the stream):
   {"event": "ready", "device": {...}, "framework": {...}, "settings": {...},
-   "fingerprints": [...] (with job "fingerprint": the matmul's arithmetic, diag.precision)}
+   "fingerprints": [...] (the matmul's arithmetic, diag.precision, for each [precision, via]
+   pair the job's "fingerprint" lists)}
   {"event": "result", "case": ID, "outputs": [{"name", "path", "dtype", "shape"}, ...],
    "timings": {...}, "input_digests": [sha256 of each input as read back from the device]}
   {"event": "case_error", "case": ID, "error": "..."}
@@ -27,7 +28,9 @@ case with that id (`c0003`; `start` fails before the framework is even imported)
 exception), `hang` (sleep forever), or `corrupt` (the case runs, then the first output
 element is doubled: silent wrong data, which the verdict must catch), or `corrupt_input`
 (the first input's first element is doubled on its way to the device, which the input
-digest check must catch).
+digest check must catch), `truncate` (the first output loses its last column: a wrong
+shape) or `drop_output` (the last output is not sent: too few outputs); the host must turn
+those two into an `error` record for the case and go on.
 """
 
 from __future__ import annotations
@@ -118,9 +121,12 @@ def run_job(job: dict, stream) -> None:
     _inject_fault(_fault(label, "start"), "start")
     backend = importlib.import_module(spec.module)
     info = backend.setup(spec.platform)
-    if job.get("fingerprint") and hasattr(backend, "matmul"):
-        # What arithmetic this backend's matmul uses as the run finds it (diag.precision).
-        info["fingerprints"] = matmul_fingerprints(backend, [("default", "none")])
+    settings = job.get("fingerprint")
+    if settings is True:  # older jobs: the default setting only
+        settings = [("default", "none")]
+    if settings and hasattr(backend, "matmul"):
+        # What arithmetic this backend's matmul uses under each setting the cases use.
+        info["fingerprints"] = matmul_fingerprints(backend, [tuple(p) for p in settings])
     _emit(stream, event="ready", **info)
 
     out_dir = job["out_dir"]
@@ -150,10 +156,15 @@ def run_job(job: dict, stream) -> None:
                 samples.append(time.perf_counter() - t0)
             outputs = []
             finite = True
-            for i, (name, value) in enumerate(_named_outputs(out)):
+            named = _named_outputs(out)
+            if fault == "drop_output":
+                named = named[:-1]
+            for i, (name, value) in enumerate(named):
                 host = np.array(backend.get(value))
                 if fault == "corrupt" and i == 0:
                     host.flat[0] = host.flat[0] * 2
+                if fault == "truncate" and i == 0:
+                    host = np.ascontiguousarray(host[..., :-1])
                 path = os.path.join(out_dir, f"{case['id']}.{label}.{i}.npy")
                 is_float = numerics.is_supported(host.dtype)  # float dtypes diag handles
                 if is_float:
