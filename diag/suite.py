@@ -54,7 +54,7 @@ __all__ = ["Case", "Suite", "load_suite", "suite_names", "check_memory", "memory
 GIB = 2**30
 FALLBACK_MEMORY_LIMIT = 8 * GIB  # where the physical memory cannot be read
 
-SUITE_DIR = Path(__file__).parent / "probes"
+SUITE_DIR = Path(__file__).parent / "suites"
 
 # Fields every entry may have; each probe adds its own grid parameters (`Probe.params`).
 _ENTRY_FIELDS = {"name", "op", "description", "inputs", "dtypes", "shape", "shapes", "sweep",
