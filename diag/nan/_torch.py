@@ -165,11 +165,11 @@ def _host(t: Any) -> np.ndarray:
 
 
 class _Birth:
-    __slots__ = ("op", "kind", "phase", "src", "path", "ins", "out", "note")
+    __slots__ = ("op", "kind", "phase", "src", "path", "ins", "out", "note", "pointwise")
 
-    def __init__(self, op, kind, phase, src, path, ins, out, note):
+    def __init__(self, op, kind, phase, src, path, ins, out, note, pointwise):
         self.op, self.kind, self.phase, self.src, self.path = op, kind, phase, src, path
-        self.ins, self.out, self.note = ins, out, note
+        self.ins, self.out, self.note, self.pointwise = ins, out, note, pointwise
 
 
 class _Hunter(TorchDispatchMode):
@@ -183,6 +183,9 @@ class _Hunter(TorchDispatchMode):
         self.written: dict[int, weakref.ref] = {}  # by id: an optimizer writes each often
         self.grads: list[weakref.ref] = []
         self.modules: list[str] = []
+        # (birth its bad inputs descend from, whether it had bad inputs, what happened) for
+        # the first op that raised.
+        self.raised: tuple[int | None, bool, str] | None = None
 
     def taint_of(self, t: torch.Tensor) -> int | None:
         got = self._taint.get(id(t))
@@ -198,24 +201,56 @@ class _Hunter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        mutable = func._schema.is_mutable
+        writes = _writes(func)
         flat_in = _flat(kwargs, _flat(args, []))
-        pre = ({id(t): _flags(t) for t in flat_in if _is_float(t)} if mutable else None)
-        out = func(*args, **kwargs)
+        if writes:
+            groups = _written(writes, args, kwargs)
+            pre = {id(t): _flags(t) for g in groups for t in g if _is_float(t)}
+        try:
+            out = func(*args, **kwargs)
+        except Exception as e:
+            self._note_raise(func, flat_in, e)
+            raise
         node = torch._C._current_autograd_node()
         outs = [t for t in _flat(out, []) if _is_float(t)]
-        if mutable:
-            for t in outs:
-                self.written[id(t)] = weakref.ref(t)
         if node is not None and type(node).__name__ == "AccumulateGrad":
             self.grads.extend(weakref.ref(t) for t in outs)
-        if not outs:
+        if not writes:
+            if outs:
+                self._judge(func, node, flat_in, outs, None, False)
             return out
+        for g in groups:
+            for t in g:
+                if _is_float(t):
+                    self.written[id(t)] = weakref.ref(t)
+        lists = [g for g in groups if isinstance(g, list)]
+        if lists and len(lists) == len(groups) and _per_index(func, args, kwargs, lists):
+            # A multi-tensor op (`_foreach_*_`, a fused optimizer) is one elementwise op per
+            # index of its lists: judge each index on its own tensors, so a NaN already in one
+            # parameter's gradient does not hide a NaN born in another's update.
+            n = len(lists[0])
+            scalars = [x for x in _flat_nonlist(args, kwargs)]
+            list_args = _list_args(func, args, kwargs)
+            for i in range(n):
+                written_i = [g[i] for g in lists if _is_float(g[i])]
+                ins_i = [lst[i] for lst in list_args] + scalars
+                self._judge(func, node, ins_i, written_i, pre, True)
+            return out
+        seen = {id(t) for t in outs}
+        outs += [t for g in groups for t in g if _is_float(t) and id(t) not in seen]
+        if outs:
+            self._judge(func, node, flat_in, outs, pre, True)
+        return out
+
+    def _judge(self, func, node, flat_in, outs, pre, mutable) -> None:
+        """Record a birth when `outs` hold a NaN no input held (or an Inf from finite inputs),
+        and carry the birth each non-finite output descends from. `pre` holds the flags of
+        tensors the op writes, taken before it ran."""
         out_flags = [_flags(t) for t in outs]
         if not any(n or i for n, i in out_flags):
             for t in outs:
                 self._set_taint(t, None)  # overwritten in place with finite values
-            return out
+            return
         ins = [x for x in flat_in if _is_float(x)]
         in_flags = [pre[id(t)] if pre is not None and id(t) in pre else _flags(t) for t in ins]
         in_flags += [(x != x, x in (float("inf"), float("-inf")))
@@ -227,14 +262,37 @@ class _Hunter(TorchDispatchMode):
         inherited = [self.taint_of(t) for t, (n, i) in zip(ins, in_flags) if n or i]
         inherited = [x for x in inherited if x is not None]
         taint = min(inherited) if inherited else None
+        kind = None
         if (out_nan and not in_nan) or (out_inf and not in_bad):
-            self._record(func, node, flat_in, outs, out_flags, mutable,
-                         "NaN" if out_nan and not in_nan else "Inf")
+            kind = "NaN" if out_nan and not in_nan else "Inf"
+        elif not mutable and torch.Tag.pointwise in func.tags:
+            # An elementwise op fed some non-finite elements (a -inf mask) can still give
+            # birth elsewhere: x / 0 on the finite elements. Judge it element by element.
+            kind = _pointwise_birth(flat_in, outs)
+            if kind is not None:
+                taint = None  # the new elements descend from this op, not from the inputs
+        if kind is not None:
+            self._record(func, node, flat_in, outs, out_flags, mutable, kind)
             if taint is None:
                 taint = len(self.births) - 1
         for t, (n, i) in zip(outs, out_flags):
             self._set_taint(t, taint if (n or i) else None)
-        return out
+
+    def _note_raise(self, func, flat_in, error: Exception) -> None:
+        """An op raised: keep which births its non-finite inputs descend from, if any."""
+        if self.raised is not None:
+            return
+        bad = [(t, _flags(t)) for t in flat_in if _is_float(t)]
+        bad = [(t, f) for t, f in bad if f[0] or f[1]]
+        taints = [self.taint_of(t) for t, _ in bad]
+        taints = [x for x in taints if x is not None]
+        node = torch._C._current_autograd_node()
+        file, line, fn = _source_from_stack() if node is None else _source_from_node(node,
+                                                                                     self.key)
+        where = f" at {os.path.basename(file)}:{line} ({fn})" if file else ""
+        self.raised = (min(taints) if taints else None, bool(bad),
+                       f"{_op_name(func)}{where} then raised {type(error).__name__}: "
+                       f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}")
 
     def _record(self, func, node, flat_in, outs, out_flags, mutable, kind) -> None:
         if node is None:
@@ -249,13 +307,105 @@ class _Hunter(TorchDispatchMode):
         bad = next(t for t, (n, i) in zip(outs, out_flags) if n or i)
         note = ("the op writes its input in place: input summaries show it after the op"
                 if mutable else "")
-        if node is not None:
+        if node is not None and isinstance(node, _CUSTOM_NODE):
             file, line, fn = _source_from_stack()
-            if file:  # a custom autograd.Function's own backward code
+            if file:  # the custom autograd.Function's own backward code
                 note = f"run by backward code at {os.path.basename(file)}:{line} ({fn}). {note}"
         note = note.strip()
+        pointwise = torch.Tag.pointwise in func.tags
         self.births.append(_Birth(_op_name(func), kind, phase, src, path, ins, _host(bad),
-                                  note))
+                                  note, pointwise))
+
+
+_CUSTOM_NODE = torch.autograd.function.BackwardCFunction
+
+
+def _pointwise_birth(flat_in: list, outs: list) -> str | None:
+    """``NaN`` when an elementwise op's output holds a NaN where no input does, ``Inf`` when it
+    holds an Inf where every input is finite, else None (each non-finite element came in)."""
+    try:
+        with torch._C.DisableTorchFunction(), torch.no_grad():
+            shape = outs[0].shape
+            in_nan = torch.zeros(shape, dtype=torch.bool, device=outs[0].device)
+            in_bad = in_nan.clone()
+            for x in flat_in:
+                if isinstance(x, float):
+                    in_nan |= x != x
+                    in_bad |= not math.isfinite(x)
+                elif _is_float(x):
+                    in_nan |= torch.isnan(x).broadcast_to(shape)
+                    in_bad |= ~torch.isfinite(x).broadcast_to(shape)
+            for t in outs:
+                if t.shape != shape:
+                    return None
+                if bool((torch.isnan(t) & ~in_nan).any()):
+                    return "NaN"
+            for t in outs:
+                if bool((torch.isinf(t) & ~in_bad).any()):
+                    return "Inf"
+    except RuntimeError:  # inputs that do not broadcast to the output: not elementwise here
+        return None
+    return None
+
+_WRITES: dict[Any, tuple] = {}
+
+
+def _writes(func) -> tuple:
+    """(position, name, is_list) of every argument the op writes, per its schema
+    (``Tensor(a!)``, ``Tensor(a!)[]``, ``out=``); cached per op."""
+    got = _WRITES.get(func)
+    if got is None:
+        got = tuple((k, a.name, str(a.type).startswith("List"))
+                    for k, a in enumerate(func._schema.arguments)
+                    if a.alias_info is not None and a.alias_info.is_write)
+        _WRITES[func] = got
+    return got
+
+
+def _arg(k: int, name: str, args: tuple, kwargs: dict):
+    return args[k] if k < len(args) else kwargs.get(name)
+
+
+def _written(writes: tuple, args: tuple, kwargs: dict) -> list:
+    """The tensors an op writes, one group per written argument (a list argument is a list)."""
+    groups = []
+    for k, name, is_list in writes:
+        x = _arg(k, name, args, kwargs)
+        if x is None:
+            continue
+        groups.append([t for t in x if isinstance(t, torch.Tensor)] if is_list else (x,))
+    return groups
+
+
+_LIST_ARGS: dict[Any, tuple] = {}
+
+
+def _list_args(func, args: tuple, kwargs: dict) -> list[list]:
+    pos = _LIST_ARGS.get(func)
+    if pos is None:
+        pos = _LIST_ARGS[func] = tuple((k, a.name) for k, a in enumerate(func._schema.arguments)
+                                       if str(a.type).startswith(("List[Tensor]",
+                                                                  "List[Optional[Tensor]]")))
+    out = []
+    for k, name in pos:
+        x = _arg(k, name, args, kwargs)
+        if x:
+            out.append(list(x))
+    return out
+
+
+def _per_index(func, args, kwargs, lists) -> bool:
+    lens = {len(x) for x in _list_args(func, args, kwargs)}
+    return len(lens) == 1 and all(len(g) == next(iter(lens)) for g in lists)
+
+
+def _flat_nonlist(args: tuple, kwargs: dict) -> list:
+    """The tensors and floats of an op's arguments that are not inside a list argument."""
+    out = []
+    for x in list(args) + list(kwargs.values()):
+        if isinstance(x, (torch.Tensor, float)):
+            out.append(x)
+    return out
 
 
 def _op_name(func) -> str:
@@ -275,7 +425,8 @@ def _report(b: _Birth, n_births: int) -> NanReport:
         framework="torch", primitive=b.op, kind=b.kind, source=src, path=b.path, phase=b.phase,
         inputs=tuple(summarize(a) for a in b.ins), output=summarize(b.out), file=file,
         line=line, function=func, bad_index=idx,
-        inputs_at_index=values_at(b.ins, b.out.shape, idx), births=n_births, note=b.note)
+        inputs_at_index=values_at(b.ins, b.out.shape, idx) if b.pointwise else None,
+        births=n_births, note=b.note)
 
 
 def _modules_of(fn: Callable, args: tuple, kwargs: dict) -> list[torch.nn.Module]:
@@ -286,30 +437,80 @@ def _modules_of(fn: Callable, args: tuple, kwargs: dict) -> list[torch.nn.Module
     return found
 
 
-def _sinks(result: Any, fn: Callable, args: tuple, kwargs: dict, hunter: _Hunter):
-    """Every tensor the function's effect is visible in, with where it is, weakest name last."""
-    named: list[tuple[str, torch.Tensor]] = []
-    named += [("result", t) for t in tree_leaves(result) if _is_float(t)]
-    for t in tree_leaves((args, kwargs)):
-        if _is_float(t):
-            named.append(("argument", t))
-            if t.grad is not None:
-                named.append(("argument gradient", t.grad))
+def _named_inputs(fn: Callable, args: tuple, kwargs: dict) -> dict[int, tuple[str, Any]]:
+    """id -> (name, tensor) for what the function was given: tensors in its arguments, and the
+    parameters (and their gradients) of modules it was given or is bound to."""
+    named: dict[int, tuple[str, Any]] = {}
+    for path, t in _tensor_paths((args, kwargs)):
+        named.setdefault(id(t), (path, t))
+        if t.grad is not None:
+            named.setdefault(id(t.grad), (f"gradient of {path}", t.grad))
     for m in _modules_of(fn, args, kwargs):
         for pname, p in m.named_parameters():
-            named.append((f"parameter {pname}", p))
+            named.setdefault(id(p), (f"parameter {pname}", p))
             if p.grad is not None:
-                named.append((f"gradient of {pname}", p.grad))
-    named += [("accumulated gradient", r()) for r in hunter.grads if r() is not None]
-    named += [("tensor written in place", r()) for r in hunter.written.values()
-              if r() is not None]
+                named.setdefault(id(p.grad), (f"gradient of {pname}", p.grad))
+        for bname, b in m.named_buffers():
+            named.setdefault(id(b), (f"buffer {bname}", b))
     return named
+
+
+def _tensor_paths(tree: Any, path: str = "") -> list[tuple[str, torch.Tensor]]:
+    """(``args[1]['mask']``, tensor) for the tensors in ``(args, kwargs)``."""
+    out = []
+    if isinstance(tree, torch.Tensor):
+        out.append((path, tree))
+    elif isinstance(tree, (list, tuple)):
+        for i, x in enumerate(tree):
+            sub = ("args" if i == 0 else "kwargs") if path == "" else f"{path}[{i}]"
+            out += _tensor_paths(x, sub)
+    elif isinstance(tree, dict):
+        for k, x in tree.items():
+            out += _tensor_paths(x, f"{path}[{k!r}]")
+    return out
+
+
+def _arrived(named: dict[int, tuple[str, Any]]) -> list[str]:
+    """What the function was given that was already non-finite: facts, not findings (an
+    additive attention mask holds -inf by design)."""
+    facts = []
+    for name, t in named.values():
+        if _is_float(t):
+            nan, inf = _flags(t)
+            if nan or inf:
+                s = summarize(_host(t))
+                what = ", ".join(f"{n} {k}" for n, k in ((s.nans, "NaN"), (s.infs, "Inf")) if n)
+                facts.append(f"{name} held {what} on arrival")
+    return facts
+
+
+def _sinks(result: Any, named: dict, hunter: _Hunter):
+    """Every tensor the function's effect is visible in: what it returns, the gradients
+    autograd accumulated, and every tensor an op wrote (an optimizer's update, a buffer).
+    What it was given and left alone is not a result, whatever it holds."""
+    sinks: list[tuple[str, torch.Tensor]] = []
+    sinks += [("result", t) for t in tree_leaves(result) if _is_float(t)]
+    seen = {id(t) for _, t in sinks}
+    for r in hunter.grads:
+        t = r()
+        if t is not None and id(t) not in seen:
+            seen.add(id(t))
+            sinks.append((named.get(id(t), ("accumulated gradient",))[0], t))
+    for k, r in hunter.written.items():
+        t = r()
+        if t is not None and k not in seen:
+            seen.add(k)
+            name = named.get(k, (None,))[0]
+            sinks.append((f"{name} (written in place)" if name else "tensor written in place", t))
+    return sinks
 
 
 def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     """See `diag.nan.locate`."""
     name = getattr(fn, "__name__", None) or type(fn).__name__
     hunter = _Hunter(key=object())
+    named = _named_inputs(fn, args, kwargs)
+    arrived = _arrived(named)
 
     def enter(module, inputs):
         hunter.modules.append(type(module).__name__)
@@ -324,12 +525,14 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
         with torch.autograd.set_multithreading_enabled(False), _Lines(hunter.key), hunter:
             result = fn(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
-        raise NanHuntError(f"{name} raised {type(e).__name__}: {e}") from e
+        return _raised(hunter, name, e, arrived)
     finally:
         for h in hooks:
             h.remove()
+    # Gradients may have been made after `named` was built: name them too.
+    named.update({k: v for k, v in _named_inputs(fn, args, kwargs).items() if k not in named})
     bad = []
-    for where, t in _sinks(result, fn, args, kwargs, hunter):
+    for where, t in _sinks(result, named, hunter):
         nan, inf = _flags(t)
         if nan or inf:
             bad.append((where, t, "NaN" if nan else "Inf"))
@@ -338,14 +541,44 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     roots = [hunter.taint_of(t) for _, t, _ in bad]
     roots = [r for r in roots if r is not None]
     if roots:
-        return _report(hunter.births[min(roots)], len(hunter.births))
-    if hunter.births:
+        return _with(_report(hunter.births[min(roots)], len(hunter.births)), arrived=arrived)
+    if hunter.births and not arrived:
         rep = _report(hunter.births[0], len(hunter.births))
-        return NanReport(**{**rep.__dict__, "note": (
+        return _with(rep, note=(
             f"{bad[0][0]} holds {bad[0][2]}; it could not be traced to one op (a view written "
-            f"in place?), so this is the first op that produced one")})
+            f"in place?), so this is the first op that produced one"))
     where, t, kind = bad[0]
+    given = "; ".join(arrived) or "an input"
     return NanReport(framework="torch", primitive="input", kind=kind, source="", path=where,
-                     phase="input", inputs=(), output=summarize(_host(t)), births=0,
-                     note=f"no op produced it: {where} already held {kind}")
+                     phase="input", inputs=(), output=summarize(_host(t)),
+                     births=len(hunter.births), arrived=tuple(arrived),
+                     note=f"no op produced it: it reached {where} from what the function was "
+                          f"given ({given})")
 
+
+def _with(rep: NanReport, **changes) -> NanReport:
+    if "arrived" in changes:
+        changes["arrived"] = tuple(changes["arrived"])
+    if rep.note and "note" in changes:
+        changes["note"] = f"{changes['note']}. {rep.note}"
+    return NanReport(**{**rep.__dict__, **changes})
+
+
+def _raised(hunter: _Hunter, name: str, error: Exception, arrived: list[str]) -> NanReport:
+    """The function raised. If the op that raised was fed NaN/Inf, that is the finding: report
+    where it was born and what it made happen; otherwise it is an error like any other."""
+    got = hunter.raised
+    if got is None or not got[1]:
+        first = (f"; {len(hunter.births)} NaN/Inf birth(s) were seen before it"
+                 if hunter.births else "")
+        raise NanHuntError(f"{name} raised {type(error).__name__}: {error}{first}") from error
+    taint, _, what = got
+    if taint is not None:
+        return _with(_report(hunter.births[taint], len(hunter.births)), raised=what,
+                     arrived=arrived)
+    given = "; ".join(arrived) or "an input"
+    return NanReport(framework="torch", primitive="input", kind="NaN", source="", path="",
+                     phase="input", births=len(hunter.births), raised=what,
+                     arrived=tuple(arrived),
+                     note=f"no op produced it: the raising op was fed what the function was "
+                          f"given ({given})")
