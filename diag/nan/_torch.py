@@ -126,27 +126,42 @@ def _flat(x: Any, out: list) -> list:
     return out
 
 
+_FLOAT_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                           torch.complex64, torch.complex128, torch.complex32}
+                          | {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2",
+                                                          "float8_e4m3fnuz", "float8_e5m2fnuz")
+                             if hasattr(torch, n)})
+_STRIDED = torch.strided
+
+
 def _is_float(t: Any) -> bool:
-    return (isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_meta
-            and (t.is_floating_point() or t.is_complex()) and t.numel() > 0)
+    return (isinstance(t, torch.Tensor) and t.dtype in _FLOAT_DTYPES and t.layout is _STRIDED
+            and not t.is_meta and t.numel() > 0)
 
 
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.complex64, torch.complex128)
+_DOT_DTYPES = (torch.float32, torch.float64)
 
 
 def _flags(t: torch.Tensor) -> tuple[bool, bool]:
     """(has NaN, has Inf), checked once per op output, so it must be cheap.
 
     On CPU numpy reads the buffer in place, single-threaded: torch's own reductions start a
-    parallel region per call, which costs milliseconds on a busy machine. Elsewhere a sum is
-    finite only if every element is; an overflowing sum just costs the exact check.
+    parallel region per call, which costs milliseconds on a busy machine. A contiguous float
+    buffer is screened with one BLAS dot product (x . x is finite only if every element is;
+    one that overflows just costs the exact check); elsewhere a sum screens the same way.
     """
-    if t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES:
+    dtype = t.dtype
+    if dtype in _NUMPY_DTYPES and t.device.type == "cpu":
         try:
             a = t.detach().numpy()
         except RuntimeError:  # a lazy conj/neg view
             a = t.detach().resolve_conj().resolve_neg().numpy()
-        if np.isfinite(a).all():
+        if dtype in _DOT_DTYPES and a.flags.c_contiguous:
+            v = a.reshape(-1)
+            if math.isfinite(np.dot(v, v)):
+                return False, False
+        elif np.isfinite(a).all():
             return False, False
         return bool(np.isnan(a).any()), bool(np.isinf(a).any())
     total = t.sum().item()
@@ -183,9 +198,28 @@ class _Hunter(TorchDispatchMode):
         self.written: dict[int, weakref.ref] = {}  # by id: an optimizer writes each often
         self.grads: list[weakref.ref] = []
         self.modules: list[str] = []
+        self._known: dict[int, tuple[weakref.ref, int, tuple[bool, bool]]] = {}
         # (birth its bad inputs descend from, whether it had bad inputs, what happened) for
         # the first op that raised.
         self.raised: tuple[int | None, bool, str] | None = None
+
+    def flags(self, t: torch.Tensor) -> tuple[bool, bool]:
+        """`_flags`, remembered per tensor until its version counter moves: torch bumps it on
+        every in-place write, through any view, so a remembered answer is never stale."""
+        got = self._known.get(id(t))
+        if got is not None and got[0]() is t and got[1] == t._version:
+            return got[2]
+        f = _flags(t)
+        self._known[id(t)] = (weakref.ref(t), t._version, f)
+        return f
+
+    def flags_written(self, t: torch.Tensor) -> tuple[bool, bool]:
+        """Flags of a tensor an op just wrote. The mode runs below autograd's
+        ADInplaceOrView kernel, which bumps the version after the op returns: remember the
+        answer under the version the tensor is about to have."""
+        f = _flags(t)
+        self._known[id(t)] = (weakref.ref(t), t._version + 1, f)
+        return f
 
     def taint_of(self, t: torch.Tensor) -> int | None:
         got = self._taint.get(id(t))
@@ -199,13 +233,30 @@ class _Hunter(TorchDispatchMode):
         else:
             self._taint[id(t)] = (weakref.ref(t), taint)
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in `torch._disable_dynamo`, which imports
+        # torch._dynamo (and sympy: ~1.2 s) on the first op and costs a frame switch on every
+        # op. The hunt does not run under torch.compile (its regions are opaque to it anyway).
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         writes = _writes(func)
+        if writes is _VIEW:
+            # A view holds its input's values: it cannot give birth, and carries the birth
+            # of what it views. No check needed.
+            out = func(*args, **kwargs)
+            base = args[0] if args else None
+            if isinstance(base, torch.Tensor) and isinstance(out, torch.Tensor):
+                taint = self.taint_of(base)
+                if taint is not None:
+                    self._set_taint(out, taint)
+            return out
         flat_in = _flat(kwargs, _flat(args, []))
         if writes:
             groups = _written(writes, args, kwargs)
-            pre = {id(t): _flags(t) for g in groups for t in g if _is_float(t)}
+            pre = {id(t): self.flags(t) for g in groups for t in g if _is_float(t)}
         try:
             out = func(*args, **kwargs)
         except Exception as e:
@@ -246,13 +297,14 @@ class _Hunter(TorchDispatchMode):
         """Record a birth when `outs` hold a NaN no input held (or an Inf from finite inputs),
         and carry the birth each non-finite output descends from. `pre` holds the flags of
         tensors the op writes, taken before it ran."""
-        out_flags = [_flags(t) for t in outs]
+        out_flags = [self.flags_written(t) if mutable else self.flags(t) for t in outs]
         if not any(n or i for n, i in out_flags):
             for t in outs:
                 self._set_taint(t, None)  # overwritten in place with finite values
             return
         ins = [x for x in flat_in if _is_float(x)]
-        in_flags = [pre[id(t)] if pre is not None and id(t) in pre else _flags(t) for t in ins]
+        in_flags = [pre[id(t)] if pre is not None and id(t) in pre else self.flags(t)
+                    for t in ins]
         in_flags += [(x != x, x in (float("inf"), float("-inf")))
                      for x in flat_in if isinstance(x, float)]
         in_nan = any(n for n, _ in in_flags)
@@ -348,16 +400,23 @@ def _pointwise_birth(flat_in: list, outs: list) -> str | None:
     return None
 
 _WRITES: dict[Any, tuple] = {}
+_VIEW = ((-1, "view", False),)  # marks an op whose one output is a view of its first input
 
 
 def _writes(func) -> tuple:
     """(position, name, is_list) of every argument the op writes, per its schema
-    (``Tensor(a!)``, ``Tensor(a!)[]``, ``out=``); cached per op."""
+    (``Tensor(a!)``, ``Tensor(a!)[]``, ``out=``); `_VIEW` for a pure view op; cached per op."""
     got = _WRITES.get(func)
     if got is None:
+        schema = func._schema
         got = tuple((k, a.name, str(a.type).startswith("List"))
-                    for k, a in enumerate(func._schema.arguments)
+                    for k, a in enumerate(schema.arguments)
                     if a.alias_info is not None and a.alias_info.is_write)
+        rets = schema.returns
+        if (not got and len(rets) == 1 and rets[0].alias_info is not None
+                and not rets[0].alias_info.is_write and str(rets[0].type) == "Tensor"
+                and schema.arguments and schema.arguments[0].alias_info is not None):
+            got = _VIEW
         _WRITES[func] = got
     return got
 
@@ -522,7 +581,9 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     hooks = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
              torch.nn.modules.module.register_module_forward_hook(leave)]
     try:
-        with torch.autograd.set_multithreading_enabled(False), _Lines(hunter.key), hunter:
+        # The screens' dot products may overflow (then the exact check runs): not a warning.
+        with torch.autograd.set_multithreading_enabled(False), _Lines(hunter.key), hunter, \
+                np.errstate(over="ignore", invalid="ignore"):
             result = fn(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
         return _raised(hunter, name, e, arrived)
@@ -533,7 +594,8 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     named.update({k: v for k, v in _named_inputs(fn, args, kwargs).items() if k not in named})
     bad = []
     for where, t in _sinks(result, named, hunter):
-        nan, inf = _flags(t)
+        with np.errstate(over="ignore", invalid="ignore"):
+            nan, inf = hunter.flags(t)
         if nan or inf:
             bad.append((where, t, "NaN" if nan else "Inf"))
     if not bad:
