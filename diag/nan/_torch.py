@@ -76,6 +76,8 @@ class _Lines(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if not torch.is_grad_enabled():  # no node is made (an optimizer's update)
+            return out
         src = None
         for t in _flat(out, []):
             node = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
@@ -152,9 +154,9 @@ def _flags(t: torch.Tensor) -> tuple[bool, bool]:
     one that overflows just costs the exact check); elsewhere a sum screens the same way.
     """
     dtype = t.dtype
-    if dtype in _NUMPY_DTYPES and t.device.type == "cpu":
+    if dtype in _NUMPY_DTYPES and t.is_cpu:
         try:
-            a = t.detach().numpy()
+            a = t.detach().numpy() if t.requires_grad else t.numpy()
         except RuntimeError:  # a lazy conj/neg view
             a = t.detach().resolve_conj().resolve_neg().numpy()
         if dtype in _DOT_DTYPES and a.flags.c_contiguous:
@@ -198,7 +200,7 @@ class _Hunter(TorchDispatchMode):
         self.written: dict[int, weakref.ref] = {}  # by id: an optimizer writes each often
         self.grads: list[weakref.ref] = []
         self.modules: list[str] = []
-        self._known: dict[int, tuple[weakref.ref, int, tuple[bool, bool]]] = {}
+        self._known: dict[int, tuple[weakref.ref, tuple[int, ...], tuple[bool, bool]]] = {}
         # (birth its bad inputs descend from, whether it had bad inputs, what happened) for
         # the first op that raised.
         self.raised: tuple[int | None, bool, str] | None = None
@@ -207,18 +209,20 @@ class _Hunter(TorchDispatchMode):
         """`_flags`, remembered per tensor until its version counter moves: torch bumps it on
         every in-place write, through any view, so a remembered answer is never stale."""
         got = self._known.get(id(t))
-        if got is not None and got[0]() is t and got[1] == t._version:
+        if got is not None and got[0]() is t and t._version in got[1]:
             return got[2]
         f = _flags(t)
-        self._known[id(t)] = (weakref.ref(t), t._version, f)
+        self._known[id(t)] = (weakref.ref(t), (t._version,), f)
         return f
 
     def flags_written(self, t: torch.Tensor) -> tuple[bool, bool]:
         """Flags of a tensor an op just wrote. The mode runs below autograd's
-        ADInplaceOrView kernel, which bumps the version after the op returns: remember the
-        answer under the version the tensor is about to have."""
+        ADInplaceOrView kernel, which bumps the version after the op returns (multi-tensor
+        `_foreach_*_` ops do not bump it at all): the answer holds for the version the tensor
+        has now and the one it is about to have, until the next write, which the mode sees."""
         f = _flags(t)
-        self._known[id(t)] = (weakref.ref(t), t._version + 1, f)
+        v = t._version
+        self._known[id(t)] = (weakref.ref(t), (v, v + 1), f)
         return f
 
     def taint_of(self, t: torch.Tensor) -> int | None:
@@ -253,23 +257,27 @@ class _Hunter(TorchDispatchMode):
                 if taint is not None:
                     self._set_taint(out, taint)
             return out
-        flat_in = _flat(kwargs, _flat(args, []))
         if writes:
             groups = _written(writes, args, kwargs)
             pre = {id(t): self.flags(t) for g in groups for t in g if _is_float(t)}
         try:
             out = func(*args, **kwargs)
         except Exception as e:
-            self._note_raise(func, flat_in, e)
+            self._note_raise(func, _flat(kwargs, _flat(args, [])), e)
             raise
         node = torch._C._current_autograd_node()
-        outs = [t for t in _flat(out, []) if _is_float(t)]
+        if isinstance(out, (tuple, list)):
+            outs = [t for t in (_flat(out, []) if any(isinstance(x, (tuple, list)) for x in out)
+                                else out) if _is_float(t)]
+        else:
+            outs = [out] if _is_float(out) else []
         if node is not None and type(node).__name__ == "AccumulateGrad":
             self.grads.extend(weakref.ref(t) for t in outs)
         if not writes:
             if outs:
-                self._judge(func, node, flat_in, outs, None, False)
+                self._judge(func, node, (args, kwargs), outs, None, False)
             return out
+        flat_in = _flat(kwargs, _flat(args, []))
         for g in groups:
             for t in g:
                 if _is_float(t):
@@ -299,9 +307,12 @@ class _Hunter(TorchDispatchMode):
         tensors the op writes, taken before it ran."""
         out_flags = [self.flags_written(t) if mutable else self.flags(t) for t in outs]
         if not any(n or i for n, i in out_flags):
-            for t in outs:
-                self._set_taint(t, None)  # overwritten in place with finite values
+            if mutable:
+                for t in outs:
+                    self._set_taint(t, None)  # overwritten in place with finite values
             return
+        if isinstance(flat_in, tuple):  # (args, kwargs), flattened only when needed
+            flat_in = _flat(flat_in[1], _flat(flat_in[0], []))
         ins = [x for x in flat_in if _is_float(x)]
         in_flags = [pre[id(t)] if pre is not None and id(t) in pre else self.flags(t)
                     for t in ins]
@@ -529,13 +540,13 @@ def _tensor_paths(tree: Any, path: str = "") -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def _arrived(named: dict[int, tuple[str, Any]]) -> list[str]:
+def _arrived(named: dict[int, tuple[str, Any]], hunter: _Hunter) -> list[str]:
     """What the function was given that was already non-finite: facts, not findings (an
     additive attention mask holds -inf by design)."""
     facts = []
     for name, t in named.values():
         if _is_float(t):
-            nan, inf = _flags(t)
+            nan, inf = hunter.flags(t)
             if nan or inf:
                 s = summarize(_host(t))
                 what = ", ".join(f"{n} {k}" for n, k in ((s.nans, "NaN"), (s.infs, "Inf")) if n)
@@ -569,7 +580,7 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     name = getattr(fn, "__name__", None) or type(fn).__name__
     hunter = _Hunter(key=object())
     named = _named_inputs(fn, args, kwargs)
-    arrived = _arrived(named)
+    arrived = _arrived(named, hunter)
 
     def enter(module, inputs):
         hunter.modules.append(type(module).__name__)
