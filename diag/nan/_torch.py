@@ -225,6 +225,29 @@ class _Hunter(TorchDispatchMode):
         self._known[id(t)] = (weakref.ref(t), (v, v + 1), f)
         return f
 
+    def _finite_copy(self, args: tuple, outs: list) -> bool:
+        """A copy of a tensor known finite is finite (same dtype: a narrowing cast can
+        overflow)."""
+        src = args[0] if args else None
+        if not isinstance(src, torch.Tensor) or any(t.dtype != src.dtype for t in outs):
+            return False
+        got = self._known.get(id(src))
+        return (got is not None and got[0]() is src and src._version in got[1]
+                and got[2] == (False, False))
+
+    def _all_finite_written(self, lists: list[list]) -> bool:
+        """The fast path of a multi-tensor update: every tensor it wrote is finite (the
+        common case) is settled with one screen each and no per-index bookkeeping."""
+        written = [t for g in lists for t in g if _is_float(t)]
+        flags = [_flags(t) for t in written]
+        if any(n or i for n, i in flags):
+            return False
+        for t in written:
+            v = t._version
+            self._known[id(t)] = (weakref.ref(t), (v, v + 1), (False, False))
+            self._taint.pop(id(t), None)
+        return True
+
     def taint_of(self, t: torch.Tensor) -> int | None:
         got = self._taint.get(id(t))
         if got is not None and got[0]() is t:
@@ -275,7 +298,14 @@ class _Hunter(TorchDispatchMode):
             self.grads.extend(weakref.ref(t) for t in outs)
         if not writes:
             if outs:
-                self._judge(func, node, (args, kwargs), outs, None, False)
+                kind = _KIND.get(func)
+                if kind is None:
+                    kind = _KIND[func] = _op_kind(func)
+                if kind == "fill" or (kind == "copy" and self._finite_copy(args, outs)):
+                    for t in outs:  # finite by construction: remember, skip the check
+                        self._known[id(t)] = (weakref.ref(t), (t._version,), (False, False))
+                elif kind != "garbage":
+                    self._judge(func, node, (args, kwargs), outs, None, False)
             return out
         flat_in = _flat(kwargs, _flat(args, []))
         for g in groups:
@@ -287,6 +317,8 @@ class _Hunter(TorchDispatchMode):
             # A multi-tensor op (`_foreach_*_`, a fused optimizer) is one elementwise op per
             # index of its lists: judge each index on its own tensors, so a NaN already in one
             # parameter's gradient does not hide a NaN born in another's update.
+            if self._all_finite_written(lists):
+                return out
             n = len(lists[0])
             scalars = [x for x in _flat_nonlist(args, kwargs)]
             list_args = _list_args(func, args, kwargs)
@@ -409,6 +441,29 @@ def _pointwise_birth(flat_in: list, outs: list) -> str | None:
     except RuntimeError:  # inputs that do not broadcast to the output: not elementwise here
         return None
     return None
+
+# Ops whose outputs need no check: "fill" makes finite values by construction (zeros, ones),
+# "copy" copies its first input (finite when that is known finite), "garbage" returns
+# uninitialised memory that is only ever overwritten (judging it would invent births).
+_FILL = {"zeros", "zeros_like", "ones", "ones_like", "new_zeros", "new_ones", "arange",
+         "eye", "zero", "randn", "rand", "randn_like", "rand_like", "normal", "uniform",
+         "bernoulli", "randint", "randint_like", "randperm"}
+_COPY = {"clone", "_unsafe_view", "contiguous", "_to_copy", "_reshape_alias", "alias_copy",
+         "view_copy", "t_copy", "transpose_copy", "permute_copy", "expand_copy"}
+_GARBAGE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+_KIND: dict[Any, str] = {}
+
+
+def _op_kind(func) -> str:
+    name = func._schema.name.split("::", 1)[-1]
+    if name in _FILL:
+        return "fill"
+    if name in _COPY:
+        return "copy"
+    if name in _GARBAGE:
+        return "garbage"
+    return "judge"
+
 
 _WRITES: dict[Any, tuple] = {}
 _VIEW = ((-1, "view", False),)  # marks an op whose one output is a view of its first input
