@@ -572,6 +572,17 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     """See `diag.nan.locate`."""
     name = _fn_name(fn)
     prog = _Program(fn, args, kwargs)
+    screened = None
+    if prog.nnx is None and _jit_without_donation(fn):
+        # Nothing to protect: the user's own call (the fast, cached path) is the screen, and
+        # a clean function costs one call.
+        try:
+            result = jax.block_until_ready(fn(*args, **kwargs))
+        except Exception as e:  # noqa: BLE001 - the user's function may raise anything
+            raise NanHuntError(f"{name} raised {type(e).__name__}: {e}") from e
+        if not _nonfinite_leaves(result):
+            return None
+        screened = jax.tree_util.tree_leaves(result)
     # Trace first: it runs nothing, so state cannot change and buffers cannot be donated
     # before the hunt has its starting point. A jitted function's trace is cached by JAX.
     try:
@@ -584,7 +595,9 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     n_state = len(jax.tree_util.tree_leaves(shapes[1]))
     donated = _donated(closed)
     try:
-        if prog.nnx is None and not donated:
+        if screened is not None:
+            result_leaves = screened
+        elif prog.nnx is None and not donated:
             # Nothing to protect: the user's own call (the fast, cached path) is the screen.
             result_leaves = jax.tree_util.tree_leaves(
                 jax.block_until_ready(fn(*args, **kwargs)))
@@ -624,6 +637,15 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
         note=f"the compiled call returned {kind} in {where} but evaluating {name} "
              f"op by op did not: the compiler changed the arithmetic (fusion, excess precision, "
              f"fast math); compare XLA flags with `diag run`")
+
+
+def _jit_without_donation(fn: Callable) -> bool:
+    """A `jax.jit` function that donates nothing (read from its jit info; private, guarded)."""
+    info = getattr(fn, "_jit_info", None)
+    try:
+        return info is not None and not info.donate_argnums and not info.donate_argnames
+    except AttributeError:  # pragma: no cover - another JAX
+        return False
 
 
 def _kind(x) -> tuple[str, bool]:
