@@ -142,7 +142,8 @@ def reason(report: NanReport | None) -> str:
     where = report.source or "an unknown line"
     path = f" [{report.path}]" if report.path else ""
     if report.phase == "input":
-        line = f"{report.kind} passed in, reaching {report.path or 'the results'}; no op produced it"
+        line = (f"{report.kind} passed in, reaching {report.path or 'the results'}; "
+                f"no op produced it")
         return f"{line}; {report.raised}" if report.raised else line
     head = f"{report.kind} born in {report.primitive} at {where}{path}, {report.phase}"
     ins = "; ".join(f"input {i}: {s.short()}" for i, s in enumerate(report.inputs))

@@ -132,8 +132,9 @@ def _ns(eqn) -> str:
 
 # JAX's tracing machinery: never the line a report should name, even as the library's line.
 _MACHINERY = re.compile(r"jax[/\\]_src[/\\](interpreters[/\\]|core\.py|pjit\.py|api\.py|"
-                        r"api_util\.py|linear_util\.py|source_info_util\.py|traceback_util\.py|"
-                        r"dispatch\.py|custom_derivatives\.py|ad_checkpoint\.py|lax[/\\]control_flow)")
+                        r"api_util\.py|linear_util\.py|source_info_util\.py|"
+                        r"traceback_util\.py|dispatch\.py|custom_derivatives\.py|"
+                        r"ad_checkpoint\.py|lax[/\\]control_flow)")
 
 
 def _library_line(eqn) -> str:
@@ -527,7 +528,8 @@ def _arg_name(keystr: str) -> str:
 
 
 def _state_name(keystr: str) -> str:
-    """``[1][0]['l']['kernel'].value`` (of NNX's ``(self, args, kwargs)``) -> ``args[0].l.kernel``."""
+    """``[1][0]['l']['kernel'].value`` (of NNX's ``(self, args, kwargs)``) ->
+    ``args[0].l.kernel``."""
     keystr = keystr.replace(".value", "")
     keystr = re.sub(r"\['([A-Za-z_][A-Za-z0-9_]*)'\]", r".\1", keystr)
     if keystr.startswith("[0]"):
@@ -655,10 +657,6 @@ def _kind(x) -> tuple[str, bool]:
 
 def _untraceable(fn, args, kwargs, name, prog, error) -> NanReport | None:
     """A function JAX cannot trace is still screened by one call; only a bad one is an error."""
-    if prog.nnx is not None:
-        raise NanHuntError(f"{name} could not be traced with its NNX state split out "
-                           f"({type(error).__name__}: {error}); hunt a function that takes "
-                           f"the module as an argument, as nnx.jit would") from error
     try:
         result = jax.block_until_ready(fn(*args, **kwargs))
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything

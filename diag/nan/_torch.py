@@ -5,13 +5,14 @@ ones autograd's engine runs for the backward pass (`torch.autograd.set_multithre
 (False)` keeps the engine on the calling thread, where the mode is active). An op runs during
 the backward pass exactly when `torch._C._current_autograd_node()` is set; its forward line
 comes from a tag diag puts on each autograd node as the forward pass creates it (or from
-anomaly mode's traceback when the user turned that on; diag does not: it costs ~5x). Forward lines come from the Python stack at dispatch time, skipping torch's frames
-and the hunt's own.
+anomaly mode's traceback when the user turned that on; diag does not: it costs ~5x). Forward
+lines come from the Python stack at dispatch time, skipping torch's frames and the hunt's own.
 
 The function runs once, as the user would run it: a training step that updates parameters in
 place is not repeated. Results that count ("sinks") are what the function returns, the
-arguments it was given, the parameters and gradients of modules it was given or is bound to,
-gradients autograd accumulated, and tensors written in place (an optimizer's update).
+gradients autograd accumulated, and every tensor an op writes per its schema (an optimizer's
+update, `_foreach_*_` and fused multi-tensor ops included). What it was given and left alone
+is not a result: a -inf attention mask is a fact shown with the report, not a finding.
 """
 
 from __future__ import annotations
@@ -313,7 +314,9 @@ class _Hunter(TorchDispatchMode):
                 if _is_float(t):
                     self.written[id(t)] = weakref.ref(t)
         lists = [g for g in groups if isinstance(g, list)]
-        if lists and len(lists) == len(groups) and _per_index(func, args, kwargs, lists):
+        full = len(lists) == len(groups)
+        lists = [g for g in lists if g]  # amsgrad's max_exp_avg_sqs is [] when unused
+        if lists and full and _per_index(func, args, kwargs, lists):
             # A multi-tensor op (`_foreach_*_`, a fused optimizer) is one elementwise op per
             # index of its lists: judge each index on its own tensors, so a NaN already in one
             # parameter's gradient does not hide a NaN born in another's update.
@@ -632,6 +635,12 @@ def _sinks(result: Any, named: dict, hunter: _Hunter):
 
 def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     """See `diag.nan.locate`."""
+    # The screens' dot products may overflow (then the exact check runs): not a warning.
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _locate(fn, args, kwargs)
+
+
+def _locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     name = getattr(fn, "__name__", None) or type(fn).__name__
     hunter = _Hunter(key=object())
     named = _named_inputs(fn, args, kwargs)
@@ -647,9 +656,7 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     hooks = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
              torch.nn.modules.module.register_module_forward_hook(leave)]
     try:
-        # The screens' dot products may overflow (then the exact check runs): not a warning.
-        with torch.autograd.set_multithreading_enabled(False), _Lines(hunter.key), hunter, \
-                np.errstate(over="ignore", invalid="ignore"):
+        with torch.autograd.set_multithreading_enabled(False), _Lines(hunter.key), hunter:
             result = fn(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
         return _raised(hunter, name, e, arrived)
@@ -660,8 +667,7 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     named.update({k: v for k, v in _named_inputs(fn, args, kwargs).items() if k not in named})
     bad = []
     for where, t in _sinks(result, named, hunter):
-        with np.errstate(over="ignore", invalid="ignore"):
-            nan, inf = hunter.flags(t)
+        nan, inf = hunter.flags(t)
         if nan or inf:
             bad.append((where, t, "NaN" if nan else "Inf"))
     if not bad:
