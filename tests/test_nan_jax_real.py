@@ -204,3 +204,22 @@ def test_cli_under_a_bad_xla_flag_exits_2_naming_it(tmp_path):
     lines = got.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("diag:")
     assert "xla_nonexistent_flag" in lines[0]
+
+
+def test_nnx_step_with_donated_state_reports_the_birth_and_keeps_the_module_usable():
+    model = MLP(nnx.Rngs(0))
+    opt = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+
+    @nnx.jit(donate_argnums=(0, 1))
+    def step(model, opt, x):
+        loss, grads = nnx.value_and_grad(log_loss)(model, x)
+        opt.update(model, grads)
+        return loss
+
+    x = jax.random.normal(jax.random.key(1), (16, 4))
+    rep = nan.locate(step, model, opt, x)
+    assert rep is not None and (rep.primitive, rep.phase) == ("log", "forward")
+    assert rep.line == line_of("L-nnx-log")
+    assert int(opt.step[...]) == 1
+    assert model.l1.kernel[...].shape == (4, 8)  # not a deleted buffer
+    float(model.l1.kernel[...].sum())
