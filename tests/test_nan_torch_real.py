@@ -214,3 +214,18 @@ def test_cli_raising_sampler_exits_1_with_birth_and_exception(targets):
     assert got.returncode == 1, got.stderr
     rep = json.loads(got.stdout)["report"]
     assert rep["primitive"] == "aten.div.Tensor" and "aten.multinomial" in rep["raised"]
+
+
+def test_a_closure_step_names_the_closed_over_parameters_that_arrived_nan():
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    with torch.no_grad():
+        model[0].weight[1, 1] = float("nan")
+
+    def step():
+        return adamw_step(model, opt, torch.randn(16, 4), torch.randn(16, 1))
+
+    rep = nan.locate(step)
+    assert rep is not None and rep.phase == "input"
+    assert "parameter model.0.weight held 1 NaN on arrival" in rep.arrived
+    assert "model.0.weight" in nan.reason(rep)

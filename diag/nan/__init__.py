@@ -142,7 +142,11 @@ def reason(report: NanReport | None) -> str:
     where = report.source or "an unknown line"
     path = f" [{report.path}]" if report.path else ""
     if report.phase == "input":
-        line = (f"{report.kind} passed in, reaching {report.path or 'the results'}; "
+        facts = list(report.arrived[:3])
+        if len(report.arrived) > 3:
+            facts.append(f"{len(report.arrived) - 3} more")
+        given = f" ({'; '.join(facts)})" if facts else ""
+        line = (f"{report.kind} passed in{given}, reaching {report.path or 'the results'}; "
                 f"no op produced it")
         return f"{line}; {report.raised}" if report.raised else line
     head = f"{report.kind} born in {report.primitive} at {where}{path}, {report.phase}"

@@ -557,29 +557,61 @@ def _report(b: _Birth, n_births: int) -> NanReport:
         births=n_births, note=b.note)
 
 
-def _modules_of(fn: Callable, args: tuple, kwargs: dict) -> list[torch.nn.Module]:
-    found = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.nn.Module)]
+def _modules_of(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[str, torch.nn.Module]]:
+    """(prefix, module) for the modules the function was given, is bound to, or refers to by
+    name (a closure or global: ``diag nan``'s zero-argument steps)."""
+    found = [("", x) for x in tree_leaves((args, kwargs)) if isinstance(x, torch.nn.Module)]
     for cand in (fn, getattr(fn, "__self__", None)):
         if isinstance(cand, torch.nn.Module):
-            found.append(cand)
+            found.append(("", cand))
+    found += [(f"{n}.", x) for n, x in _referenced(fn) if isinstance(x, torch.nn.Module)]
     return found
 
 
+def _referenced(fn: Callable) -> list[tuple[str, Any]]:
+    """(name, value) of the closure cells and globals the function's code names."""
+    fn = getattr(fn, "__wrapped__", fn)
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    out = []
+    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+        try:
+            out.append((name, cell.cell_contents))
+        except ValueError:  # an empty cell
+            pass
+    glob = getattr(fn, "__globals__", {})
+    out += [(n, glob[n]) for n in code.co_names if n in glob]
+    return out
+
+
 def _named_inputs(fn: Callable, args: tuple, kwargs: dict) -> dict[int, tuple[str, Any]]:
-    """id -> (name, tensor) for what the function was given: tensors in its arguments, and the
-    parameters (and their gradients) of modules it was given or is bound to."""
+    """id -> (name, tensor) for what the function was given: tensors in its arguments (or
+    named by its closure), the parameters, gradients and buffers of modules it was given, is
+    bound to or refers to, and an optimizer's state."""
     named: dict[int, tuple[str, Any]] = {}
-    for path, t in _tensor_paths((args, kwargs)):
+    ref = _referenced(fn)
+    for path, t in _tensor_paths((args, kwargs)) + [(n, x) for n, x in ref
+                                                     if isinstance(x, torch.Tensor)]:
         named.setdefault(id(t), (path, t))
         if t.grad is not None:
             named.setdefault(id(t.grad), (f"gradient of {path}", t.grad))
-    for m in _modules_of(fn, args, kwargs):
+    for prefix, m in _modules_of(fn, args, kwargs):
         for pname, p in m.named_parameters():
-            named.setdefault(id(p), (f"parameter {pname}", p))
+            named.setdefault(id(p), (f"parameter {prefix}{pname}", p))
             if p.grad is not None:
-                named.setdefault(id(p.grad), (f"gradient of {pname}", p.grad))
+                named.setdefault(id(p.grad), (f"gradient of {prefix}{pname}", p.grad))
         for bname, b in m.named_buffers():
-            named.setdefault(id(b), (f"buffer {bname}", b))
+            named.setdefault(id(b), (f"buffer {prefix}{bname}", b))
+    opts = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.optim.Optimizer)]
+    opts += [x for _, x in ref if isinstance(x, torch.optim.Optimizer)]
+    for opt in opts:
+        for p, st in opt.state.items():
+            pname = named.get(id(p), ("a parameter",))[0]
+            for k, v in st.items():
+                if isinstance(v, torch.Tensor):
+                    named.setdefault(id(v), (f"optimizer state {k} of {pname}", v))
     return named
 
 
