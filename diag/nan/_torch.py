@@ -173,6 +173,19 @@ def _flags(t: torch.Tensor) -> tuple[bool, bool]:
     return bool(torch.isnan(t).any()), bool(torch.isinf(t).any())
 
 
+def _all_finite(tensors: list) -> bool:
+    """Whether every tensor in a list is finite, screened with one `_foreach_norm` (one
+    kernel per list instead of one check per tensor); a norm that overflows, or a list the
+    screen cannot take, falls back to checking each tensor."""
+    try:
+        with torch._C.DisableTorchFunction(), torch.no_grad():
+            if math.isfinite(torch.stack(torch._foreach_norm(tensors)).sum().item()):
+                return True
+    except (RuntimeError, TypeError):  # mixed devices, complex, an unsupported dtype
+        pass
+    return not any(n or i for n, i in map(_flags, tensors))
+
+
 def _host(t: Any) -> np.ndarray:
     if isinstance(t, torch.Tensor):
         t = t.detach()
@@ -240,8 +253,7 @@ class _Hunter(TorchDispatchMode):
         """The fast path of a multi-tensor update: every tensor it wrote is finite (the
         common case) is settled with one screen each and no per-index bookkeeping."""
         written = [t for g in lists for t in g if _is_float(t)]
-        flags = [_flags(t) for t in written]
-        if any(n or i for n, i in flags):
+        if not _all_finite(written):
             return False
         for t in written:
             v = t._version
