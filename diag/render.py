@@ -267,8 +267,11 @@ def nan_report_table(report: Any) -> Table:
     rows.append(("births seen", str(report.births)))
     if getattr(report, "raised", ""):
         rows.append(("then", report.raised))
-    for fact in getattr(report, "arrived", ()):
+    given = getattr(report, "arrived", ())
+    for fact in given[:5]:
         rows.append(("given", fact))
+    if len(given) > 5:
+        rows.append(("given", f"... and {len(given) - 5} more (--json lists all)"))
     if report.note:
         rows.append(("note", report.note))
     for i, (name, value) in enumerate(rows):
