@@ -6,10 +6,18 @@ compilation is not counted; medians of interleaved repeats, with min/max):
   eager    one call under `jax.disable_jit()` (op by op, what "eager" means in JAX)
   locate   `diag.nan.locate(fn, *args)`: a jitted screen, then (if non-finite) trace + walk
   debug    one call under `jax.debug_nans(True)` until it raises FloatingPointError
-and the ratios locate/eager (target <= ~3x) and locate/debug. Also one PyTorch step:
-  eager vs locate (dispatch mode + anomaly metadata).
+and the ratios locate/eager (target <= ~3x) and locate/debug. Also PyTorch steps: eager vs
+locate (dispatch mode + autograd node tags).
 
-Usage: python benchmarks/bench_nan.py [--repeats N]
+A small transformer training step in both frameworks (2 pre-norm layers, d=64, 4 heads,
+32 tokens x 8, AdamW; PyTorch with foreach=True, JAX with Flax NNX + optax under nnx.jit),
+clean and with a NaN planted in the optimizer update (eps=0 and a token never seen: 0/0):
+  step     one plain training step as written
+  locate   `diag.nan.locate(step, ...)`, which runs the step once
+and locate/step (PyTorch target <= 3x). The planted steps are rebuilt (fresh parameters) for
+every sample, outside the timed region, so every timed call starts from the same state.
+
+Usage: python benchmarks/bench_nan.py [--repeats N] [--only transformer]
 """
 
 from __future__ import annotations
@@ -143,11 +151,157 @@ def bench_torch(repeats, batch):
     print(f"  locate / eager = {med['locate'] / med['eager']:.2f}x (target <= 3x)")
 
 
+def torch_transformer_step(bad: bool):
+    """A fresh small PyTorch transformer LM and its AdamW(foreach) step; `bad` plants 0/0."""
+    import torch
+
+    torch.manual_seed(0)
+    d, T, B, V = 64, 32, 8, 100
+    emb = torch.nn.Embedding(V, d)
+    layer = torch.nn.TransformerEncoderLayer(d, 4, 128, dropout=0.1, batch_first=True,
+                                             norm_first=True)
+    enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    head = torch.nn.Linear(d, V)
+    params = [*emb.parameters(), *enc.parameters(), *head.parameters()]
+    opt = torch.optim.AdamW(params, lr=1e-3, foreach=True, eps=0.0 if bad else 1e-8)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(T)  # -inf: not a NaN
+    tok = torch.randint(0, V - 1 if bad else V, (B, T))  # bad: token V-1 never seen
+
+    def step():
+        opt.zero_grad()
+        h = enc(emb(tok), mask=mask, is_causal=True)
+        loss = torch.nn.functional.cross_entropy(head(h).flatten(0, 1), tok.flatten())
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return step
+
+
+_JAX_LM: dict = {}
+
+
+def _jax_lm(bad: bool):
+    """(LM class, optax transform, jitted step), built once: NNX's jit cache is keyed on the
+    graph, which holds the classes and the transform, so fresh state must reuse them."""
+    if bad in _JAX_LM:
+        return _JAX_LM[bad]
+    import optax
+    from flax import nnx
+
+    d, V = 64, 100
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.ln1, self.ln2 = nnx.LayerNorm(d, rngs=rngs), nnx.LayerNorm(d, rngs=rngs)
+            self.att = nnx.MultiHeadAttention(4, d, decode=False, rngs=rngs)
+            self.ff1, self.ff2 = nnx.Linear(d, 128, rngs=rngs), nnx.Linear(128, d, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs)
+
+        def __call__(self, x, mask):
+            x = x + self.drop(self.att(self.ln1(x), mask=mask))
+            return x + self.drop(self.ff2(jax.nn.relu(self.ff1(self.ln2(x)))))
+
+    class LM(nnx.Module):
+        def __init__(self, rngs):
+            self.emb = nnx.Embed(V, d, rngs=rngs)
+            self.blocks = nnx.List([Block(rngs), Block(rngs)])
+            self.head = nnx.Linear(d, V, rngs=rngs)
+
+        def __call__(self, tok):
+            mask = nnx.make_causal_mask(tok)
+            h = self.emb(tok)
+            for b in self.blocks:
+                h = b(h, mask)
+            return self.head(h)
+
+    @nnx.jit
+    def step(model, opt, tok):
+        def loss_fn(model):
+            logits = model(tok)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, tok).mean()
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        opt.update(model, grads)
+        return loss
+
+    _JAX_LM[bad] = (LM, optax.adamw(1e-3, eps=0.0 if bad else 1e-8), step)
+    return _JAX_LM[bad]
+
+
+def jax_transformer_step(bad: bool):
+    """The same model in Flax NNX + optax under nnx.jit: (step, args) with fresh state."""
+    from flax import nnx
+
+    LM, tx, step = _jax_lm(bad)
+    model = LM(nnx.Rngs(0, dropout=1))
+    opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    tok = jax.random.randint(jax.random.key(2), (8, 32), 0, 99 if bad else 100)
+    return step, (model, opt, tok)
+
+
+def bench_transformer(repeats):
+    """Plain step vs locate, side by side, in both frameworks; fresh state for every sample."""
+    rows = []
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        for bad in (False, True):
+            def plain(bad=bad):
+                step = torch_transformer_step(bad)
+                return _time(step)
+
+            def hunt(bad=bad):
+                step = torch_transformer_step(bad)
+                return _time(lambda: diag.nan.locate(step))
+
+            rows.append((f"torch transformer step, {'NaN in AdamW update' if bad else 'clean'}",
+                         diag.nan.reason(diag.nan.locate(torch_transformer_step(bad))),
+                         plain, hunt))
+    except ImportError:
+        print("torch: not installed, skipped")
+    try:
+        import flax.nnx  # noqa: F401
+
+        for bad in (False, True):
+            def jplain(bad=bad):
+                step, args = jax_transformer_step(bad)
+                return _time(lambda: jax.block_until_ready(step(*args)))
+
+            def jhunt(bad=bad):
+                step, args = jax_transformer_step(bad)
+                return _time(lambda: diag.nan.locate(step, *args))
+
+            step, args = jax_transformer_step(bad)
+            rows.append((f"jax/nnx transformer step, {'NaN in AdamW update' if bad else 'clean'}",
+                         diag.nan.reason(diag.nan.locate(step, *args)), jplain, jhunt))
+    except ImportError:
+        print("flax: not installed, skipped")
+    for name, why, plain, hunt in rows:
+        plain(), hunt()  # warm-up: compile, first-call imports
+        s = {"step": [], "locate": []}
+        for _ in range(repeats):
+            s["step"].append(plain())
+            s["locate"].append(hunt())
+        print(f"{name}:  {why[:110]}")
+        med = {}
+        for k, v in s.items():
+            med[k], text = describe(v)
+            print(f"  {k:7s} {text}")
+        target = " (target <= 3x)" if name.startswith("torch") else ""
+        print(f"  locate / step = {med['locate'] / med['step']:.2f}x{target}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--only", choices=["transformer"], default=None)
     a = ap.parse_args()
     print(f"jax {jax.__version__} on {jax.default_backend()}")
+    bench_transformer(a.repeats)
+    if a.only:
+        return
     bench_jax("example train step (NaN in scan[3], forward)", example.train_step,
               example.make_inputs(3), a.repeats)
     bench_jax("8-layer MLP value_and_grad (Inf born backward)", jax.jit(mlp_with_norm_penalty),

@@ -312,7 +312,9 @@ def nan_cmd(
 ) -> None:
     """Find the op that first produced a NaN/Inf reaching FUNCTION's results (exit 1 if any)."""
     from diag import nan, render
+    from diag.flags import validate_xla_flags
 
+    validate_xla_flags()  # before the target imports jax: a bad flag would abort it (exit 2)
     fn, args, kwargs = nan.load_target(target)
     report = nan.hunt(fn, args, kwargs)
     if as_json:

@@ -312,11 +312,14 @@ def nan_report_table(report: Any) -> Table:
     """A `diag.nan.NanReport` as a two-column table: the op, its line, its phase, its inputs."""
     from rich.markup import escape
 
-    table = Table(title=escape(f"diag nan: {report.kind} born in {report.primitive}"),
-                  show_header=False, title_justify="left")
+    passed_in = report.phase == "input"
+    title = (f"diag nan: {report.kind} passed in" if passed_in
+             else f"diag nan: {report.kind} born in {report.primitive}")
+    table = Table(title=escape(title), show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
-    rows = [("op", f"[bold red]{escape(report.primitive)}[/] ({report.framework}) produced "
+    rows = [("op", f"none: the {report.kind} was passed in ({report.framework})" if passed_in
+                   else f"[bold red]{escape(report.primitive)}[/] ({report.framework}) produced "
                    f"{report.kind}"),
             ("source", report.source or "—"),
             ("file", f"{report.file}:{report.line}" if report.file else "—"),
@@ -331,6 +334,13 @@ def nan_report_table(report: Any) -> Table:
               if report.inputs_at_index is not None else "—")
         rows.append(("first bad element", f"index {list(report.bad_index)}; inputs there: {at}"))
     rows.append(("births seen", str(report.births)))
+    if getattr(report, "raised", ""):
+        rows.append(("then", report.raised))
+    given = getattr(report, "arrived", ())
+    for fact in given[:5]:
+        rows.append(("given", fact))
+    if len(given) > 5:
+        rows.append(("given", f"... and {len(given) - 5} more (--json lists all)"))
     if report.note:
         rows.append(("note", report.note))
     for i, (name, value) in enumerate(rows):

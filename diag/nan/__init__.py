@@ -102,6 +102,10 @@ class NanReport:
             scalar inputs); None otherwise.
         births: how many births were seen in total (a masked one counts too).
         note: anything the reader should know (e.g. only the compiled run went non-finite).
+        raised: when the NaN/Inf made the function raise (``torch.multinomial`` on a NaN
+            row): the op, its line and the exception; empty otherwise.
+        arrived: what the function was given that was already non-finite (an attention mask
+            holding -inf): facts to show, not findings.
     """
 
     framework: str
@@ -119,6 +123,8 @@ class NanReport:
     inputs_at_index: tuple[float, ...] | None = None
     births: int = 1
     note: str = ""
+    raised: str = ""
+    arrived: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (tuples become lists)."""
@@ -136,10 +142,17 @@ def reason(report: NanReport | None) -> str:
     where = report.source or "an unknown line"
     path = f" [{report.path}]" if report.path else ""
     if report.phase == "input":
-        return f"{report.kind} passed in as {report.path or 'an input'}; no op produced it"
+        facts = list(report.arrived[:3])
+        if len(report.arrived) > 3:
+            facts.append(f"{len(report.arrived) - 3} more")
+        given = f" ({'; '.join(facts)})" if facts else ""
+        line = (f"{report.kind} passed in{given}, reaching {report.path or 'the results'}; "
+                f"no op produced it")
+        return f"{line}; {report.raised}" if report.raised else line
     head = f"{report.kind} born in {report.primitive} at {where}{path}, {report.phase}"
     ins = "; ".join(f"input {i}: {s.short()}" for i, s in enumerate(report.inputs))
-    return f"{head}; {ins}" if ins else head
+    line = f"{head}; {ins}" if ins else head
+    return f"{line}; {report.raised}" if report.raised else line
 
 
 def _framework_of(fn: Callable, args: tuple, kwargs: dict) -> str:

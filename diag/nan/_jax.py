@@ -16,6 +16,8 @@ guarded and fails with a `NanHuntError` naming what changed.
 from __future__ import annotations
 
 import os
+import re
+import sys
 from typing import Any, Callable
 
 import numpy as np
@@ -128,12 +130,32 @@ def _ns(eqn) -> str:
     return str(eqn.source_info.name_stack)
 
 
-class _Birth:
-    __slots__ = ("eqn", "ins", "outs", "path", "backward", "kind")
+# JAX's tracing machinery: never the line a report should name, even as the library's line.
+_MACHINERY = re.compile(r"jax[/\\]_src[/\\](interpreters[/\\]|core\.py|pjit\.py|api\.py|"
+                        r"api_util\.py|linear_util\.py|source_info_util\.py|"
+                        r"traceback_util\.py|dispatch\.py|custom_derivatives\.py|"
+                        r"ad_checkpoint\.py|lax[/\\]control_flow)")
 
-    def __init__(self, eqn, ins, outs, path, backward, kind):
+
+def _library_line(eqn) -> str:
+    """``linalg.py:1234 (norm)``: the innermost frame of JAX's own library (not its tracing
+    machinery) that wrote `eqn`, for equations no user frame is recorded for."""
+    try:
+        frames = eqn.source_info.traceback.frames
+    except Exception:  # noqa: BLE001 - private API
+        return ""
+    for f in frames:
+        if not _MACHINERY.search(f.file_name):
+            return f"{os.path.basename(f.file_name)}:{f.line_num} ({f.function_name})"
+    return ""
+
+
+class _Birth:
+    __slots__ = ("eqn", "ins", "outs", "path", "backward", "kind", "outer")
+
+    def __init__(self, eqn, ins, outs, path, backward, kind, outer=()):
         self.eqn, self.ins, self.outs, self.path = eqn, ins, outs, path
-        self.backward, self.kind = backward, kind
+        self.backward, self.kind, self.outer = backward, kind, outer
 
 
 class _Hunt:
@@ -143,6 +165,10 @@ class _Hunt:
         self.births: list[_Birth] = []
         self._phase_cache: dict[tuple, tuple[list[bool], list[tuple[bool, ...]]]] = {}
         self._const_cache: dict[int, list[_V]] = {}
+        # The higher-order equations being descended, outermost first: their user lines name
+        # an equation whose own traceback stops inside a library (a derivative rule of a
+        # jitted library function is traced with a truncated stack).
+        self.outer: list = []
 
     # -- phases ---------------------------------------------------------------------------
     def _phases(self, jaxpr, out_bwd: tuple[bool, ...], ctx_bwd: bool, ctx_diff: bool):
@@ -206,7 +232,11 @@ class _Hunt:
                 ns = _ns(e)
                 child = (only_bwd_outs[k], bwd[k],
                          ctx_diff or "jvp(" in ns or "transpose(" in ns)
-                outs = handler(self, e, ins, path, child)
+                self.outer.append(e)
+                try:
+                    outs = handler(self, e, ins, path, child)
+                finally:
+                    self.outer.pop()
             else:
                 outs = self.apply(e, ins, path, bwd[k])
             for v, o in zip(e.outvars, outs):
@@ -246,7 +276,7 @@ class _Hunt:
         taint = min(inherited) if inherited else None
         if (out_nan and not in_nan) or (out_inf and not in_bad):
             kind = "NaN" if out_nan and not in_nan else "Inf"
-            self.births.append(_Birth(e, ins, outs, path, backward, kind))
+            self.births.append(_Birth(e, ins, outs, path, backward, kind, tuple(self.outer)))
             if taint is None:
                 taint = len(self.births) - 1
         for o in outs:
@@ -372,8 +402,17 @@ def _nonfinite_leaves(tree: Any) -> list[tuple[str, str]]:
 def _report(birth: _Birth, n_births: int) -> NanReport:
     e = birth.eqn
     src, file, line, func = _source(e)
+    note = ""
     if not src:
         src, file, line, func = _inner_source(e)
+    if not src:
+        for outer in reversed(birth.outer):
+            src, file, line, func = _source(outer)
+            if src:
+                lib = _library_line(e)
+                note = (f"the op is JAX library code ({lib}) called from this line"
+                        if lib else "the op is JAX library code called from this line")
+                break
     ins = [np.asarray(i.val) for i in birth.ins]
     bad_out = next(o for o in birth.outs if o.bad)
     out = np.asarray(bad_out.val)
@@ -382,47 +421,207 @@ def _report(birth: _Birth, n_births: int) -> NanReport:
         framework="jax", primitive=e.primitive.name, kind=birth.kind, source=src,
         path=birth.path, phase="backward" if birth.backward else "forward",
         inputs=tuple(summarize(a) for a in ins), output=summarize(out), file=file, line=line,
-        function=func, bad_index=idx, inputs_at_index=values_at(ins, out.shape, idx),
-        births=n_births)
+        function=func, bad_index=idx,
+        inputs_at_index=(values_at(ins, out.shape, idx)
+                         if e.primitive.name in _ELEMENTWISE else None),
+        births=n_births, note=note)
+
+
+# Primitives whose output element i depends on input element i alone: only for them do "the
+# inputs at the first bad element" mean anything (a square matmul has matching shapes too).
+_ELEMENTWISE = frozenset("""
+abs acos acosh add add_any asin asinh atan atan2 atanh cbrt clamp convert_element_type cos cosh
+digamma div erf erf_inv erfc exp exp2 expm1 igamma igammac integer_pow is_finite lgamma log
+log1p logistic max min mul ne neg nextafter pow reduce_precision rem round rsqrt select_n sign
+sin sinh sqrt square sub tan tanh copy copy_p
+""".split())
 
 
 def _fn_name(fn: Callable) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
+class _Program:
+    """The user's call as a pure function of arrays: ``flat(*arrays) -> (result, new_state)``.
+
+    JAX arrays are immutable, so a plain function's arguments are its own snapshot. Flax NNX
+    modules, optimizers and RNG streams are not: their calls write new values into
+    `nnx.Variable`s. Those are split (`nnx.split`) into a graph and a state of arrays before
+    anything runs; `flat` merges a fresh copy from the state, calls the function, and returns
+    the state it left behind, which counts as a result (a NaN written into a parameter is as
+    bad as a NaN returned). The hunt therefore always starts from the state the user's call
+    started from, and the user's objects are updated once at the end (`write_back`), as one
+    call would have left them.
+    """
+
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        nnx = sys.modules.get("flax.nnx")
+        self.nnx = nnx if nnx is not None and _holds_nnx(nnx, fn, args, kwargs) else None
+        if self.nnx is None:
+            leaves, self._treedef = jax.tree_util.tree_flatten((args, kwargs))
+            self._leaves = leaves
+            self._dyn = [i for i, x in enumerate(leaves) if _is_array(x)]
+            self.arrays = [jnp.asarray(leaves[i]) for i in self._dyn]
+            paths = jax.tree_util.tree_flatten_with_path((args, kwargs))[0]
+            self.names = [_arg_name(jax.tree_util.keystr(paths[i][0])) for i in self._dyn]
+            self.state_names = []
+            return
+        # The callee is a module (or a bound method of one): its state is split with the rest.
+        self_obj = fn if nnx.graph.is_graph_node(fn) else getattr(fn, "__self__", None)
+        if self_obj is not None and not nnx.graph.is_graph_node(self_obj):
+            self_obj = None
+        self._method = None if self_obj is None or self_obj is fn else fn.__func__
+        self._obj = (self_obj, args, kwargs)
+        self._graph, state = nnx.split(self._obj)
+        flat_state = jax.tree_util.tree_flatten_with_path(state)
+        self._state_def = jax.tree_util.tree_structure(state)
+        self.arrays = [x for _, x in flat_state[0]]
+        self.names = [_state_name(jax.tree_util.keystr(p)) for p, _ in flat_state[0]]
+        # Only Variables are state a call can write; raw arrays in the arguments are inputs.
+        var_state = jax.tree_util.tree_flatten_with_path(nnx.state(self._obj, nnx.Variable))
+        self._var_def = jax.tree_util.tree_structure(nnx.state(self._obj, nnx.Variable))
+        self.state_names = [_state_name(jax.tree_util.keystr(p)) for p, _ in var_state[0]]
+
+    def flat(self, *arrays):
+        if self.nnx is None:
+            full = list(self._leaves)
+            for i, a in zip(self._dyn, arrays):
+                full[i] = a
+            a, k = jax.tree_util.tree_unflatten(self._treedef, full)
+            return self.fn(*a, **k), ()
+        nnx = self.nnx
+        state = jax.tree_util.tree_unflatten(self._state_def, list(arrays))
+        obj = nnx.merge(self._graph, state)
+        self_obj, a, k = obj
+        if self._method is not None:
+            out = self._method(self_obj, *a, **k)
+        elif self_obj is not None:
+            out = self_obj(*a, **k)
+        else:
+            out = self.fn(*a, **k)
+        return out, jax.tree_util.tree_leaves(nnx.state(obj, nnx.Variable))
+
+    def write_back(self, new_state: list) -> None:
+        """Leave the user's NNX objects as one call of the function would have left them."""
+        if self.nnx is None or len(new_state) != self._var_def.num_leaves:
+            return
+        self.nnx.update(self._obj, jax.tree_util.tree_unflatten(self._var_def, new_state))
+
+
+def _holds_nnx(nnx, fn, args, kwargs) -> bool:
+    def is_node(x):
+        return nnx.graph.is_graph_node(x) or isinstance(x, nnx.Variable)
+
+    cands = [fn, getattr(fn, "__self__", None)]
+    cands += jax.tree_util.tree_leaves((args, kwargs), is_leaf=is_node)
+    return any(is_node(x) for x in cands if x is not None)
+
+
+def _arg_name(keystr: str) -> str:
+    """``[0][1]['w']`` (of the ``(args, kwargs)`` pair) -> ``args[1]['w']``."""
+    if keystr.startswith("[0]"):
+        return f"args{keystr[3:]}"
+    if keystr.startswith("[1]"):
+        return f"kwargs{keystr[3:]}"
+    return keystr
+
+
+def _state_name(keystr: str) -> str:
+    """``[1][0]['l']['kernel'].value`` (of NNX's ``(self, args, kwargs)``) ->
+    ``args[0].l.kernel``."""
+    keystr = keystr.replace(".value", "")
+    keystr = re.sub(r"\['([A-Za-z_][A-Za-z0-9_]*)'\]", r".\1", keystr)
+    if keystr.startswith("[0]"):
+        return f"the module{keystr[3:]}"
+    if keystr.startswith("[1]"):
+        return f"args{keystr[3:]}"
+    if keystr.startswith("[2]"):
+        return f"kwargs{keystr[3:]}"
+    return keystr
+
+
+def _donated(closed) -> set[int]:
+    """Indices of the jaxpr's inputs that a top-level jit donates (``donate_argnums``)."""
+    pos = {v: i for i, v in enumerate(closed.jaxpr.invars)}
+    found: set[int] = set()
+    for e in closed.jaxpr.eqns:
+        for v, d in zip(e.invars, e.params.get("donated_invars", ()) or ()):
+            if d and not isinstance(v, _Literal) and v in pos:
+                found.add(pos[v])
+    return found
+
+
+def _run_whole(closed, arrays: list) -> list:
+    """Evaluate a jaxpr's top-level equations as JAX would (a jit is one compiled call)."""
+    return _jcore.jaxpr_as_fun(closed)(*arrays)
+
+
+def _names_of_results(out_tree, n_state: int, state_names: list[str]) -> list[str]:
+    n_out = out_tree.num_leaves - n_state
+    paths = jax.tree_util.tree_flatten_with_path(
+        jax.tree_util.tree_unflatten(out_tree, list(range(out_tree.num_leaves))))[0]
+    names = []
+    for k, (p, _) in enumerate(paths):
+        if k < n_out:
+            names.append("result" + jax.tree_util.keystr(p)[3:])
+        else:
+            names.append(f"state written to {state_names[k - n_out]}")
+    return names
+
+
 def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     """See `diag.nan.locate`."""
     name = _fn_name(fn)
+    prog = _Program(fn, args, kwargs)
+    screened = None
+    if prog.nnx is None and _jit_without_donation(fn):
+        # Nothing to protect: the user's own call (the fast, cached path) is the screen, and
+        # a clean function costs one call.
+        try:
+            result = jax.block_until_ready(fn(*args, **kwargs))
+        except Exception as e:  # noqa: BLE001 - the user's function may raise anything
+            raise NanHuntError(f"{name} raised {type(e).__name__}: {e}") from e
+        if not _nonfinite_leaves(result):
+            return None
+        screened = jax.tree_util.tree_leaves(result)
+    # Trace first: it runs nothing, so state cannot change and buffers cannot be donated
+    # before the hunt has its starting point. A jitted function's trace is cached by JAX.
     try:
-        result = jax.block_until_ready(fn(*args, **kwargs))
+        closed, shapes = jax.make_jaxpr(prog.flat, return_shape=True)(*prog.arrays)
+    except Exception as e:  # noqa: BLE001
+        closed, trace_error = None, e
+    if closed is None:
+        return _untraceable(fn, args, kwargs, name, prog, trace_error)
+    out_tree = jax.tree_util.tree_structure(shapes)
+    n_state = len(jax.tree_util.tree_leaves(shapes[1]))
+    donated = _donated(closed)
+    try:
+        if screened is not None:
+            result_leaves = screened
+        elif prog.nnx is None and not donated:
+            # Nothing to protect: the user's own call (the fast, cached path) is the screen.
+            result_leaves = jax.tree_util.tree_leaves(
+                jax.block_until_ready(fn(*args, **kwargs)))
+        else:
+            # Donated inputs get copies: the hunt needs the originals afterwards.
+            inputs = [jnp.copy(a) if i in donated else a for i, a in enumerate(prog.arrays)]
+            result_leaves = jax.block_until_ready(_run_whole(closed, inputs))
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
         raise NanHuntError(f"{name} raised {type(e).__name__}: {e}") from e
-    bad_results = _nonfinite_leaves(result)
+    names = _names_of_results(out_tree, n_state, prog.state_names)
+    bad_results = [(names[k], *_kind(x)) for k, x in enumerate(result_leaves)
+                   if _is_array(x) or isinstance(x, float)]
+    bad_results = [(w, k) for w, k, bad in bad_results if bad]
+    if prog.nnx is not None:
+        prog.write_back(list(result_leaves[len(result_leaves) - n_state:]))
     if not bad_results:
         return None
-
-    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-    dyn = [i for i, x in enumerate(leaves) if _is_array(x)]
-
-    def flat(*arrays):
-        full = list(leaves)
-        for i, a in zip(dyn, arrays):
-            full[i] = a
-        a, k = jax.tree_util.tree_unflatten(treedef, full)
-        return fn(*a, **k)
-
-    arrays = [jnp.asarray(leaves[i]) for i in dyn]
-    try:
-        closed = jax.make_jaxpr(flat)(*arrays)
-    except Exception as e:  # noqa: BLE001
-        raise NanHuntError(f"{name} returned NaN/Inf but could not be traced to a jaxpr "
-                           f"({type(e).__name__}: {e}); diag nan needs a function jax.jit "
-                           f"could compile") from e
     hunt = _Hunt()
     out_bwd = tuple(False for _ in closed.jaxpr.outvars)
     try:
-        outs = hunt.eval(closed.jaxpr, hunt.consts(closed), [_wrap(a) for a in arrays], "",
-                         out_bwd)
+        outs = hunt.eval(closed.jaxpr, hunt.consts(closed), [_wrap(a) for a in prog.arrays],
+                         "", out_bwd)
     except NanHuntError:
         raise
     except Exception as e:  # noqa: BLE001
@@ -432,26 +631,53 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     if roots:
         return _report(hunt.births[min(roots)], len(hunt.births))
     if any(o.bad for o in outs):
-        return _input_report(args, kwargs, outs, len(hunt.births))
+        return _input_report(prog, outs, len(hunt.births))
     where, kind = bad_results[0]
     return NanReport(
         framework="jax", primitive="jit", kind=kind, source="", path="", phase="forward",
         births=len(hunt.births),
-        note=f"the compiled call returned {kind} at result{where} but evaluating {name} "
+        note=f"the compiled call returned {kind} in {where} but evaluating {name} "
              f"op by op did not: the compiler changed the arithmetic (fusion, excess precision, "
              f"fast math); compare XLA flags with `diag run`")
 
 
-def _input_report(args, kwargs, outs, n_births: int) -> NanReport:
+def _jit_without_donation(fn: Callable) -> bool:
+    """A `jax.jit` function that donates nothing (read from its jit info; private, guarded)."""
+    info = getattr(fn, "_jit_info", None)
+    try:
+        return info is not None and not info.donate_argnums and not info.donate_argnames
+    except AttributeError:  # pragma: no cover - another JAX
+        return False
+
+
+def _kind(x) -> tuple[str, bool]:
+    nan, inf = _flags(x)
+    return ("NaN" if nan else "Inf"), (nan or inf)
+
+
+def _untraceable(fn, args, kwargs, name, prog, error) -> NanReport | None:
+    """A function JAX cannot trace is still screened by one call; only a bad one is an error."""
+    try:
+        result = jax.block_until_ready(fn(*args, **kwargs))
+    except Exception as e:  # noqa: BLE001 - the user's function may raise anything
+        raise NanHuntError(f"{name} raised {type(e).__name__}: {e}") from e
+    if not _nonfinite_leaves(result):
+        return None
+    raise NanHuntError(f"{name} returned NaN/Inf but could not be traced to a jaxpr "
+                       f"({type(error).__name__}: {error}); diag nan needs a function jax.jit "
+                       f"(or, for Flax NNX modules, nnx.jit) could compile") from error
+
+
+def _input_report(prog: _Program, outs, n_births: int) -> NanReport:
     """A non-finite result that no op gave birth to: it was passed in (or was a constant)."""
-    bad = _nonfinite_leaves((args, kwargs))
     kind = "NaN" if any(o.nan for o in outs) else "Inf"
-    if bad:
-        where, kind = bad[0]
-        where = f"args{where[3:]}" if where.startswith("[0]") else f"kwargs{where[3:]}"
-    else:
-        where = "a constant in the function"
+    where = "a constant in the function"
+    for n, a in zip(prog.names, prog.arrays):
+        got, bad = _kind(a)
+        if bad:
+            where, kind = n, got
+            break
     return NanReport(framework="jax", primitive="input", kind=kind, source="", path=where,
                      phase="input", births=n_births,
                      note="no op produced it: the non-finite value reached the results from "
-                          f"{where}")
+                          f"{where}, which held it on arrival")
