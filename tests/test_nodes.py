@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from diag import nodes
+from diag.nodes import inject, store
 from diag.errors import UsageError
 from tests.conftest import REPO_ROOT, diag_script, needs_jax, run_diag
 
@@ -153,25 +154,25 @@ def test_each_fault_kind_changes_the_output_as_described():
     out = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
     stale = out + 1
     rng = np.random.default_rng(0)
-    flipped = nodes._corrupt(out, "bitflip", stale, rng)
+    flipped = inject._corrupt(out, "bitflip", stale, rng)
     diff = np.bitwise_xor(flipped.view(np.uint32), out.view(np.uint32))
     assert [bin(int(x)).count("1") for x in diff.ravel() if x] == [1]
-    with_nan = nodes._corrupt(out, "nan", stale, rng)
+    with_nan = inject._corrupt(out, "nan", stale, rng)
     assert np.isnan(with_nan).sum() == 1 and np.isnan(out).sum() == 0
-    assert np.array_equal(nodes._corrupt(out, "stuck", stale, rng), stale)
+    assert np.array_equal(inject._corrupt(out, "stuck", stale, rng), stale)
 
 
 def test_golden_store_is_outside_what_cache_clear_removes(tmp_path, monkeypatch):
     from diag.oracle.cache import GroundTruthCache, default_cache_dir
 
     monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "cache"))
-    path = nodes.golden_path(nodes.default_golden_dir(), "cpu", "cpu",
+    path = store.golden_path(store.default_golden_dir(), "cpu", "cpu",
                              {"jax": "1", "jaxlib": "1"})
     keys = {"w0": "w0/v1"}
-    nodes._mark_cache_folder(nodes.default_golden_dir())  # what scan(save_golden=True) does
-    nodes._save_golden(path, keys, np.array([[["a0", "a1"]]] * 3, dtype=object), {})
+    store._mark_cache_folder(store.default_golden_dir())  # what scan(save_golden=True) does
+    store._save_golden(path, keys, np.array([[["a0", "a1"]]] * 3, dtype=object), {})
     GroundTruthCache(default_cache_dir()).clear()
-    assert nodes._load_golden(path, keys) == {"w0": ["a0", "a1"]}
+    assert store._load_golden(path, keys) == {"w0": ["a0", "a1"]}
 
 
 def test_bad_injection_on_the_command_line_exits_2_with_one_line():
