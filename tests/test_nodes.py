@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from diag import nodes
-from diag.nodes import inject, store
+from diag import faults
+from diag.nodes import store
 from diag.errors import UsageError
 from tests.conftest import REPO_ROOT, diag_script, needs_jax, run_diag
 
@@ -154,12 +155,26 @@ def test_each_fault_kind_changes_the_output_as_described():
     out = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
     stale = out + 1
     rng = np.random.default_rng(0)
-    flipped = inject._corrupt(out, "bitflip", stale, rng)
+    flipped = faults.corrupt(out, "bitflip", rng=rng, stale=stale)
     diff = np.bitwise_xor(flipped.view(np.uint32), out.view(np.uint32))
     assert [bin(int(x)).count("1") for x in diff.ravel() if x] == [1]
-    with_nan = inject._corrupt(out, "nan", stale, rng)
+    with_nan = faults.corrupt(out, "nan", rng=rng, stale=stale)
     assert np.isnan(with_nan).sum() == 1 and np.isnan(out).sum() == 0
-    assert np.array_equal(inject._corrupt(out, "stuck", stale, rng), stale)
+    assert np.array_equal(faults.corrupt(out, "stuck", rng=rng, stale=stale), stale)
+
+
+def test_worker_fault_kinds_corrupt_a_copy_as_described():
+    out = np.arange(1, 13, dtype=np.float32).reshape(3, 4)
+    doubled = faults.corrupt(out, "double")
+    assert doubled[0, 0] == 2 * out[0, 0] and out[0, 0] == 1  # a copy: the truth is kept
+    assert np.array_equal(doubled.ravel()[1:], out.ravel()[1:])
+    truncated = faults.corrupt(out, "truncate")
+    assert truncated.shape == (3, 3) and np.array_equal(truncated, out[:, :3])
+    # One vocabulary: the worker's output faults and --inject's are kinds of faults.corrupt.
+    assert set(faults.WORKER_OUTPUT_FAULTS.values()) <= set(faults.OUTPUT_FAULTS)
+    assert set(nodes.FAULT_KINDS) - {"slow"} <= set(faults.OUTPUT_FAULTS)
+    with pytest.raises(ValueError, match="unknown fault kind 'melt'"):
+        faults.corrupt(out, "melt")
 
 
 def test_golden_store_is_outside_what_cache_clear_removes(tmp_path, monkeypatch):
@@ -237,6 +252,29 @@ def test_golden_digest_names_the_bad_one_of_two_devices(tmp_path):
     assert out.returncode == 3, out.stderr
     assert data["golden"]["compared"] == ["matmul_f32"]
     assert [s["device_id"] for s in data["suspects"]] == [1]
+
+
+@needs_jax
+def test_golden_digests_are_numerics_bits_digest_of_each_builtin_output(tmp_path):
+    # One digest for host, worker and nodes: what --save-golden stores is what
+    # numerics.bits_digest gives for the builtin's output, computed here in-process.
+    import jax
+
+    from diag.numerics import bits_digest
+
+    names = ["matmul_bf16", "softmax", "train_step"]
+    out, data = _scan("--host-devices", "1", "--repeats", "2", "-w", ",".join(names),
+                      "--save-golden", tmp_path=tmp_path)
+    assert out.returncode == 0 and data["golden"]["saved"] == len(names), out.stderr
+    stored = json.loads(open(data["golden"]["path"]).read())
+    assert stored["schema"] == store.GOLDEN_SCHEMA
+    for name in names:
+        w = nodes.builtin_workload(name)
+        fn = w.build()
+        expected = [bits_digest(np.asarray(fn(jax.device_put(w.make_input(0, k),
+                                                             jax.devices("cpu")[0]))))
+                    for k in range(nodes.INPUTS_PER_WORKLOAD)]
+        assert stored["workloads"][w.key(0)] == expected, name
 
 
 @needs_jax

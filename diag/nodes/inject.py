@@ -10,12 +10,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-import numpy as np
-
 from diag.errors import UsageError
 from diag.nodes.workloads import INPUTS_PER_WORKLOAD
-from diag.numerics import bits_view, is_supported
 
+#: What ``--inject`` can do: the output faults of `diag.faults` a device can show (``nan``,
+#: ``bitflip``, ``stuck``), and ``slow``, a straggler's delay.
 FAULT_KINDS = ("nan", "bitflip", "stuck", "slow")
 
 
@@ -253,18 +252,3 @@ def injection_outcomes(nodes: Mapping[str, Any], injections: Sequence[Injection]
                     "caught": caught, "found": bool(found), "repeats_for_99": r99,
                     "text": text})
     return out
-
-
-def _corrupt(out: np.ndarray, kind: str, stale: np.ndarray, rng: np.random.Generator):
-    """A corrupted copy of `out` (never `out` itself)."""
-    if kind == "stuck":
-        return stale.copy()
-    bad = np.array(out, copy=True)
-    flat = bits_view(bad.reshape(-1))
-    i = int(rng.integers(flat.size))
-    if kind == "nan" and is_supported(bad.dtype):
-        bad.reshape(-1)[i] = np.nan
-        return bad
-    bit = int(rng.integers(8 * bad.dtype.itemsize))  # bitflip (and nan on a non-float output)
-    flat[i] ^= flat.dtype.type(1 << bit)
-    return bad

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import socket
 import sys
@@ -18,19 +17,20 @@ import numpy as np
 from diag.errors import EXIT_NUMERICAL_FAILURE, DiagError, UsageError
 from diag.nodes.distributed import (NodeScanError, _gather, _gather_ulps, _hexes,
                                     _import_jax, _init_distributed, _StdoutToStderr, _versions)
-from diag.nodes.inject import Injection, _corrupt, _detection, check_injections, \
+from diag.nodes.inject import Injection, _detection, check_injections, \
     injection_outcomes
 from diag.nodes.store import _load_golden, _mark_cache_folder, _save_golden, \
     default_golden_dir, golden_path
 from diag.nodes.vote import Observations, analyze, references
 from diag.nodes.workloads import BUILTIN_WORKLOADS, INPUTS_PER_WORKLOAD, Workload
-from diag.numerics import bits_view, is_supported, ulp_distance
+from diag.faults import corrupt
+from diag.numerics import bits_digest, is_supported, ulp_distance
 
 NODES_SCHEMA = "diag.nodes/1"
 #: Exit code when an injected fault was not found and no device is a suspect: the self-test
 #: is a check that failed (1), not a bad device (3: none was named), not bad usage (2).
 EXIT_SELFTEST_MISSED = EXIT_NUMERICAL_FAILURE
-_DIGEST_BYTES = 32
+_DIGEST_BYTES = 32  # sha256, `numerics.bits_digest`
 
 
 def _nonfinite(arr: np.ndarray) -> tuple[int, int]:
@@ -96,12 +96,13 @@ def _run_local(jax, devices, workloads: Sequence[Workload], repeats: int, seed: 
                 delivered = out
                 for i in faults:
                     if i.kind != "slow":
-                        delivered = _corrupt(delivered, i.kind, last[d][w], rngs[d])
+                        delivered = corrupt(delivered, i.kind, rng=rngs[d], stale=last[d][w])
                 last[d][w] = out
                 local.injected[d, w, r] = bool(faults)
                 local.outputs[d][w][r] = delivered
-                digest = hashlib.sha256(np.ascontiguousarray(bits_view(delivered)).tobytes())
-                local.digests[d, w, r] = np.frombuffer(digest.digest(), np.uint8)
+                # The digest the runner's worker proves inputs with; raw bytes travel (gather).
+                digest = bytes.fromhex(bits_digest(delivered))
+                local.digests[d, w, r] = np.frombuffer(digest, np.uint8)
                 local.nan[d, w, r], local.inf[d, w, r] = _nonfinite(delivered)
     return local
 
