@@ -44,7 +44,7 @@ def _obs(digests, times=None, nan=None):
 
 
 def _suspect_ids(result):
-    return sorted(s["device_id"] for s in result["suspects"])
+    return sorted(s["device_id"] for s in result.suspects)
 
 
 # --- the vote (no jax) -----------------------------------------------------------------------
@@ -54,31 +54,31 @@ def test_majority_names_only_the_device_that_differs():
     bad = [["a0", "XX", "a0", "a1"]]
     result = nodes.analyze(_obs([good, good, bad, good]))
     assert _suspect_ids(result) == [2]
-    dev = result["devices"][2]
+    dev = result.devices[2]
     assert dev["mismatched_calls"] == 1 and dev["kinds"] == ["mismatch", "intermittent"]
     assert "w0 repeats 1" in dev["reason"]
-    assert result["exit_code"] == 3
+    assert result.exit_code == 3
 
 
 def test_clean_observations_exit_0():
     good = [["a0", "a1", "a0", "a1"], ["b0", "b1", "b0", "b1"]]
     result = nodes.analyze(_obs([good] * 5))
-    assert result["suspects"] == [] and result["exit_code"] == 0
-    assert all(d["verdict"] == "ok" for d in result["devices"])
+    assert result.suspects == [] and result.exit_code == 0
+    assert all(d["verdict"] == "ok" for d in result.devices)
 
 
 def test_two_devices_that_disagree_are_both_named_and_the_tie_is_said():
     result = nodes.analyze(_obs([[["a0", "a1"]], [["a0", "ZZ"]]]))
     assert _suspect_ids(result) == [0, 1]
-    assert all("no-majority" in s["kinds"] for s in result["suspects"])
-    assert any("two devices" in n for n in result["notes"])
+    assert all("no-majority" in s["kinds"] for s in result.suspects)
+    assert any("two devices" in n for n in result.notes)
 
 
 def test_a_golden_digest_breaks_a_two_device_tie():
     result = nodes.analyze(_obs([[["a0", "a1"]], [["a0", "ZZ"]]]),
                            golden={"w0": ["a0", "a1"]})
     assert _suspect_ids(result) == [1]
-    assert result["references"]["golden"] == 1
+    assert result.references["golden"] == 1
 
 
 def test_repeat_disagreement_breaks_a_two_device_tie():
@@ -90,8 +90,8 @@ def test_repeat_disagreement_breaks_a_two_device_tie():
 def test_single_device_repeats_of_the_same_input_are_compared():
     result = nodes.analyze(_obs([[["a0", "a1", "a0", "a1", "a0", "QQ"]]]))
     assert _suspect_ids(result) == [0]
-    assert result["suspects"][0]["kinds"] == ["intermittent"]
-    assert any("one device" in n for n in result["notes"])
+    assert result.suspects[0]["kinds"] == ["intermittent"]
+    assert any("one device" in n for n in result.notes)
 
 
 def test_nan_in_a_wrong_output_is_counted_but_a_nan_everyone_gets_is_the_workload():
@@ -99,26 +99,46 @@ def test_nan_in_a_wrong_output_is_counted_but_a_nan_everyone_gets_is_the_workloa
     nan = [[[3, 0]], [[3, 0]], [[3, 5]]]
     result = nodes.analyze(_obs(dig, nan=nan))
     assert _suspect_ids(result) == [2]
-    assert "nan" in result["suspects"][0]["kinds"]
-    assert result["devices"][0]["nan_count"] == 3 and result["devices"][0]["verdict"] == "ok"
-    assert any("w0 returns NaN/Inf in the reference" in n for n in result["notes"])
+    assert "nan" in result.suspects[0]["kinds"]
+    assert result.devices[0]["nan_count"] == 3 and result.devices[0]["verdict"] == "ok"
+    assert any("w0 returns NaN/Inf in the reference" in n for n in result.notes)
 
 
 def test_straggler_is_slow_not_a_suspect_unless_asked():
     dig = [[["a0", "a1", "a0"]]] * 4
     times = [[[1e-3, 1e-3, 1e-3]]] * 3 + [[[5e-3, 4e-3, 6e-3]]]
     result = nodes.analyze(_obs(dig, times=times))
-    assert result["suspects"] == [] and result["exit_code"] == 0
-    assert [s["device_id"] for s in result["slow"]] == [3]
-    assert result["devices"][3]["verdict"] == "slow"
+    assert result.suspects == [] and result.exit_code == 0
+    assert [s["device_id"] for s in result.slow] == [3]
+    assert result.devices[3]["verdict"] == "slow"
     strict = nodes.analyze(_obs(dig, times=times), fail_on_slow=True)
-    assert _suspect_ids(strict) == [3] and strict["exit_code"] == 3
+    assert _suspect_ids(strict) == [3] and strict.exit_code == 3
 
 
 def test_one_slow_repeat_is_noise_not_a_straggler():
     dig = [[["a0", "a1", "a0"]]] * 4
     times = [[[1e-3, 1e-3, 1e-3]]] * 3 + [[[1e-3, 50e-3, 1e-3]]]
-    assert nodes.analyze(_obs(dig, times=times))["slow"] == []
+    assert nodes.analyze(_obs(dig, times=times)).slow == []
+
+
+def test_scan_result_is_typed_and_nodes_json_keeps_its_keys_in_order():
+    vote = nodes.analyze(_obs([[["a0", "a1"]], [["a0", "a1"]], [["a0", "XX"]]]))
+    result = nodes.NodeScan(
+        **vote.to_dict(), process_index=0, num_processes=1, platform="cpu", device_kind="cpu",
+        versions={"jax": "0"}, repeats=2, seed=0, inputs_per_workload=2, workloads=[],
+        golden={}, injections=[], detection={}, selftest=None, local_devices=3,
+        compile_seconds=0.0, scan_seconds=0.0, seconds_per_device=0.0, total_seconds=0.0)
+    data = result.to_dict()
+    # The keys nodes.json (schema diag.nodes/1) has had since it was a dict, in that order.
+    assert list(data) == [
+        "schema", "process_index", "num_processes", "platform", "device_kind", "versions",
+        "repeats", "seed", "inputs_per_workload", "workloads", "golden", "injections",
+        "detection", "selftest", "local_devices", "compile_seconds", "scan_seconds",
+        "seconds_per_device", "total_seconds", "verdict", "exit_code", "devices", "suspects",
+        "slow", "hosts", "references", "fleet_median_repeat_s", "notes"]
+    assert data["schema"] == nodes.NODES_SCHEMA == "diag.nodes/1"
+    assert data["suspects"] == vote.suspects and [s["device_id"] for s in vote.suspects] == [2]
+    assert json.loads(json.dumps(data)) == data
 
 
 # --- detection probability and injection ---------------------------------------------------

@@ -36,7 +36,8 @@ from diag.nodes.distributed import NodeScanError
 from diag.nodes.inject import (FAULT_KINDS, Injection, check_injections, detection_probability,
                                injection_outcomes, parse_injection, repeats_for)
 from diag.nodes.rundir import report_context, write_run
-from diag.nodes.scan import EXIT_SELFTEST_MISSED, NODES_SCHEMA, scan
+from diag.nodes.result import NODES_SCHEMA, NodeScan, NodeVote
+from diag.nodes.scan import EXIT_SELFTEST_MISSED, scan
 from diag.nodes.store import default_golden_dir
 from diag.nodes.vote import Observations, analyze
 from diag.nodes.workloads import (BUILTIN_WORKLOADS, INPUTS_PER_WORKLOAD, Workload,
@@ -49,7 +50,9 @@ __all__ = [
     "INPUTS_PER_WORKLOAD",
     "NODES_SCHEMA",
     "Injection",
+    "NodeScan",
     "NodeScanError",
+    "NodeVote",
     "Observations",
     "Workload",
     "analyze",

@@ -3,24 +3,30 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
+from diag.nodes.result import NodeScan
 from diag.nodes.vote import _ulp_text
 
 
 _STATUS = {"ok": "pass", "slow": "warn", "suspect": "fail"}
 
 
-def write_run(nodes: Mapping[str, Any], out: os.PathLike | str = "reports",
+def write_run(nodes: NodeScan, out: os.PathLike | str = "reports",
               argv: Optional[Sequence[str]] = None) -> Path:
     """Write a run folder: run.json, one record per device in results.jsonl, and nodes.json.
 
     The per-device records (``kind: "node"``, status pass / warn for slow / fail for a suspect)
-    let the ordinary report and tools read a scan like any run; nodes.json keeps everything.
+    let the ordinary report and tools read a scan like any run; nodes.json
+    (``nodes.to_dict()`` plus ``run_id``) keeps everything.
+
+    Args:
+      nodes: what `scan` returned.
+      out: the folder the run folder is created in.
+      argv: the command line to record in run.json.
 
     Returns:
       The run folder.
@@ -30,12 +36,12 @@ def write_run(nodes: Mapping[str, Any], out: os.PathLike | str = "reports",
 
     run_id = new_run_id()
     run = RunDir.create(out, run_id, collect(list(argv) if argv is not None else None))
-    for d in nodes.get("devices", []):
+    for d in nodes.devices:
         run.append(Record(
             op="nodes", probe="nodes.scan",
             case=f"process {d['process_index']} device {d['device_id']}",
             params={"device_id": d["device_id"], "process_index": d["process_index"],
-                    "host": d["host"], "repeats": nodes.get("repeats")},
+                    "host": d["host"], "repeats": nodes.repeats},
             backend=f"jax-{d.get('platform', '')}",
             device={"platform": d.get("platform"), "kind": d.get("kind"), "id": d["device_id"],
                     "host": d["host"], "process_index": d["process_index"]},
@@ -46,19 +52,20 @@ def write_run(nodes: Mapping[str, Any], out: os.PathLike | str = "reports",
                                            "max_ulp", "injected_calls", "injected_caught",
                                            "time_ratio")},
             timings={"run_s_median": d.get("time_median_s"), "run_s_min": d.get("time_min_s")},
-            framework={"name": "jax", **(nodes.get("versions") or {})}, run_id=run_id))
-    data = {**nodes, "run_id": run_id}
-    tmp = run.path / ".nodes.json.tmp"
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, run.path / "nodes.json")
+            framework={"name": "jax", **nodes.versions}, run_id=run_id))
+    run.write_json("nodes.json", {**nodes.to_dict(), "run_id": run_id})
     run.update_meta(state="finished", finished=time.time(), command="nodes",
-                    exit_code=nodes.get("exit_code"),
-                    nodes={"verdict": nodes.get("verdict"),
-                           "selftest": (nodes.get("selftest") or {}).get("verdict"),
-                           "suspects": len(nodes.get("suspects", [])),
-                           "devices": len(nodes.get("devices", []))})
+                    exit_code=nodes.exit_code,
+                    nodes={"verdict": nodes.verdict,
+                           "selftest": (nodes.selftest or {}).get("verdict"),
+                           "suspects": len(nodes.suspects),
+                           "devices": len(nodes.devices)})
     return run.path
 
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
 
 def report_context(nodes: Mapping[str, Any]) -> dict[str, Any]:
     """What the HTML report's nodes section shows, from a run folder's nodes.json.

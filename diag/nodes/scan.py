@@ -21,12 +21,12 @@ from diag.nodes.inject import Injection, _detection, check_injections, \
     injection_outcomes
 from diag.nodes.store import _load_golden, _mark_cache_folder, _save_golden, \
     default_golden_dir, golden_path
+from diag.nodes.result import NodeScan
 from diag.nodes.vote import Observations, analyze, references
 from diag.nodes.workloads import BUILTIN_WORKLOADS, INPUTS_PER_WORKLOAD, Workload
 from diag.faults import corrupt
 from diag.numerics import bits_digest, is_supported, ulp_distance
 
-NODES_SCHEMA = "diag.nodes/1"
 #: Exit code when an injected fault was not found and no device is a suspect: the self-test
 #: is a check that failed (1), not a bad device (3: none was named), not bad usage (2).
 EXIT_SELFTEST_MISSED = EXIT_NUMERICAL_FAILURE
@@ -133,7 +133,7 @@ def scan(*, workloads: Optional[Sequence[Workload]] = None, repeats: int = 10, s
          process_id: Optional[int] = None, init_timeout: int = 60,
          golden_dir: Optional[os.PathLike] = None, save_golden: bool = False,
          use_golden: bool = True, slow_factor: float = 1.5,
-         fail_on_slow: bool = False) -> dict[str, Any]:
+         fail_on_slow: bool = False) -> NodeScan:
     """Scan every local device (every device of every process with `distributed`).
 
     Args:
@@ -154,13 +154,12 @@ def scan(*, workloads: Optional[Sequence[Workload]] = None, repeats: int = 10, s
       fail_on_slow: stragglers count as suspects.
 
     Returns:
-      The nodes.json data: the verdict of `analyze` plus ``process_index``,
-      ``num_processes``, ``workloads``, ``golden``, ``injections``, ``detection``,
-      ``selftest`` (None without injections, else ``{"verdict": "found" | "missed",
-      "injections": injection_outcomes(...)}``), timings. ``exit_code`` is 3 with a suspect,
-      else `EXIT_SELFTEST_MISSED` (1) when an injected fault was not found, else 0. Every
-      process returns the same verdict; only ``process_index`` differs (and ``selftest``,
-      which covers the injections that process was given).
+      A `NodeScan` (``to_dict()`` is the nodes.json data): the vote of `analyze` plus what
+      the scan covered, the golden store, injections, detection, ``selftest`` and timings.
+      ``exit_code`` is 3 with a suspect, else `EXIT_SELFTEST_MISSED` (1) when an injected
+      fault was not found, else 0. Every process returns the same verdict; only
+      ``process_index`` differs (and ``selftest``, which covers the injections that process
+      was given).
 
     Raises:
       UsageError: bad arguments, jax already started with another device count, an
@@ -227,42 +226,42 @@ def scan(*, workloads: Optional[Sequence[Workload]] = None, repeats: int = 10, s
                 except Exception:  # shutting down is best effort; the verdict is already computed
                     pass
     obs = Observations(devs, names, digests, nan, inf, times, injected, ulps)
-    result = analyze(obs, golden, slow_factor=slow_factor, fail_on_slow=fail_on_slow)
+    vote = analyze(obs, golden, slow_factor=slow_factor, fail_on_slow=fail_on_slow)
+    exit_code, notes = vote.exit_code, list(vote.notes)
     selftest = None
     if injections:
-        outcomes = injection_outcomes({**result, "repeats": repeats, "workloads": names},
+        outcomes = injection_outcomes({**vote.to_dict(), "repeats": repeats, "workloads": names},
                                       injections, slow_factor)
         missed = [o for o in outcomes if not o["found"]]
         selftest = {"verdict": "missed" if missed else "found", "injections": outcomes}
-        if missed and not result["suspects"]:
+        if missed and not vote.suspects:
             # A self-test that did not see its own fault must not read as a clean fleet.
-            result["exit_code"] = EXIT_SELFTEST_MISSED
+            exit_code = EXIT_SELFTEST_MISSED
     golden_info: dict[str, Any] = {"path": str(gpath), "compared": sorted(golden),
                                    "saved": 0}
     if save_golden:
-        if result["suspects"]:
-            result["notes"].append("golden not saved: the scan found suspects")
+        if vote.suspects:
+            notes.append("golden not saved: the scan found suspects")
         elif pid == 0:
             _mark_cache_folder(gdir)
             golden_info["saved"] = _save_golden(gpath, keys, digests, {
                 "platform": plat, "device_kind": kind, **versions, "host": host,
                 "devices": len(devs)})
-    return {
-        "schema": NODES_SCHEMA,
-        "process_index": pid, "num_processes": nproc, "platform": plat, "device_kind": kind,
-        "versions": versions, "repeats": repeats, "seed": seed,
-        "inputs_per_workload": INPUTS_PER_WORKLOAD,
-        "workloads": [{"name": w.name, "shape": list(w.shape), "dtype": w.dtype,
-                       "key": w.key(seed)} for w in workloads],
-        "golden": golden_info,
-        "injections": [{"kind": i.kind, "rate": i.rate, "device": i.device,
-                        "process": i.process, "seed": i.seed, "text": i.describe()}
-                       for i in injections],
-        "detection": _detection(repeats, len(workloads), injections),
-        "selftest": selftest,
-        "local_devices": len(devices), "compile_seconds": local.compile_s,
-        "scan_seconds": run_s - local.compile_s,
-        "seconds_per_device": (run_s - local.compile_s) / max(len(devices), 1),
-        "total_seconds": time.perf_counter() - t_start,
-        **result,
-    }
+    return NodeScan(
+        process_index=pid, num_processes=nproc, platform=plat, device_kind=kind,
+        versions=versions, repeats=repeats, seed=seed,
+        inputs_per_workload=INPUTS_PER_WORKLOAD,
+        workloads=[{"name": w.name, "shape": list(w.shape), "dtype": w.dtype,
+                    "key": w.key(seed)} for w in workloads],
+        golden=golden_info,
+        injections=[{"kind": i.kind, "rate": i.rate, "device": i.device,
+                     "process": i.process, "seed": i.seed, "text": i.describe()}
+                    for i in injections],
+        detection=_detection(repeats, len(workloads), injections),
+        selftest=selftest,
+        local_devices=len(devices), compile_seconds=local.compile_s,
+        scan_seconds=run_s - local.compile_s,
+        seconds_per_device=(run_s - local.compile_s) / max(len(devices), 1),
+        total_seconds=time.perf_counter() - t_start,
+        **{**vote.to_dict(), "exit_code": exit_code, "notes": notes},
+    )

@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence, Mapping
 import numpy as np
 
 from diag.errors import EXIT_BAD_NODE, EXIT_OK
+from diag.nodes.result import NodeVote
 from diag.nodes.workloads import INPUTS_PER_WORKLOAD
 from diag.numerics import NAN_ULP
 
@@ -84,7 +85,7 @@ def _runs(repeats: Sequence[int], limit: int = 8) -> str:
 
 
 def analyze(obs: Observations, golden: Optional[Mapping[str, Sequence[str]]] = None,
-            slow_factor: float = 1.5, fail_on_slow: bool = False) -> dict[str, Any]:
+            slow_factor: float = 1.5, fail_on_slow: bool = False) -> NodeVote:
     """Vote on the gathered observations: per-device verdicts, suspects, stragglers, notes.
 
     Args:
@@ -95,8 +96,8 @@ def analyze(obs: Observations, golden: Optional[Mapping[str, Sequence[str]]] = N
       fail_on_slow: stragglers become suspects (exit 3) too.
 
     Returns:
-      The verdict as JSON-ready data: ``devices``, ``suspects``, ``slow``, ``hosts``, ``notes``,
-      ``exit_code``.
+      A `NodeVote`: per-device verdicts, suspects, stragglers, hosts, references, notes and
+      the exit code (``to_dict()`` for JSON).
     """
     digests = obs.digests
     D, W, R = digests.shape
@@ -254,14 +255,14 @@ def analyze(obs: Observations, golden: Optional[Mapping[str, Sequence[str]]] = N
         h["slow"] += entry["verdict"] == "slow"
     for h in hosts.values():
         h["verdict"] = "suspect" if h["suspects"] else ("slow" if h["slow"] else "ok")
-    return {
-        "verdict": "suspect" if suspects else "ok",
-        "exit_code": EXIT_BAD_NODE if suspects else EXIT_OK,
-        "devices": devices, "suspects": suspects, "slow": stragglers,
-        "hosts": list(hosts.values()),
-        "references": {"majority": int((src == "majority").sum()),
-                       "golden": int((src == "golden").sum()),
-                       "undecided": int((~known).sum())},
-        "fleet_median_repeat_s": fleet,
-        "notes": notes,
-    }
+    return NodeVote(
+        verdict="suspect" if suspects else "ok",
+        exit_code=EXIT_BAD_NODE if suspects else EXIT_OK,
+        devices=devices, suspects=suspects, slow=stragglers,
+        hosts=list(hosts.values()),
+        references={"majority": int((src == "majority").sum()),
+                    "golden": int((src == "golden").sum()),
+                    "undecided": int((~known).sum())},
+        fleet_median_repeat_s=fleet,
+        notes=notes,
+    )
