@@ -204,10 +204,10 @@ def test_golden_store_is_outside_what_cache_clear_removes(tmp_path, monkeypatch)
     path = store.golden_path(store.default_golden_dir(), "cpu", "cpu",
                              {"jax": "1", "jaxlib": "1"})
     keys = {"w0": "w0/v1"}
-    store._mark_cache_folder(store.default_golden_dir())  # what scan(save_golden=True) does
-    store._save_golden(path, keys, np.array([[["a0", "a1"]]] * 3, dtype=object), {})
+    store.mark_cache_folder(store.default_golden_dir())  # what scan(save_golden=True) does
+    store.save_golden(path, keys, np.array([[["a0", "a1"]]] * 3, dtype=object), {})
     GroundTruthCache(default_cache_dir()).clear()
-    assert store._load_golden(path, keys) == {"w0": ["a0", "a1"]}
+    assert store.load_golden(path, keys) == {"w0": ["a0", "a1"]}
 
 
 def test_bad_injection_on_the_command_line_exits_2_with_one_line():

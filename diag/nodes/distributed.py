@@ -25,7 +25,7 @@ class NodeScanError(DiagError):
     """The scan itself could not run (jax missing, distributed start-up failed)."""
 
 
-def _import_jax(host_devices: Optional[int]):
+def import_jax(host_devices: Optional[int]):
     """Import jax, first forcing `host_devices` CPU devices when asked.
 
     Raises:
@@ -51,7 +51,7 @@ def _import_jax(host_devices: Optional[int]):
     return jax
 
 
-def _init_distributed(jax, coordinator: Optional[str], num_processes: Optional[int],
+def init_distributed(jax, coordinator: Optional[str], num_processes: Optional[int],
                       process_id: Optional[int], timeout: int) -> None:
     explicit = (coordinator, num_processes, process_id)
     if any(v is not None for v in explicit) and not all(v is not None for v in explicit):
@@ -70,7 +70,7 @@ def _init_distributed(jax, coordinator: Optional[str], num_processes: Optional[i
                             "--process-id I on every host") from None
 
 
-class _StdoutToStderr:
+class StdoutToStderr:
     """Send fd 1 to stderr while jax.distributed runs: its C++ collectives (Gloo) print
     connection lines on stdout, which would corrupt ``--json`` output a scheduler parses."""
 
@@ -87,7 +87,7 @@ class _StdoutToStderr:
         return False
 
 
-def _hexes(raw: np.ndarray) -> np.ndarray:
+def hex_digests(raw: np.ndarray) -> np.ndarray:
     """uint8 [..., 32] -> str array [...] of hex digests."""
     flat = raw.reshape(-1, raw.shape[-1])
     return np.array([bytes(row).hex() for row in flat], dtype=object).reshape(raw.shape[:-1])
@@ -102,7 +102,7 @@ def _name_text(raw: np.ndarray) -> str:
     return bytes(raw).rstrip(b"\0").decode(errors="replace")
 
 
-def _gather(jax, local: _Local, process_index: int, host: str, distributed: bool):
+def gather(jax, local: _Local, process_index: int, host: str, distributed: bool):
     """Every process's rows, in process order: (device dicts, arrays...)."""
     kinds = [dev.device_kind for dev in local.devices]
     if not distributed:
@@ -141,7 +141,7 @@ def _gather(jax, local: _Local, process_index: int, host: str, distributed: bool
             take(g_inj).astype(bool))
 
 
-def _gather_ulps(local_ulps: np.ndarray, distributed: bool, counts_rows) -> np.ndarray:
+def gather_ulps(local_ulps: np.ndarray, distributed: bool, counts_rows) -> np.ndarray:
     if not distributed:
         return local_ulps
     from jax.experimental import multihost_utils as mu
@@ -155,7 +155,7 @@ def _gather_ulps(local_ulps: np.ndarray, distributed: bool, counts_rows) -> np.n
     return np.stack([g[p, i] for p, i in rows])
 
 
-def _versions(jax) -> dict[str, str]:
+def jax_versions(jax) -> dict[str, str]:
     try:
         import jaxlib
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from diag.nodes.result import NodeScan
-from diag.nodes.vote import _ulp_text
+from diag.nodes.vote import ulp_text
 
 
 _STATUS = {"ok": "pass", "slow": "warn", "suspect": "fail"}
@@ -85,7 +85,7 @@ def report_context(nodes: Mapping[str, Any]) -> dict[str, Any]:
             "host": d.get("host", ""), "device_id": d.get("device_id"),
             "kind": d.get("kind", ""), "mismatched": d.get("mismatched_calls", 0),
             "calls": d.get("calls", 0), "nonfinite": nonfinite,
-            "max_ulp": _ulp_text(d.get("max_ulp")),
+            "max_ulp": ulp_text(d.get("max_ulp")),
             "time": ms(d.get("time_median_s")), "ratio": f"{d.get('time_ratio', 1.0):.2f}",
             "reason": d.get("reason", ""),
         })

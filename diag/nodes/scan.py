@@ -15,16 +15,15 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from diag.errors import EXIT_NUMERICAL_FAILURE, DiagError, UsageError
-from diag.nodes.distributed import (NodeScanError, _gather, _gather_ulps, _hexes,
-                                    _import_jax, _init_distributed, _StdoutToStderr, _versions)
-from diag.nodes.inject import Injection, _detection, check_injections, \
-    injection_outcomes
-from diag.nodes.store import _load_golden, _mark_cache_folder, _save_golden, \
-    default_golden_dir, golden_path
+from diag.faults import corrupt
+from diag.nodes import store
+from diag.nodes.distributed import (NodeScanError, StdoutToStderr, gather, gather_ulps,
+                                    hex_digests, import_jax, init_distributed, jax_versions)
+from diag.nodes.inject import (Injection, check_injections, detection_table,
+                               injection_outcomes)
 from diag.nodes.result import NodeScan
 from diag.nodes.vote import Observations, analyze, references
 from diag.nodes.workloads import BUILTIN_WORKLOADS, INPUTS_PER_WORKLOAD, Workload
-from diag.faults import corrupt
 from diag.numerics import bits_digest, is_supported, ulp_distance
 
 #: Exit code when an injected fault was not found and no device is a suspect: the self-test
@@ -111,7 +110,7 @@ def _local_ulps(local: _Local, ref: np.ndarray) -> np.ndarray:
     """Max ULP distance of each local output from a local copy of the reference output."""
     d_n, w_n, r_n = local.nan.shape
     out = np.full((d_n, w_n, r_n), np.nan)
-    hexes = _hexes(local.digests)
+    hexes = hex_digests(local.digests)
     for w in range(w_n):
         for r in range(r_n):
             holders = [d for d in range(d_n) if hexes[d, w, r] == ref[w, r]]
@@ -147,7 +146,7 @@ def scan(*, workloads: Optional[Sequence[Workload]] = None, repeats: int = 10, s
       distributed: start `jax.distributed` first (auto-detected on TPU pods and SLURM, or
         the explicit `coordinator`, `num_processes`, `process_id`).
       init_timeout: seconds to wait for every process to join.
-      golden_dir: the golden store (default `default_golden_dir()`).
+      golden_dir: the golden store (default `diag.nodes.default_golden_dir()`).
       save_golden: store this scan's digests as golden when every device agrees.
       use_golden: compare with a stored golden digest when there is one.
       slow_factor: straggler threshold, see `analyze`.
@@ -184,11 +183,11 @@ def scan(*, workloads: Optional[Sequence[Workload]] = None, repeats: int = 10, s
         from diag.flags import validate_xla_flags
 
         validate_xla_flags()
-    jax = _import_jax(host_devices)
+    jax = import_jax(host_devices)
     # Gloo prints on stdout; --json output must stay parseable.
-    with _StdoutToStderr() if distributed else contextlib.nullcontext():
+    with StdoutToStderr() if distributed else contextlib.nullcontext():
         if distributed:
-            _init_distributed(jax, coordinator, num_processes, process_id, init_timeout)
+            init_distributed(jax, coordinator, num_processes, process_id, init_timeout)
         elif any(v is not None for v in (coordinator, num_processes, process_id)):
             raise UsageError("--coordinator/--num-processes/--process-id need --distributed")
         try:
@@ -204,19 +203,19 @@ def scan(*, workloads: Optional[Sequence[Workload]] = None, repeats: int = 10, s
             t_run = time.perf_counter()
             local = _run_local(jax, devices, workloads, repeats, seed, injections, pid)
             run_s = time.perf_counter() - t_run
-            devs, raw, nan, inf, times, injected = _gather(jax, local, pid, host, distributed)
-            digests = _hexes(raw)
+            devs, raw, nan, inf, times, injected = gather(jax, local, pid, host, distributed)
+            digests = hex_digests(raw)
             kind, plat = devs[0]["kind"], devs[0]["platform"]
-            versions = _versions(jax)
+            versions = jax_versions(jax)
             keys = {w.name: w.key(seed) for w in workloads}
-            gdir = Path(golden_dir) if golden_dir else default_golden_dir()
-            gpath = golden_path(gdir, plat, kind, versions)
-            golden = _load_golden(gpath, keys) if use_golden else {}
+            gdir = Path(golden_dir) if golden_dir else store.default_golden_dir()
+            gpath = store.golden_path(gdir, plat, kind, versions)
+            golden = store.load_golden(gpath, keys) if use_golden else {}
             ref, _ = references(digests, golden, names)
             if distributed:
                 counts = [sum(1 for d in devs if d["process_index"] == p) for p in range(nproc)]
                 rows = [(p, i) for p in range(nproc) for i in range(counts[p])]
-                ulps = _gather_ulps(_local_ulps(local, ref), True, (max(counts), rows))
+                ulps = gather_ulps(_local_ulps(local, ref), True, (max(counts), rows))
             else:
                 ulps = _local_ulps(local, ref)
         finally:
@@ -243,8 +242,8 @@ def scan(*, workloads: Optional[Sequence[Workload]] = None, repeats: int = 10, s
         if vote.suspects:
             notes.append("golden not saved: the scan found suspects")
         elif pid == 0:
-            _mark_cache_folder(gdir)
-            golden_info["saved"] = _save_golden(gpath, keys, digests, {
+            store.mark_cache_folder(gdir)
+            golden_info["saved"] = store.save_golden(gpath, keys, digests, {
                 "platform": plat, "device_kind": kind, **versions, "host": host,
                 "devices": len(devs)})
     return NodeScan(
@@ -257,7 +256,7 @@ def scan(*, workloads: Optional[Sequence[Workload]] = None, repeats: int = 10, s
         injections=[{"kind": i.kind, "rate": i.rate, "device": i.device,
                      "process": i.process, "seed": i.seed, "text": i.describe()}
                     for i in injections],
-        detection=_detection(repeats, len(workloads), injections),
+        detection=detection_table(repeats, len(workloads), injections),
         selftest=selftest,
         local_devices=len(devices), compile_seconds=local.compile_s,
         scan_seconds=run_s - local.compile_s,

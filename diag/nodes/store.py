@@ -32,7 +32,7 @@ def default_golden_dir() -> Path:
     return Path.home() / ".cache" / "diag" / "golden"
 
 
-def _mark_cache_folder(gdir: Path) -> None:
+def mark_cache_folder(gdir: Path) -> None:
     """When the golden store lives in diag's cache folder (``$DIAG_CACHE_DIR/golden``), mark
     that folder as diag's, so `diag cache clear` accepts the folder diag created."""
     from diag.oracle.cache import GroundTruthCache, default_cache_dir
@@ -54,7 +54,7 @@ def golden_path(root: Path, platform: str, kind: str, versions: Mapping[str, str
     return Path(root) / _safe(f"{platform}-{kind}") / f"{_safe(tag)}.json"
 
 
-def _load_golden(path: Path, keys: Mapping[str, str]) -> dict[str, list[str]]:
+def load_golden(path: Path, keys: Mapping[str, str]) -> dict[str, list[str]]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -68,7 +68,7 @@ def _load_golden(path: Path, keys: Mapping[str, str]) -> dict[str, list[str]]:
     return out
 
 
-def _save_golden(path: Path, keys: Mapping[str, str], digests: np.ndarray,
+def save_golden(path: Path, keys: Mapping[str, str], digests: np.ndarray,
                  meta: Mapping[str, Any]) -> int:
     """Store the unanimous digest per (workload, input); returns the entries written."""
     try:

@@ -72,7 +72,7 @@ def references(digests: np.ndarray, golden: Optional[Mapping[str, Sequence[str]]
     return ref, src
 
 
-def _ulp_text(ulps: Optional[float]) -> str:
+def ulp_text(ulps: Optional[float]) -> str:
     """A ULP distance for people: `NAN_ULP` (a NaN against a number) reads "NaN"."""
     if ulps is None:
         return "—"
@@ -185,7 +185,7 @@ def analyze(obs: Observations, golden: Optional[Mapping[str, Sequence[str]]] = N
                 why.append(texts[kind].format(n=n, c=W * R))
         ulp_values = [e["max_ulp"] for e in evidence if "max_ulp" in e]
         if ulp_values:
-            why.append(f"max {_ulp_text(max(ulp_values))} ULP from the majority output")
+            why.append(f"max {ulp_text(max(ulp_values))} ULP from the majority output")
         wrong = mismatch[d] | undecided[d] | intermittent[d] | golden_bad[d] | bad_nonfinite[d]
         where = [f"{name} repeats {_runs([int(r) for r in np.nonzero(wrong[w])[0]])}"
                  for w, name in enumerate(names) if wrong[w].any()]
