@@ -33,15 +33,15 @@ def main() -> None:
     print("\n1. scan time per device (builtin workloads: matmul_bf16, matmul_f32, softmax, "
           "train_step)")
     first = nodes.scan(repeats=1, host_devices=args.devices, use_golden=False)
-    print(f"compile (first scan in a process): {first['compile_seconds'] / args.devices:.3f} s "
+    print(f"compile (first scan in a process): {first.compile_seconds / args.devices:.3f} s "
           "per device")
     print(f"{'R':>4} {'repeats/dev':>12} {'per call':>10} {'spread':>7}")
     for repeats in (10, 40, 160):
         per_dev, per_call = [], []
         for _ in range(5):
             r = nodes.scan(repeats=repeats, host_devices=args.devices, use_golden=False)
-            per_dev.append(r["seconds_per_device"])
-            per_call.append(r["seconds_per_device"] / (repeats * len(r["workloads"])))
+            per_dev.append(r.seconds_per_device)
+            per_call.append(r.seconds_per_device / (repeats * len(r.workloads)))
         med, spread = _median_spread(per_dev)
         print(f"{repeats:>4} {med:>10.4f} s {statistics.median(per_call) * 1e3:>7.3f} ms "
               f"{spread:>6.0%}")
@@ -57,7 +57,7 @@ def main() -> None:
             inj = nodes.Injection(kind="bitflip", rate=args.rate, device=1, seed=trial)
             r = nodes.scan(workloads=w, repeats=repeats, host_devices=args.devices,
                            injections=[inj], use_golden=False)
-            caught += [s["device_id"] for s in r["suspects"]] == [1]
+            caught += [s["device_id"] for s in r.suspects] == [1]
         print(f"{repeats:>4} {nodes.detection_probability(args.rate, repeats, 1):>9.1%} "
               f"{caught / args.trials:>9.1%}")
     print(f"R needed for 99% at this rate: {nodes.repeats_for(args.rate, 1, 0.99)} "

@@ -249,12 +249,12 @@ def nodes_cmd(
                         init_timeout=init_timeout, golden_dir=golden_dir,
                         save_golden=save_golden, slow_factor=slow_factor,
                         fail_on_slow=fail_on_slow)
-    if result["process_index"] != 0:
+    if result.process_index != 0:
         # A log line, not the result: process 0's stdout carries the verdict.
-        render.print_line(f"diag: process {result['process_index']} of "
-                          f"{result['num_processes']}: {result['verdict']}; process 0 "
+        render.print_line(f"diag: process {result.process_index} of "
+                          f"{result.num_processes}: {result.verdict}; process 0 "
                           "writes the verdict", err=True)
-        raise typer.Exit(result["exit_code"])
+        raise typer.Exit(result.exit_code)
     run_dir = nodes.write_run(result, out, ["diag"] + sys.argv[1:])
     report_path = None
     if report:
@@ -262,7 +262,7 @@ def nodes_cmd(
 
         report_path = write_report(run_dir)
     if as_json:
-        render.out.print_json(json.dumps({**result, "run_dir": str(run_dir),
+        render.out.print_json(json.dumps({**result.to_dict(), "run_dir": str(run_dir),
                                           "report": str(report_path) if report_path else None},
                                          default=str))
     else:
@@ -270,11 +270,11 @@ def nodes_cmd(
             render.out.print(table)
         for line in render.nodes_summary(result, run_dir):
             render.print_line(line)
-        for outcome in (result.get("selftest") or {}).get("injections", []):
+        for outcome in (result.selftest or {}).get("injections", []):
             render.print_line(f"diag: {outcome['text']}")
         if report_path:
             render.print_line(f"diag: report: {report_path}")
-    raise typer.Exit(result["exit_code"])
+    raise typer.Exit(result.exit_code)
 
 
 @app.command("env")

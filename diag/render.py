@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from rich.console import Console
 from rich.markup import escape
@@ -23,6 +23,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from diag.results import STATUSES, worst_status
+
+if TYPE_CHECKING:
+    from diag.nodes import NodeScan
 
 __all__ = ["console", "out", "RunProgress", "summary_table", "problems_table", "print_error",
            "print_line", "nodes_tables", "nodes_summary", "env_tables", "nan_report_table"]
@@ -243,19 +246,23 @@ def env_tables(report: dict[str, Any]) -> list:
 _NODE_STYLE = {"ok": "green", "slow": "yellow", "suspect": "bold red"}
 
 
-def nodes_tables(nodes: dict[str, Any]) -> list:
-    """`diag nodes`: a table per device (verdict and evidence), hosts, detection, notes."""
+def nodes_tables(nodes: NodeScan) -> list:
+    """`diag nodes`: a table per device (verdict and evidence), hosts, detection, notes.
+
+    Args:
+      nodes: what `diag.nodes.scan` returned.
+    """
     from diag.numerics import NAN_ULP  # a NaN against a number
 
-    kinds = sorted({str(d["kind"]) for d in nodes["devices"]})
-    table = Table(title=escape(f"diag nodes: {len(nodes['devices'])} device(s), "
+    kinds = sorted({str(d["kind"]) for d in nodes.devices})
+    table = Table(title=escape(f"diag nodes: {len(nodes.devices)} device(s), "
                                f"{', '.join(kinds)}"))
     for col, justify in (("proc", "right"), ("host", "left"), ("device", "right"),
                          ("verdict", "left"), ("wrong", "right"), ("NaN+Inf", "right"),
                          ("max ULP", "right"), ("median", "right"), ("x med", "right"),
                          ("evidence", "left")):
         table.add_column(col, justify=justify, overflow="fold")
-    for d in nodes["devices"]:
+    for d in nodes.devices:
         v = d["verdict"]
         table.add_row(str(d["process_index"]), escape(str(d["host"])), str(d["device_id"]),
                       f"[{_NODE_STYLE.get(v, '')}]{v}[/]",
@@ -266,16 +273,16 @@ def nodes_tables(nodes: dict[str, Any]) -> list:
                       f"{d['time_median_s'] * 1e3:.3g} ms", f"{d['time_ratio']:.2f}",
                       escape(", ".join(d["kinds"])) or "—")
     tables = [table]
-    if len(nodes["hosts"]) > 1:
+    if len(nodes.hosts) > 1:
         hosts = Table(title="diag nodes: hosts")
         for col in ("process", "host", "devices", "suspects", "slow", "verdict"):
             hosts.add_column(col)
-        for h in nodes["hosts"]:
+        for h in nodes.hosts:
             v = h["verdict"]
             hosts.add_row(str(h["process_index"]), escape(str(h["host"])), str(h["devices"]),
                           str(h["suspects"]), str(h["slow"]), f"[{_NODE_STYLE.get(v, '')}]{v}[/]")
         tables.append(hosts)
-    det = nodes["detection"]
+    det = nodes.detection
     detect = Table(title=escape(f"diag nodes: detection, {det['formula']}, "
                                 f"R={det['repeats']}, W={det['workloads']}"))
     for col in ("fault rate per call", "P(detect) now", "R for 99%"):
@@ -287,22 +294,22 @@ def nodes_tables(nodes: dict[str, Any]) -> list:
     return tables
 
 
-def nodes_summary(nodes: dict[str, Any], run_dir: Any = None) -> list[str]:
+def nodes_summary(nodes: NodeScan, run_dir: Any = None) -> list[str]:
     """The closing lines of `diag nodes`: injections, notes, verdict, where it was written."""
     lines = [f"diag: device {d['device_id']} (process {d['process_index']}, {d['host']}): "
-             f"{d['verdict']}: {d['reason']}" for d in nodes["devices"] if d["verdict"] != "ok"]
-    lines += [f"diag: injected {i['text']}" for i in nodes["injections"]]
-    lines += [f"diag: note: {n}" for n in nodes["notes"]]
-    bad = nodes["suspects"]
+             f"{d['verdict']}: {d['reason']}" for d in nodes.devices if d["verdict"] != "ok"]
+    lines += [f"diag: injected {i['text']}" for i in nodes.injections]
+    lines += [f"diag: note: {n}" for n in nodes.notes]
+    bad = nodes.suspects
     if bad:
         names = ", ".join(f"device {s['device_id']} (process {s['process_index']}, "
                           f"{s['host']})" for s in bad)
         lines.append(f"diag: {len(bad)} suspect(s): {names}")
     else:
-        lines.append(f"diag: all {len(nodes['devices'])} device(s) agree")
-    if nodes["slow"]:
-        lines.append(f"diag: {len(nodes['slow'])} slow device(s): "
-                     + ", ".join(str(s["device_id"]) for s in nodes["slow"]))
+        lines.append(f"diag: all {len(nodes.devices)} device(s) agree")
+    if nodes.slow:
+        lines.append(f"diag: {len(nodes.slow)} slow device(s): "
+                     + ", ".join(str(s["device_id"]) for s in nodes.slow))
     if run_dir is not None:
         lines.append(f"diag: run folder: {run_dir}")
     return lines

@@ -243,19 +243,29 @@ class RunDir:
         return meta
 
     def write_meta(self, meta: dict[str, Any]) -> None:
-        """Replace run.json atomically (write a temp file, then rename).
+        """Replace run.json atomically (see `write_json`)."""
+        self.write_json(self.run_json.name, meta)
+
+    def write_json(self, name: str, data: dict[str, Any]) -> Path:
+        """Replace one JSON file of the run folder (run.json, nodes.json) atomically: write a
+        temp file, then rename, so a reader never sees half a file.
 
         The temp file is created with mode 0666 less the umask, as every other file diag
-        writes (`tempfile.mkstemp` would make run.json 0600, unreadable to a CI artefact
-        uploader running as another user).
+        writes (`tempfile.mkstemp` would make it 0600, unreadable to a CI artefact uploader
+        running as another user).
+
+        Returns:
+          The file written.
         """
-        tmp = self.path / f".run.json.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        path = self.path / name
+        tmp = self.path / f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         try:
             with tmp.open("x", encoding="utf-8") as f:
-                json.dump(_finite(meta), f, indent=2, default=str)
-            os.replace(tmp, self.run_json)
+                json.dump(_finite(data), f, indent=2, default=str)
+            os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
+        return path
 
     def update_meta(self, **fields: Any) -> None:
         meta = self.read_meta()

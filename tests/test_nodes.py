@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 
 from diag import nodes
+from diag import faults
+from diag.nodes import store
 from diag.errors import UsageError
 from tests.conftest import REPO_ROOT, diag_script, needs_jax, run_diag
 
@@ -42,7 +44,7 @@ def _obs(digests, times=None, nan=None):
 
 
 def _suspect_ids(result):
-    return sorted(s["device_id"] for s in result["suspects"])
+    return sorted(s["device_id"] for s in result.suspects)
 
 
 # --- the vote (no jax) -----------------------------------------------------------------------
@@ -52,31 +54,31 @@ def test_majority_names_only_the_device_that_differs():
     bad = [["a0", "XX", "a0", "a1"]]
     result = nodes.analyze(_obs([good, good, bad, good]))
     assert _suspect_ids(result) == [2]
-    dev = result["devices"][2]
+    dev = result.devices[2]
     assert dev["mismatched_calls"] == 1 and dev["kinds"] == ["mismatch", "intermittent"]
     assert "w0 repeats 1" in dev["reason"]
-    assert result["exit_code"] == 3
+    assert result.exit_code == 3
 
 
 def test_clean_observations_exit_0():
     good = [["a0", "a1", "a0", "a1"], ["b0", "b1", "b0", "b1"]]
     result = nodes.analyze(_obs([good] * 5))
-    assert result["suspects"] == [] and result["exit_code"] == 0
-    assert all(d["verdict"] == "ok" for d in result["devices"])
+    assert result.suspects == [] and result.exit_code == 0
+    assert all(d["verdict"] == "ok" for d in result.devices)
 
 
 def test_two_devices_that_disagree_are_both_named_and_the_tie_is_said():
     result = nodes.analyze(_obs([[["a0", "a1"]], [["a0", "ZZ"]]]))
     assert _suspect_ids(result) == [0, 1]
-    assert all("no-majority" in s["kinds"] for s in result["suspects"])
-    assert any("two devices" in n for n in result["notes"])
+    assert all("no-majority" in s["kinds"] for s in result.suspects)
+    assert any("two devices" in n for n in result.notes)
 
 
 def test_a_golden_digest_breaks_a_two_device_tie():
     result = nodes.analyze(_obs([[["a0", "a1"]], [["a0", "ZZ"]]]),
                            golden={"w0": ["a0", "a1"]})
     assert _suspect_ids(result) == [1]
-    assert result["references"]["golden"] == 1
+    assert result.references["golden"] == 1
 
 
 def test_repeat_disagreement_breaks_a_two_device_tie():
@@ -88,8 +90,8 @@ def test_repeat_disagreement_breaks_a_two_device_tie():
 def test_single_device_repeats_of_the_same_input_are_compared():
     result = nodes.analyze(_obs([[["a0", "a1", "a0", "a1", "a0", "QQ"]]]))
     assert _suspect_ids(result) == [0]
-    assert result["suspects"][0]["kinds"] == ["intermittent"]
-    assert any("one device" in n for n in result["notes"])
+    assert result.suspects[0]["kinds"] == ["intermittent"]
+    assert any("one device" in n for n in result.notes)
 
 
 def test_nan_in_a_wrong_output_is_counted_but_a_nan_everyone_gets_is_the_workload():
@@ -97,26 +99,46 @@ def test_nan_in_a_wrong_output_is_counted_but_a_nan_everyone_gets_is_the_workloa
     nan = [[[3, 0]], [[3, 0]], [[3, 5]]]
     result = nodes.analyze(_obs(dig, nan=nan))
     assert _suspect_ids(result) == [2]
-    assert "nan" in result["suspects"][0]["kinds"]
-    assert result["devices"][0]["nan_count"] == 3 and result["devices"][0]["verdict"] == "ok"
-    assert any("w0 returns NaN/Inf in the reference" in n for n in result["notes"])
+    assert "nan" in result.suspects[0]["kinds"]
+    assert result.devices[0]["nan_count"] == 3 and result.devices[0]["verdict"] == "ok"
+    assert any("w0 returns NaN/Inf in the reference" in n for n in result.notes)
 
 
 def test_straggler_is_slow_not_a_suspect_unless_asked():
     dig = [[["a0", "a1", "a0"]]] * 4
     times = [[[1e-3, 1e-3, 1e-3]]] * 3 + [[[5e-3, 4e-3, 6e-3]]]
     result = nodes.analyze(_obs(dig, times=times))
-    assert result["suspects"] == [] and result["exit_code"] == 0
-    assert [s["device_id"] for s in result["slow"]] == [3]
-    assert result["devices"][3]["verdict"] == "slow"
+    assert result.suspects == [] and result.exit_code == 0
+    assert [s["device_id"] for s in result.slow] == [3]
+    assert result.devices[3]["verdict"] == "slow"
     strict = nodes.analyze(_obs(dig, times=times), fail_on_slow=True)
-    assert _suspect_ids(strict) == [3] and strict["exit_code"] == 3
+    assert _suspect_ids(strict) == [3] and strict.exit_code == 3
 
 
 def test_one_slow_repeat_is_noise_not_a_straggler():
     dig = [[["a0", "a1", "a0"]]] * 4
     times = [[[1e-3, 1e-3, 1e-3]]] * 3 + [[[1e-3, 50e-3, 1e-3]]]
-    assert nodes.analyze(_obs(dig, times=times))["slow"] == []
+    assert nodes.analyze(_obs(dig, times=times)).slow == []
+
+
+def test_scan_result_is_typed_and_nodes_json_keeps_its_keys_in_order():
+    vote = nodes.analyze(_obs([[["a0", "a1"]], [["a0", "a1"]], [["a0", "XX"]]]))
+    result = nodes.NodeScan(
+        **vote.to_dict(), process_index=0, num_processes=1, platform="cpu", device_kind="cpu",
+        versions={"jax": "0"}, repeats=2, seed=0, inputs_per_workload=2, workloads=[],
+        golden={}, injections=[], detection={}, selftest=None, local_devices=3,
+        compile_seconds=0.0, scan_seconds=0.0, seconds_per_device=0.0, total_seconds=0.0)
+    data = result.to_dict()
+    # The keys nodes.json (schema diag.nodes/1) has had since it was a dict, in that order.
+    assert list(data) == [
+        "schema", "process_index", "num_processes", "platform", "device_kind", "versions",
+        "repeats", "seed", "inputs_per_workload", "workloads", "golden", "injections",
+        "detection", "selftest", "local_devices", "compile_seconds", "scan_seconds",
+        "seconds_per_device", "total_seconds", "verdict", "exit_code", "devices", "suspects",
+        "slow", "hosts", "references", "fleet_median_repeat_s", "notes"]
+    assert data["schema"] == nodes.NODES_SCHEMA == "diag.nodes/1"
+    assert data["suspects"] == vote.suspects and [s["device_id"] for s in vote.suspects] == [2]
+    assert json.loads(json.dumps(data)) == data
 
 
 # --- detection probability and injection ---------------------------------------------------
@@ -153,25 +175,39 @@ def test_each_fault_kind_changes_the_output_as_described():
     out = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
     stale = out + 1
     rng = np.random.default_rng(0)
-    flipped = nodes._corrupt(out, "bitflip", stale, rng)
+    flipped = faults.corrupt(out, "bitflip", rng=rng, stale=stale)
     diff = np.bitwise_xor(flipped.view(np.uint32), out.view(np.uint32))
     assert [bin(int(x)).count("1") for x in diff.ravel() if x] == [1]
-    with_nan = nodes._corrupt(out, "nan", stale, rng)
+    with_nan = faults.corrupt(out, "nan", rng=rng, stale=stale)
     assert np.isnan(with_nan).sum() == 1 and np.isnan(out).sum() == 0
-    assert np.array_equal(nodes._corrupt(out, "stuck", stale, rng), stale)
+    assert np.array_equal(faults.corrupt(out, "stuck", rng=rng, stale=stale), stale)
+
+
+def test_worker_fault_kinds_corrupt_a_copy_as_described():
+    out = np.arange(1, 13, dtype=np.float32).reshape(3, 4)
+    doubled = faults.corrupt(out, "double")
+    assert doubled[0, 0] == 2 * out[0, 0] and out[0, 0] == 1  # a copy: the truth is kept
+    assert np.array_equal(doubled.ravel()[1:], out.ravel()[1:])
+    truncated = faults.corrupt(out, "truncate")
+    assert truncated.shape == (3, 3) and np.array_equal(truncated, out[:, :3])
+    # One vocabulary: the worker's output faults and --inject's are kinds of faults.corrupt.
+    assert set(faults.WORKER_OUTPUT_FAULTS.values()) <= set(faults.OUTPUT_FAULTS)
+    assert set(nodes.FAULT_KINDS) - {"slow"} <= set(faults.OUTPUT_FAULTS)
+    with pytest.raises(ValueError, match="unknown fault kind 'melt'"):
+        faults.corrupt(out, "melt")
 
 
 def test_golden_store_is_outside_what_cache_clear_removes(tmp_path, monkeypatch):
     from diag.oracle.cache import GroundTruthCache, default_cache_dir
 
     monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "cache"))
-    path = nodes.golden_path(nodes.default_golden_dir(), "cpu", "cpu",
+    path = store.golden_path(store.default_golden_dir(), "cpu", "cpu",
                              {"jax": "1", "jaxlib": "1"})
     keys = {"w0": "w0/v1"}
-    nodes._mark_cache_folder(nodes.default_golden_dir())  # what scan(save_golden=True) does
-    nodes._save_golden(path, keys, np.array([[["a0", "a1"]]] * 3, dtype=object), {})
+    store.mark_cache_folder(store.default_golden_dir())  # what scan(save_golden=True) does
+    store.save_golden(path, keys, np.array([[["a0", "a1"]]] * 3, dtype=object), {})
     GroundTruthCache(default_cache_dir()).clear()
-    assert nodes._load_golden(path, keys) == {"w0": ["a0", "a1"]}
+    assert store.load_golden(path, keys) == {"w0": ["a0", "a1"]}
 
 
 def test_bad_injection_on_the_command_line_exits_2_with_one_line():
@@ -236,6 +272,29 @@ def test_golden_digest_names_the_bad_one_of_two_devices(tmp_path):
     assert out.returncode == 3, out.stderr
     assert data["golden"]["compared"] == ["matmul_f32"]
     assert [s["device_id"] for s in data["suspects"]] == [1]
+
+
+@needs_jax
+def test_golden_digests_are_numerics_bits_digest_of_each_builtin_output(tmp_path):
+    # One digest for host, worker and nodes: what --save-golden stores is what
+    # numerics.bits_digest gives for the builtin's output, computed here in-process.
+    import jax
+
+    from diag.numerics import bits_digest
+
+    names = ["matmul_bf16", "softmax", "train_step"]
+    out, data = _scan("--host-devices", "1", "--repeats", "2", "-w", ",".join(names),
+                      "--save-golden", tmp_path=tmp_path)
+    assert out.returncode == 0 and data["golden"]["saved"] == len(names), out.stderr
+    stored = json.loads(open(data["golden"]["path"]).read())
+    assert stored["schema"] == store.GOLDEN_SCHEMA
+    for name in names:
+        w = nodes.builtin_workload(name)
+        fn = w.build()
+        expected = [bits_digest(np.asarray(fn(jax.device_put(w.make_input(0, k),
+                                                             jax.devices("cpu")[0]))))
+                    for k in range(nodes.INPUTS_PER_WORKLOAD)]
+        assert stored["workloads"][w.key(0)] == expected, name
 
 
 @needs_jax

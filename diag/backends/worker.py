@@ -113,7 +113,7 @@ def _hunt(fn, args) -> dict:
 
 
 def run_job(job: dict, stream) -> None:
-    from diag import numerics
+    from diag import faults, numerics
     from diag.backends import get_spec
 
     spec = get_spec(job["backend"])
@@ -141,8 +141,7 @@ def run_job(job: dict, stream) -> None:
             ]
             fn = getattr(backend, case["op"])(**case.get("op_args", {}))
             if fault == "corrupt_input":
-                host_inputs[0] = np.array(host_inputs[0])
-                host_inputs[0].flat[0] = host_inputs[0].flat[0] * 2
+                host_inputs[0] = faults.corrupt(host_inputs[0], "double")
             args = [backend.put(x) for x in host_inputs]
             # What the device holds, read back: proves the inputs arrived bit-identical.
             received = [numerics.bits_digest(backend.get(x)) for x in args]
@@ -161,10 +160,8 @@ def run_job(job: dict, stream) -> None:
                 named = named[:-1]
             for i, (name, value) in enumerate(named):
                 host = np.array(backend.get(value))
-                if fault == "corrupt" and i == 0:
-                    host.flat[0] = host.flat[0] * 2
-                if fault == "truncate" and i == 0:
-                    host = np.ascontiguousarray(host[..., :-1])
+                if fault in faults.WORKER_OUTPUT_FAULTS and i == 0:
+                    host = faults.corrupt(host, faults.WORKER_OUTPUT_FAULTS[fault])
                 path = os.path.join(out_dir, f"{case['id']}.{label}.{i}.npy")
                 is_float = numerics.is_supported(host.dtype)  # float dtypes diag handles
                 if is_float:

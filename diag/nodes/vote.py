@@ -1,0 +1,268 @@
+"""The vote: which device computed wrong bits, from every device's digests (pure numpy).
+
+Testable without jax: `analyze` sees only digests, counts and timings, gathered from every
+process, and every process computes the same verdict from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Mapping
+
+import numpy as np
+
+from diag.errors import EXIT_BAD_NODE, EXIT_OK
+from diag.nodes.result import NodeVote
+from diag.nodes.workloads import INPUTS_PER_WORKLOAD
+from diag.numerics import NAN_ULP
+
+
+@dataclass
+class Observations:
+    """Everything the vote needs, for all devices of all processes.
+
+    Attributes:
+      devices: one dict per device: device_id, process_index, host, kind, platform.
+      workloads: workload names, in order.
+      digests: str array [D, W, R]: sha256 of each output's bits.
+      nan: int array [D, W, R]; inf: int array [D, W, R].
+      times: float array [D, W, R], seconds per call (until the output is ready).
+      injected: bool array [D, W, R]: diag corrupted (or delayed) that call.
+      max_ulp: float array [D, W, R]: ULP distance to the reference output where the owning
+        process holds a copy of it, NaN where unknown or equal.
+    """
+
+    devices: list[dict[str, Any]]
+    workloads: list[str]
+    digests: np.ndarray
+    nan: np.ndarray
+    inf: np.ndarray
+    times: np.ndarray
+    injected: np.ndarray
+    max_ulp: Optional[np.ndarray] = None
+
+    @property
+    def repeats(self) -> int:
+        return int(self.digests.shape[2])
+
+
+def references(digests: np.ndarray, golden: Optional[Mapping[str, Sequence[str]]],
+               workloads: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The reference digest per (workload, repeat) and where it came from.
+
+    A strict majority of two or more devices wins; without one, the stored golden digest for
+    that input;
+    without either, "" (undecided).
+
+    Returns:
+        (ref [W, R] str array, source [W, R] array of "majority" | "golden" | "").
+    """
+    D, W, R = digests.shape
+    ref = np.full((W, R), "", dtype=object)
+    src = np.full((W, R), "", dtype=object)
+    for w in range(W):
+        gold = (golden or {}).get(workloads[w])
+        for r in range(R):
+            values, counts = np.unique(digests[:, w, r], return_counts=True)
+            top = int(np.argmax(counts))
+            if 2 * counts[top] > D and counts[top] >= 2:  # one device alone is no vote
+                ref[w, r], src[w, r] = values[top], "majority"
+            elif gold:
+                ref[w, r], src[w, r] = gold[r % INPUTS_PER_WORKLOAD], "golden"
+    return ref, src
+
+
+def ulp_text(ulps: Optional[float]) -> str:
+    """A ULP distance for people: `NAN_ULP` (a NaN against a number) reads "NaN"."""
+    if ulps is None:
+        return "—"
+    return "NaN" if ulps >= NAN_ULP else f"{ulps:.6g}"
+
+
+def _runs(repeats: Sequence[int], limit: int = 8) -> str:
+    shown = ", ".join(str(r) for r in repeats[:limit])
+    return shown + (f" (+{len(repeats) - limit} more)" if len(repeats) > limit else "")
+
+
+def analyze(obs: Observations, golden: Optional[Mapping[str, Sequence[str]]] = None,
+            slow_factor: float = 1.5, fail_on_slow: bool = False) -> NodeVote:
+    """Vote on the gathered observations: per-device verdicts, suspects, stragglers, notes.
+
+    Args:
+      obs: the observations of every device.
+      golden: {workload name: [digest per input index]} from the golden store, or None.
+      slow_factor: a device is `slow` when its fastest repeat is slower than this times the
+        median device's median repeat (the fastest repeat: one noisy sample does not count).
+      fail_on_slow: stragglers become suspects (exit 3) too.
+
+    Returns:
+      A `NodeVote`: per-device verdicts, suspects, stragglers, hosts, references, notes and
+      the exit code (``to_dict()`` for JSON).
+    """
+    digests = obs.digests
+    D, W, R = digests.shape
+    names = obs.workloads
+    ref, src = references(digests, golden, names)
+    known = src != ""
+    mismatch = (digests != ref[None]) & known[None]
+    disagree = (digests != digests[:1]).any(axis=0)  # [W, R]
+    undecided = np.broadcast_to((~known & disagree)[None], digests.shape).copy()
+    nonfinite = obs.nan + obs.inf
+    ref_nonfinite = np.zeros((W, R), dtype=np.int64)
+    for w in range(W):
+        for r in range(R):
+            holders = nonfinite[digests[:, w, r] == ref[w, r], w, r]
+            ref_nonfinite[w, r] = holders.min() if holders.size else 0
+    bad_nonfinite = nonfinite > ref_nonfinite[None]
+    golden_bad = np.zeros_like(mismatch)
+    for w, name in enumerate(names):
+        gold = (golden or {}).get(name)
+        if gold:
+            for r in range(R):
+                golden_bad[:, w, r] = digests[:, w, r] != gold[r % INPUTS_PER_WORKLOAD]
+    # Intermittent: a device's repeats of the same input disagree with its own usual answer.
+    intermittent = np.zeros_like(mismatch)
+    for d in range(D):
+        for w in range(W):
+            for k in range(INPUTS_PER_WORKLOAD):
+                rs = np.arange(k, R, INPUTS_PER_WORKLOAD)
+                values, counts = np.unique(digests[d, w, rs], return_counts=True)
+                if len(values) > 1:
+                    # The repeats to blame: those off the reference where there is one, else
+                    # those off the device's own usual answer (all of them without one).
+                    usual = values[int(np.argmax(counts))]
+                    own = digests[d, w, rs] != usual
+                    if 2 * counts.max() <= len(rs):
+                        own[:] = True
+                    intermittent[d, w, rs] = np.where(known[w, rs], mismatch[d, w, rs], own)
+    # Without a reference, a call that some devices also got wrong on other repeats of the same
+    # input points at them: the devices that are consistent are cleared.
+    blamed = intermittent.any(axis=0) & undecided[0]  # [W, R]
+    undecided &= ~(blamed[None] & ~intermittent)
+
+    per_repeat = obs.times.sum(axis=1)  # [D, R]: one repeat of every workload
+    med = np.median(per_repeat, axis=1)
+    fastest = per_repeat.min(axis=1)
+    fleet = float(np.median(med))
+    slow = (fastest > slow_factor * fleet) if D >= 2 and fleet > 0 else np.zeros(D, bool)
+
+    devices, suspects, stragglers = [], [], []
+    for d, dev in enumerate(obs.devices):
+        kinds, why, evidence = [], [], []
+        for w, name in enumerate(names):
+            for flag, label in ((mismatch[d, w], "differs from the majority"),
+                                (undecided[d, w], "no majority"),
+                                (intermittent[d, w], "repeats of the same input disagree"),
+                                (golden_bad[d, w], "differs from the stored golden digest"),
+                                (bad_nonfinite[d, w], "NaN/Inf where the reference has none")):
+                rs = [int(r) for r in np.nonzero(flag)[0]]
+                if rs:
+                    item = {"workload": name, "what": label, "repeats": rs}
+                    if label == "differs from the majority" and obs.max_ulp is not None:
+                        ulps = obs.max_ulp[d, w, rs]
+                        ulps = ulps[np.isfinite(ulps)]
+                        if ulps.size:
+                            item["max_ulp"] = float(ulps.max())
+                    evidence.append(item)
+        counts = {
+            "mismatch": int(mismatch[d].sum()),
+            "no-majority": int(undecided[d].sum()),
+            "intermittent": int(intermittent[d].sum()),
+            "golden": int(golden_bad[d].sum()),
+            "nan": int(bad_nonfinite[d].sum()),
+        }
+        texts = {
+            "mismatch": "differs from the majority on {n}/{c} calls",
+            "no-majority": "{n}/{c} calls have no majority to vote with (too few devices agree "
+                           "and no golden digest is stored)",
+            "intermittent": "repeats of the same input disagree on {n} calls",
+            "golden": "differs from the stored golden digest on {n}/{c} calls",
+            "nan": "NaN/Inf where the reference has none on {n} calls",
+        }
+        for kind, n in counts.items():
+            if n:
+                kinds.append(kind)
+                why.append(texts[kind].format(n=n, c=W * R))
+        ulp_values = [e["max_ulp"] for e in evidence if "max_ulp" in e]
+        if ulp_values:
+            why.append(f"max {ulp_text(max(ulp_values))} ULP from the majority output")
+        wrong = mismatch[d] | undecided[d] | intermittent[d] | golden_bad[d] | bad_nonfinite[d]
+        where = [f"{name} repeats {_runs([int(r) for r in np.nonzero(wrong[w])[0]])}"
+                 for w, name in enumerate(names) if wrong[w].any()]
+        if where:
+            why.append("wrong calls: " + "; ".join(where))
+        ratio = float(med[d] / fleet) if fleet > 0 else 1.0
+        is_slow = bool(slow[d])
+        suspect = bool(kinds) or (is_slow and fail_on_slow)
+        if is_slow:
+            kinds.append("slow")
+            why.append(f"fastest repeat {fastest[d] * 1e3:.3g} ms > {slow_factor:g} x the "
+                       f"median device's {fleet * 1e3:.3g} ms")
+        verdict = "suspect" if suspect else ("slow" if is_slow else "ok")
+        entry = {
+            **dev, "verdict": verdict, "kinds": kinds,
+            "reason": "; ".join(why) if why else "agrees with the majority on every call",
+            "calls": W * R, "mismatched_calls": counts["mismatch"],
+            "nan_count": int(obs.nan[d].sum()), "inf_count": int(obs.inf[d].sum()),
+            "intermittent_calls": counts["intermittent"],
+            "golden_mismatch_calls": counts["golden"], "undecided_calls": counts["no-majority"],
+            "max_ulp": max(ulp_values) if ulp_values else None,
+            "injected_calls": int(obs.injected[d].sum()),
+            "injected_caught": int((obs.injected[d] & (mismatch[d] | intermittent[d]
+                                                        | golden_bad[d] | undecided[d])).sum()),
+            "time_median_s": float(med[d]), "time_min_s": float(fastest[d]),
+            "time_ratio": ratio, "evidence": evidence[:20],
+        }
+        devices.append(entry)
+        short = {k: dev[k] for k in ("device_id", "process_index", "host")}
+        if suspect:
+            suspects.append({**short, "reason": entry["reason"], "kinds": kinds})
+        elif is_slow:
+            stragglers.append({**short, "reason": why[-1], "time_ratio": ratio})
+
+    notes = []
+    if D == 1:
+        notes.append("one device: no vote across devices; only repeats of the same input and "
+                     "a stored golden digest are compared")
+    elif D == 2:
+        notes.append("two devices: when they disagree there is no majority; both are named "
+                     "unless a stored golden digest or a repeat disagreement points at one")
+    if R < INPUTS_PER_WORKLOAD + 1:
+        notes.append(f"with {R} repeat(s) no input is seen twice: intermittent faults on a "
+                     f"single device are not checked (use --repeats >= {INPUTS_PER_WORKLOAD + 1})")
+    if (~known & disagree).any():
+        notes.append("some calls had no majority and no golden digest: the devices involved "
+                     "are all named")
+    for w, name in enumerate(names):
+        if (ref_nonfinite[w] > 0).any():
+            notes.append(f"workload {name} returns NaN/Inf in the reference output itself: a "
+                         "property of the workload, not of a device")
+    kinds_seen = sorted({str(dev.get("kind")) for dev in obs.devices})
+    if len(kinds_seen) > 1:
+        notes.append(f"mixed device kinds ({', '.join(kinds_seen)}): different hardware may "
+                     "legitimately give different bits")
+    if golden and mismatch.sum() == 0 and golden_bad.all(axis=0).any():
+        notes.append("every device differs from the stored golden digest on some call: the "
+                     "golden may come from other flags or software; check, then --save-golden")
+
+    hosts: dict[tuple, dict[str, Any]] = {}
+    for entry in devices:
+        h = hosts.setdefault((entry["process_index"], entry["host"]), {
+            "process_index": entry["process_index"], "host": entry["host"], "devices": 0,
+            "suspects": 0, "slow": 0})
+        h["devices"] += 1
+        h["suspects"] += entry["verdict"] == "suspect"
+        h["slow"] += entry["verdict"] == "slow"
+    for h in hosts.values():
+        h["verdict"] = "suspect" if h["suspects"] else ("slow" if h["slow"] else "ok")
+    return NodeVote(
+        verdict="suspect" if suspects else "ok",
+        exit_code=EXIT_BAD_NODE if suspects else EXIT_OK,
+        devices=devices, suspects=suspects, slow=stragglers,
+        hosts=list(hosts.values()),
+        references={"majority": int((src == "majority").sum()),
+                    "golden": int((src == "golden").sum()),
+                    "undecided": int((~known).sum())},
+        fleet_median_repeat_s=fleet,
+        notes=notes,
+    )

@@ -1,0 +1,183 @@
+"""What `diag nodes` runs on every device: diag's builtin workloads and the user's own.
+
+A workload is deterministic by contract: the scan votes on its output bits, so the same input
+must give the same bits on every healthy device of one kind.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import math
+import os
+import sys
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from diag.errors import UsageError
+from diag.numerics import as_dtype, dtype_name
+
+#: Distinct seeded inputs per workload; repeat r uses input r % INPUTS_PER_WORKLOAD.
+INPUTS_PER_WORKLOAD = 2
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One deterministic workload: ``build()`` returns ``fn(x) -> array`` (jax imported).
+
+    Attributes:
+      name: shown in reports; a builtin name or the user's ``module:function``.
+      shape: the input's shape; diag draws the inputs from the scan seed.
+      dtype: the input's dtype name.
+      build: called once, after jax is imported, to get the callable.
+      version: part of the golden key; bump when a builtin's computation changes.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    build: Callable[[], Callable]
+    version: str = "1"
+
+    def key(self, seed: int) -> str:
+        """What a golden digest depends on besides hardware and library versions."""
+        return f"{self.name}/v{self.version}/seed={seed}/{list(self.shape)}/{self.dtype}"
+
+    def make_input(self, seed: int, index: int) -> np.ndarray:
+        """Input `index` (deterministic in seed, workload name and index; host numpy)."""
+        rng = np.random.default_rng([seed, zlib.crc32(self.name.encode()), index])
+        return rng.standard_normal(self.shape).astype(as_dtype(self.dtype))
+
+
+def _weights(seed: int, shapes, dtype) -> list[np.ndarray]:
+    rng = np.random.default_rng([seed, 0x90DE])
+    return [(rng.standard_normal(s) / math.sqrt(s[0])).astype(as_dtype(dtype)) for s in shapes]
+
+
+# The builtins are built from the ops of diag's JAX backend (diag.backends.jax_backend), the
+# same functions `diag run` judges against the oracle: one definition of each op. Rebuilding
+# them on those ops left every builtin's compiled HLO and output bits as they were (jax-cpu
+# 0.10.2, seeds 0, 1, 7), so golden digests saved by an older diag still apply (version "1").
+
+def _matmul_chain(dtype: str) -> Callable[[], Callable]:
+    @functools.lru_cache(maxsize=None)  # one jitted function per process: compiled once
+    def build():
+        import jax
+        import jax.numpy as jnp
+
+        from diag.backends import jax_backend
+
+        matmul = jax_backend.matmul()  # the framework's default precision, as users run it
+        ws = _weights(1, [(128, 128)] * 4, dtype)
+
+        def chain(x):
+            for w in ws:  # tanh keeps every layer's values in [-1, 1]: no overflow in bf16
+                x = jnp.tanh(matmul(x, w))
+            return x
+
+        return jax.jit(chain)
+
+    return build
+
+
+@functools.lru_cache(maxsize=None)
+def _softmax():
+    import jax
+
+    from diag.backends import jax_backend
+
+    softmax = jax_backend.softmax()  # over the last axis
+    return jax.jit(lambda x: softmax(4.0 * x))
+
+
+@functools.lru_cache(maxsize=None)
+def _train_step():
+    """One SGD step of the backend's tanh MLP (`jax_backend.train_step`), flattened into one
+    array (new weights, then the loss) so one digest covers all of it."""
+    import jax
+    import jax.numpy as jnp
+
+    from diag.backends import jax_backend
+
+    w1, w2 = _weights(2, [(32, 64), (64, 10)], "float32")
+    step = jax_backend.train_step(lr=0.1)  # labels are drawn from the input: deterministic
+
+    def flat_step(x):
+        out = step(x, w1, w2)
+        return jnp.concatenate([out["w1"].ravel(), out["w2"].ravel(), out["loss"][None]])
+
+    return jax.jit(flat_step)
+
+
+#: diag's golden workloads, in scan order.
+BUILTIN_WORKLOADS: dict[str, Workload] = {
+    w.name: w for w in (
+        Workload("matmul_bf16", (128, 128), "bfloat16", _matmul_chain("bfloat16")),
+        Workload("matmul_f32", (128, 128), "float32", _matmul_chain("float32")),
+        Workload("softmax", (64, 1024), "float32", _softmax),
+        Workload("train_step", (64, 32), "float32", _train_step),
+    )
+}
+
+
+def builtin_workload(name: str) -> Workload:
+    """A builtin workload by name.
+
+    Raises:
+        UsageError: no builtin has that name.
+    """
+    if name not in BUILTIN_WORKLOADS:
+        raise UsageError(f"unknown workload {name!r}; builtins: {', '.join(BUILTIN_WORKLOADS)}, "
+                         "or your own as module:function or path/to/file.py:function")
+    return BUILTIN_WORKLOADS[name]
+
+
+def load_workload(spec: str, shape: Sequence[int] = (128, 128),
+                  dtype: str = "float32") -> Workload:
+    """A builtin name, or the user's ``module:function`` / ``path/file.py:function``.
+
+    The user's callable receives a device-committed array of `shape` and `dtype` and returns an
+    array; diag calls it once per device to compile (not judged), then once per device per
+    repeat. It must be deterministic: the scan votes on its output bits.
+
+    Raises:
+        UsageError: the spec is malformed, the module cannot be imported or has no such
+            callable, or the shape/dtype is invalid.
+    """
+    if ":" not in spec:
+        return builtin_workload(spec)
+    module_name, _, attr = spec.rpartition(":")
+    if not module_name or not attr:
+        raise UsageError(f"--workload {spec!r}: expected module:function or file.py:function")
+    shape = tuple(int(s) for s in shape)
+    if not shape or any(s <= 0 for s in shape):
+        raise UsageError(f"--input-shape {list(shape)}: expected positive sizes")
+    dtype = dtype_name(dtype)
+
+    def build():
+        try:
+            if module_name.endswith(".py"):
+                path = Path(module_name)
+                if not path.is_file():
+                    raise UsageError(f"--workload {spec!r}: no file {path}")
+                mod_spec = importlib.util.spec_from_file_location(f"_diag_workload_{path.stem}",
+                                                                  path)
+                module = importlib.util.module_from_spec(mod_spec)
+                mod_spec.loader.exec_module(module)
+            else:
+                if os.getcwd() not in sys.path:  # the `diag` script does not put cwd on the path
+                    sys.path.insert(0, os.getcwd())
+                module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise UsageError(f"--workload {spec!r}: cannot import {module_name}: {e}") from None
+        fn = getattr(module, attr, None)
+        if not callable(fn):
+            raise UsageError(f"--workload {spec!r}: {module_name} has no callable {attr!r}")
+        return fn
+
+    return Workload(spec, shape, dtype, build)
