@@ -33,7 +33,6 @@ __all__ = [
     "precision_bits",
     "unit_roundoff",
     "gamma",
-    "matmul_error_bound",
     "ulp_distance",
     "round_to_dtype",
     "bits_view",
@@ -132,30 +131,6 @@ def gamma(k, dtype: DTypeLike):
     with np.errstate(divide="ignore", invalid="ignore"):
         g = np.where(ku < 1.0, ku / (1.0 - ku), np.inf)
     return float(g) if g.ndim == 0 else g
-
-
-def matmul_error_bound(a, b, compute_dtype: DTypeLike) -> np.ndarray:
-    """Textbook forward error bound gamma_K * (|A| |B|)_ij of a matmul done in `compute_dtype`.
-
-    A backend whose error exceeds this bound used less precision than `compute_dtype` (for
-    example one bf16 pass where float32 was claimed). |A||B| is computed in float64 and scaled
-    up by (1 + gamma_K(float64)) so that its own rounding does not make the bound smaller.
-
-    Args:
-        a: [..., M, K] array (any float dtype diag knows).
-        b: [..., K, N] array.
-        compute_dtype: the dtype the backend claims to accumulate in.
-
-    Returns:
-        float64 array of shape [..., M, N].
-    """
-    a64 = np.abs(np.asarray(a).astype(np.float64))
-    b64 = np.abs(np.asarray(b).astype(np.float64))
-    if a64.ndim < 2 or b64.ndim < 2 or a64.shape[-1] != b64.shape[-2]:
-        raise UsageError(f"matmul_error_bound: shapes {a64.shape} and {b64.shape} do not "
-                         "multiply; expected [..., M, K] and [..., K, N]")
-    k = a64.shape[-1]
-    return (a64 @ b64) * (gamma(k, compute_dtype) * (1.0 + gamma(k + 1, np.float64)))
 
 
 def bits_view(arr) -> np.ndarray:

@@ -23,7 +23,8 @@ import pytest
 
 import diag.oracle as oracle
 from diag.compare import (check_greedy, check_top_k, compare_softmax, describe_topk_semantics,
-                          judge_greedy, judge_softmax, judge_top_k, softmax_ulp_tolerance)
+                          judge_greedy, judge_softmax, judge_top_k)
+from diag.tolerance import softmax_ulp_tolerance
 from diag.errors import UsageError
 from tests.conftest import needs_jax
 
