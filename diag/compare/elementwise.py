@@ -14,6 +14,7 @@ import numpy as np
 
 from diag import numerics
 from diag.compare.verdict import _fmt, format_index
+from diag.tolerance import AGREEMENT_FACTOR
 
 
 def compare(output: np.ndarray, truth: np.ndarray, bound: np.ndarray) -> dict[str, Any]:
@@ -109,7 +110,8 @@ def agreement(x: np.ndarray, y: np.ndarray, bound: np.ndarray) -> dict[str, Any]
     Args:
       x, y: the two outputs (same shape and dtype).
       bound: the per-element bound each backend is judged by; two backends that both keep
-        it can differ by up to twice it, so `bound_ratio` = max |x - y| / (2 * bound).
+        it can differ by up to `AGREEMENT_FACTOR` times it, so `bound_ratio` =
+        max |x - y| / (AGREEMENT_FACTOR * bound).
     """
     ulp = numerics.ulp_distance(x, y).ravel()
     n = int(ulp.size)
@@ -117,7 +119,7 @@ def agreement(x: np.ndarray, y: np.ndarray, bound: np.ndarray) -> dict[str, Any]
     x64, y64 = x.astype(np.float64).ravel(), y.astype(np.float64).ravel()
     finite = np.isfinite(x64) & np.isfinite(y64)
     diff = np.abs(np.subtract(x64, y64, out=np.zeros(n), where=finite))
-    ratio = np.divide(diff, 2 * bound.ravel(), out=np.zeros(n), where=finite)
+    ratio = np.divide(diff, AGREEMENT_FACTOR * bound.ravel(), out=np.zeros(n), where=finite)
     metrics: dict[str, Any] = {"elements": n, "mismatched": mismatched,
                                "max_ulp_between": int(ulp.max()) if n else 0,
                                "max_abs_diff": float(diff.max()) if n else 0.0,

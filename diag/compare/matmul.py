@@ -5,14 +5,14 @@ against twice it.
 from __future__ import annotations
 
 from diag.compare.outcome import Evaluation, Outcome, _only_output
-from diag.tolerance import matmul_bound
+from diag.tolerance import tolerance
 from diag.compare.elementwise import agreement, compare, judge, judge_agreement
 
 
 def evaluate(o: Outcome) -> Evaluation:
     expected = o.truth.value
     output = _only_output(o, expected)
-    bound = matmul_bound(o.inputs, expected, o.params)
+    bound = tolerance("matmul", expected.dtype).bound(o.inputs, expected, o.params)
     metrics = compare(output, expected, bound)
     status, reason = judge(metrics, claim="float32 accumulation", setting=o.setting,
                            promised=o.promised)

@@ -12,10 +12,9 @@ import numpy as np
 from diag import numerics
 from diag.compare.elementwise import compare
 from diag.compare.verdict import _fmt
-from diag.tolerance import _u, softmax_error_bound
 from diag.compare.elementwise import agree_values
 from diag.compare.outcome import Evaluation, Outcome, _only_output
-from diag.tolerance import softmax_ulp_tolerance
+from diag.tolerance import tolerance
 
 
 def _row_kind(row: np.ndarray) -> str:
@@ -63,7 +62,8 @@ def compare_softmax(output: np.ndarray, truth: np.ndarray, x: np.ndarray, *,
     defined = ~(undefined | nonfinite_in)
     rows_def = np.flatnonzero(defined)
     xd, od, td = x2[rows_def], o2[rows_def], t2[rows_def]
-    bound = softmax_error_bound(xd, td, compute_dtype=compute_dtype)
+    tol = tolerance("softmax", x.dtype, compute_dtype)
+    bound = tol.bound(xd, td)
     metrics = compare(od, td, bound)
     if "worst" in metrics:
         r, c = (int(v) for v in metrics["worst"]["index"].strip("()").split(","))
@@ -72,8 +72,8 @@ def compare_softmax(output: np.ndarray, truth: np.ndarray, x: np.ndarray, *,
     # compute_dtype (jax's bf16 softmax on CPU measures like this). Beyond the strict bound but
     # within this one is a warn, not a fail.
     in_dt = numerics.as_dtype(x.dtype)
-    if _u(in_dt) > _u(compute_dtype):
-        loose = softmax_error_bound(xd, td, compute_dtype=compute_dtype, elementwise_dtype=in_dt)
+    if numerics.unit_roundoff(in_dt) > numerics.unit_roundoff(compute_dtype):
+        loose = tol.loose_bound(xd, td)
         err = np.abs(od.astype(np.float64) - td.astype(np.float64))
         ok = np.isfinite(err)
         ratio = np.divide(err, loose, out=np.zeros(err.shape), where=ok)
@@ -167,6 +167,6 @@ def evaluate(o: Outcome) -> Evaluation:
 
 
 def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
-    # Two backends each within the tolerance of the truth may be twice it apart.
-    allowed = 2 * softmax_ulp_tolerance(a.params["dtype"], a.params["n"])
+    # Two backends each within the tolerance of the truth may be AGREEMENT_FACTOR times it apart.
+    allowed = tolerance("softmax", a.params["dtype"]).agreement_ulp(a.params)
     return agree_values(a.outputs[0], b.outputs[0], names, allowed_ulp=allowed)

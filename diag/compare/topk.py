@@ -9,6 +9,7 @@ from typing import Any, Optional
 import numpy as np
 
 from diag import numerics
+from diag.tolerance import TOPK_EXACT_RECALL
 from diag.compare.outcome import Evaluation, MalformedOutput, Outcome
 
 _NAN_KEY = np.iinfo(np.int64).max
@@ -123,7 +124,8 @@ def _rows3(x, values, indices):
 
 def check_top_k(x: np.ndarray, values: np.ndarray, indices: np.ndarray, k: int, *,
                 recall_target: Optional[float] = None,
-                sorted_output: Optional[bool] = None) -> dict[str, Any]:
+                sorted_output: Optional[bool] = None,
+                truth: Optional[tuple[np.ndarray, np.ndarray]] = None) -> dict[str, Any]:
     """Check a (possibly approximate) top-k output row by row against the exact top-k.
 
     Per row: structural validity (indices in range and unique, values bitwise equal to
@@ -142,6 +144,10 @@ def check_top_k(x: np.ndarray, values: np.ndarray, indices: np.ndarray, k: int, 
         k: the k asked for.
         recall_target: the recall the approximate op promised; None for an exact top-k.
         sorted_output: whether sorted order is required; default L == k.
+        truth: the exact top-k (values, indices), each [..., k], as the runner computed and
+          cached it (`diag.oracle.top_k_result`); the examples and the semantic comparison
+          use it as given. None only for direct calls with no oracle result at hand: then it
+          is computed here.
 
     Returns:
         JSON-serialisable metrics: rows, k, returned, invalid_rows (+ out_of_range_rows,
@@ -165,9 +171,11 @@ def check_top_k(x: np.ndarray, values: np.ndarray, indices: np.ndarray, k: int, 
     wrong_examples: list[dict] = []
     recalls = np.ones(rows)
     worst = None
-    from diag.oracle import top_k as exact_top_k
+    if truth is None:
+        from diag.oracle import top_k as exact_top_k
 
-    canon_v, canon_i = exact_top_k(x2, k)
+        truth = exact_top_k(x2, k)
+    canon_v, canon_i = (np.asarray(t).reshape(rows, k) for t in truth)
     for r in range(rows):
         xr = x2[r]
         x64 = xr.astype(np.float64)
@@ -308,7 +316,7 @@ def judge_top_k(metrics: dict[str, Any], *, approx: bool,
     worst = (f"min recall {metrics['recall_min']:.4g} at row {w.get('row')} (expected "
              f"{w.get('expected')}, returned {w.get('returned')})")
     if not approx:
-        if metrics["recall_min"] < 1.0:
+        if metrics["recall_min"] < TOPK_EXACT_RECALL:
             return "fail", f"top-k recall below 1: {worst}"
         sem = metrics["semantics"]
         note = f"; order semantics: {', '.join(sem)}" if sem else ""
@@ -391,7 +399,10 @@ def _top_k_outputs(o: Outcome) -> tuple[np.ndarray, np.ndarray]:
 def evaluate(o: Outcome) -> Evaluation:
     values, indices = _top_k_outputs(o)
     target = o.params.get("recall_target")
-    metrics = check_top_k(o.inputs[0], values, indices, o.params["k"], recall_target=target)
+    # The truth flows forward: the exact top-k the runner computed (and cached), never again.
+    truth = (o.truth.value, o.truth.extra["indices"])
+    metrics = check_top_k(o.inputs[0], values, indices, o.params["k"], recall_target=target,
+                          truth=truth)
     status, reason = judge_top_k(metrics, approx=target is not None, recall_target=target)
     return Evaluation(status, reason, metrics)
 
