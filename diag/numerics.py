@@ -17,7 +17,8 @@ Numerical traps written down where they bite:
 
 from __future__ import annotations
 
-from typing import Union
+import math
+from typing import Any, Union
 
 import ml_dtypes
 import numpy as np
@@ -38,6 +39,7 @@ __all__ = [
     "bits_view",
     "bits_digest",
     "from_bits",
+    "fmt",
 ]
 
 DTypeLike = Union[str, np.dtype, type]
@@ -265,3 +267,43 @@ def round_to_dtype(x, dtype: DTypeLike) -> np.ndarray:
         if tie.any():
             out[tie] = np.copysign(448.0, x64[tie]).astype(dt)
     return out
+
+
+def fmt(value: Any, digits: int = 3, *, compact: bool = True) -> str:
+    """The one way diag writes a number for a person: reasons, the terminal and the report.
+
+    Args:
+        value: an int, a float, one of the strings ``"nan"``/``"inf"``/``"-inf"`` that records
+            use for non-finite floats (JSON has no such numbers), another string (shown as
+            is), a bool or None.
+        digits: significant digits of a float.
+        compact: the report's cell form: integral floats below 1e6 as integers, exponents
+            without padding (``1.5e-5``). False keeps Python's ``.{digits}g`` form (``1.5e-05``),
+            which reasons and the terminal table have always shown.
+
+    Returns:
+        The text: "—" for a missing value, "NaN", "inf" and "-inf" for non-finite floats.
+    """
+    if value is None or (isinstance(value, str) and value == ""):
+        return "—"
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value)).lower()
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if not compact:
+        return f"{x:.{digits}g}"
+    if x.is_integer() and abs(x) < 1e6:
+        return str(int(x))
+    text = f"{x:.{digits}g}"
+    if "e" in text:
+        mant, exp = text.split("e")
+        text = f"{mant}e{int(exp)}"
+    return text

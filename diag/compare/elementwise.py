@@ -8,12 +8,12 @@ that nearly cancel to zero give huge ULP and relative errors even for a correct 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from diag import numerics
-from diag.compare.verdict import _fmt, format_index
+from diag.compare.verdict import Mismatch, format_index, format_mismatch
 from diag.tolerance import AGREEMENT_FACTOR
 
 
@@ -73,6 +73,26 @@ def compare(output: np.ndarray, truth: np.ndarray, bound: np.ndarray) -> dict[st
     return metrics
 
 
+def mismatch(metrics: dict[str, Any], *, nonfinite_unit: str = "elements"
+             ) -> Optional[Mismatch]:
+    """What broke the rule in `compare`'s metrics: NaN/Inf where the truth is finite (or the
+    reverse) first, then elements beyond the bound; None when nothing did.
+
+    Args:
+      metrics: from `compare`.
+      nonfinite_unit: what the non-finite count counts (softmax: `elements of defined rows`).
+    """
+    n = metrics["elements"]
+    if metrics["unexpected_nonfinite"]:
+        return Mismatch(metrics["unexpected_nonfinite"], n, nonfinite_unit, share=False)
+    if metrics["bound_exceeded"]:
+        w = metrics["worst"]
+        return Mismatch(metrics["bound_exceeded"], n, where=w["index"],
+                        ratio=metrics["bound_ratio"], got=w["got"], expected=w["truth"],
+                        allowed=w["allowed"], ulp=w.get("ulp"))
+    return None
+
+
 def judge(metrics: dict[str, Any], *, promised: bool, claim: str, setting: str) -> tuple[str, str]:
     """The verdict for one record's metrics: (status, one-line reason).
 
@@ -83,20 +103,14 @@ def judge(metrics: dict[str, Any], *, promised: bool, claim: str, setting: str) 
       claim: the arithmetic the bound assumes (`float32 accumulation`).
       setting: the precision setting, for the reason.
     """
-    n = metrics["elements"]
+    m = mismatch(metrics)
     if metrics["unexpected_nonfinite"]:
-        k = metrics["unexpected_nonfinite"]
-        return "fail", (f"{k} / {n} elements are NaN/Inf where the exact result is not "
+        return "fail", (f"{format_mismatch(m)} are NaN/Inf where the exact result is not "
                         f"(or the reverse)")
-    k = metrics["bound_exceeded"]
     summary = (f"{metrics['frac_not_correctly_rounded']:.1%} not correctly rounded, "
                f"max {metrics['max_ulp']} ULP")
-    if k:
-        w = metrics["worst"]
-        detail = (f"error exceeds the {claim} bound in {k} / {n} elements ({k / n:.2%}); "
-                  f"worst {metrics['bound_ratio']:.3g}x the bound at {w['index']}: got "
-                  f"{_fmt(w['got'])}, correctly rounded {_fmt(w['truth'])}, allowed "
-                  f"±{_fmt(w['allowed'])}")
+    if m is not None:
+        detail = f"error exceeds the {claim} bound in {format_mismatch(m)}"
         if promised:
             return "fail", detail
         return "warn", (detail + f"; less precise than {claim}, which {setting} permits on "
@@ -131,13 +145,20 @@ def agreement(x: np.ndarray, y: np.ndarray, bound: np.ndarray) -> dict[str, Any]
     return metrics
 
 
+def agreement_mismatch(metrics: dict[str, Any]) -> Optional[Mismatch]:
+    """The elements where two outputs differ (`agreement`/`agree_values` metrics), or None."""
+    if not metrics["mismatched"]:
+        return None
+    return Mismatch(metrics["mismatched"], metrics["elements"], where=metrics["worst"]["index"],
+                    ulp=metrics["max_ulp_between"])
+
+
 def judge_agreement(metrics: dict[str, Any], a: str, b: str, claim: str) -> tuple[str, str]:
     """pass: identical, or apart by no more than two correct backends may be; else warn."""
-    n, k = metrics["elements"], metrics["mismatched"]
-    if not k:
+    m = agreement_mismatch(metrics)
+    if m is None:
         return "pass", f"{a} and {b} agree bit for bit"
-    detail = (f"{a} and {b} differ in {k} / {n} elements ({k / n:.2%}), up to "
-              f"{metrics['max_ulp_between']} ULP at {metrics['worst']['index']}")
+    detail = f"{a} and {b} differ in {format_mismatch(m)}"
     if metrics["bound_ratio"] <= 1.0:
         return "pass", f"{detail}; within what two backends keeping the {claim} bound may differ"
     return "warn", (f"{detail}; {metrics['bound_ratio']:.3g}x what two backends keeping the "
@@ -160,8 +181,7 @@ def agree_values(x: np.ndarray, y: np.ndarray, names: tuple[str, str], *,
     w = int(ulp.argmax())
     metrics["worst"] = {"index": format_index(w, x.shape), "a": float(x.ravel()[w]),
                         "b": float(y.ravel()[w])}
-    detail = (f"{names[0]} and {names[1]} differ in {mism} / {n} elements ({mism / n:.2%}), up "
-              f"to {metrics['max_ulp_between']} ULP at {metrics['worst']['index']}")
+    detail = f"{names[0]} and {names[1]} differ in {format_mismatch(agreement_mismatch(metrics))}"
     if metrics["max_ulp_between"] <= allowed_ulp:
         return "pass", f"{detail}; within the {allowed_ulp:g} ULP two correct backends may differ", \
             metrics

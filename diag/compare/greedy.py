@@ -5,12 +5,13 @@ dependence told apart from errors.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from diag import numerics
 from diag.compare.outcome import Evaluation, Outcome
+from diag.compare.verdict import Mismatch, format_mismatch
 
 _BATCH_LABEL = re.compile(r"^batch\d+$")
 
@@ -129,6 +130,34 @@ def check_greedy(logits: np.ndarray, tokens: dict[str, np.ndarray], *,
     }
 
 
+def _path_mismatch(metrics: dict[str, Any], name: str) -> Mismatch:
+    """A failing path's rows: those off the unique maximum, or off a tied maximum."""
+    p = metrics["paths"][name]
+    ex = next((e for e in p["examples"] if not e.get("rounding_tie")), p["examples"][0])
+    return Mismatch(p["disagree"] + p["wrong_on_tie"], metrics["unique_rows"], "rows",
+                    share=False, where=f"row {ex['row']}", got=ex["chosen"],
+                    expected=ex["expected"])
+
+
+def greedy_mismatch(metrics: dict[str, Any]) -> Optional[Mismatch]:
+    """The rows that decide `judge_greedy`'s verdict, in its order: the first path off the
+    exact argmax, else the rows where rounded probabilities tie, else the rows whose token
+    depends on the batch size; None when none."""
+    bad = metrics["disagreeing_paths"]
+    if bad:
+        return _path_mismatch(metrics, bad[0])
+    rounded = metrics.get("rounding_tie_paths") or []
+    if rounded:
+        p = metrics["paths"][rounded[0]]
+        ex = next(e for e in p["examples"] if e.get("rounding_tie"))
+        return Mismatch(p["rounding_tie"], metrics["unique_rows"], "rows", share=False,
+                        where=f"row {ex['row']}", got=ex["chosen"], expected=ex["expected"])
+    dep = [v for v in metrics["batch_dependence"].values() if v["rows_differ"]]
+    if dep:
+        return Mismatch(dep[0]["rows_differ"], metrics["rows"], "rows", share=False)
+    return None
+
+
 def judge_greedy(metrics: dict[str, Any]) -> tuple[str, str]:
     """Verdict for `check_greedy` metrics: (status, one-line reason).
 
@@ -138,36 +167,33 @@ def judge_greedy(metrics: dict[str, Any]) -> tuple[str, str]:
     equal (the dtype cannot separate them: sample from logits), or a path's choice depends on
     the batch size (possible only on tied or NaN rows). pass: otherwise.
     """
-    rows, uniq = metrics["rows"], metrics["unique_rows"]
+    uniq = metrics["unique_rows"]
     bad = metrics["disagreeing_paths"]
+    m = greedy_mismatch(metrics)
     if bad:
-        parts = []
-        for name in bad:
-            p = metrics["paths"][name]
-            parts.append(f"{name} {p['disagree'] + p['wrong_on_tie']}")
+        # One count per path before one shared total ("a 3; b 2 of 64 rows"): the form
+        # tests/test_compare_sampling.py pins, so the paths read as one sentence.
+        parts = "; ".join(f"{name} {_path_mismatch(metrics, name).count}" for name in bad)
         ex = next((e for e in metrics["paths"][bad[0]]["examples"] if not e.get("rounding_tie")),
                   metrics["paths"][bad[0]]["examples"][0])
         top = ", ".join(f"{t['index']}: {t['logit']:.6g} ({t['bits']})" for t in ex["top3"])
-        return "fail", (f"greedy token differs from the exact argmax: {'; '.join(parts)} of "
-                        f"{uniq} rows with a unique maximum disagree (first: {bad[0]} row "
-                        f"{ex['row']} chose {ex['chosen']}, exact {ex['expected']}; top logits "
-                        f"{top})")
+        return "fail", (f"greedy token differs from the exact argmax: {parts} of {m.total} rows "
+                        f"with a unique maximum disagree (first: {bad[0]} {m.where} chose "
+                        f"{m.got}, exact {m.expected}; top logits {top})")
     dep = {k: v for k, v in metrics["batch_dependence"].items() if v["rows_differ"]}
     tie_note = (f" ({metrics['tied_rows']} rows with an exactly tied maximum excluded)"
                 if metrics["tied_rows"] else "")
     rounded = metrics.get("rounding_tie_paths") or []
     if rounded:
-        p = metrics["paths"][rounded[0]]
-        ex = next(e for e in p["examples"] if e.get("rounding_tie"))
         return "warn", (f"argmax over rounded probabilities drops the most probable token in "
-                        f"{p['rounding_tie']} / {uniq} rows ({', '.join(rounded)}): the top two "
-                        f"logits round to the same probability in this dtype (first: row "
-                        f"{ex['row']} chose {ex['chosen']}, exact {ex['expected']}); sample "
+                        f"{format_mismatch(m)} ({', '.join(rounded)}): the top two "
+                        f"logits round to the same probability in this dtype (first: "
+                        f"{m.where} chose {m.got}, exact {m.expected}); sample "
                         f"from the logits or from float32 probabilities{tie_note}")
     if dep:
         key, v = next(iter(dep.items()))
         return "warn", (f"every path picks the exact greedy token, but {key} depends on the "
-                        f"batch size in {v['rows_differ']} / {rows} rows "
+                        f"batch size in {format_mismatch(m)} "
                         f"({', '.join(v['paths'])}){tie_note}")
     return "pass", (f"all {len(metrics['paths'])} paths pick the exact greedy token in all "
                     f"{uniq} rows with a unique maximum{tie_note}")
@@ -191,11 +217,14 @@ def agree_tokens(a: dict[str, np.ndarray], b: dict[str, np.ndarray],
 
 
 def evaluate(o: Outcome) -> Evaluation:
+    """Every sampler path's tokens against the exact argmax; the truth is the correctly
+    rounded softmax, which says where rounded probabilities cannot separate the top two."""
     tokens = o.named
     metrics = check_greedy(o.inputs[0], tokens, rounded_probs=o.truth.value)
     status, reason = judge_greedy(metrics)
-    return Evaluation(status, reason, metrics)
+    return Evaluation(status, reason, metrics, mismatch=greedy_mismatch(metrics))
 
 
 def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
+    """Two backends' tokens on the paths they share. Returns (status, reason, metrics)."""
     return agree_tokens(a.named, b.named, names)

@@ -1,4 +1,5 @@
-"""What one backend returned for one case, and the verdict on it.
+"""What one backend returned for one case (`Outcome`), and the checks that its outputs are
+the shape and dtype of the truth before any number is judged (`MalformedOutput`).
 """
 
 from __future__ import annotations
@@ -7,6 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
+
+from diag.compare.verdict import Verdict
 
 
 @dataclass
@@ -40,14 +43,8 @@ class Outcome:
         return dict(zip(self.names, self.outputs))
 
 
-@dataclass
-class Evaluation:
-    """A verdict with its metrics; `context` is handed to the probe's agreement check."""
-
-    status: str
-    reason: str
-    metrics: dict
-    context: Any = None
+#: The probe table's name for the verdict on one output (`diag.compare.verdict.Verdict`).
+Evaluation = Verdict
 
 
 class MalformedOutput(ValueError):

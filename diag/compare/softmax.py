@@ -5,15 +5,14 @@ with undefined rows reported as hazards, not errors.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from diag import numerics
-from diag.compare.elementwise import compare
-from diag.compare.verdict import _fmt
-from diag.compare.elementwise import agree_values
+from diag.compare.elementwise import agree_values, compare, mismatch
 from diag.compare.outcome import Evaluation, Outcome, _only_output
+from diag.compare.verdict import Mismatch, format_mismatch
 from diag.tolerance import tolerance
 
 
@@ -111,6 +110,11 @@ def compare_softmax(output: np.ndarray, truth: np.ndarray, x: np.ndarray, *,
     return metrics
 
 
+def softmax_mismatch(metrics: dict[str, Any]) -> Optional[Mismatch]:
+    """What broke the rule in `compare_softmax`'s metrics (defined rows only), or None."""
+    return mismatch(metrics, nonfinite_unit="elements of defined rows")
+
+
 def judge_softmax(metrics: dict[str, Any], dtype) -> tuple[str, str]:
     """Verdict for `compare_softmax` metrics: (status, one-line reason).
 
@@ -124,7 +128,6 @@ def judge_softmax(metrics: dict[str, Any], dtype) -> tuple[str, str]:
     """
     name = numerics.dtype_name(dtype)
     claim = f"{metrics.get('compute_dtype', 'float32')} arithmetic"
-    n = metrics["elements"]
     summary = (f"max {metrics['max_ulp']} ULP, {metrics['frac_not_correctly_rounded']:.1%} not "
                f"correctly rounded, max sum-to-one error {metrics['sum_to_one_max_err']:.3g}")
     hazard = ""
@@ -135,17 +138,13 @@ def judge_softmax(metrics: dict[str, Any], dtype) -> tuple[str, str]:
             parts.append(f"{h['rows']} rows {what} have no defined softmax; this backend "
                          f"returns {got} (first: row {h['first_row']})")
         hazard = "hazard: " + "; ".join(parts)
+    m = softmax_mismatch(metrics)
     if metrics["unexpected_nonfinite"]:
-        k = metrics["unexpected_nonfinite"]
-        return "fail", (f"{name} softmax: {k} / {n} elements of defined rows are NaN/Inf where "
-                        f"the exact result is finite (or the reverse)")
-    k = metrics["bound_exceeded"]
-    if k:
-        w = metrics["worst"]
-        detail = (f"{name} softmax error exceeds the {claim} bound in {k} / {n} elements "
-                  f"({k / max(n, 1):.2%}); worst {metrics['bound_ratio']:.3g}x the bound "
-                  f"at {w['index']}: got {_fmt(w['got'])}, correctly rounded "
-                  f"{_fmt(w['truth'])}, allowed ±{_fmt(w['allowed'])}; {summary}")
+        return "fail", (f"{name} softmax: {format_mismatch(m)} are NaN/Inf where the exact "
+                        f"result is finite (or the reverse)")
+    if m is not None:
+        detail = (f"{name} softmax error exceeds the {claim} bound in {format_mismatch(m)}; "
+                  f"{summary}")
         narrow = metrics.get("narrow_dtype")
         if narrow and not metrics["narrow_bound_exceeded"]:
             return "warn", (f"{detail}; consistent with x - max, exp and the division done in "
@@ -159,14 +158,16 @@ def judge_softmax(metrics: dict[str, Any], dtype) -> tuple[str, str]:
 
 
 def evaluate(o: Outcome) -> Evaluation:
+    """One backend's softmax against the correctly rounded truth."""
     expected = o.truth.value
     output = _only_output(o, expected)
     metrics = compare_softmax(output, expected, o.inputs[0])
     status, reason = judge_softmax(metrics, o.params["dtype"])
-    return Evaluation(status, reason, metrics)
+    return Evaluation(status, reason, metrics, mismatch=softmax_mismatch(metrics))
 
 
 def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
+    """Two backends' softmax of one case, in ULPs. Returns (status, reason, metrics)."""
     # Two backends each within the tolerance of the truth may be AGREEMENT_FACTOR times it apart.
     allowed = tolerance("softmax", a.params["dtype"]).agreement_ulp(a.params)
     return agree_values(a.outputs[0], b.outputs[0], names, allowed_ulp=allowed)

@@ -9,8 +9,9 @@ from typing import Any, Optional
 import numpy as np
 
 from diag import numerics
-from diag.tolerance import TOPK_EXACT_RECALL
 from diag.compare.outcome import Evaluation, MalformedOutput, Outcome
+from diag.compare.verdict import Mismatch, format_mismatch
+from diag.tolerance import TOPK_EXACT_RECALL
 
 _NAN_KEY = np.iinfo(np.int64).max
 
@@ -290,6 +291,26 @@ def check_top_k(x: np.ndarray, values: np.ndarray, indices: np.ndarray, k: int, 
     return metrics
 
 
+def top_k_mismatch(metrics: dict[str, Any], *, approx: bool) -> Optional[Mismatch]:
+    """The rows that break the rule in `check_top_k`'s metrics, or None.
+
+    In the order `judge_top_k` decides: invalid rows, wrong rows (for an approximate top-k only
+    those missing their maximum), then rows below the promised recall.
+    """
+    rows = metrics["rows"]
+    if metrics["invalid_rows"]:
+        return Mismatch(metrics["invalid_rows"], rows, "rows", share=False,
+                        where=f"row {metrics['invalid_examples'][0]['row']}")
+    wrong = metrics["misses_max_rows"] if approx else metrics["wrong_rows"]
+    if wrong:
+        return Mismatch(wrong, rows, "rows", share=False,
+                        where=f"row {metrics['wrong_examples'][0]['row']}")
+    if approx and metrics["rows_below_target"]:
+        return Mismatch(metrics["rows_below_target"], rows, "rows", share=False,
+                        where=f"row {metrics.get('worst_row', {}).get('row')}")
+    return None
+
+
 def judge_top_k(metrics: dict[str, Any], *, approx: bool,
                 recall_target: Optional[float] = None) -> tuple[str, str]:
     """Verdict for `check_top_k` metrics: (status, one-line reason).
@@ -301,16 +322,17 @@ def judge_top_k(metrics: dict[str, Any], *, approx: bool,
     """
     rows = metrics["rows"]
     what = "approximate top-k" if approx else "top-k"
+    m = top_k_mismatch(metrics, approx=approx)
     if metrics["invalid_rows"]:
         ex = metrics["invalid_examples"][0]
-        return "fail", (f"{what}: {metrics['invalid_rows']} / {rows} rows are not a valid "
-                        f"top-k (first: row {ex['row']}: {ex['problem']})")
+        return "fail", (f"{what}: {format_mismatch(m)} are not a valid top-k (first: row "
+                        f"{ex['row']}: {ex['problem']})")
     wrong = metrics["misses_max_rows"] if approx else metrics["wrong_rows"]
     if wrong:
         ex = metrics["wrong_examples"][0]
         why = ("misses the row maximum" if ex["missed_max"]
                else "leaves out a value larger than one it returned")
-        return "fail", (f"{what}: {wrong} / {rows} rows are wrong (row {ex['row']} {why}: "
+        return "fail", (f"{what}: {format_mismatch(m)} are wrong (row {ex['row']} {why}: "
                         f"expected {ex['expected']}, returned {ex['returned']})")
     w = metrics.get("worst_row", {})
     worst = (f"min recall {metrics['recall_min']:.4g} at row {w.get('row')} (expected "
@@ -327,11 +349,12 @@ def judge_top_k(metrics: dict[str, Any], *, approx: bool,
     target = recall_target if recall_target is not None else metrics.get("recall_target") or 1.0
     mean = metrics["recall_mean"]
     if mean < target:
+        # A mean below the target puts at least one row below it: m counts them.
         return "fail", (f"approximate top-k mean recall {mean:.4g} is below the promised "
-                        f"{target:g}; {metrics['rows_below_target']} / {rows} rows below; {worst}")
-    if metrics["rows_below_target"]:
+                        f"{target:g}; {format_mismatch(m)} below; {worst}")
+    if m is not None:
         return "warn", (f"approximate top-k mean recall {mean:.4g} meets the promised {target:g} "
-                        f"but {metrics['rows_below_target']} / {rows} rows fall below it; {worst}")
+                        f"but {format_mismatch(m)} fall below it; {worst}")
     return "pass", (f"approximate top-k recall >= {target:g} in every row (mean {mean:.4g}, "
                     f"min {metrics['recall_min']:.4g})")
 
@@ -363,8 +386,9 @@ def agree_top_k(x: np.ndarray, a: tuple, b: tuple, k: int,
                                              f"among equal values)")
         return "pass", f"{names[0]} and {names[1]} select the same values in all {rows} rows" \
             + extra, metrics
-    return "warn", (f"{names[0]} and {names[1]} select different values in {len(differ)} / "
-                    f"{rows} rows (first: row {differ[0]})"), metrics
+    differ_rows = Mismatch(len(differ), rows, "rows", share=False)
+    return "warn", (f"{names[0]} and {names[1]} select different values in "
+                    f"{format_mismatch(differ_rows)} (first: row {differ[0]})"), metrics
 
 
 def _top_k_outputs(o: Outcome) -> tuple[np.ndarray, np.ndarray]:
@@ -397,16 +421,20 @@ def _top_k_outputs(o: Outcome) -> tuple[np.ndarray, np.ndarray]:
 
 
 def evaluate(o: Outcome) -> Evaluation:
+    """One backend's (approximate) top-k against the exact top-k the runner computed."""
     values, indices = _top_k_outputs(o)
     target = o.params.get("recall_target")
     # The truth flows forward: the exact top-k the runner computed (and cached), never again.
     truth = (o.truth.value, o.truth.extra["indices"])
     metrics = check_top_k(o.inputs[0], values, indices, o.params["k"], recall_target=target,
                           truth=truth)
-    status, reason = judge_top_k(metrics, approx=target is not None, recall_target=target)
-    return Evaluation(status, reason, metrics)
+    approx = target is not None
+    status, reason = judge_top_k(metrics, approx=approx, recall_target=target)
+    return Evaluation(status, reason, metrics,
+                      mismatch=top_k_mismatch(metrics, approx=approx))
 
 
 def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
+    """Two backends' top-k of one case, by value. Returns (status, reason, metrics)."""
     return agree_top_k(a.inputs[0], _top_k_outputs(a), _top_k_outputs(b), a.params["k"],
                        names)

@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from diag import numerics
-from diag.compare.verdict import _fmt
-from diag.tolerance import TRAIN_LOSS_ULP_SCREEN
 from diag.compare.outcome import Evaluation, Outcome
+from diag.compare.verdict import Mismatch, fmt, format_mismatch
+from diag.tolerance import TRAIN_LOSS_ULP_SCREEN
 
 
 def compare_train_step(out: dict[str, np.ndarray], truth: dict[str, np.ndarray],
@@ -23,13 +23,13 @@ def compare_train_step(out: dict[str, np.ndarray], truth: dict[str, np.ndarray],
       inputs: x, w1, w2 as given; the weights' update is `new - old`.
 
     Returns:
-      unexpected_nonfinite (NaN/Inf where the reference is finite, or the reverse, or a
+      elements (how many output values: loss and both weights), unexpected_nonfinite (NaN/Inf where the reference is finite, or the reverse, or a
       different non-finite value), reference_nonfinite (elements where the float64 step
       itself overflows the dtype), nan_count, loss / loss_ref / loss_ulp / loss_rel_err, and per weight its max and p99
       ULP and `update_err`: max |w'_backend - w'_ref| over the largest reference update (ULPs
       of the new weights alone mislead where an update nearly cancels a weight).
     """
-    metrics: dict[str, Any] = {"unexpected_nonfinite": 0, "nan_count": 0,
+    metrics: dict[str, Any] = {"elements": 0, "unexpected_nonfinite": 0, "nan_count": 0,
                                "reference_nonfinite": 0}
     old = {"w1": inputs[1], "w2": inputs[2]}
     for name in ("loss", "w1", "w2"):
@@ -38,6 +38,7 @@ def compare_train_step(out: dict[str, np.ndarray], truth: dict[str, np.ndarray],
             raise ValueError(f"train_step output {name}: shape {got.shape}, expected {ref.shape}")
         got = got.astype(ref.dtype)
         g64, r64 = got.astype(np.float64), ref.astype(np.float64)
+        metrics["elements"] += int(got.size)
         fin_g, fin_r = np.isfinite(g64), np.isfinite(r64)
         same_nonfinite = (np.isnan(g64) & np.isnan(r64)) | (~fin_g & ~fin_r & (g64 == r64))
         metrics["unexpected_nonfinite"] += int(np.count_nonzero((~fin_g | ~fin_r)
@@ -67,6 +68,17 @@ def compare_train_step(out: dict[str, np.ndarray], truth: dict[str, np.ndarray],
     return metrics
 
 
+def train_mismatch(metrics: dict[str, Any]) -> Optional[Mismatch]:
+    """The output elements that went non-finite where the float64 reference did not, or None
+    (the loss screen is a warn about one number, not a count)."""
+    k = metrics["unexpected_nonfinite"]
+    if not k:
+        return None
+    # Records written before `elements` existed count the loss and the weights' sizes apart.
+    return Mismatch(k, metrics.get("elements", k), "output elements", share=False,
+                    got=metrics["loss"], expected=metrics["loss_ref"])
+
+
 def judge_train_step(metrics: dict[str, Any], *, nan_reason: str | None = None
                      ) -> tuple[str, str]:
     """fail: NaN/Inf where the float64 reference is finite (with where it was born, from the
@@ -80,12 +92,13 @@ def judge_train_step(metrics: dict[str, Any], *, nan_reason: str | None = None
             fits = (f"; the step does not fit this dtype: even the float64 reference overflows "
                     f"it in {metrics['reference_nonfinite']} elements (use a wider dtype or "
                     f"loss scaling)")
-        return "fail", (f"the step went non-finite: {k} output elements are NaN/Inf where the "
+        return "fail", (f"the step went non-finite: {format_mismatch(train_mismatch(metrics))} "
+                        f"are NaN/Inf where the "
                         f"float64 reference is finite or a different value (loss "
-                        f"{_fmt(metrics['loss'])}, reference {_fmt(metrics['loss_ref'])})"
+                        f"{fmt(metrics['loss'])}, reference {fmt(metrics['loss_ref'])})"
                         f"{fits}{where}")
     updates = ", ".join(f"{n} {metrics[n]['update_err']:.2%}" for n in ("w1", "w2"))
-    summary = (f"loss {_fmt(metrics['loss'])} is {metrics['loss_ulp']} ULP from the float64 "
+    summary = (f"loss {fmt(metrics['loss'])} is {metrics['loss_ulp']} ULP from the float64 "
                f"reference; weight update error (of the largest update): {updates}")
     if metrics["loss_ulp"] is not None and metrics["loss_ulp"] > TRAIN_LOSS_ULP_SCREEN:
         return "warn", f"{summary}: more than the {TRAIN_LOSS_ULP_SCREEN} ULP screen"
@@ -117,14 +130,18 @@ def agree_train_step(a: dict[str, np.ndarray], b: dict[str, np.ndarray],
 
 
 def evaluate(o: Outcome) -> Evaluation:
+    """One backend's training step against the float64 reference, with where a NaN was born
+    when the worker hunted it."""
     out = o.named
     truth = {"loss": o.truth.value, **o.truth.extra}
     metrics = compare_train_step(out, truth, o.inputs)
     status, reason = judge_train_step(metrics, nan_reason=(o.nan_report or {}).get("reason"))
+    mismatch = train_mismatch(metrics)
     if o.nan_report:
         metrics["nan_report"] = o.nan_report
-    return Evaluation(status, reason, metrics)
+    return Evaluation(status, reason, metrics, mismatch=mismatch)
 
 
 def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
+    """Two backends' steps of one case: finiteness first. Returns (status, reason, metrics)."""
     return agree_train_step(a.named, b.named, names)
