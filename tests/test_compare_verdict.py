@@ -162,3 +162,58 @@ def test_train_step_nonfinite_reason_is_the_formatter():
     assert text == f"3 / {1 + 16 * 16 + 16 * 4} output elements"
     assert ev.metrics["elements"] == 1 + 16 * 16 + 16 * 4
     assert ev.reason.startswith(f"the step went non-finite: {text} are NaN/Inf")
+
+
+def _family_metric_keys() -> set[str]:
+    """Every top-level metric key the op families write, from real verdicts and agreements."""
+    rng = np.random.default_rng(6)
+    keys: set[str] = set()
+    a = rng.standard_normal((8, 16)).astype(BF16)
+    b = rng.standard_normal((16, 8)).astype(BF16)
+    mt = oracle.matmul_result(a, b)
+    out = np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(BF16)
+    out[0, 0] = np.nan
+    x = rng.standard_normal((4, 64)).astype(BF16)
+    x[0] = -np.inf  # an undefined row: the hazard keys
+    sm = oracle.softmax_result(x)
+    tk = oracle.top_k_result(x, 4)
+    w = [(rng.standard_normal(s) / 4).astype(np.float32) for s in ((4, 8), (8, 8), (8, 2))]
+    tr = oracle.train_step_result(*w, 0.1)
+    cases = [
+        ("matmul", [a, b], [out], ["output"], mt, {}),
+        ("softmax", [x], [sm.value], ["output"], sm, {"n": 64}),
+        ("top_k", [x], [tk.value, tk.extra["indices"]], ["values", "indices"], tk, {"k": 4}),
+        ("approx_max_k", [x], [tk.value, tk.extra["indices"]], ["values", "indices"], tk,
+         {"k": 4, "recall_target": 0.9}),
+        ("greedy_token", [x], [x.astype(np.float32).argmax(-1)], ["jit/argmax"], sm, {}),
+        ("train_step", w, [np.asarray(tr.value), tr.extra["w1"], tr.extra["w2"]],
+         ["loss", "w1", "w2"], tr, {"lr": 0.1}),
+    ]
+    for op, inputs, outputs, names, truth, params in cases:
+        params = {"dtype": numerics.dtype_name(inputs[0].dtype), **params}
+        o = Outcome(inputs=inputs, outputs=outputs, names=names, truth=truth, params=params)
+        ev = PROBES[op].evaluate(o)
+        keys |= set(ev.metrics)
+        keys |= set(PROBES[op].agree(o, o, ("p", "q"), ev.context)[2])
+    return keys
+
+
+def test_every_metric_the_terminal_and_report_read_is_one_a_family_writes():
+    """A renamed metric key must not blank a report column silently: every key the terminal
+    summary and the report read from a record's metrics is written by some op family (A/B
+    records' own keys, documented in docs/records.md, aside)."""
+    import pathlib
+
+    from diag import render
+    from diag.report import charts, html
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "diag"
+    read = {key for _, key, _ in html.METRIC_COLUMNS} | {key for key, _, _ in charts.PANELS}
+    read |= set(render._ULP_KEYS)
+    pattern = re.compile(r"""\b(?:metrics|m|r\["metrics"\])(?:\.get\(|\[)\s*["'](\w+)["']""")
+    for path in [root / "render.py", *sorted((root / "report").glob("*.py"))]:
+        read |= set(pattern.findall(path.read_text()))
+    ab_record_keys = {"changed_outputs", "difference", "hlo_diff", "status"}
+    missing = read - ab_record_keys - _family_metric_keys()
+    assert not missing, f"read by the terminal/report but written by no op family: {missing}"
+    assert {"bound_ratio", "max_ulp", "recall_min", "loss_ulp"} <= read  # the scan sees them

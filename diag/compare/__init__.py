@@ -2,8 +2,10 @@
 
 One module per op family (`matmul`, `softmax`, `topk`, `greedy`, `train`), each with the
 probe table's `evaluate(outcome)` and `agree(a, b, names, context)`; `elementwise` holds the
-bound-based comparison matmul and softmax share; the bounds themselves live in
-`diag.tolerance`. The truth is always an argument: nothing here recomputes it.
+bound-based comparison matmul and softmax share; `verdict` the one result type (`Verdict`,
+with the `Mismatch` that broke the rule) and the one formatter of a mismatch that every
+family's reason uses; the bounds themselves live in `diag.tolerance`. The truth is always an
+argument: nothing here recomputes it.
 """
 
 from diag.compare.elementwise import agree_values, agreement, compare, judge, judge_agreement
@@ -12,12 +14,14 @@ from diag.compare.outcome import Evaluation, MalformedOutput, Outcome
 from diag.compare.softmax import compare_softmax, judge_softmax
 from diag.compare.topk import agree_top_k, check_top_k, describe_topk_semantics, judge_top_k
 from diag.compare.train import agree_train_step, compare_train_step, judge_train_step
-from diag.compare.verdict import format_index
+from diag.compare.verdict import Mismatch, Verdict, format_index, format_mismatch
 
 __all__ = [
     "Evaluation",
     "MalformedOutput",
+    "Mismatch",
     "Outcome",
+    "Verdict",
     "agree_tokens",
     "agree_top_k",
     "agree_train_step",
@@ -30,6 +34,7 @@ __all__ = [
     "compare_train_step",
     "describe_topk_semantics",
     "format_index",
+    "format_mismatch",
     "judge",
     "judge_agreement",
     "judge_greedy",

@@ -15,6 +15,11 @@ from diag.compare.verdict import Mismatch, format_mismatch
 
 _BATCH_LABEL = re.compile(r"^batch\d+$")
 
+#: A sampler path whose name holds this reads the rounded probabilities (the backends name such
+#: paths `argmax_softmax`): it is held to what correctly rounded probabilities can resolve. This
+#: is the backends' path-naming convention, not an op name.
+PROBABILITY_PATH = "softmax"
+
 
 def _hex(v: np.generic) -> str:
     b = int(numerics.bits_view(np.asarray(v)))
@@ -84,7 +89,7 @@ def check_greedy(logits: np.ndarray, tokens: dict[str, np.ndarray], *,
         picked = np.where(inr, xm[np.arange(rows), np.where(inr, tok, 0)], np.nan)
         disagree = unique & (tok != expected)
         rounding_tie = np.zeros(rows, bool)
-        if rounded_probs is not None and "softmax" in name:
+        if rounded_probs is not None and PROBABILITY_PATH in name:
             probs = np.asarray(rounded_probs).astype(np.float64)
             top = np.nanmax(np.where(np.isnan(probs), -np.inf, probs), axis=1)
             safe = np.where(inr, tok, 0)
