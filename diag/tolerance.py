@@ -55,7 +55,7 @@ def matmul_error_bound(a, b, compute_dtype: DTypeLike) -> np.ndarray:
 
     A backend whose error exceeds this bound used less precision than `compute_dtype` (for
     example one bf16 pass where float32 was claimed). |A||B| is computed in float64 and scaled
-    up by (1 + gamma_K(float64)) so that its own rounding does not make the bound smaller.
+    up by (1 + gamma_{K+1}(float64)) so that its own rounding does not make the bound smaller.
 
     Args:
         a: [..., M, K] array (any float dtype diag knows).
