@@ -17,7 +17,8 @@ Numerical traps written down where they bite:
 
 from __future__ import annotations
 
-from typing import Union
+import math
+from typing import Any, Union
 
 import ml_dtypes
 import numpy as np
@@ -33,12 +34,12 @@ __all__ = [
     "precision_bits",
     "unit_roundoff",
     "gamma",
-    "matmul_error_bound",
     "ulp_distance",
     "round_to_dtype",
     "bits_view",
     "bits_digest",
     "from_bits",
+    "fmt",
 ]
 
 DTypeLike = Union[str, np.dtype, type]
@@ -132,30 +133,6 @@ def gamma(k, dtype: DTypeLike):
     with np.errstate(divide="ignore", invalid="ignore"):
         g = np.where(ku < 1.0, ku / (1.0 - ku), np.inf)
     return float(g) if g.ndim == 0 else g
-
-
-def matmul_error_bound(a, b, compute_dtype: DTypeLike) -> np.ndarray:
-    """Textbook forward error bound gamma_K * (|A| |B|)_ij of a matmul done in `compute_dtype`.
-
-    A backend whose error exceeds this bound used less precision than `compute_dtype` (for
-    example one bf16 pass where float32 was claimed). |A||B| is computed in float64 and scaled
-    up by (1 + gamma_K(float64)) so that its own rounding does not make the bound smaller.
-
-    Args:
-        a: [..., M, K] array (any float dtype diag knows).
-        b: [..., K, N] array.
-        compute_dtype: the dtype the backend claims to accumulate in.
-
-    Returns:
-        float64 array of shape [..., M, N].
-    """
-    a64 = np.abs(np.asarray(a).astype(np.float64))
-    b64 = np.abs(np.asarray(b).astype(np.float64))
-    if a64.ndim < 2 or b64.ndim < 2 or a64.shape[-1] != b64.shape[-2]:
-        raise UsageError(f"matmul_error_bound: shapes {a64.shape} and {b64.shape} do not "
-                         "multiply; expected [..., M, K] and [..., K, N]")
-    k = a64.shape[-1]
-    return (a64 @ b64) * (gamma(k, compute_dtype) * (1.0 + gamma(k + 1, np.float64)))
 
 
 def bits_view(arr) -> np.ndarray:
@@ -290,3 +267,43 @@ def round_to_dtype(x, dtype: DTypeLike) -> np.ndarray:
         if tie.any():
             out[tie] = np.copysign(448.0, x64[tie]).astype(dt)
     return out
+
+
+def fmt(value: Any, digits: int = 3, *, compact: bool = True) -> str:
+    """The one way diag writes a number for a person: reasons, the terminal and the report.
+
+    Args:
+        value: an int, a float, one of the strings ``"nan"``/``"inf"``/``"-inf"`` that records
+            use for non-finite floats (JSON has no such numbers), another string (shown as
+            is), a bool or None.
+        digits: significant digits of a float.
+        compact: the report's cell form: integral floats below 1e6 as integers, exponents
+            without padding (``1.5e-5``). False keeps Python's ``.{digits}g`` form (``1.5e-05``),
+            which reasons and the terminal table have always shown.
+
+    Returns:
+        The text: "—" for a missing value, "NaN", "inf" and "-inf" for non-finite floats.
+    """
+    if value is None or (isinstance(value, str) and value == ""):
+        return "—"
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value)).lower()
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if not compact:
+        return f"{x:.{digits}g}"
+    if x.is_integer() and abs(x) < 1e6:
+        return str(int(x))
+    text = f"{x:.{digits}g}"
+    if "e" in text:
+        mant, exp = text.split("e")
+        text = f"{mant}e{int(exp)}"
+    return text

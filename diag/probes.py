@@ -17,6 +17,10 @@ from typing import Any, Callable, Optional
 import ml_dtypes
 import numpy as np
 
+from diag.compare import greedy as _greedy, matmul as _matmul, softmax as _softmax
+from diag.compare import topk as _topk, train as _train
+from diag.compare.outcome import Evaluation, MalformedOutput, Outcome
+
 __all__ = ["Probe", "Outcome", "Evaluation", "MalformedOutput", "PROBES", "INPUT_MAKERS",
            "EXPECTATIONS", "get_probe", "expected_outcome"]
 
@@ -167,103 +171,14 @@ def _rows_shapes(params: dict) -> list[tuple[int, ...]]:
     return [(params["rows"], params["n"])]
 
 
-def matmul_bound(inputs: list[np.ndarray], truth: np.ndarray, params: dict) -> np.ndarray:
-    """Largest |computed - truth| a backend may show if it computes as it claims.
+# What a backend returned and the verdict on it, and each op family's evaluate/agree, live in
+# diag.compare; they are imported under the names the PROBES rows use.
 
-    The claim: products of the given inputs summed in float32 (also for bf16/fp16 inputs,
-    as every framework documents), then rounded once to the output dtype. With P = |A||B|,
-    e the exact product and s the float32 sum (the textbook bound |s - e| <= gamma_K P, plus
-    K * eta for float32 underflow in the partial sums):
-      float32 output:   |s - e| <= gamma_K P
-      narrower output:  |fl(s) - e| <= (1 + u) gamma_K P + u |e| + eta_out / 2
-    and the truth itself is |truth - e| <= u |e| + eta_out / 2, with |e| <= t / (1 - u)
-    for t = |truth| and u the output's unit roundoff, eta_out its least subnormal.
-    """
-    from diag import numerics
-
-    a, b = (np.asarray(x, dtype=np.float64) for x in inputs)
-    k = a.shape[-1]
-    with np.errstate(invalid="ignore"):  # inf * 0: the truth is NaN there and not judged
-        absprod = np.matmul(np.abs(a), np.abs(b))
-    out = truth.dtype
-    u = numerics.unit_roundoff(out)
-    eta_out = float(ml_dtypes.finfo(out).smallest_subnormal)
-    exact_mag = np.abs(truth.astype(np.float64)) / (1 - u)
-    bound = numerics.gamma(k, np.float32) * absprod + k * float(
-        np.finfo(np.float32).smallest_subnormal)
-    if u > numerics.unit_roundoff(np.float32):  # a final rounding to a narrower output
-        bound *= 1 + u
-        bound += u * exact_mag + eta_out / 2
-    bound += u * exact_mag + eta_out / 2  # the truth's own rounding
-    return bound
-
-
-@dataclass
-class Outcome:
-    """What one backend returned for one case, with everything needed to judge it.
-
-    Attributes:
-      inputs: the host's input arrays (what the backend received, bit for bit).
-      outputs: the backend's outputs, in the op's order.
-      names: a name per output (`values`, `indices`, or sampler paths like `jit/argmax`).
-      truth: the oracle's result for this case (None for probes that need none).
-      params: the case parameters.
-      promised: whether the backend promises the claimed arithmetic under this setting.
-      setting: the setting in words, for reasons (`precision=default`).
-      nan_report: where a non-finite output was born (`diag.nan`), when the op asked the
-        worker to hunt it.
-    """
-
-    inputs: list
-    outputs: list
-    names: list
-    truth: Any
-    params: dict
-    promised: bool = True
-    setting: str = ""
-    nan_report: Optional[dict] = None
-
-    @property
-    def named(self) -> dict:
-        """The outputs by name (`values`, `indices`, a sampler path, `loss`, ...)."""
-        return dict(zip(self.names, self.outputs))
-
-
-@dataclass
-class Evaluation:
-    """A verdict with its metrics; `context` is handed to the probe's agreement check."""
-
-    status: str
-    reason: str
-    metrics: dict
-    context: Any = None
-
-
-class MalformedOutput(ValueError):
-    """A backend returned outputs of the wrong shape, dtype or number: not a numerical result.
-
-    The runner turns it (and any other exception while judging one output) into an `error`
-    record with the reason, and the run goes on.
-    """
-
-
-def _only_output(o: "Outcome", expected: np.ndarray) -> np.ndarray:
-    """The one output of a single-output op, checked against the truth's shape and dtype."""
-    if len(o.outputs) != 1:
-        raise MalformedOutput(f"returned {len(o.outputs)} outputs, expected 1")
-    _shape_mismatch(o.outputs[0], expected)
-    return o.outputs[0]
-
-
-def _shape_mismatch(output: np.ndarray, expected: np.ndarray) -> None:
-    """Raise `MalformedOutput` unless `output` has the truth's shape and dtype."""
-    from diag import numerics
-
-    if output.shape == expected.shape and output.dtype == expected.dtype:
-        return
-    raise MalformedOutput(f"returned {numerics.dtype_name(output.dtype)}{list(output.shape)}, "
-                          f"expected {numerics.dtype_name(expected.dtype)}"
-                          f"{list(expected.shape)}")
+_matmul_evaluate, _matmul_agree = _matmul.evaluate, _matmul.agree
+_softmax_evaluate, _softmax_agree = _softmax.evaluate, _softmax.agree
+_top_k_evaluate, _top_k_agree = _topk.evaluate, _topk.agree
+_greedy_evaluate, _greedy_agree = _greedy.evaluate, _greedy.agree
+_train_evaluate, _train_agree = _train.evaluate, _train.agree
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,127 +194,6 @@ def _oracle(op: str, *args_from_params: str) -> Callable:
 
     truth.__name__ = f"{op}_truth"
     return truth
-
-
-# ---------------------------------------------------------------------------------------------
-# Verdicts per probe (the policies live in diag.compare; these only route the arrays)
-
-
-def _matmul_evaluate(o: Outcome) -> Evaluation:
-    from diag.compare import compare, judge
-
-    expected = o.truth.value
-    output = _only_output(o, expected)
-    bound = matmul_bound(o.inputs, expected, o.params)
-    metrics = compare(output, expected, bound)
-    status, reason = judge(metrics, claim="float32 accumulation", setting=o.setting,
-                           promised=o.promised)
-    return Evaluation(status, reason, metrics, context=bound)
-
-
-def _matmul_agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
-    from diag.compare import agreement, judge_agreement
-
-    metrics = agreement(a.outputs[0], b.outputs[0], context)
-    status, reason = judge_agreement(metrics, *names, "float32 accumulation")
-    return status, reason, metrics
-
-
-def _softmax_evaluate(o: Outcome) -> Evaluation:
-    from diag.compare import compare_softmax, judge_softmax
-
-    expected = o.truth.value
-    output = _only_output(o, expected)
-    metrics = compare_softmax(output, expected, o.inputs[0])
-    status, reason = judge_softmax(metrics, o.params["dtype"])
-    return Evaluation(status, reason, metrics)
-
-
-def _softmax_agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
-    from diag.compare import agree_values, softmax_ulp_tolerance
-
-    # Two backends each within the tolerance of the truth may be twice it apart.
-    allowed = 2 * softmax_ulp_tolerance(a.params["dtype"], a.params["n"])
-    return agree_values(a.outputs[0], b.outputs[0], names, allowed_ulp=allowed)
-
-
-def _top_k_outputs(o: Outcome) -> tuple[np.ndarray, np.ndarray]:
-    """`values` and `indices`, checked for shape and dtype before they are judged.
-
-    Raises:
-      MalformedOutput: a missing output, or shapes that are not [rows..., k] (with
-        `aggregate_to_topk=False` the candidate count is the implementation's, so only the
-        leading dimensions are checked), or values of another dtype than the input.
-    """
-    from diag import numerics
-
-    out = o.named
-    missing = [n for n in ("values", "indices") if n not in out]
-    if missing:
-        raise MalformedOutput(f"no {' or '.join(missing)} output (got: "
-                              f"{', '.join(o.names) or 'no outputs'})")
-    values, indices = out["values"], out["indices"]
-    x, k = o.inputs[0], o.params["k"]
-    want = list(x.shape[:-1]) + [k]
-    exact = o.params.get("aggregate_to_topk", True)
-    if (values.shape != indices.shape or list(values.shape[:-1]) != want[:-1]
-            or (exact and values.shape[-1] != k) or values.shape[-1] < 1):
-        raise MalformedOutput(f"returned values{list(values.shape)} and indices"
-                              f"{list(indices.shape)}, expected {want} each")
-    if values.dtype != x.dtype:
-        raise MalformedOutput(f"returned {numerics.dtype_name(values.dtype)} values for "
-                              f"{numerics.dtype_name(x.dtype)} inputs")
-    return values, indices
-
-
-def _top_k_evaluate(o: Outcome) -> Evaluation:
-    from diag.compare import check_top_k, judge_top_k
-
-    values, indices = _top_k_outputs(o)
-    target = o.params.get("recall_target")
-    metrics = check_top_k(o.inputs[0], values, indices, o.params["k"], recall_target=target)
-    status, reason = judge_top_k(metrics, approx=target is not None, recall_target=target)
-    return Evaluation(status, reason, metrics)
-
-
-def _top_k_agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
-    from diag.compare import agree_top_k
-
-    return agree_top_k(a.inputs[0], _top_k_outputs(a), _top_k_outputs(b), a.params["k"],
-                       names)
-
-
-def _greedy_evaluate(o: Outcome) -> Evaluation:
-    from diag.compare import check_greedy, judge_greedy
-
-    tokens = o.named
-    metrics = check_greedy(o.inputs[0], tokens, rounded_probs=o.truth.value)
-    status, reason = judge_greedy(metrics)
-    return Evaluation(status, reason, metrics)
-
-
-def _greedy_agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
-    from diag.compare import agree_tokens
-
-    return agree_tokens(a.named, b.named, names)
-
-
-def _train_evaluate(o: Outcome) -> Evaluation:
-    from diag.compare import compare_train_step, judge_train_step
-
-    out = o.named
-    truth = {"loss": o.truth.value, **o.truth.extra}
-    metrics = compare_train_step(out, truth, o.inputs)
-    status, reason = judge_train_step(metrics, nan_reason=(o.nan_report or {}).get("reason"))
-    if o.nan_report:
-        metrics["nan_report"] = o.nan_report
-    return Evaluation(status, reason, metrics)
-
-
-def _train_agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
-    from diag.compare import agree_train_step
-
-    return agree_train_step(a.named, b.named, names)
 
 
 # ---------------------------------------------------------------------------------------------

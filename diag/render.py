@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from diag import numerics
 from diag.results import STATUSES, worst_status
 
 if TYPE_CHECKING:
@@ -124,13 +125,8 @@ class RunProgress:
 
 
 def _num(x: Any) -> str:
-    if isinstance(x, bool) or x is None:
-        return "—"
-    if isinstance(x, int):
-        return str(x)
-    if isinstance(x, float):
-        return f"{x:.3g}"
-    return str(x)
+    # A bool is a flag, not a measure: shown as missing, as the table always did.
+    return "—" if isinstance(x, bool) else numerics.fmt(x, compact=False)
 
 
 # ULP metrics the summary shows where no error bound applies (see `summary_table`).

@@ -12,7 +12,7 @@ import pytest
 
 from diag import numerics, oracle
 from diag.compare import agreement, compare, judge, judge_agreement
-from diag.probes import matmul_bound
+from diag.tolerance import matmul_bound
 
 PARAMS = {"m": 256, "k": 256, "n": 256}
 

@@ -23,7 +23,8 @@ import pytest
 
 import diag.oracle as oracle
 from diag.compare import (check_greedy, check_top_k, compare_softmax, describe_topk_semantics,
-                          judge_greedy, judge_softmax, judge_top_k, softmax_ulp_tolerance)
+                          judge_greedy, judge_softmax, judge_top_k)
+from diag.tolerance import softmax_ulp_tolerance
 from diag.errors import UsageError
 from tests.conftest import needs_jax
 
@@ -175,6 +176,27 @@ def test_broken_top_k_should_fail(kind, field):
     if kind == "drops the max":
         assert m["misses_max_rows"] == 5 and m["recall_min"] == 0.9
         assert "misses the row maximum" in reason
+
+
+def test_top_k_check_takes_the_truth_it_is_given():
+    """Truth flows forward: check_top_k reports the exact top-k the runner handed it (here a
+    marked copy whose values differ from the oracle's in the last column) and the probe's
+    evaluate hands it the cached oracle result, so nothing recomputes the truth."""
+    from diag.probes import PROBES, Outcome
+
+    x = np.random.default_rng(2).standard_normal((3, 50)).astype(np.float32)
+    v, i = broken("drops the max", x, 4)
+    tv, ti = oracle.top_k(x, 4)
+    marked = tv.copy()
+    marked[:, -1] = -123.0
+    m = check_top_k(x, v, i, 4, truth=(marked, ti))
+    assert m["wrong_examples"][0]["expected"][-1] == -123.0
+    assert check_top_k(x, v, i, 4)["wrong_examples"][0]["expected"][-1] != -123.0
+    result = oracle.top_k_result(x, 4)
+    result.value[:, -1] = -123.0  # what a cached truth says is what the verdict shows
+    ev = PROBES["top_k"].evaluate(Outcome(inputs=[x], outputs=[v, i], names=["values", "indices"],
+                                          truth=result, params={"k": 4}))
+    assert ev.status == "fail" and ev.metrics["wrong_examples"][0]["expected"][-1] == -123.0
 
 
 def test_recall_counts_ties_by_value_and_never_rewards_missing_a_larger_value():

@@ -11,10 +11,11 @@ import pytest
 
 from diag.errors import UsageError
 from diag.numerics import (
-    NAN_ULP, as_dtype, bits_view, dtype_name, from_bits, gamma, matmul_error_bound,
+    NAN_ULP, as_dtype, bits_view, dtype_name, from_bits, gamma,
     round_to_dtype, ulp_distance, unit_roundoff,
 )
 from diag.oracle import mp
+from diag.tolerance import matmul_error_bound
 
 LOW = ["float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"]
 

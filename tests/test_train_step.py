@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from diag import run
-from diag.compare import TRAIN_LOSS_ULP_SCREEN, compare_train_step, judge_train_step
+from diag.compare import compare_train_step, judge_train_step
+from diag.tolerance import TRAIN_LOSS_ULP_SCREEN
 from diag.oracle import train_step_result
 from diag.oracle._train import train_step_core
 from tests.conftest import needs_jax, needs_torch

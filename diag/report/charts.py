@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from diag import numerics
+
 __all__ = ["Series", "Sweep", "sweep_groups", "sweep_svg", "to_float"]
 
 # The panels of a sweep figure: (metric key, panel title, a reference line or None).
@@ -231,7 +233,7 @@ def sweep_svg(sweep: Sweep, fig_id: str) -> str:
         if xs_all:
             _set_scale(ax, "x", xs_all, base=2 if all(map(_is_power_of_two, xs_all)) else 10)
             if len(xs_all) <= 12:
-                ax.set_xticks(xs_all, [f"{x:g}" for x in xs_all])
+                ax.set_xticks(xs_all, [numerics.fmt(x, 6, compact=False) for x in xs_all])
                 ax.xaxis.set_minor_locator(NullLocator())
         if ys_all:
             _set_scale(ax, "y", ys_all)

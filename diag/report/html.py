@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping
 import jinja2
 from markupsafe import Markup
 
+from diag import numerics
 from diag.errors import UsageError
 from diag.flags import report_context as settings_context
 from diag.report.charts import sweep_groups, sweep_svg, to_float
@@ -77,26 +78,7 @@ def fmt_num(value: Any) -> str:
     Returns:
       The text for a table cell.
     """
-    if value is None or value == "":
-        return "—"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, int):
-        return str(value)
-    x = to_float(value)
-    if x is None:
-        return str(value)
-    if math.isnan(x):
-        return "NaN"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if x.is_integer() and abs(x) < 1e6:
-        return str(int(x))
-    text = f"{x:.3g}"
-    if "e" in text:
-        mant, exp = text.split("e")
-        text = f"{mant}e{int(exp)}"
-    return text
+    return numerics.fmt(value)
 
 
 def fmt_pct(value: Any) -> str:

@@ -1,0 +1,235 @@
+"""Greedy tokens: every sampler path against the exact argmax, with rounding ties and batch
+dependence told apart from errors.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+import numpy as np
+
+from diag import numerics
+from diag.compare.outcome import Evaluation, Outcome
+from diag.compare.verdict import Mismatch, format_mismatch
+
+_BATCH_LABEL = re.compile(r"^batch\d+$")
+
+#: A sampler path whose name holds this reads the rounded probabilities (the backends name such
+#: paths `argmax_softmax`): it is held to what correctly rounded probabilities can resolve. This
+#: is the backends' path-naming convention, not an op name.
+PROBABILITY_PATH = "softmax"
+
+
+def _hex(v: np.generic) -> str:
+    b = int(numerics.bits_view(np.asarray(v)))
+    return f"0x{b:0{2 * np.asarray(v).dtype.itemsize}x}"
+
+
+def _top3(row: np.ndarray) -> list[dict]:
+    r64 = row.astype(np.float64)
+    r64 = np.where(np.isnan(r64), -np.inf, r64)
+    top = np.argsort(-r64, kind="stable")[:3]
+    return [{"index": int(i), "logit": float(r64[i]), "bits": _hex(row[i])} for i in top]
+
+
+def check_greedy(logits: np.ndarray, tokens: dict[str, np.ndarray], *,
+                 rounded_probs: np.ndarray | None = None) -> dict[str, Any]:
+    """Does every sampler path pick the token the exact math picks (the incident's check)?
+
+    The exact greedy token of a row is the index of its maximum logit, where that maximum occurs
+    once; rows whose maximum is exactly tied are excluded from agreement (counted), but a path
+    that picks a non-maximal token there is still wrong. Rows holding NaN are counted apart.
+    Batch dependence: paths whose names differ only in a ``batchN`` component (e.g.
+    "jit/batch1/argmax" and "jit/batch64/argmax", and "jit/argmax" on all rows at once) must
+    choose the same token in every row.
+
+    A path through the probabilities (its name holds ``softmax``) is held to what the
+    correctly rounded probabilities allow: where rounding to the dtype makes the top two equal
+    (`rounded_probs`), no implementation can tell them apart and an argmax takes the lower
+    index. Such rows are counted as ``rounding_tie`` (a hazard of sampling from rounded
+    probabilities, the incident's mechanism), not as the backend's error.
+
+    Args:
+        logits: [rows, vocab] logits as the backend received them (bf16, ...).
+        tokens: path name -> [rows] chosen token per row.
+        rounded_probs: the correctly rounded softmax of `logits` (diag.oracle.softmax), or
+            None to hold softmax paths to the exact argmax like every other path.
+
+    Returns:
+        Metrics: rows, vocab, unique_rows, tied_rows, nan_rows, paths (per path: disagree,
+        wrong_on_tie, tie_lowest_index, examples with row, expected, chosen, chosen logit and
+        the top-3 logits as floats and bit patterns), disagreeing_paths, batch_dependence
+        (per path group: the paths, rows_differ, examples).
+    """
+    from diag.errors import UsageError
+
+    logits = np.asarray(logits)
+    if logits.ndim != 2:
+        raise UsageError(f"check_greedy: logits must be [rows, vocab], got shape {logits.shape}")
+    rows, vocab = logits.shape
+    x64 = logits.astype(np.float64)
+    nan_row = np.isnan(x64).any(axis=1)
+    xm = np.where(np.isnan(x64), -np.inf, x64)
+    mx = xm.max(axis=1) if vocab else np.zeros(rows)
+    n_max = (xm == mx[:, None]).sum(axis=1)
+    unique = (n_max == 1) & ~nan_row
+    tied = (n_max > 1) & ~nan_row
+    expected = xm.argmax(axis=1) if vocab else np.zeros(rows, np.int64)
+    paths: dict[str, Any] = {}
+    chosen_all: dict[str, np.ndarray] = {}
+    for name, tok in tokens.items():
+        tok = np.asarray(tok).reshape(-1)
+        if tok.shape[0] != rows:
+            raise UsageError(f"check_greedy: path {name!r} gives {tok.shape[0]} tokens for "
+                             f"{rows} rows")
+        tok = tok.astype(np.int64)
+        chosen_all[name] = tok
+        inr = (tok >= 0) & (tok < vocab)
+        picked = np.where(inr, xm[np.arange(rows), np.where(inr, tok, 0)], np.nan)
+        disagree = unique & (tok != expected)
+        rounding_tie = np.zeros(rows, bool)
+        if rounded_probs is not None and PROBABILITY_PATH in name:
+            probs = np.asarray(rounded_probs).astype(np.float64)
+            top = np.nanmax(np.where(np.isnan(probs), -np.inf, probs), axis=1)
+            safe = np.where(inr, tok, 0)
+            rounding_tie = disagree & inr & (probs[np.arange(rows), safe] == top)
+            disagree &= ~rounding_tie
+        wrong_tie = tied & ~(picked == mx)
+        lowest = tied & (tok == expected)
+        bad = np.flatnonzero(disagree | wrong_tie | rounding_tie)
+        examples = []
+        for r in bad[:10]:
+            examples.append({"row": int(r), "expected": int(expected[r]), "chosen": int(tok[r]),
+                             "tied_max": bool(tied[r]), "rounding_tie": bool(rounding_tie[r]),
+                             "chosen_logit": (float(picked[r]) if inr[r] else None),
+                             "top3": _top3(logits[r])})
+        paths[name] = {"disagree": int(disagree.sum()), "wrong_on_tie": int(wrong_tie.sum()),
+                       "rounding_tie": int(rounding_tie.sum()),
+                       "tie_lowest_index": int(lowest.sum()), "examples": examples}
+    groups: dict[str, list[str]] = {}
+    for name in tokens:
+        parts = name.split("/")
+        if any(_BATCH_LABEL.match(p) for p in parts):
+            key = "/".join(p for p in parts if not _BATCH_LABEL.match(p))
+            groups.setdefault(key, []).append(name)
+    batch: dict[str, Any] = {}
+    for key, names in groups.items():
+        if key in tokens:  # the same path on all rows at once is one more batch size
+            names = [key] + names
+        if len(names) < 2:
+            continue
+        stack = np.stack([chosen_all[nm] for nm in names])
+        differ = np.flatnonzero((stack != stack[0]).any(axis=0))
+        batch[key] = {"paths": names, "rows_differ": int(differ.size),
+                      "examples": [{"row": int(r), "tokens": {nm: int(chosen_all[nm][r])
+                                                              for nm in names},
+                                    "top3": _top3(logits[r])} for r in differ[:10]]}
+    return {
+        "rows": int(rows), "vocab": int(vocab), "unique_rows": int(unique.sum()),
+        "tied_rows": int(tied.sum()), "nan_rows": int(nan_row.sum()), "paths": paths,
+        "disagreeing_paths": sorted(nm for nm, p in paths.items()
+                                    if p["disagree"] or p["wrong_on_tie"]),
+        "rounding_tie_paths": sorted(nm for nm, p in paths.items() if p["rounding_tie"]),
+        "batch_dependence": batch,
+    }
+
+
+def _path_mismatch(metrics: dict[str, Any], name: str) -> Mismatch:
+    """A failing path's rows: those off the unique maximum, or off a tied maximum."""
+    p = metrics["paths"][name]
+    ex = next((e for e in p["examples"] if not e.get("rounding_tie")), p["examples"][0])
+    return Mismatch(p["disagree"] + p["wrong_on_tie"], metrics["unique_rows"], "rows",
+                    share=False, where=f"row {ex['row']}", got=ex["chosen"],
+                    expected=ex["expected"])
+
+
+def greedy_mismatch(metrics: dict[str, Any]) -> Optional[Mismatch]:
+    """The rows that decide `judge_greedy`'s verdict, in its order: the first path off the
+    exact argmax, else the rows where rounded probabilities tie, else the rows whose token
+    depends on the batch size; None when none."""
+    bad = metrics["disagreeing_paths"]
+    if bad:
+        return _path_mismatch(metrics, bad[0])
+    rounded = metrics.get("rounding_tie_paths") or []
+    if rounded:
+        p = metrics["paths"][rounded[0]]
+        ex = next(e for e in p["examples"] if e.get("rounding_tie"))
+        return Mismatch(p["rounding_tie"], metrics["unique_rows"], "rows", share=False,
+                        where=f"row {ex['row']}", got=ex["chosen"], expected=ex["expected"])
+    dep = [v for v in metrics["batch_dependence"].values() if v["rows_differ"]]
+    if dep:
+        return Mismatch(dep[0]["rows_differ"], metrics["rows"], "rows", share=False)
+    return None
+
+
+def judge_greedy(metrics: dict[str, Any]) -> tuple[str, str]:
+    """Verdict for `check_greedy` metrics: (status, one-line reason).
+
+    fail: any path picks a token other than the unique exact maximum, or a non-maximal token on
+    a tied row (beyond what rounding the probabilities forces). warn: a softmax path drops the
+    most probable token only where the correctly rounded probabilities of the top two are
+    equal (the dtype cannot separate them: sample from logits), or a path's choice depends on
+    the batch size (possible only on tied or NaN rows). pass: otherwise.
+    """
+    uniq = metrics["unique_rows"]
+    bad = metrics["disagreeing_paths"]
+    m = greedy_mismatch(metrics)
+    if bad:
+        # One count per path before one shared total ("a 3; b 2 of 64 rows"): the form
+        # tests/test_compare_sampling.py pins, so the paths read as one sentence.
+        parts = "; ".join(f"{name} {_path_mismatch(metrics, name).count}" for name in bad)
+        ex = next((e for e in metrics["paths"][bad[0]]["examples"] if not e.get("rounding_tie")),
+                  metrics["paths"][bad[0]]["examples"][0])
+        top = ", ".join(f"{t['index']}: {t['logit']:.6g} ({t['bits']})" for t in ex["top3"])
+        return "fail", (f"greedy token differs from the exact argmax: {parts} of {m.total} rows "
+                        f"with a unique maximum disagree (first: {bad[0]} {m.where} chose "
+                        f"{m.got}, exact {m.expected}; top logits {top})")
+    dep = {k: v for k, v in metrics["batch_dependence"].items() if v["rows_differ"]}
+    tie_note = (f" ({metrics['tied_rows']} rows with an exactly tied maximum excluded)"
+                if metrics["tied_rows"] else "")
+    rounded = metrics.get("rounding_tie_paths") or []
+    if rounded:
+        return "warn", (f"argmax over rounded probabilities drops the most probable token in "
+                        f"{format_mismatch(m)} ({', '.join(rounded)}): the top two "
+                        f"logits round to the same probability in this dtype (first: "
+                        f"{m.where} chose {m.got}, exact {m.expected}); sample "
+                        f"from the logits or from float32 probabilities{tie_note}")
+    if dep:
+        key, v = next(iter(dep.items()))
+        return "warn", (f"every path picks the exact greedy token, but {key} depends on the "
+                        f"batch size in {format_mismatch(m)} "
+                        f"({', '.join(v['paths'])}){tie_note}")
+    return "pass", (f"all {len(metrics['paths'])} paths pick the exact greedy token in all "
+                    f"{uniq} rows with a unique maximum{tie_note}")
+
+
+def agree_tokens(a: dict[str, np.ndarray], b: dict[str, np.ndarray],
+                 names: tuple[str, str]) -> tuple[str, str, dict[str, Any]]:
+    """Do two backends pick the same token per row on every path they share? (status, reason,
+    metrics); a difference is a warn (each is judged against the exact argmax on its own)."""
+    shared = [p for p in a if p in b]
+    differ = {p: int(np.count_nonzero(np.asarray(a[p]).reshape(-1) != np.asarray(b[p]).reshape(-1)))
+              for p in shared}
+    metrics = {"paths": shared, "rows_differ": differ}
+    bad = {p: k for p, k in differ.items() if k}
+    if not bad:
+        return "pass", (f"{names[0]} and {names[1]} pick the same tokens on all "
+                        f"{len(shared)} shared paths"), metrics
+    first = next(iter(bad))
+    return "warn", (f"{names[0]} and {names[1]} pick different tokens on {len(bad)} paths "
+                    f"(first: {first}, {bad[first]} rows)"), metrics
+
+
+def evaluate(o: Outcome) -> Evaluation:
+    """Every sampler path's tokens against the exact argmax; the truth is the correctly
+    rounded softmax, which says where rounded probabilities cannot separate the top two."""
+    tokens = o.named
+    metrics = check_greedy(o.inputs[0], tokens, rounded_probs=o.truth.value)
+    status, reason = judge_greedy(metrics)
+    return Evaluation(status, reason, metrics, mismatch=greedy_mismatch(metrics))
+
+
+def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
+    """Two backends' tokens on the paths they share. Returns (status, reason, metrics)."""
+    return agree_tokens(a.named, b.named, names)

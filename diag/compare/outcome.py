@@ -1,0 +1,74 @@
+"""What one backend returned for one case (`Outcome`), and the checks that its outputs are
+the shape and dtype of the truth before any number is judged (`MalformedOutput`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from diag.compare.verdict import Verdict
+
+
+@dataclass
+class Outcome:
+    """What one backend returned for one case, with everything needed to judge it.
+
+    Attributes:
+      inputs: the host's input arrays (what the backend received, bit for bit).
+      outputs: the backend's outputs, in the op's order.
+      names: a name per output (`values`, `indices`, or sampler paths like `jit/argmax`).
+      truth: the oracle's result for this case (None for probes that need none).
+      params: the case parameters.
+      promised: whether the backend promises the claimed arithmetic under this setting.
+      setting: the setting in words, for reasons (`precision=default`).
+      nan_report: where a non-finite output was born (`diag.nan`), when the op asked the
+        worker to hunt it.
+    """
+
+    inputs: list
+    outputs: list
+    names: list
+    truth: Any
+    params: dict
+    promised: bool = True
+    setting: str = ""
+    nan_report: Optional[dict] = None
+
+    @property
+    def named(self) -> dict:
+        """The outputs by name (`values`, `indices`, a sampler path, `loss`, ...)."""
+        return dict(zip(self.names, self.outputs))
+
+
+#: The probe table's name for the verdict on one output (`diag.compare.verdict.Verdict`).
+Evaluation = Verdict
+
+
+class MalformedOutput(ValueError):
+    """A backend returned outputs of the wrong shape, dtype or number: not a numerical result.
+
+    The runner turns it (and any other exception while judging one output) into an `error`
+    record with the reason, and the run goes on.
+    """
+
+
+def _only_output(o: "Outcome", expected: np.ndarray) -> np.ndarray:
+    """The one output of a single-output op, checked against the truth's shape and dtype."""
+    if len(o.outputs) != 1:
+        raise MalformedOutput(f"returned {len(o.outputs)} outputs, expected 1")
+    _shape_mismatch(o.outputs[0], expected)
+    return o.outputs[0]
+
+
+def _shape_mismatch(output: np.ndarray, expected: np.ndarray) -> None:
+    """Raise `MalformedOutput` unless `output` has the truth's shape and dtype."""
+    from diag import numerics
+
+    if output.shape == expected.shape and output.dtype == expected.dtype:
+        return
+    raise MalformedOutput(f"returned {numerics.dtype_name(output.dtype)}{list(output.shape)}, "
+                          f"expected {numerics.dtype_name(expected.dtype)}"
+                          f"{list(expected.shape)}")

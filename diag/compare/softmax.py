@@ -1,0 +1,173 @@
+"""Softmax: judged by the worst-case bound of float32 arithmetic (`tolerance.softmax_error_bound`),
+with undefined rows reported as hazards, not errors.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+
+from diag import numerics
+from diag.compare.elementwise import agree_values, compare, mismatch
+from diag.compare.outcome import Evaluation, Outcome, _only_output
+from diag.compare.verdict import Mismatch, format_mismatch
+from diag.tolerance import tolerance
+
+
+def _row_kind(row: np.ndarray) -> str:
+    """What a backend returned in a row whose softmax is undefined: nan, zeros, uniform, other."""
+    r = row.astype(np.float64)
+    if np.isnan(r).all():
+        return "nan"
+    if np.isnan(r).any():
+        return "partly nan"
+    if (r == 0).all():
+        return "zeros"
+    if r.size and np.all(r == r[0]) and abs(r[0] * r.size - 1.0) < 0.01:
+        return "uniform"
+    return "other"
+
+
+def compare_softmax(output: np.ndarray, truth: np.ndarray, x: np.ndarray, *,
+                    compute_dtype="float32") -> dict[str, Any]:
+    """Metrics of a backend's softmax over the last axis against the correctly rounded truth.
+
+    Rows are split by what the math says about them. Defined rows (finite or -inf entries, at
+    least one finite) are compared element by element with `compare` against
+    `softmax_error_bound`, and their sum-to-one error is taken exactly (math.fsum). Rows that are
+    all -inf (0/0: no defined result) and rows holding NaN or +inf (the IEEE computation gives
+    NaN) are never judged as errors: what the backend returned there is reported as a `hazard`
+    (a sampler that reads NaN or zeros there samples garbage or token 0).
+
+    Args:
+        output: the backend's softmax, [..., n].
+        truth: `diag.oracle.softmax` of the same input (same shape and dtype).
+        x: the input, [..., n].
+        compute_dtype: the arithmetic the backend claims (float32 for every dtype diag runs).
+
+    Returns:
+        `compare`'s metrics over the defined rows plus: rows, defined_rows, max_rel_err,
+        sum_to_one_max_err and its row, truth_sum_to_one_max_err (what correct rounding alone
+        gives), and hazard (None or {"rows", "returned": {kind: count}, "kind": ...}).
+    """
+    output, truth, x = np.asarray(output), np.asarray(truth), np.asarray(x)
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n).astype(np.float64)
+    o2, t2 = output.reshape(-1, n), truth.reshape(-1, n)
+    undefined = (x2 == -np.inf).all(axis=1)
+    nonfinite_in = (np.isnan(x2) | (x2 == np.inf)).any(axis=1) & ~undefined
+    defined = ~(undefined | nonfinite_in)
+    rows_def = np.flatnonzero(defined)
+    xd, od, td = x2[rows_def], o2[rows_def], t2[rows_def]
+    tol = tolerance("softmax", x.dtype, compute_dtype)
+    bound = tol.bound(xd, td)
+    metrics = compare(od, td, bound)
+    if "worst" in metrics:
+        r, c = (int(v) for v in metrics["worst"]["index"].strip("()").split(","))
+        metrics["worst"]["index"] = f"(row {int(rows_def[r])}, {c})"
+    # The looser claim: x - max, exp and the division in the input dtype, only the sum in
+    # compute_dtype (jax's bf16 softmax on CPU measures like this). Beyond the strict bound but
+    # within this one is a warn, not a fail.
+    in_dt = numerics.as_dtype(x.dtype)
+    if numerics.unit_roundoff(in_dt) > numerics.unit_roundoff(compute_dtype):
+        loose = tol.loose_bound(xd, td)
+        err = np.abs(od.astype(np.float64) - td.astype(np.float64))
+        ok = np.isfinite(err)
+        ratio = np.divide(err, loose, out=np.zeros(err.shape), where=ok)
+        metrics["narrow_dtype"] = numerics.dtype_name(in_dt)
+        metrics["narrow_bound_ratio"] = float(ratio.max()) if ratio.size else 0.0
+        metrics["narrow_bound_exceeded"] = int(np.count_nonzero(ratio > 1.0))
+    metrics["rows"] = int(x2.shape[0])
+    metrics["defined_rows"] = int(rows_def.size)
+    metrics["compute_dtype"] = numerics.dtype_name(compute_dtype)
+    worst_sum, worst_row, truth_sum = 0.0, -1, 0.0
+    for r in rows_def:
+        ro = o2[r].astype(np.float64)
+        if not np.isfinite(ro).all():
+            continue  # counted by unexpected_nonfinite
+        err = abs(math.fsum(ro.tolist() + [-1.0]))
+        if err > worst_sum or worst_row < 0:
+            worst_sum, worst_row = err, int(r)
+        truth_sum = max(truth_sum, abs(math.fsum(t2[r].astype(np.float64).tolist() + [-1.0])))
+    metrics["sum_to_one_max_err"] = worst_sum
+    metrics["sum_to_one_worst_row"] = worst_row
+    metrics["truth_sum_to_one_max_err"] = truth_sum
+    hazard = None
+    for name, mask in (("fully masked (all -inf)", undefined),
+                       ("holding NaN or +inf", nonfinite_in)):
+        idx = np.flatnonzero(mask)
+        if not idx.size:
+            continue
+        kinds: dict[str, int] = {}
+        for r in idx:
+            kind = _row_kind(o2[r])
+            kinds[kind] = kinds.get(kind, 0) + 1
+        hazard = hazard or {}
+        hazard[name] = {"rows": int(idx.size), "returned": kinds, "first_row": int(idx[0])}
+    metrics["hazard"] = hazard
+    return metrics
+
+
+def softmax_mismatch(metrics: dict[str, Any]) -> Optional[Mismatch]:
+    """What broke the rule in `compare_softmax`'s metrics (defined rows only), or None."""
+    return mismatch(metrics, nonfinite_unit="elements of defined rows")
+
+
+def judge_softmax(metrics: dict[str, Any], dtype) -> tuple[str, str]:
+    """Verdict for `compare_softmax` metrics: (status, one-line reason).
+
+    fail: a defined row has NaN/Inf where the exact result is finite (or the reverse), or an
+    element is off by more than `softmax_error_bound` allows (no correct implementation in the
+    claimed arithmetic can do that) and, for bf16/fp16 inputs, also more than the looser bound
+    of elementwise work in the input dtype with a float32 sum. warn: beyond the strict bound
+    but within that looser one (less precision than claimed, as jax's bf16 softmax on CPU), or
+    when undefined rows exist (a hazard, not an error: the reason says what this backend
+    returns there). pass: otherwise.
+    """
+    name = numerics.dtype_name(dtype)
+    claim = f"{metrics.get('compute_dtype', 'float32')} arithmetic"
+    summary = (f"max {metrics['max_ulp']} ULP, {metrics['frac_not_correctly_rounded']:.1%} not "
+               f"correctly rounded, max sum-to-one error {metrics['sum_to_one_max_err']:.3g}")
+    hazard = ""
+    if metrics.get("hazard"):
+        parts = []
+        for what, h in metrics["hazard"].items():
+            got = ", ".join(f"{kind} in {k}" for kind, k in sorted(h["returned"].items()))
+            parts.append(f"{h['rows']} rows {what} have no defined softmax; this backend "
+                         f"returns {got} (first: row {h['first_row']})")
+        hazard = "hazard: " + "; ".join(parts)
+    m = softmax_mismatch(metrics)
+    if metrics["unexpected_nonfinite"]:
+        return "fail", (f"{name} softmax: {format_mismatch(m)} are NaN/Inf where the exact "
+                        f"result is finite (or the reverse)")
+    if m is not None:
+        detail = (f"{name} softmax error exceeds the {claim} bound in {format_mismatch(m)}; "
+                  f"{summary}")
+        narrow = metrics.get("narrow_dtype")
+        if narrow and not metrics["narrow_bound_exceeded"]:
+            return "warn", (f"{detail}; consistent with x - max, exp and the division done in "
+                            f"{narrow} (worst {metrics['narrow_bound_ratio']:.2g}x that bound): "
+                            f"less precise than {claim}" + (f"; {hazard}" if hazard else ""))
+        return "fail", detail
+    reason = f"within the {claim} bound (worst {metrics['bound_ratio']:.2g}x); {summary}"
+    if hazard:
+        return "warn", f"{reason}; {hazard}"
+    return "pass", reason
+
+
+def evaluate(o: Outcome) -> Evaluation:
+    """One backend's softmax against the correctly rounded truth."""
+    expected = o.truth.value
+    output = _only_output(o, expected)
+    metrics = compare_softmax(output, expected, o.inputs[0])
+    status, reason = judge_softmax(metrics, o.params["dtype"])
+    return Evaluation(status, reason, metrics, mismatch=softmax_mismatch(metrics))
+
+
+def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
+    """Two backends' softmax of one case, in ULPs. Returns (status, reason, metrics)."""
+    # Two backends each within the tolerance of the truth may be AGREEMENT_FACTOR times it apart.
+    allowed = tolerance("softmax", a.params["dtype"]).agreement_ulp(a.params)
+    return agree_values(a.outputs[0], b.outputs[0], names, allowed_ulp=allowed)

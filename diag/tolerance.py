@@ -1,0 +1,334 @@
+"""Every bound, ULP screen and agreement factor diag judges by, in one place.
+
+A verdict is only as good as the tolerance behind it, so each number here carries its
+derivation (a textbook bound, Higham's gamma_k) or the measurement that set it, next to it.
+Where theory gives a bound, the bound decides and no constant is tuned; where it does not (a
+whole training step), the number is a screen and says so. `tolerance(op, dtype, claim)` looks
+them up by op, as JAX's test utilities look up theirs by dtype; the comparison code in
+`diag.compare` takes its numbers from here and defines none of its own.
+
+The table, one line per op (details in the functions and in docs/oracle.md):
+
+* matmul: `matmul_bound`: gamma_K of the claimed accumulation dtype times |A||B| (the bound
+  `matmul_error_bound` that tests/test_numerics.py proves), plus float32 underflow and the
+  output's and the truth's roundings.
+* softmax: `softmax_error_bound` (worst case of float32 arithmetic in any summation order,
+  exp within `SOFTMAX_EXP_ULP`), and its ULP form `softmax_ulp_tolerance` for agreement.
+* top_k: recall `TOPK_EXACT_RECALL` (1, by value) in every row; approx_max_k: the recall the
+  caller promised, as a mean over rows (rows below it are a warn).
+* greedy_token: the exact argmax, except where the correctly rounded probabilities of the top
+  two are equal (no implementation can tell them apart).
+* train_step: the loss within `TRAIN_LOSS_ULP_SCREEN` ULP of the float64 reference (a screen).
+* every pair of backends: `AGREEMENT_FACTOR` times what one backend is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Optional
+
+import ml_dtypes
+import numpy as np
+
+from diag import numerics
+from diag.errors import UsageError
+from diag.numerics import DTypeLike, gamma
+
+__all__ = ["AGREEMENT_FACTOR", "SOFTMAX_EXP_ULP", "TOPK_EXACT_RECALL", "TRAIN_LOSS_ULP_SCREEN",
+           "Tolerance", "tolerance", "matmul_error_bound", "matmul_bound",
+           "softmax_error_bound", "softmax_ulp_tolerance"]
+
+#: Two backends that each keep a bound b of the same truth differ by at most 2 b (triangle
+#: inequality: |x - y| <= |x - t| + |t - y|). Agreement checks allow this factor, never more.
+AGREEMENT_FACTOR = 2
+
+#: An exact top-k returns the k largest values: recall 1 in every row. Recall counts VALUES
+#: (which of several equal values was chosen never lowers it; -0 equals +0), so ties in bf16
+#: logits, which are common, are not errors.
+TOPK_EXACT_RECALL = 1.0
+
+
+def matmul_error_bound(a, b, compute_dtype: DTypeLike) -> np.ndarray:
+    """Textbook forward error bound gamma_K * (|A| |B|)_ij of a matmul done in `compute_dtype`.
+
+    A backend whose error exceeds this bound used less precision than `compute_dtype` (for
+    example one bf16 pass where float32 was claimed). |A||B| is computed in float64 and scaled
+    up by (1 + gamma_{K+1}(float64)) so that its own rounding does not make the bound smaller.
+
+    Args:
+        a: [..., M, K] array (any float dtype diag knows).
+        b: [..., K, N] array.
+        compute_dtype: the dtype the backend claims to accumulate in.
+
+    Returns:
+        float64 array of shape [..., M, N].
+    """
+    a64 = np.abs(np.asarray(a).astype(np.float64))
+    b64 = np.abs(np.asarray(b).astype(np.float64))
+    if a64.ndim < 2 or b64.ndim < 2 or a64.shape[-1] != b64.shape[-2]:
+        raise UsageError(f"matmul_error_bound: shapes {a64.shape} and {b64.shape} do not "
+                         "multiply; expected [..., M, K] and [..., K, N]")
+    k = a64.shape[-1]
+    return (a64 @ b64) * (gamma(k, compute_dtype) * (1.0 + gamma(k + 1, np.float64)))
+
+
+def matmul_bound(inputs: list[np.ndarray], truth: np.ndarray, params: Optional[dict] = None,
+                 *, compute_dtype: DTypeLike = "float32") -> np.ndarray:
+    """Largest |computed - truth| a backend may show if it computes as it claims.
+
+    The claim: products of the given inputs summed in `compute_dtype` (float32, also for
+    bf16/fp16 inputs, as every framework documents), then rounded once to the output dtype.
+    With P = |A||B|, e the exact product and s the sum (the textbook bound
+    |s - e| <= gamma_K P, which is `matmul_error_bound`, plus K * eta for underflow of the
+    compute dtype in the partial sums):
+      output in the compute dtype:  |s - e| <= gamma_K P
+      narrower output:              |fl(s) - e| <= (1 + u) gamma_K P + u |e| + eta_out / 2
+    and the truth itself is |truth - e| <= u |e| + eta_out / 2, with |e| <= t / (1 - u)
+    for t = |truth| and u the output's unit roundoff, eta_out its least subnormal.
+
+    Args:
+      inputs: [a, b] as the backend received them.
+      truth: the correctly rounded product (its dtype is the output dtype).
+      params: the case parameters (unused: the bound depends on the arrays alone).
+      compute_dtype: the accumulation dtype the backend claims.
+
+    Returns:
+      float64 array of truth's shape.
+    """
+    a, b = inputs
+    k = np.shape(a)[-1]
+    with np.errstate(invalid="ignore"):  # inf * 0: the truth is NaN there and not judged
+        bound = matmul_error_bound(a, b, compute_dtype)
+    bound = bound + k * float(ml_dtypes.finfo(numerics.as_dtype(compute_dtype)).smallest_subnormal)
+    out = truth.dtype
+    u = numerics.unit_roundoff(out)
+    eta_out = float(ml_dtypes.finfo(out).smallest_subnormal)
+    exact_mag = np.abs(truth.astype(np.float64)) / (1 - u)
+    if u > numerics.unit_roundoff(compute_dtype):  # a final rounding to a narrower output
+        bound *= 1 + u
+        bound += u * exact_mag + eta_out / 2
+    bound += u * exact_mag + eta_out / 2  # the truth's own rounding
+    return bound
+
+
+#: Assumed worst error of a backend's float32 exp, in ulp: XLA's and Sleef's vectorised exp are
+#: documented/measured at about 1 ulp; 4 leaves room without hiding a real defect.
+SOFTMAX_EXP_ULP = 4
+
+
+def _u(dtype) -> float:
+    return numerics.unit_roundoff(dtype)
+
+
+def _smallest_normal(dtype) -> float:
+    return float(ml_dtypes.finfo(numerics.as_dtype(dtype)).smallest_normal)
+
+
+def _half_subnormal_step(dtype) -> float:
+    fi = ml_dtypes.finfo(numerics.as_dtype(dtype))
+    return float(fi.smallest_subnormal) / 2
+
+
+def _softmax_sum_error(n: int, compute_dtype) -> float:
+    """Relative error bound of the row sum: gamma_{n-1} of the compute dtype (any order)."""
+    return float(numerics.gamma(max(n - 1, 0), compute_dtype))
+
+
+def softmax_error_bound(x: np.ndarray, truth: np.ndarray, *, compute_dtype="float32",
+                        elementwise_dtype=None) -> np.ndarray:
+    """Per-element bound on |softmax(x) - truth| for ANY correct implementation of the claimed
+    arithmetic.
+
+    A backend computes ``y_i = fl(fl(exp(fl(x_i - m))) / fl(sum_j ...))``: the row sum in
+    `compute_dtype` (unit roundoff u), the subtraction, exp and division in `elementwise_dtype`
+    (u_e; default the compute dtype), then rounds y_i to the output dtype (u_o). Worst case,
+    first order, summation in ANY order (Higham):
+
+    * x_i - m rounds: exp's argument is off by u_e |d_i|, so e_i by a factor exp(u_e |d_i|);
+    * exp: `SOFTMAX_EXP_ULP` ulp of the compute dtype (2 * SOFTMAX_EXP_ULP * u relative), plus
+      u_e when its result is stored in a narrower elementwise dtype;
+    * the sum S of n terms: gamma_{n-1}(u) S, plus the terms' own errors, weighted:
+      sum_j e_j u_e |d_j| <= u_e min(n / e, S max|d|) since |d| e**d <= 1/e;
+    * the division: u_e; the final rounding to the output dtype: u_o (none when the output IS
+      the dtype of the division: that rounding is the final one).
+
+    rel_i = 1.01 (eps_i + rel_S + u_e) / (1 - rel_S); the bound is rel_i |y_i| + u_o |y_i| plus
+    an absolute term: the compute dtype's smallest normal, because accelerators flush subnormal
+    results to zero (TPU does), and half the output dtype's subnormal step; plus the truth's
+    own rounding to the output dtype (u_o |y_i| and another half subnormal step), since the
+    backend is compared with the rounded truth, not the exact value. For float32 rows of
+    32768 the sum term dominates (gamma ~ 2e-3, ~16k ulp): the bound says what float32
+    arithmetic cannot explain at all (a bf16 sum, a wrong normaliser), not how good a backend
+    is; the ULP figures next to it say that.
+
+    Args:
+        x: [..., n] inputs as given to the backend.
+        truth: the correctly rounded softmax (same shape).
+        compute_dtype: the dtype the row sum is claimed to accumulate in.
+        elementwise_dtype: the dtype of x - max, exp and the division (default compute_dtype).
+
+    Returns:
+        float64 array of truth's shape (inf where rel_S >= 1: the claim bounds nothing).
+    """
+    x64 = np.asarray(x).astype(np.float64)
+    n = x64.shape[-1]
+    u = _u(compute_dtype)
+    ew = numerics.as_dtype(elementwise_dtype if elementwise_dtype is not None else compute_dtype)
+    u_e = _u(ew)
+    exp_err = 2 * SOFTMAX_EXP_ULP * u + (u_e if u_e > u else 0.0)
+    out_dt = numerics.as_dtype(truth.dtype)
+    u_o = 0.0 if out_dt == ew else _u(out_dt)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        m = np.max(np.where(np.isnan(x64), -np.inf, x64), axis=-1, keepdims=True)
+        d = np.where(np.isfinite(x64), x64 - m, 0.0)
+        d = np.where(np.isfinite(d), np.abs(d), 0.0)
+        s = np.where(x64 == -np.inf, 0.0, np.exp(-d)).sum(axis=-1, keepdims=True)
+        s = np.maximum(s, 1.0)
+        dmax = d.max(axis=-1, keepdims=True) if n else np.zeros(d.shape[:-1] + (1,))
+        weighted = u_e * np.minimum(n / math.e, s * dmax) / s
+        rel_s = _softmax_sum_error(n, compute_dtype) + exp_err + weighted
+        eps = u_e * d + exp_err
+        rel = np.where(rel_s < 1.0, 1.01 * (eps + rel_s + u_e) / np.maximum(1.0 - rel_s, 1e-300),
+                       np.inf)
+        y = np.abs(truth.astype(np.float64)) * (1 + 2 * _u(out_dt))
+        y = np.where(np.isfinite(y), y, 0.0)
+        # The truth is itself the exact value rounded once to the output dtype: another
+        # u_o |y| + half a subnormal step between it and the exact result.
+        return ((rel + u_o + _u(out_dt)) * y + _smallest_normal(compute_dtype)
+                + 2 * _half_subnormal_step(out_dt))
+
+
+def softmax_ulp_tolerance(dtype, n: int, *, spread: float = 64.0,
+                          compute_dtype="float32") -> float:
+    """ULPs of `dtype` a correct softmax over rows of n may be off, by the same worst case as
+    `softmax_error_bound` for rows whose values span at most `spread` (|x_i - max| <= spread).
+
+    In the normal range an error of relative size r is at most r / u_o ulp of the output dtype.
+    """
+    u = _u(compute_dtype)
+    dt = numerics.as_dtype(dtype)
+    rel_s = _softmax_sum_error(n, compute_dtype) + 2 * SOFTMAX_EXP_ULP * u + u * min(n / math.e,
+                                                                                    spread)
+    if rel_s >= 1.0:
+        return math.inf
+    rel = 1.01 * (u * spread + 2 * SOFTMAX_EXP_ULP * u + rel_s + u) / (1.0 - rel_s)
+    final = 0.0 if dt == numerics.as_dtype(compute_dtype) else 1.0
+    return float(math.ceil(rel / _u(dt)) + final)
+
+
+#: A screen, not a bound: no textbook bound covers a whole step (tanh, exp, log of sums of
+#: sums). Measured on CPU (64x256x16 MLP), jax and torch land 0 ULP from the float64
+#: reference's loss in fp32, bf16 and fp16; 64 ULP is far outside that and far inside a broken
+#: step.
+TRAIN_LOSS_ULP_SCREEN = 64
+
+
+# ---------------------------------------------------------------------------------------------
+# The lookup
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """What one op's output is allowed, for one dtype and one claimed arithmetic.
+
+    Attributes:
+      op: the probe's op name.
+      dtype: the input/output dtype (canonical name).
+      claim: the arithmetic the backend claims: its accumulation / compute dtype.
+      bound: per-element bound on |output - truth| (matmul: (inputs, truth); softmax:
+        (x, truth)), or None where the op is judged by structure, not by size.
+      loose_bound: softmax only: the bound when x - max, exp and the division run in the input
+        dtype (between it and `bound` a result is a warn: less precise than claimed).
+      ulp: ULPs allowed as a function of the case parameters (softmax: of the row length;
+        train_step: the loss screen), or None.
+      recall: the recall every row must reach (exact top-k: 1), or None where the caller's
+        promised recall applies (approx_max_k) or recall does not apply.
+      agreement_factor: how many times one backend's allowance two backends may differ by.
+      why: the derivation or measured cause, in a line.
+    """
+
+    op: str
+    dtype: str
+    claim: str
+    why: str
+    bound: Optional[Callable[..., np.ndarray]] = None
+    loose_bound: Optional[Callable[..., np.ndarray]] = None
+    ulp: Optional[Callable[[dict], float]] = None
+    recall: Optional[float] = None
+    agreement_factor: float = AGREEMENT_FACTOR
+
+    def agreement_ulp(self, params: dict) -> float:
+        """ULPs two correct backends may differ by: `agreement_factor` times `ulp`."""
+        if self.ulp is None:
+            raise UsageError(f"{self.op} has no ULP tolerance; it is judged by "
+                             f"{'its bound' if self.bound else 'structure'}")
+        return self.agreement_factor * self.ulp(params)
+
+
+def _matmul(dtype: str, claim: str) -> Tolerance:
+    return Tolerance("matmul", dtype, claim,
+                     why=f"gamma_K({claim}) |A||B| + the output's and the truth's roundings",
+                     bound=partial(matmul_bound, compute_dtype=claim))
+
+
+def _softmax(dtype: str, claim: str) -> Tolerance:
+    return Tolerance(
+        "softmax", dtype, claim,
+        why=(f"worst case of {claim} arithmetic in any summation order, exp within "
+             f"{SOFTMAX_EXP_ULP} ulp"),
+        bound=partial(softmax_error_bound, compute_dtype=claim),
+        loose_bound=partial(softmax_error_bound, compute_dtype=claim, elementwise_dtype=dtype),
+        ulp=lambda params: softmax_ulp_tolerance(dtype, params["n"], compute_dtype=claim))
+
+
+def _top_k(dtype: str, claim: str) -> Tolerance:
+    return Tolerance("top_k", dtype, claim, recall=TOPK_EXACT_RECALL,
+                     why="exact: the k largest values in every row (ties by value)")
+
+
+def _approx_max_k(dtype: str, claim: str) -> Tolerance:
+    return Tolerance("approx_max_k", dtype, claim,
+                     why="the recall_target the caller promised, as a mean over rows; "
+                         "a row below it is a warn, a row missing its maximum a fail")
+
+
+def _greedy(dtype: str, claim: str) -> Tolerance:
+    return Tolerance("greedy_token", dtype, claim,
+                     why="the exact argmax, except where the correctly rounded "
+                         "probabilities of the top two are equal")
+
+
+def _train(dtype: str, claim: str) -> Tolerance:
+    return Tolerance("train_step", dtype, claim,
+                     why=f"finite where the float64 reference is; loss within "
+                         f"{TRAIN_LOSS_ULP_SCREEN} ULP (a measured screen, not a bound)",
+                     ulp=lambda params: float(TRAIN_LOSS_ULP_SCREEN))
+
+
+_TABLE: dict[str, Callable[[str, str], Tolerance]] = {
+    "matmul": _matmul, "softmax": _softmax, "top_k": _top_k, "approx_max_k": _approx_max_k,
+    "greedy_token": _greedy, "train_step": _train,
+}
+
+
+def tolerance(op: str, dtype: DTypeLike, claim: DTypeLike = "float32") -> Tolerance:
+    """What `op` on `dtype` is allowed when the backend claims `claim` arithmetic.
+
+    Args:
+      op: a probe's op name (`matmul`, `softmax`, `top_k`, `approx_max_k`, `greedy_token`,
+        `train_step`).
+      dtype: the dtype of the op's inputs and outputs.
+      claim: the accumulation / compute dtype the backend claims (float32 for every dtype
+        diag runs, as every framework documents).
+
+    Returns:
+      The op's `Tolerance`.
+
+    Raises:
+      UsageError: an op without a tolerance, or a dtype diag does not handle.
+    """
+    if op not in _TABLE:
+        raise UsageError(f"no tolerance for op {op!r}; expected one of {', '.join(_TABLE)}")
+    return _TABLE[op](numerics.dtype_name(dtype), numerics.dtype_name(claim))
