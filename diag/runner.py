@@ -22,13 +22,8 @@ import difflib
 import json
 import os
 import queue
-import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -38,19 +33,21 @@ from typing import Any, Callable
 import numpy as np
 
 from diag import environment, numerics
-from diag.backends import BACKENDS, BackendSpec, framework_installed, get_spec, not_applicable
+from diag.ab import AB_SUFFIX, HLO_EXCERPT_LINES, _hlo_ops, parse_ab
+from diag.backends import BackendSpec, framework_installed, not_applicable
 from diag.backends import promises_full_precision
 from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, UsageError
 from diag.probes import INPUT_MAKERS, PROBES, Evaluation, Outcome, expected_outcome
 from diag.results import Record, RunDir, new_run_id, worst_status
 from diag.suite import Case, Suite, check_memory, load_suite
+from diag.workers import (_load_output, _Worker, _worker_env, candidate_backends,
+                          resolve_backends)
 
 __all__ = ["run", "RunResult", "resolve_backends", "candidate_backends", "check_applicable",
            "check_flags", "parse_ab", "DEFAULT_CASE_TIMEOUT"]
 
 DEFAULT_CASE_TIMEOUT = 600.0
 DEFAULT_STARTUP_TIMEOUT = 300.0
-DISCOVERY_TIMEOUT = 180.0
 MAX_RESTARTS = 3
 
 
@@ -77,98 +74,6 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, result: RunResult):
         super().__init__("interrupted")
         self.result = result
-
-
-# ---------------------------------------------------------------------------------------------
-# Backend discovery
-
-
-def _worker_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "diag.backends.worker", *args]
-
-
-def _worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    # The worker must import this same diag, installed or not.
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra or {})
-    return env
-
-
-def _discover(framework: str, env: dict[str, str]) -> tuple[list[str], str | None]:
-    """Platforms a framework sees, from a throwaway worker started with the workers'
-    environment; (platforms, error).
-
-    Raises:
-      BadFlag: the framework aborted on a flag in XLA_FLAGS/LIBTPU_INIT_ARGS (JAX reads them
-        when it lists its devices, so this check costs no extra process).
-    """
-    from diag.flags import flag_error
-
-    try:
-        proc = subprocess.run(_worker_cmd("--discover", framework), capture_output=True,
-                              text=True, timeout=DISCOVERY_TIMEOUT, env=env)
-    except subprocess.TimeoutExpired:
-        return [], f"{framework} did not list its devices within {DISCOVERY_TIMEOUT:.0f} s"
-    for line in proc.stdout.splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if event.get("event") == "platforms":
-            return event["platforms"], None
-    bad = flag_error(proc.stderr)
-    if bad is not None:
-        raise bad
-    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    return [], f"importing {framework} failed (exit {proc.returncode}): {tail}"
-
-
-def candidate_backends(names: list[str] | None) -> list[BackendSpec]:
-    """The backends named (in order, once each), or every default backend.
-
-    Raises:
-      UsageError: an unknown backend name.
-    """
-    if names:
-        return [get_spec(n) for n in dict.fromkeys(names)]
-    return [s for s in BACKENDS.values() if s.default]
-
-
-def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
-                     ) -> tuple[list[BackendSpec], dict[str, str]]:
-    """Which backends can run and which cannot (with the reason).
-
-    Args:
-      names: backend names the user asked for, or None for every backend present.
-      env: the workers' environment (default: this process's, as workers get it).
-
-    Raises:
-      UsageError: an unknown backend name.
-      BadFlag: JAX refused a flag in XLA_FLAGS/LIBTPU_INIT_ARGS while listing its devices.
-    """
-    env = _worker_env() if env is None else env
-    specs = candidate_backends(names)
-    run: list[BackendSpec] = []
-    skipped: dict[str, str] = {}
-    seen: dict[str, tuple[list[str], str | None]] = {}
-    for spec in specs:
-        if not framework_installed(spec.framework):
-            skipped[spec.name] = f"{spec.framework} is not installed ({spec.install_hint})"
-            continue
-        if spec.framework not in seen:
-            seen[spec.framework] = _discover(spec.framework, env)
-        platforms, error = seen[spec.framework]
-        if error:
-            skipped[spec.name] = error
-        elif spec.platform not in platforms:
-            skipped[spec.name] = (f"no {spec.platform} device visible to {spec.framework} "
-                                  f"(it sees: {', '.join(platforms) or 'none'})")
-        else:
-            run.append(spec)
-    return run, skipped
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,56 +140,6 @@ class _Truth:
 # One worker
 
 
-# The A/B variant of a backend runs as `<backend>+B`: same device, the setting applied.
-AB_SUFFIX = "+B"
-HLO_EXCERPT_LINES = 40
-# An HLO instruction: `[ROOT] [%]name = type opcode(operands), ...`.
-_HLO_OP = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*.*?\s([a-z][a-z0-9\-]*)\(")
-
-
-def _hlo_ops(lines: list[str]) -> dict[str, int]:
-    """Instruction counts by opcode in HLO text."""
-    counts: dict[str, int] = {}
-    for line in lines:
-        m = _HLO_OP.match(line)
-        if m:
-            counts[m.group(1)] = counts.get(m.group(1), 0) + 1
-    return counts
-
-
-def parse_ab(assignments: list[str] | None,
-             base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of an A/B experiment's B side from `NAME=VALUE` assignments.
-
-    `XLA_FLAGS` and `LIBTPU_INIT_ARGS` values are appended to the flags in effect on the A
-    side (`base`: the environment the A worker gets, a library caller's `env=` included);
-    a JAX config name (`jax_default_matmul_precision=highest`) becomes the environment
-    variable JAX reads it from at start-up (`JAX_DEFAULT_MATMUL_PRECISION`).
-
-    Args:
-      assignments: `NAME=VALUE` strings.
-      base: the A side's environment (default: this process's).
-
-    Raises:
-      UsageError: an assignment that is not NAME=VALUE.
-    """
-    base = os.environ if base is None else base
-    env: dict[str, str] = {}
-    for item in assignments or []:
-        name, sep, value = item.partition("=")
-        name = name.strip()
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise UsageError(f"--ab expects NAME=VALUE (an environment variable or a JAX "
-                             f"config option), got {item!r}")
-        if name.lower().startswith("jax_"):
-            name = name.upper()
-        if name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS"):
-            current = env.get(name, base.get(name, ""))
-            value = f"{current} {value}".strip()
-        env[name] = value
-    return env
-
-
 def _as_emulation(ev: Evaluation) -> Evaluation:
     """An emulated backend's verdict: `warn` at worst.
 
@@ -297,80 +152,6 @@ def _as_emulation(ev: Evaluation) -> Evaluation:
     return dataclasses.replace(ev, status="warn", reason=(
         f"{ev.reason}; an emulation promises nothing, so this is what the emulated algorithm "
         f"does here, not a failure"))
-
-
-def _load_output(meta: dict) -> np.ndarray:
-    """An output the worker wrote: floats as raw bits (see `numerics.bits_view`), ints as is.
-
-    Memory-mapped: outputs are kept for agreement with later backends, and the OS pages them
-    from the work folder instead of holding every backend's outputs in memory.
-    """
-    data = np.load(meta["path"], mmap_mode="r")
-    if meta["dtype"].startswith(("int", "uint", "bool")):
-        return data
-    return numerics.from_bits(data, meta["dtype"])
-
-
-class _Worker:
-    """A backend worker process and its event stream, read with a timeout."""
-
-    def __init__(self, spec: BackendSpec, job_path: Path, log_path: Path,
-                 env: dict[str, str]):
-        self.spec = spec
-        self.log_path = log_path
-        self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(_worker_cmd(str(job_path)), stdout=subprocess.PIPE,
-                                     stderr=self._log, env=env, start_new_session=True)
-        self._events: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                self._events.put(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        self._events.put(None)  # EOF: the worker exited or closed its stream
-
-    def next_event(self, timeout: float) -> dict | None:
-        """The next event; None at EOF. Raises queue.Empty on timeout."""
-        return self._events.get(timeout=timeout)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.wait()
-        self._log.close()
-
-    def death(self) -> str:
-        """Why the worker stopped, for an error record."""
-        try:
-            code = self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            code = self.proc.returncode
-        if code < 0:
-            name = signal.Signals(-code).name
-            cause = f"killed by {name}"
-            if name == "SIGKILL":
-                cause += " (out of memory, or killed from outside)"
-            elif name in ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGILL"):
-                cause += " (a native crash in the framework)"
-        else:
-            cause = f"exited with code {code}"
-        tail = self.stderr_tail()
-        return f"{cause}; last stderr: {tail}" if tail else cause
-
-    def stderr_tail(self) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return ""
-        return lines[-1][:300] if lines else ""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -146,7 +146,7 @@ def test_a_backend_absent_from_a_default_run_is_a_skip(tmp_path):
 
 def test_missing_framework_named_in_the_library_call_is_an_error(tmp_path, monkeypatch):
     real = framework_installed
-    monkeypatch.setattr("diag.runner.framework_installed",
+    monkeypatch.setattr("diag.workers.framework_installed",
                         lambda fw: False if fw == "torch" else real(fw))
     result = diag.run(_suite(tmp_path, ONE_MATMUL), ["torch-cpu"], out=tmp_path, repeats=1)
     (rec,) = result.records
