@@ -27,9 +27,10 @@ import jinja2
 from markupsafe import Markup
 
 from diag.errors import UsageError
-from diag.flags import report_context as settings_context
 from diag.report.charts import sweep_groups, sweep_svg, to_float
+from diag.report.nodes import report_context as nodes_context
 from diag.report.sections import ab_context, sampling_context
+from diag.report.settings import report_context as settings_context
 from diag.results import STATUSES, RunDir, worst_status
 
 __all__ = ["render_report", "write_report"]
@@ -357,9 +358,7 @@ def render_report(meta: Mapping[str, Any], records: Iterable[Mapping[str, Any]],
 def _nodes_context(nodes: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not isinstance(nodes, Mapping):
         return None
-    from diag.nodes import report_context
-
-    return report_context(nodes)
+    return nodes_context(nodes)
 
 
 def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
