@@ -39,8 +39,8 @@ from diag.inputs import _Inputs, _Truth
 from diag.probes import PROBES, Evaluation, Outcome, expected_outcome
 from diag.results import Record, RunDir, new_run_id, worst_status
 from diag.suite import Case, Suite, check_memory, load_suite
-from diag.workers import (_load_output, _Worker, _worker_env, candidate_backends,
-                          resolve_backends)
+from diag.workers import (_load_output, _Worker, candidate_backends, resolve_backends,
+                          worker_env)
 
 __all__ = ["run", "RunResult", "resolve_backends", "candidate_backends", "check_applicable",
            "check_flags", "parse_ab", "DEFAULT_CASE_TIMEOUT"]
@@ -449,12 +449,12 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         check_memory(loaded, max_memory)
     else:
         loaded = load_suite(suite, max_memory=max_memory)
-    worker_env = _worker_env(env)
-    ab_env = parse_ab(ab, base=worker_env)
+    workers_env = worker_env(env)
+    ab_env = parse_ab(ab, base=workers_env)
     candidates = candidate_backends(backends)
     check_applicable(loaded, candidates)
-    check_flags(candidates, worker_env, ab_env)
-    specs, skipped = resolve_backends(backends, worker_env)
+    check_flags(candidates, workers_env, ab_env)
+    specs, skipped = resolve_backends(backends, workers_env)
     if ab_env:  # each backend, then the same backend under the setting
         specs = [v for s in specs for v in (s, dataclasses.replace(s, name=s.name + AB_SUFFIX))]
     run_id = new_run_id()
@@ -471,7 +471,7 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
     state = "finished"
     r = _Run(loaded, skipped, run_dir, work, repeats=repeats, case_timeout=case_timeout,
              startup_timeout=startup_timeout, cache_dir=cache_dir, ab_env=ab_env,
-             env=worker_env, on_record=on_record)
+             env=workers_env, on_record=on_record)
     try:
         if on_start:
             on_start(total_planned(loaded, specs) + len(skipped), [s.name for s in specs])

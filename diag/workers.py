@@ -15,13 +15,15 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any, Mapping
 
 import numpy as np
 
 from diag import numerics
 from diag.backends import BACKENDS, BackendSpec, framework_installed, get_spec
 
-__all__ = ["candidate_backends", "resolve_backends", "DISCOVERY_TIMEOUT"]
+__all__ = ["worker_env", "candidate_backends", "resolve_backends", "run_env_worker",
+           "DISCOVERY_TIMEOUT"]
 
 DISCOVERY_TIMEOUT = 180.0
 
@@ -34,8 +36,15 @@ def _worker_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "diag.backends.worker", *args]
 
 
-def _worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
+def worker_env(extra: Mapping[str, str] | None = None,
+               base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment every worker starts with (runs, discovery, `diag env`).
+
+    Args:
+      extra: variables to set on top (a library caller's `env=`, an A/B side).
+      base: the environment to start from (default: this process's).
+    """
+    env = dict(os.environ if base is None else base)
     # The worker must import this same diag, installed or not.
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -96,7 +105,7 @@ def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
       UsageError: an unknown backend name.
       BadFlag: JAX refused a flag in XLA_FLAGS/LIBTPU_INIT_ARGS while listing its devices.
     """
-    env = _worker_env() if env is None else env
+    env = worker_env() if env is None else env
     specs = candidate_backends(names)
     run: list[BackendSpec] = []
     skipped: dict[str, str] = {}
@@ -116,6 +125,46 @@ def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
         else:
             run.append(spec)
     return run, skipped
+
+
+def run_env_worker(framework: str, environ: Mapping[str, str], fingerprints: bool,
+                    timeout: float) -> dict[str, Any]:
+    """One `--env FRAMEWORK` worker (`diag env`): what it reports per backend.
+
+    Returns:
+      {"backends": {name: info}, "platforms": [...], "error": "..." when it failed}.
+
+    Raises:
+      BadFlag: the framework aborted on a flag in XLA_FLAGS/LIBTPU_INIT_ARGS.
+    """
+    from diag.flags import flag_error
+
+    cmd = _worker_cmd("--env", framework)
+    if not fingerprints:
+        cmd.append("--no-fingerprints")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=worker_env(base=environ))
+    except subprocess.TimeoutExpired:
+        return {"backends": {}, "error": f"{framework} did not report within {timeout:g} s"}
+    result: dict[str, Any] = {"backends": {}}
+    for line in proc.stdout.splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if event.get("event") == "backend":
+            result["backends"][event.pop("backend")] = {
+                k: v for k, v in event.items() if k != "event"}
+        elif event.get("event") == "done":
+            result["platforms"] = event.get("platforms", [])
+    if proc.returncode != 0 or "platforms" not in result:
+        bad = flag_error(proc.stderr)
+        if bad is not None:
+            raise bad
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        result["error"] = f"the {framework} worker failed (exit {proc.returncode}): {tail}"
+    return result
 
 
 # ---------------------------------------------------------------------------------------------
