@@ -49,7 +49,9 @@ class Record:
       probe: the probe's name in its suite (e.g. `matmul.sweep_d4`).
       case: a stable, human-readable case id (e.g. `m=64 k=4 n=64 float32 precision=default`).
       params: the case parameters as data (shape, dtype, precision setting, sweep value).
-      backend: `jax-cpu`, `torch-cpu`, ... or `a|b` for a cross-backend agreement record.
+      backend: `jax-cpu`, `torch-cpu`, ... or `a|b` for a cross-backend agreement record;
+        the B side of an A/B run reads `jax-cpu+B` (for people: code reads `variant`).
+      variant: '' for a plain run and an A/B run's A side, 'B' for its B side (`diag.ab`).
       device: what the worker reported (platform, kind, id), empty for skips.
       dtype: the input/output dtype name.
       metrics: numbers against the oracle (ULPs, relative error, bound ratio, NaN/Inf counts).
@@ -74,6 +76,7 @@ class Record:
     status: str
     reason: str
     kind: str = "probe"
+    variant: str = ""
     timings: dict[str, Any] = field(default_factory=dict)
     framework: dict[str, Any] = field(default_factory=dict)
     oracle: dict[str, Any] = field(default_factory=dict)

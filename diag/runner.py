@@ -18,7 +18,6 @@ memory than the limit.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import os
 import queue
@@ -30,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from diag import environment, numerics
-from diag.ab import AB_SUFFIX, HLO_EXCERPT_LINES, _hlo_ops, parse_ab
+from diag import environment
+from diag.ab import Experiment, parse_ab, with_b_sides
 from diag.backends import BackendSpec, framework_installed, not_applicable
 from diag.backends import promises_full_precision
 from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, UsageError
@@ -76,7 +75,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 # ---------------------------------------------------------------------------------------------
-# One worker
+# Verdicts
 
 
 def _as_emulation(ev: Evaluation) -> Evaluation:
@@ -111,13 +110,13 @@ class _Run:
         self.inputs = _Inputs(work)
         self.truth = _Truth(self.inputs, cache_dir)
         self.records: list[dict[str, Any]] = []
-        # case id -> backend -> what it returned; outputs are small next to the inputs
-        self.outcomes: dict[str, dict[str, Outcome]] = {}
+        # case id -> backend label -> (its spec, what it returned); outputs are small next to
+        # the inputs
+        self.outcomes: dict[str, dict[str, tuple[BackendSpec, Outcome]]] = {}
         self.backend_info: dict[str, Any] = {}
         self.worker: _Worker | None = None
-        self.ab_env = ab_env or {}
-        self.hlo: dict[str, dict[str, str]] = {}  # case id -> backend -> compiled HLO text path
-        self.verdicts: dict[str, dict[str, dict]] = {}  # case id -> backend -> its record
+        self.ab = Experiment(ab_env, run_dir.path) if ab_env else None
+        self.verdicts: dict[str, dict[str, dict]] = {}  # case id -> backend label -> its record
 
     def plan(self, spec: BackendSpec) -> list[Case]:
         return [c for c in self.suite.cases if not_applicable(spec, c.op, c.params) is None]
@@ -132,9 +131,10 @@ class _Run:
 
     def _record(self, case: Case, spec: BackendSpec, status: str, reason: str,
                 **extra: Any) -> Record:
-        info = self.backend_info.get(spec.name, {})
+        info = self.backend_info.get(spec.label, {})
         return Record(op=case.op, probe=f"{self.suite.name}.{case.probe}", case=case.label,
-                      params=case.params, backend=spec.name, device=info.get("device", {}),
+                      params=case.params, backend=spec.label, variant=spec.variant,
+                      device=info.get("device", {}),
                       dtype=case.dtype, metrics=extra.pop("metrics", {}), status=status,
                       reason=reason, framework=info.get("framework", {}),
                       settings=info.get("settings") or {}, **extra)
@@ -145,7 +145,7 @@ class _Run:
     def judge_result(self, case: Case, spec: BackendSpec, event: dict) -> None:
         probe = PROBES[case.op]
         if event.get("input_digests") != self.inputs.digests(case):
-            self.error(case, spec, f"{spec.name}: the inputs on the device are not bit-identical "
+            self.error(case, spec, f"{spec.label}: the inputs on the device are not bit-identical "
                                    f"to the host's (a transfer or conversion changed them)")
             return
         truth = self.truth.get(case)
@@ -166,7 +166,7 @@ class _Run:
             ev = expected_outcome(case.expect, probe.evaluate(outcome), outcome)
         except Exception as e:  # an output diag cannot judge is this case's error, not the run's
             self.emit(self._record(
-                case, spec, "error", f"{spec.name}: cannot judge the output ({shapes}): "
+                case, spec, "error", f"{spec.label}: cannot judge the output ({shapes}): "
                                      f"{type(e).__name__}: {e}"[:500],
                 metrics={"traceback": traceback.format_exc()[-2000:]},
                 timings=event.get("timings", {}), oracle=oracle_info))
@@ -175,21 +175,26 @@ class _Run:
             ev = _as_emulation(ev)
         self.emit(self._record(case, spec, ev.status, ev.reason, metrics=ev.metrics,
                                timings=event.get("timings", {}), oracle=oracle_info))
-        self.verdicts.setdefault(case.id, {})[spec.name] = self.records[-1]
-        if event.get("hlo"):
-            self.hlo.setdefault(case.id, {})[spec.name] = event["hlo"]
-        self.agree(case, spec.name, outcome, ev.context)
-        self.outcomes.setdefault(case.id, {})[spec.name] = outcome
+        self.verdicts.setdefault(case.id, {})[spec.label] = self.records[-1]
+        if event.get("hlo") and self.ab is not None:
+            self.ab.hlo[case.id, spec.label] = event["hlo"]
+        self.agree(case, spec, outcome, ev.context)
+        self.outcomes.setdefault(case.id, {})[spec.label] = (spec, outcome)
 
-    def agree(self, case: Case, name: str, outcome: Outcome, context: Any) -> None:
+    def agree(self, case: Case, spec: BackendSpec, outcome: Outcome, context: Any) -> None:
         """Agreement records of this output with every earlier backend's for the same case,
         judged with what this output was just judged by (`context`, e.g. its bound)."""
         probe = PROBES[case.op]
-        for earlier, other in self.outcomes.get(case.id, {}).items():
-            if earlier.endswith(AB_SUFFIX) or name.endswith(AB_SUFFIX):
-                # A setting's variant is compared with its own backend only.
-                if name == earlier + AB_SUFFIX:
-                    self.attribute(case, earlier, other, name, outcome, context)
+        name = spec.label
+        for earlier, (espec, other) in self.outcomes.get(case.id, {}).items():
+            if espec.variant or spec.variant:
+                # An A/B side is compared with its own backend's other side only.
+                if self.ab is not None and espec.name == spec.name and not espec.variant:
+                    verdicts = (self.verdicts[case.id][earlier], self.verdicts[case.id][name])
+                    status, reason, metrics = self.ab.attribute(
+                        case.id, earlier, other, name, outcome, verdicts, probe.agree, context)
+                    self.emit(self._pair_record(case, f"{earlier}|{name}", "ab", status,
+                                                reason, metrics))
                 continue
             (a, x), (b, y) = sorted([(earlier, other), (name, outcome)], key=lambda p: p[0])
             try:
@@ -206,56 +211,6 @@ class _Run:
         return Record(op=case.op, probe=f"{self.suite.name}.{case.probe}", case=case.label,
                       params=case.params, backend=backends, device={}, dtype=case.dtype,
                       metrics=metrics, status=status, reason=reason, kind=kind)
-
-    def attribute(self, case: Case, a: str, x: Outcome, b: str, y: Outcome,
-                  context: Any) -> None:
-        """An `ab` record: what the A/B setting changed in this case on one backend."""
-        changed = [n for n, u, v in zip(x.names, x.outputs, y.outputs)
-                   if numerics.bits_digest(u) != numerics.bits_digest(v)]
-        _, _, difference = PROBES[case.op].agree(x, y, (a, b), context)
-        va, vb = self.verdicts[case.id][a], self.verdicts[case.id][b]
-        metrics: dict[str, Any] = {
-            "changed_outputs": changed, "difference": difference,
-            "status": [va["status"], vb["status"]],
-            "max_ulp": [va["metrics"].get("max_ulp"), vb["metrics"].get("max_ulp")]}
-        setting = " ".join(f"{k}={v}" for k, v in self.ab_env.items())
-        if not changed:
-            status, reason = "pass", f"{setting} changes nothing in {a}'s results (bit for bit)"
-        else:
-            status = "warn"
-            what = ", ".join(changed)
-            n, k = difference.get("elements"), difference.get("mismatched")
-            amount = f"{k} / {n} elements, " if n and k is not None else ""
-            reason = (f"{setting} changes {a}'s {what} ({amount}verdict {va['status']} -> "
-                      f"{vb['status']}): drift attributed to this setting")
-            hlo = self.hlo_diff(case, a, b)
-            if hlo:
-                metrics["hlo_diff"] = hlo
-                ops = ", ".join(f"{op} {n1}->{n2}" for op, (n1, n2) in hlo["ops"].items())
-                reason += f"; compiled HLO differs ({ops or 'no op count changes'})"
-        self.emit(self._pair_record(case, f"{a}|{b}", "ab", status, reason, metrics))
-
-    def hlo_diff(self, case: Case, a: str, b: str) -> dict | None:
-        """The compiled-HLO difference between two variants of a case, written to the run
-        folder (`ab/<case>.<backend>.hlo.diff`), with the op counts that changed."""
-        paths = self.hlo.get(case.id, {})
-        if a not in paths or b not in paths:
-            return None
-        text_a, text_b = (Path(paths[n]).read_text().splitlines() for n in (a, b))
-        diff = list(difflib.unified_diff(text_a, text_b, f"{a}.hlo", f"{b}.hlo", lineterm=""))
-        folder = self.run_dir.path / "ab"
-        folder.mkdir(exist_ok=True)
-        path = folder / f"{case.id}.{a}.hlo.diff"
-        path.write_text("\n".join(diff) + "\n")
-        count_a, count_b = _hlo_ops(text_a), _hlo_ops(text_b)
-        ops = {op: (count_a.get(op, 0), count_b.get(op, 0))
-               for op in sorted(set(count_a) | set(count_b))
-               if count_a.get(op, 0) != count_b.get(op, 0)}
-        changed = sum(1 for line in diff if line[:1] in "+-" and line[:3] not in ("+++", "---"))
-        # The changed lines without their context, for the record and the report.
-        excerpt = [line for line in diff[2:] if line[:1] in "+-@"][:HLO_EXCERPT_LINES]
-        return {"path": str(path.relative_to(self.run_dir.path)), "changed_lines": changed,
-                "ops": ops, "excerpt": excerpt}
 
     def run_backend(self, spec: BackendSpec) -> None:
         pending = self.plan(spec)
@@ -274,7 +229,7 @@ class _Run:
                 why = (f"the worker failed to start ({cause})" if not started else
                        f"the worker crashed {crashes} times (last: {cause})")
                 for case in pending:
-                    self.error(case, spec, f"{spec.name}: not run: {why}")
+                    self.error(case, spec, f"{spec.label}: not run: {why}")
                 return
 
     def _run_worker(self, spec: BackendSpec,
@@ -285,26 +240,25 @@ class _Run:
           (cases not reached when it died, whether it became ready, the cause of death).
           The case it died on gets an `error` record here.
         """
-        base = spec.name.removesuffix(AB_SUFFIX)
         # The arithmetic of each matmul precision setting the cases use, measured in the worker
         # (diag.precision): what a verdict under that setting can be checked against.
         settings = {("default", "none")} | {
             (c.params.get("precision", "default"), c.params.get("precision_via", "none"))
             for c in cases if c.op == "matmul"}
-        job = {"backend": base, "label": spec.name, "out_dir": str(self.work),
-               "repeats": self.repeats, "hlo": bool(self.ab_env),
+        job = {"backend": spec.name, "label": spec.label, "out_dir": str(self.work),
+               "repeats": self.repeats, "hlo": self.ab is not None,
                "fingerprint": sorted(settings, key=lambda p: (p != ("default", "none"), p))
                if any(c.op == "matmul" for c in cases) else [],
                "cases": [{"id": c.id, "op": c.op, "op_args": c.op_args,
                           "inputs": self.inputs.paths(c),
                           "input_dtypes": [c.dtype] * len(self.inputs.paths(c))}
                          for c in cases]}
-        job_path = self.work / f"job-{spec.name}.json"
+        job_path = self.work / f"job-{spec.label}.json"
         job_path.write_text(json.dumps(job))
         logs = self.run_dir.path / "logs"
         logs.mkdir(exist_ok=True)
-        env = {**self.env, **self.ab_env} if spec.name.endswith(AB_SUFFIX) else self.env
-        self.worker = worker = _Worker(spec, job_path, logs / f"{spec.name}.stderr", env)
+        env = self.ab.worker_env(spec, self.env) if self.ab is not None else self.env
+        self.worker = worker = _Worker(spec, job_path, logs / f"{spec.label}.stderr", env)
         by_id = {c.id: c for c in cases}
         index = 0
         started = False
@@ -317,25 +271,25 @@ class _Run:
                     worker.kill()
                     what = "finish the case" if started else "start (import and open its device)"
                     cause = f"worker hung: did not {what} within {timeout:g} s (timeout); killed"
-                    self.error(cases[index], spec, f"{spec.name}: {cause}")
+                    self.error(cases[index], spec, f"{spec.label}: {cause}")
                     return cases[index + 1:], started, cause
                 if event is None:
                     if index >= len(cases):
                         return [], started, ""
                     cause = f"worker died: {worker.death()}"
-                    self.error(cases[index], spec, f"{spec.name}: {cause}")
+                    self.error(cases[index], spec, f"{spec.label}: {cause}")
                     return cases[index + 1:], started, cause
                 kind = event.get("event")
                 if kind == "ready":
                     started = True
-                    self.backend_info[spec.name] = {
+                    self.backend_info[spec.label] = {
                         k: event[k] for k in ("device", "framework", "settings",
                                               "fingerprints") if k in event}
                 elif kind == "result":
                     self.judge_result(by_id[event["case"]], spec, event)
                     index += 1
                 elif kind == "case_error":
-                    self.error(by_id[event["case"]], spec, f"{spec.name}: {event['error']}")
+                    self.error(by_id[event["case"]], spec, f"{spec.label}: {event['error']}")
                     index += 1
                 elif kind == "done":
                     worker.proc.wait(timeout=30)
@@ -455,8 +409,8 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
     check_applicable(loaded, candidates)
     check_flags(candidates, workers_env, ab_env)
     specs, skipped = resolve_backends(backends, workers_env)
-    if ab_env:  # each backend, then the same backend under the setting
-        specs = [v for s in specs for v in (s, dataclasses.replace(s, name=s.name + AB_SUFFIX))]
+    if ab_env:
+        specs = with_b_sides(specs)
     run_id = new_run_id()
     try:
         run_dir = RunDir.create(out, run_id, environment.collect(argv))
@@ -465,7 +419,7 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
                          f"pass --out with a writable folder") from None
     run_dir.update_meta(suite={"name": loaded.name, "path": loaded.path,
                                "cases": len(loaded.cases)},
-                        backends_planned=[s.name for s in specs], backends_skipped=skipped,
+                        backends_planned=[s.label for s in specs], backends_skipped=skipped,
                         ab={"B": list(ab or []), "env": ab_env} if ab_env else None)
     work = Path(tempfile.mkdtemp(prefix=f"diag-{run_id}-"))
     state = "finished"
@@ -474,7 +428,7 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
              env=workers_env, on_record=on_record)
     try:
         if on_start:
-            on_start(total_planned(loaded, specs) + len(skipped), [s.name for s in specs])
+            on_start(total_planned(loaded, specs) + len(skipped), [s.label for s in specs])
         r.skip_records(requested=bool(backends))
         for spec in specs:
             r.run_backend(spec)

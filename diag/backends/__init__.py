@@ -51,6 +51,14 @@ class BackendSpec:
     # A numpy model of an algorithm, not a device under test: its verdicts are `warn` at
     # worst (diag.runner), since an emulation promises nothing.
     emulated: bool = False
+    # The side of an A/B experiment this spec runs ('' for a plain run and the A side, 'B'
+    # for the side with the setting applied: diag.ab). Records carry it as `variant`.
+    variant: str = ""
+
+    @property
+    def label(self) -> str:
+        """What records, logs and run.json call this backend: `jax-cpu`, `jax-cpu+B`."""
+        return f"{self.name}+{self.variant}" if self.variant else self.name
 
 
 _JAX = dict(framework="jax", module="diag.backends.jax_backend",

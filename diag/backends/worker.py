@@ -117,7 +117,7 @@ def run_job(job: dict, stream) -> None:
     from diag.backends import get_spec
 
     spec = get_spec(job["backend"])
-    label = job.get("label", spec.name)  # `<backend>+B` for the B side of an A/B run
+    label = job.get("label", spec.name)  # BackendSpec.label: `<backend>+B` on an A/B B side
     _inject_fault(_fault(label, "start"), "start")
     backend = importlib.import_module(spec.module)
     info = backend.setup(spec.platform)
