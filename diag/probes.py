@@ -20,7 +20,8 @@ import numpy as np
 from diag.inputs import INPUT_MAKERS
 
 __all__ = ["Probe", "Outcome", "Evaluation", "MalformedOutput", "PROBES", "INPUT_MAKERS",
-           "EXPECTATIONS", "get_probe", "expected_outcome"]
+           "EXPECTATIONS", "FINGERPRINT_OP", "REPORT_SECTIONS", "SAMPLER_BATCHES", "get_probe",
+           "expected_outcome"]
 
 
 def _matmul_shapes(params: dict) -> list[tuple[int, ...]]:
@@ -456,6 +457,18 @@ class Probe:
       host_bytes: params -> an estimate of the host memory one case needs at its peak
         (inputs drawn, ground truth computed, an output judged); the suite loader refuses a
         case above the memory limit before anything runs.
+
+    Quirks (so that the runner, the worker and the report never test an op's name):
+      fingerprint: the worker measures this op's arithmetic (`diag.precision.fingerprint`)
+        under each (`precision`, `precision_via`) setting its cases use, and `diag env`
+        measures it under every setting a backend can express: what a verdict under a
+        setting is checked against.
+      fixed_args: op arguments the probe fixes for every case (not case parameters, not in
+        records), e.g. the batch sizes a sampler's rows are also run in.
+      hunt_nans: a non-finite output is hunted to the op that produced it (`diag.nan`) in
+        the worker, and the record's reason names it.
+      report_section: the report section that shows this op's rows (`diag.report.sections`;
+        run.json's `report_sections`), '' for none.
     """
 
     op: str
@@ -475,6 +488,10 @@ class Probe:
     label: Callable[[dict], str] = field(default=_matmul_label)
     normalize: Callable[[dict], dict] = _same
     input_family: str = ""
+    fingerprint: bool = False
+    fixed_args: dict = field(default_factory=dict)
+    hunt_nans: bool = False
+    report_section: str = ""
 
     @property
     def family(self) -> str:
@@ -482,6 +499,8 @@ class Probe:
 
 
 PRECISIONS = ("default", "high", "highest", "medium")
+# The batch sizes a sampler's rows are also run in: a chosen token must not depend on them.
+SAMPLER_BATCHES = (1, 8, 64)
 PRECISION_VIA = ("argument", "config")
 _FLOATS = ("float32", "bfloat16", "float16")
 _LOGIT_MAKERS = ("normal", "normal5", "near_1e4", "masked_half", "fully_masked", "ties",
@@ -500,7 +519,7 @@ PROBES: dict[str, Probe] = {
             input_shapes=_matmul_shapes, truth=_oracle("matmul"),
             evaluate=_matmul_evaluate, agree=_matmul_agree,
             normalize=_matmul_normalize, claim="float32 accumulation",
-            host_bytes=_matmul_bytes,
+            host_bytes=_matmul_bytes, fingerprint=True,
         ),
         Probe(
             op="softmax", dims=("rows", "n"), params={},
@@ -516,7 +535,7 @@ PROBES: dict[str, Probe] = {
             input_shapes=_rows_shapes, truth=_oracle("top_k", "k"), truth_args=("k",),
             evaluate=_top_k_evaluate, agree=_top_k_agree, validate=_check_k,
             label=_rows_label("k"), input_family="rows", claim="exact top-k",
-            host_bytes=_rows_bytes,
+            host_bytes=_rows_bytes, report_section="top-k",
         ),
         Probe(
             op="approx_max_k", dims=("rows", "n"),
@@ -532,7 +551,7 @@ PROBES: dict[str, Probe] = {
                               "reduction_input_size_override",
                               quiet={"reduction_input_size_override": -1}),
             input_family="rows", claim="top-k at the promised recall",
-            host_bytes=_rows_bytes,
+            host_bytes=_rows_bytes, report_section="top-k",
         ),
         Probe(
             op="greedy_token", dims=("rows", "n"), params={},
@@ -542,7 +561,8 @@ PROBES: dict[str, Probe] = {
             input_shapes=_rows_shapes, truth=_oracle("softmax"),
             evaluate=_greedy_evaluate, agree=_greedy_agree, label=_rows_label(),
             input_family="rows", claim="the exact argmax token",
-            host_bytes=_rows_bytes,
+            host_bytes=_rows_bytes, fixed_args={"batches": SAMPLER_BATCHES},
+            report_section="greedy",
         ),
         Probe(
             op="train_step", dims=("batch", "d", "c"), params={"lr": (float, None, 0.1)},
@@ -550,10 +570,17 @@ PROBES: dict[str, Probe] = {
             input_shapes=_train_shapes, truth=_oracle("train_step", "lr"), truth_args=("lr",),
             evaluate=_train_evaluate, agree=_train_agree, label=_train_label,
             claim="a finite step matching the float64 reference",
-            host_bytes=_train_bytes,
+            host_bytes=_train_bytes, hunt_nans=True,
         ),
     )
 }
+
+
+# The op whose arithmetic diag fingerprints (`Probe.fingerprint`): `diag env` and each run's
+# workers measure it.
+FINGERPRINT_OP = next(p.op for p in PROBES.values() if p.fingerprint)
+# The report section of each op that has one (run.json's `report_sections`).
+REPORT_SECTIONS = {p.op: p.report_section for p in PROBES.values() if p.report_section}
 
 
 def get_probe(op: str) -> Probe:

@@ -35,7 +35,7 @@ from diag.backends import BackendSpec, framework_installed, not_applicable
 from diag.backends import promises_full_precision
 from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, UsageError
 from diag.inputs import _Inputs, _Truth
-from diag.probes import PROBES, Evaluation, Outcome, expected_outcome
+from diag.probes import PROBES, REPORT_SECTIONS, Evaluation, Outcome, expected_outcome
 from diag.results import Record, RunDir, new_run_id, worst_status
 from diag.suite import Case, Suite, check_memory, load_suite
 from diag.workers import (_load_output, _Worker, candidate_backends, resolve_backends,
@@ -240,16 +240,19 @@ class _Run:
           (cases not reached when it died, whether it became ready, the cause of death).
           The case it died on gets an `error` record here.
         """
-        # The arithmetic of each matmul precision setting the cases use, measured in the worker
-        # (diag.precision): what a verdict under that setting can be checked against.
+        # The arithmetic of each precision setting the fingerprinted cases use, measured in the
+        # worker (diag.precision): what a verdict under that setting can be checked against.
+        fingerprinted = [c for c in cases if PROBES[c.op].fingerprint]
         settings = {("default", "none")} | {
             (c.params.get("precision", "default"), c.params.get("precision_via", "none"))
-            for c in cases if c.op == "matmul"}
+            for c in fingerprinted}
         job = {"backend": spec.name, "label": spec.label, "out_dir": str(self.work),
                "repeats": self.repeats, "hlo": self.ab is not None,
                "fingerprint": sorted(settings, key=lambda p: (p != ("default", "none"), p))
-               if any(c.op == "matmul" for c in cases) else [],
-               "cases": [{"id": c.id, "op": c.op, "op_args": c.op_args,
+               if fingerprinted else [],
+               "cases": [{"id": c.id, "op": c.op,
+                          "op_args": {**PROBES[c.op].fixed_args, **c.op_args},
+                          "hunt_nans": PROBES[c.op].hunt_nans,
                           "inputs": self.inputs.paths(c),
                           "input_dtypes": [c.dtype] * len(self.inputs.paths(c))}
                          for c in cases]}
@@ -420,7 +423,8 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
     run_dir.update_meta(suite={"name": loaded.name, "path": loaded.path,
                                "cases": len(loaded.cases)},
                         backends_planned=[s.label for s in specs], backends_skipped=skipped,
-                        ab={"B": list(ab or []), "env": ab_env} if ab_env else None)
+                        ab={"B": list(ab or []), "env": ab_env} if ab_env else None,
+                        report_sections=REPORT_SECTIONS)
     work = Path(tempfile.mkdtemp(prefix=f"diag-{run_id}-"))
     state = "finished"
     r = _Run(loaded, skipped, run_dir, work, repeats=repeats, case_timeout=case_timeout,

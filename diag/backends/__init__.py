@@ -29,6 +29,9 @@ class BackendSpec:
       precision_via: how this framework takes a matmul precision setting:
         `argument` (per op) and/or `config` (a process-wide setting).
       precisions: the precision levels it can express.
+      argument_precisions: the levels its per-op precision argument can express, when
+        fewer than `precisions` (JAX's `lax.Precision` has no MEDIUM: 'bfloat16' is a
+        config value only); None when the argument expresses them all.
     """
 
     name: str
@@ -38,6 +41,7 @@ class BackendSpec:
     precision_via: tuple[str, ...]
     precisions: tuple[str, ...]
     install_hint: str
+    argument_precisions: tuple[str, ...] | None = None
     # Precision levels at which this backend promises true float32 arithmetic for float32
     # inputs (above them a bound breach is `fail`; below, lower precision is allowed and
     # reported as `warn`), and whether bf16/fp16 products are promised float32 accumulation.
@@ -66,6 +70,7 @@ _JAX = dict(framework="jax", module="diag.backends.jax_backend",
             # takes 'bfloat16' (what diag calls 'medium', as torch does).
             precision_via=("argument", "config"),
             precisions=("default", "high", "highest", "medium"),
+            argument_precisions=("default", "high", "highest"),
             install_hint="pip install 'diag[jax]'")
 _TORCH = dict(framework="torch", module="diag.backends.torch_backend",
               # torch has no per-op matmul precision: only torch.set_float32_matmul_precision.
@@ -141,8 +146,10 @@ def not_applicable(spec: BackendSpec, op: str, params: dict) -> str | None:
     prec = params.get("precision")
     if prec is not None and prec not in spec.precisions:
         return f"{spec.framework} has no precision level '{prec}'"
-    if spec.framework == "jax" and via == "argument" and prec == "medium":
-        return "jax.lax.Precision has no MEDIUM; use precision_via='config' ('bfloat16')"
+    if (via == "argument" and prec is not None and spec.argument_precisions is not None
+            and prec not in spec.argument_precisions):
+        return (f"{spec.framework}'s per-op precision argument has no level '{prec}'; "
+                f"use precision_via='config'")
     return None
 
 

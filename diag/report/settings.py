@@ -4,21 +4,23 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from diag.results import RunMeta
+
 __all__ = ["report_context"]
 
 
-def report_context(meta: Mapping[str, Any]) -> dict[str, Any]:
+def report_context(meta: RunMeta | Mapping[str, Any]) -> dict[str, Any]:
     """What the report's Settings and Precision fingerprints sections show, from run.json.
 
     Findings come from `environment.findings` (host side, every run); fingerprints from
     `backends[name]["fingerprints"]` when a worker recorded them.
     """
-    env = meta.get("environment") if isinstance(meta.get("environment"), Mapping) else {}
+    run = meta if isinstance(meta, RunMeta) else RunMeta.from_dict(meta)
+    env = run.environment
     found = env.get("findings")
     flags = env.get("flags") if isinstance(env.get("flags"), Mapping) else {}
     rows = []
-    backends = meta.get("backends") if isinstance(meta.get("backends"), Mapping) else {}
-    for name, info in backends.items():
+    for name, info in run.backends.items():
         for fp in (info or {}).get("fingerprints") or []:
             if isinstance(fp, Mapping):
                 rows.append({"backend": str(name), "precision": str(fp.get("precision", "")),
