@@ -1,8 +1,9 @@
 """The backend registry: which backends exist, which framework and device each one drives.
 
 This module is framework-free: it only names backends and the module that implements them.
-Each backend module (`jax_backend`, `torch_backend`) defines the SAME op names (`matmul`, ...)
-and is imported only inside its worker subprocess (see `diag.backends.worker`).
+Each backend module (`jax_backend`, `torch_backend`, `emu_backend`) keeps the `Backend`
+protocol (`diag.backends.base`) and defines the SAME op names (`matmul`, ...); it is imported
+only inside its worker subprocess (see `diag.backends.worker`).
 
 A backend is `<framework>-<platform>`; the platform is what the framework calls its device
 type (JAX: cpu/gpu/tpu from `jax.devices()`; torch: cpu/cuda).
@@ -13,7 +14,9 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-__all__ = ["BackendSpec", "BACKENDS", "get_spec", "framework_installed", "not_applicable",
+from diag.backends.base import Backend
+
+__all__ = ["Backend", "BackendSpec", "BACKENDS", "get_spec", "framework_installed", "not_applicable",
            "promises_full_precision"]
 
 
