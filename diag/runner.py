@@ -340,7 +340,7 @@ def check_flags(specs: list[BackendSpec], env: dict[str, str],
     """Refuse XLA_FLAGS/LIBTPU_INIT_ARGS that a JAX worker would abort on (as `diag env`).
 
     Only when a JAX backend is among `specs`. Syntax is checked here, on the host; whether
-    XLA knows each flag is checked by JAX itself when it lists its devices (`_discover`,
+    XLA knows each flag is checked by JAX itself when it lists its devices (`diag.workers`,
     started with the same environment, no extra process), and for an A/B run whose B side
     changes the flags, in one throwaway JAX process (`diag.flags.validate_xla_flags`).
 

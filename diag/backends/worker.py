@@ -20,6 +20,8 @@ framework prints is redirected to stderr so it cannot corrupt the stream):
 Inputs and float outputs travel as .npy files of the raw bits (`numerics.bits_view`), so every
 backend receives bit-identical inputs whatever the dtype; integer outputs (top-k indices,
 chosen tokens) as themselves. An op may return one array, a tuple, or a dict of named arrays.
+A job's case carries the probe row's quirks: `op_args` (its fixed arguments included, e.g. a
+sampler's batch sizes) and `hunt_nans` (a non-finite output is hunted to its op, `diag.nan`).
 
 Fault injection for diag's own tests and for users proving their harness:
 `DIAG_WORKER_FAULT=KIND@CASE` (or `KIND@BACKEND:CASE`) makes the worker fail just before the
