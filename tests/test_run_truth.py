@@ -177,6 +177,16 @@ def test_a_suite_whose_settings_no_backend_takes_exits_2(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_precision_level_the_per_op_argument_cannot_express_exits_2(tmp_path):
+    """jax.lax.Precision has no MEDIUM (only jax_default_matmul_precision='bfloat16' does):
+    the backend's data (`BackendSpec.argument_precisions`) says so, not a jax special case."""
+    text = ONE_MATMUL + 'precision = "medium"\nprecision_via = "argument"\n'
+    with pytest.raises(UsageError, match="jax's per-op precision argument has no level "
+                                         "'medium'; use precision_via='config'"):
+        diag.run(_suite(tmp_path, text), ["jax-cpu"], out=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # Planted outcomes
 
