@@ -26,10 +26,12 @@ __all__ = [
     "SuiteError",
     "UsageError",
     "WorkerCrashed",
+    "ab",
     "compare",
     "environment",
     "errors",
     "flags",
+    "inputs",
     "nan",
     "nodes",
     "numerics",
@@ -41,12 +43,14 @@ __all__ = [
     "run",
     "runner",
     "suite",
+    "workers",
 ]
 
 # The library's modules, loaded on first attribute access (none imports a framework at
 # import time). `cli` and `render` are the command line's, not the library's.
-_LAZY_MODULES = {"compare", "environment", "errors", "flags", "nan", "nodes", "numerics",
-                 "oracle", "precision", "probes", "report", "results", "runner", "suite"}
+_LAZY_MODULES = {"ab", "compare", "environment", "errors", "flags", "inputs", "nan", "nodes",
+                 "numerics", "oracle", "precision", "probes", "report", "results", "runner",
+                 "suite", "workers"}
 
 
 def run(*args, **kwargs):

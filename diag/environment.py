@@ -98,8 +98,8 @@ def env_report(*, fingerprints: bool = True, timeout: float = _flags.ENV_TIMEOUT
       BadFlag: XLA_FLAGS or LIBTPU_INIT_ARGS holds a flag XLA refuses (exit 2).
     """
     from diag.backends import framework_installed
-    from diag.flags import (FLAG_VARS, _run_env_worker, findings, host_flags, parse_flags,
-                            validate_xla_flags)
+    from diag.flags import FLAG_VARS, findings, host_flags, parse_flags, validate_xla_flags
+    from diag.workers import run_env_worker
 
     environ = dict(os.environ if environ is None else environ)
     for var in FLAG_VARS:
@@ -110,7 +110,7 @@ def env_report(*, fingerprints: bool = True, timeout: float = _flags.ENV_TIMEOUT
         if not framework_installed(fw):
             frameworks[fw] = {"backends": {}, "error": f"{fw} is not installed"}
             continue
-        frameworks[fw] = _run_env_worker(fw, environ, fingerprints, timeout)
+        frameworks[fw] = run_env_worker(fw, environ, fingerprints, timeout)
     present = {name for fw in frameworks.values() for name in fw["backends"]}
 
     def settings(fw: str):

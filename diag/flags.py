@@ -12,21 +12,18 @@ unknown flag in XLA_FLAGS kills every XLA process outright. This module
 - judges settings with `RULES`, a table of rules as data (one row per rule, with the
   one-line why and what to set instead), on the host without importing a framework
   (`host_findings`, stored in every run.json);
-- starts the workers of `diag env` (`python -m diag.backends.worker --env FRAMEWORK`, which
-  report devices, settings and each matmul's measured precision fingerprint per setting;
-  `diag.environment.env_report` assembles the whole).
+- names the flag a framework aborted on from its stderr (`flag_error`), for the workers
+  `diag.workers` starts (`diag env`'s included).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from diag.errors import UsageError
@@ -42,7 +39,6 @@ __all__ = [
     "flag_error",
     "findings",
     "host_findings",
-    "report_context",
 ]
 
 FLAG_VARS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
@@ -324,78 +320,3 @@ def host_findings(environ: Mapping[str, str] | None = None) -> list[dict]:
     """Findings from environment variables and XLA flags alone (no framework, no process)."""
     environ = os.environ if environ is None else environ
     return findings({"env": dict(environ), "flags": host_flags(environ)})
-
-
-# ---------------------------------------------------------------------------------------------
-# diag env
-
-
-def _worker_env(environ: Mapping[str, str]) -> dict[str, str]:
-    env = dict(environ)
-    root = str(Path(__file__).resolve().parent.parent)  # the worker imports this same diag
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
-def _run_env_worker(framework: str, environ: Mapping[str, str], fingerprints: bool,
-                    timeout: float) -> dict[str, Any]:
-    """One `--env FRAMEWORK` worker: {"backends": {name: info}, "platforms", "error"}."""
-    cmd = [sys.executable, "-m", "diag.backends.worker", "--env", framework]
-    if not fingerprints:
-        cmd.append("--no-fingerprints")
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=_worker_env(environ))
-    except subprocess.TimeoutExpired:
-        return {"backends": {}, "error": f"{framework} did not report within {timeout:g} s"}
-    result: dict[str, Any] = {"backends": {}}
-    for line in proc.stdout.splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if event.get("event") == "backend":
-            result["backends"][event.pop("backend")] = {
-                k: v for k, v in event.items() if k != "event"}
-        elif event.get("event") == "done":
-            result["platforms"] = event.get("platforms", [])
-    if proc.returncode != 0 or "platforms" not in result:
-        bad = flag_error(proc.stderr)
-        if bad is not None:
-            raise bad
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
-        result["error"] = f"the {framework} worker failed (exit {proc.returncode}): {tail}"
-    return result
-
-
-# ---------------------------------------------------------------------------------------------
-# HTML report
-
-
-def report_context(meta: Mapping[str, Any]) -> dict[str, Any]:
-    """What the report's Settings and Precision fingerprints sections show, from run.json.
-
-    Findings come from `environment.findings` (host side, every run); fingerprints from
-    `backends[name]["fingerprints"]` when a worker recorded them.
-    """
-    env = meta.get("environment") if isinstance(meta.get("environment"), Mapping) else {}
-    found = env.get("findings")
-    flags = env.get("flags") if isinstance(env.get("flags"), Mapping) else {}
-    rows = []
-    backends = meta.get("backends") if isinstance(meta.get("backends"), Mapping) else {}
-    for name, info in backends.items():
-        for fp in (info or {}).get("fingerprints") or []:
-            if isinstance(fp, Mapping):
-                rows.append({"backend": str(name), "precision": str(fp.get("precision", "")),
-                             "via": str(fp.get("via", "")), "label": str(fp.get("label", "")),
-                             "input_bits": ", ".join(map(str, fp.get("input_bits") or [])),
-                             "accumulator": str(fp.get("accumulator", "")),
-                             "evidence": [str(e) for e in fp.get("evidence") or []]})
-    return {
-        "settings_recorded": "findings" in env,
-        "settings_findings": [f for f in found if isinstance(f, Mapping)]
-        if isinstance(found, list) else [],
-        "settings_flags": [(var, entry.get("raw"), entry.get("error"))
-                           for var, entry in flags.items() if isinstance(entry, Mapping)],
-        "fingerprint_rows": rows,
-    }

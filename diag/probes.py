@@ -14,146 +14,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-import ml_dtypes
 import numpy as np
 
 from diag.compare import greedy as _greedy, matmul as _matmul, softmax as _softmax
 from diag.compare import topk as _topk, train as _train
 from diag.compare.outcome import Evaluation, MalformedOutput, Outcome
+from diag.inputs import INPUT_MAKERS
 
 __all__ = ["Probe", "Outcome", "Evaluation", "MalformedOutput", "PROBES", "INPUT_MAKERS",
-           "EXPECTATIONS", "get_probe", "expected_outcome"]
-
-
-def _normal(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    return rng.standard_normal(shape).astype(dtype)
-
-
-def _uniform(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    return rng.uniform(-1.0, 1.0, shape).astype(dtype)
-
-
-def _positive(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    # No cancellation: every product is positive, so relative error is well defined.
-    return rng.uniform(0.0, 1.0, shape).astype(dtype)
-
-
-def _wide(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    # Signed values spread over ~2^-12 .. 2^12 (representable in fp16 and bf16 alike):
-    # large dynamic range within one dot product, with cancellation.
-    mag = np.exp2(rng.uniform(-12.0, 12.0, shape))
-    return (np.where(rng.random(shape) < 0.5, -mag, mag)).astype(dtype)
-
-
-def _normal5(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    # Logit rows with a wider spread, N(0, 5^2): the row sum is dominated by a few terms.
-    return (5.0 * rng.standard_normal(shape)).astype(dtype)
-
-
-def _near_1e4(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    # Logits near 1e4: exp overflows unless the row maximum is subtracted first. In bf16 the
-    # spacing there is 64, in fp16 8, so rows hold many exact ties.
-    return (1e4 + 10.0 * rng.standard_normal(shape)).astype(dtype)
-
-
-def _masked_half(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    # Attention-style masking: half of each row is -inf (exactly 0 after softmax).
-    x = rng.standard_normal(shape).astype(dtype)
-    mask = rng.random(shape) < 0.5
-    x[mask] = -np.inf
-    return x
-
-
-def _fully_masked(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    # The first half of the rows are all -inf: softmax is 0/0 there, the exact result is
-    # undefined and what a backend returns is a hazard to report. The rest are N(0, 1).
-    x = rng.standard_normal(shape).astype(dtype)
-    x[: max(1, shape[0] // 2)] = -np.inf
-    return x
-
-
-def _ties(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    # Small integers: exact ties in every dtype, as bf16 logits have.
-    return rng.integers(-8, 9, shape).astype(dtype)
-
-
-def _special(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    # N(0, 1) rows with NaN, +inf, -inf, +0 and -0 at random places: where frameworks'
-    # orders differ (NaN first or last, -0 against +0).
-    x = rng.standard_normal(shape).astype(dtype)
-    rows, n = shape
-    for value in (np.nan, np.inf, -np.inf, 0.0, -0.0):
-        for r in range(rows):
-            x[r, rng.integers(0, n, max(1, n // 64))] = value
-    return x
-
-
-def _all_equal(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    # Constant rows (every element tied); one row of signed zeros.
-    x = np.repeat(rng.standard_normal((shape[0], 1)), shape[1], axis=1).astype(dtype)
-    x[0] = np.where(rng.random(shape[1]) < 0.5, -0.0, 0.0).astype(dtype)
-    return x
-
-
-def _near_ties(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    """Sampler logits whose top two are one ulp apart, the larger at either index.
-
-    The exact argmax is unique in every row, but rounding the probabilities (or the logits
-    shifted by the row maximum) to a narrow dtype can make the two equal, and then an argmax
-    picks the lower index: the incident where a sampler dropped its most probable token.
-    Row maxima span 2^-2 ... 2^5, where one bf16 ulp of the logit is and is not resolvable in
-    the rounded probabilities.
-    """
-    rows, n = shape
-    x = (rng.standard_normal(shape) - 4.0).astype(dtype)  # the bulk well below the top two
-    for r in range(rows):
-        top = np.array(np.exp2(rng.uniform(-2.0, 5.0)), dtype=dtype)
-        up = _next_up(top)
-        i, j = rng.choice(n, size=2, replace=False)
-        # Larger value at the lower index in even rows, at the higher one in odd rows.
-        lo, hi = (i, j) if i < j else (j, i)
-        big, small = (lo, hi) if r % 2 == 0 else (hi, lo)
-        x[r, big], x[r, small] = up, top
-    return x
-
-
-def _next_up(v: np.ndarray) -> np.ndarray:
-    """The next representable value above a positive finite `v` in its own dtype."""
-    from diag import numerics
-
-    bits = numerics.bits_view(np.asarray(v)).copy()
-    return numerics.from_bits(bits + 1, numerics.dtype_name(np.asarray(v).dtype))
-
-
-def _mlp(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    # Training-step inputs and weights, N(0, 1/fan_in): activations stay O(1).
-    return (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(dtype)
-
-
-def _mlp_huge(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    # The same scaled by 3e4 (inputs clipped to stay finite): tanh saturates, so logits are
-    # sums of +-w2 with a spread of ~3e4 and overflow float16 (max 65504) but not float32,
-    # bf16 or the float64 reference. The fp16 loss goes NaN: the NaN hunt names the op.
-    big = float(ml_dtypes.finfo(dtype).max)
-    return np.clip(3e4 * rng.standard_normal(shape) / np.sqrt(shape[0]), -big, big).astype(dtype)
-
-
-INPUT_MAKERS: dict[str, Callable] = {
-    "normal": _normal,
-    "uniform": _uniform,
-    "positive": _positive,
-    "wide": _wide,
-    "normal5": _normal5,
-    "near_1e4": _near_1e4,
-    "masked_half": _masked_half,
-    "fully_masked": _fully_masked,
-    "ties": _ties,
-    "special": _special,
-    "all_equal": _all_equal,
-    "near_ties": _near_ties,
-    "mlp": _mlp,
-    "mlp_huge": _mlp_huge,
-}
+           "EXPECTATIONS", "FINGERPRINT_OP", "REPORT_SECTIONS", "SAMPLER_BATCHES", "get_probe",
+           "expected_outcome"]
 
 
 def _matmul_shapes(params: dict) -> list[tuple[int, ...]]:
@@ -379,6 +249,18 @@ class Probe:
       host_bytes: params -> an estimate of the host memory one case needs at its peak
         (inputs drawn, ground truth computed, an output judged); the suite loader refuses a
         case above the memory limit before anything runs.
+
+    Quirks (so that the runner, the worker and the report never test an op's name):
+      fingerprint: the worker measures this op's arithmetic (`diag.precision.fingerprint`)
+        under each (`precision`, `precision_via`) setting its cases use, and `diag env`
+        measures it under every setting a backend can express: what a verdict under a
+        setting is checked against.
+      fixed_args: op arguments the probe fixes for every case (not case parameters, not in
+        records), e.g. the batch sizes a sampler's rows are also run in.
+      hunt_nans: a non-finite output is hunted to the op that produced it (`diag.nan`) in
+        the worker, and the record's reason names it.
+      report_section: the report section that shows this op's rows (`diag.report.sections`;
+        run.json's `report_sections`), '' for none.
     """
 
     op: str
@@ -398,6 +280,10 @@ class Probe:
     label: Callable[[dict], str] = field(default=_matmul_label)
     normalize: Callable[[dict], dict] = _same
     input_family: str = ""
+    fingerprint: bool = False
+    fixed_args: dict = field(default_factory=dict)
+    hunt_nans: bool = False
+    report_section: str = ""
 
     @property
     def family(self) -> str:
@@ -405,6 +291,8 @@ class Probe:
 
 
 PRECISIONS = ("default", "high", "highest", "medium")
+# The batch sizes a sampler's rows are also run in: a chosen token must not depend on them.
+SAMPLER_BATCHES = (1, 8, 64)
 PRECISION_VIA = ("argument", "config")
 _FLOATS = ("float32", "bfloat16", "float16")
 _LOGIT_MAKERS = ("normal", "normal5", "near_1e4", "masked_half", "fully_masked", "ties",
@@ -423,7 +311,7 @@ PROBES: dict[str, Probe] = {
             input_shapes=_matmul_shapes, truth=_oracle("matmul"),
             evaluate=_matmul_evaluate, agree=_matmul_agree,
             normalize=_matmul_normalize, claim="float32 accumulation",
-            host_bytes=_matmul_bytes,
+            host_bytes=_matmul_bytes, fingerprint=True,
         ),
         Probe(
             op="softmax", dims=("rows", "n"), params={},
@@ -439,7 +327,7 @@ PROBES: dict[str, Probe] = {
             input_shapes=_rows_shapes, truth=_oracle("top_k", "k"), truth_args=("k",),
             evaluate=_top_k_evaluate, agree=_top_k_agree, validate=_check_k,
             label=_rows_label("k"), input_family="rows", claim="exact top-k",
-            host_bytes=_rows_bytes,
+            host_bytes=_rows_bytes, report_section="top-k",
         ),
         Probe(
             op="approx_max_k", dims=("rows", "n"),
@@ -455,7 +343,7 @@ PROBES: dict[str, Probe] = {
                               "reduction_input_size_override",
                               quiet={"reduction_input_size_override": -1}),
             input_family="rows", claim="top-k at the promised recall",
-            host_bytes=_rows_bytes,
+            host_bytes=_rows_bytes, report_section="top-k",
         ),
         Probe(
             op="greedy_token", dims=("rows", "n"), params={},
@@ -465,7 +353,8 @@ PROBES: dict[str, Probe] = {
             input_shapes=_rows_shapes, truth=_oracle("softmax"),
             evaluate=_greedy_evaluate, agree=_greedy_agree, label=_rows_label(),
             input_family="rows", claim="the exact argmax token",
-            host_bytes=_rows_bytes,
+            host_bytes=_rows_bytes, fixed_args={"batches": SAMPLER_BATCHES},
+            report_section="greedy",
         ),
         Probe(
             op="train_step", dims=("batch", "d", "c"), params={"lr": (float, None, 0.1)},
@@ -473,10 +362,17 @@ PROBES: dict[str, Probe] = {
             input_shapes=_train_shapes, truth=_oracle("train_step", "lr"), truth_args=("lr",),
             evaluate=_train_evaluate, agree=_train_agree, label=_train_label,
             claim="a finite step matching the float64 reference",
-            host_bytes=_train_bytes,
+            host_bytes=_train_bytes, hunt_nans=True,
         ),
     )
 }
+
+
+# The op whose arithmetic diag fingerprints (`Probe.fingerprint`): `diag env` and each run's
+# workers measure it.
+FINGERPRINT_OP = next(p.op for p in PROBES.values() if p.fingerprint)
+# The report section of each op that has one (run.json's `report_sections`).
+REPORT_SECTIONS = {p.op: p.report_section for p in PROBES.values() if p.report_section}
 
 
 def get_probe(op: str) -> Probe:

@@ -13,9 +13,9 @@ import math
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from diag.errors import UsageError
 
@@ -25,6 +25,7 @@ __all__ = [
     "Record",
     "RecordsRead",
     "RunDir",
+    "RunMeta",
     "new_run_id",
     "read_records",
     "read_results",
@@ -49,7 +50,9 @@ class Record:
       probe: the probe's name in its suite (e.g. `matmul.sweep_d4`).
       case: a stable, human-readable case id (e.g. `m=64 k=4 n=64 float32 precision=default`).
       params: the case parameters as data (shape, dtype, precision setting, sweep value).
-      backend: `jax-cpu`, `torch-cpu`, ... or `a|b` for a cross-backend agreement record.
+      backend: `jax-cpu`, `torch-cpu`, ... or `a|b` for a cross-backend agreement record;
+        the B side of an A/B run reads `jax-cpu+B` (for people: code reads `variant`).
+      variant: '' for a plain run and an A/B run's A side, 'B' for its B side (`diag.ab`).
       device: what the worker reported (platform, kind, id), empty for skips.
       dtype: the input/output dtype name.
       metrics: numbers against the oracle (ULPs, relative error, bound ratio, NaN/Inf counts).
@@ -74,6 +77,7 @@ class Record:
     status: str
     reason: str
     kind: str = "probe"
+    variant: str = ""
     timings: dict[str, Any] = field(default_factory=dict)
     framework: dict[str, Any] = field(default_factory=dict)
     oracle: dict[str, Any] = field(default_factory=dict)
@@ -116,6 +120,92 @@ def worst_status(statuses) -> str:
     """
     checked = [s for s in statuses if s in CHECKED]
     return max(checked, key=CHECKED.index) if checked else "skip"
+
+
+@dataclass
+class RunMeta:
+    """run.json: a run folder's environment and state (schema `diag.run/1`,
+    docs/records.md). The one description of run.json: the runner and `diag nodes` write it
+    through `RunDir.update_meta` (which refuses a key not named here), the report reads it
+    through `RunMeta.from_dict`.
+
+    Attributes:
+      run_id: the run folder's name.
+      state: `running`, `finished`, `interrupted` or `aborted`.
+      started, finished: Unix times.
+      environment: the host environment (`diag.environment.collect`): host, versions,
+        `command` (the command line), numerics environment variables, `flags`, `findings`.
+      suite: `name`, `path`, `cases` of the suite run.
+      backends_planned: the backend labels planned (`jax-cpu`, `jax-cpu+B`).
+      backends_skipped: backend -> why it could not run.
+      backends: backend label -> what its worker reported at start-up (`device`,
+        `framework`, `settings`, `fingerprints`).
+      ab: an A/B run's setting: `B` (the assignments as given) and `env` (the B side's
+        environment additions); None otherwise.
+      report_sections: op -> the report section that shows its records (from the probe
+        table, `Probe.report_section`).
+      counts: records per status.
+      verdict: the worst status among records that checked something (`worst_status`).
+      error: what stopped an `aborted` run.
+      command: the diag verb that wrote the folder when it is not `run` (`nodes`).
+      exit_code: the exit code `diag nodes` chose.
+      nodes: `diag nodes`' summary (verdict, selftest, suspects, devices).
+      extra: keys this diag does not know (a newer diag wrote the file), kept as read.
+    """
+
+    run_id: str = ""
+    state: str = "unknown"
+    started: float | None = None
+    finished: float | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
+    suite: dict[str, Any] = field(default_factory=dict)
+    backends_planned: list[str] = field(default_factory=list)
+    backends_skipped: dict[str, str] = field(default_factory=dict)
+    backends: dict[str, Any] = field(default_factory=dict)
+    ab: dict[str, Any] | None = None
+    report_sections: dict[str, str] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    verdict: str | None = None
+    error: str | None = None
+    command: str | None = None
+    exit_code: int | None = None
+    nodes: dict[str, Any] | None = None
+    schema: str = RUN_SCHEMA
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def command_line(self) -> str | None:
+        """The command line the run was started with (`environment.command`)."""
+        value = self.environment.get("command")
+        return str(value) if value else None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RunMeta":
+        """run.json's contents as a RunMeta; a field of the wrong JSON type (a hand-edited or
+        damaged file) reads as absent, unknown keys go to `extra`."""
+        kwargs: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for name, value in data.items():
+            if name not in _RUN_FIELDS:
+                extra[name] = value
+            elif isinstance(value, _RUN_FIELDS[name]) and not isinstance(value, bool):
+                kwargs[name] = value
+        return cls(**kwargs, extra=extra)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object run.json holds (unknown keys kept)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return {**self.extra, **data}
+
+
+# run.json field -> the JSON types it may hold (ints are valid floats).
+_RUN_FIELDS: dict[str, tuple[type, ...]] = {
+    "run_id": (str,), "state": (str,), "started": (int, float), "finished": (int, float),
+    "environment": (dict,), "suite": (dict,), "backends_planned": (list,),
+    "backends_skipped": (dict,), "backends": (dict,), "ab": (dict,),
+    "report_sections": (dict,), "counts": (dict,), "verdict": (str,), "error": (str,),
+    "command": (str,), "exit_code": (int,), "nodes": (dict,), "schema": (str,),
+}
 
 
 def new_run_id() -> str:
@@ -215,8 +305,8 @@ class RunDir:
     def create(cls, root: str | os.PathLike, run_id: str, env: dict[str, Any]) -> "RunDir":
         run = cls(Path(root) / run_id)
         run.path.mkdir(parents=True, exist_ok=False)
-        run.write_meta({"schema": RUN_SCHEMA, "run_id": run_id, "state": "running",
-                        "started": time.time(), "environment": env})
+        run.write_meta(RunMeta(run_id=run_id, state="running", started=time.time(),
+                               environment=env).to_dict())
         run.results_jsonl.touch()
         return run
 
@@ -267,9 +357,22 @@ class RunDir:
             tmp.unlink(missing_ok=True)
         return path
 
-    def update_meta(self, **fields: Any) -> None:
+    def read_run(self) -> RunMeta:
+        """run.json as a `RunMeta` (raises as `read_meta`)."""
+        return RunMeta.from_dict(self.read_meta())
+
+    def update_meta(self, **changes: Any) -> None:
+        """Set run.json fields (names from `RunMeta`) and replace the file atomically.
+
+        Raises:
+          TypeError: a name that is not a run.json field (a typo would silently add a key
+            the report never reads).
+        """
+        unknown = set(changes) - set(_RUN_FIELDS)
+        if unknown:
+            raise TypeError(f"not run.json fields (diag.results.RunMeta): {sorted(unknown)}")
         meta = self.read_meta()
-        meta.update(fields)
+        meta.update(changes)
         self.write_meta(meta)
 
     def append(self, record: Record | dict[str, Any]) -> None:

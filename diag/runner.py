@@ -18,39 +18,34 @@ memory than the limit.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import os
 import queue
-import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
-from diag import environment, numerics
-from diag.backends import BACKENDS, BackendSpec, framework_installed, get_spec, not_applicable
+from diag import environment
+from diag.ab import Experiment, parse_ab, with_b_sides
+from diag.backends import BackendSpec, framework_installed, not_applicable
 from diag.backends import promises_full_precision
 from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, UsageError
-from diag.probes import INPUT_MAKERS, PROBES, Evaluation, Outcome, expected_outcome
+from diag.inputs import _Inputs, _Truth
+from diag.probes import PROBES, REPORT_SECTIONS, Evaluation, Outcome, expected_outcome
 from diag.results import Record, RunDir, new_run_id, worst_status
 from diag.suite import Case, Suite, check_memory, load_suite
+from diag.workers import (_load_output, _Worker, candidate_backends, resolve_backends,
+                          worker_env)
 
 __all__ = ["run", "RunResult", "resolve_backends", "candidate_backends", "check_applicable",
            "check_flags", "parse_ab", "DEFAULT_CASE_TIMEOUT"]
 
 DEFAULT_CASE_TIMEOUT = 600.0
 DEFAULT_STARTUP_TIMEOUT = 300.0
-DISCOVERY_TIMEOUT = 180.0
 MAX_RESTARTS = 3
 
 
@@ -80,209 +75,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 # ---------------------------------------------------------------------------------------------
-# Backend discovery
-
-
-def _worker_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "diag.backends.worker", *args]
-
-
-def _worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    # The worker must import this same diag, installed or not.
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra or {})
-    return env
-
-
-def _discover(framework: str, env: dict[str, str]) -> tuple[list[str], str | None]:
-    """Platforms a framework sees, from a throwaway worker started with the workers'
-    environment; (platforms, error).
-
-    Raises:
-      BadFlag: the framework aborted on a flag in XLA_FLAGS/LIBTPU_INIT_ARGS (JAX reads them
-        when it lists its devices, so this check costs no extra process).
-    """
-    from diag.flags import flag_error
-
-    try:
-        proc = subprocess.run(_worker_cmd("--discover", framework), capture_output=True,
-                              text=True, timeout=DISCOVERY_TIMEOUT, env=env)
-    except subprocess.TimeoutExpired:
-        return [], f"{framework} did not list its devices within {DISCOVERY_TIMEOUT:.0f} s"
-    for line in proc.stdout.splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if event.get("event") == "platforms":
-            return event["platforms"], None
-    bad = flag_error(proc.stderr)
-    if bad is not None:
-        raise bad
-    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    return [], f"importing {framework} failed (exit {proc.returncode}): {tail}"
-
-
-def candidate_backends(names: list[str] | None) -> list[BackendSpec]:
-    """The backends named (in order, once each), or every default backend.
-
-    Raises:
-      UsageError: an unknown backend name.
-    """
-    if names:
-        return [get_spec(n) for n in dict.fromkeys(names)]
-    return [s for s in BACKENDS.values() if s.default]
-
-
-def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
-                     ) -> tuple[list[BackendSpec], dict[str, str]]:
-    """Which backends can run and which cannot (with the reason).
-
-    Args:
-      names: backend names the user asked for, or None for every backend present.
-      env: the workers' environment (default: this process's, as workers get it).
-
-    Raises:
-      UsageError: an unknown backend name.
-      BadFlag: JAX refused a flag in XLA_FLAGS/LIBTPU_INIT_ARGS while listing its devices.
-    """
-    env = _worker_env() if env is None else env
-    specs = candidate_backends(names)
-    run: list[BackendSpec] = []
-    skipped: dict[str, str] = {}
-    seen: dict[str, tuple[list[str], str | None]] = {}
-    for spec in specs:
-        if not framework_installed(spec.framework):
-            skipped[spec.name] = f"{spec.framework} is not installed ({spec.install_hint})"
-            continue
-        if spec.framework not in seen:
-            seen[spec.framework] = _discover(spec.framework, env)
-        platforms, error = seen[spec.framework]
-        if error:
-            skipped[spec.name] = error
-        elif spec.platform not in platforms:
-            skipped[spec.name] = (f"no {spec.platform} device visible to {spec.framework} "
-                                  f"(it sees: {', '.join(platforms) or 'none'})")
-        else:
-            run.append(spec)
-    return run, skipped
-
-
-# ---------------------------------------------------------------------------------------------
-# Inputs and ground truth
-
-
-class _Inputs:
-    """Input arrays per input key: drawn once on the host, written once as raw bits."""
-
-    def __init__(self, work: Path):
-        self.work = work
-        self._arrays: dict[str, list[np.ndarray]] = {}
-        self._paths: dict[str, list[str]] = {}
-        self._digests: dict[str, list[str]] = {}
-
-    def digests(self, case: Case) -> list[str]:
-        """sha256 of each input's bits, to check what a backend received."""
-        if case.input_key not in self._digests:
-            self._digests[case.input_key] = [numerics.bits_digest(a) for a in self.get(case)]
-        return self._digests[case.input_key]
-
-    def get(self, case: Case) -> list[np.ndarray]:
-        if case.input_key not in self._arrays:
-            probe = PROBES[case.op]
-            rng = np.random.default_rng(case.seed)
-            dtype = numerics.as_dtype(case.dtype)
-            arrays = [INPUT_MAKERS[case.inputs](rng, shape, dtype)
-                      for shape in probe.input_shapes(case.params)]
-            paths = []
-            for i, a in enumerate(arrays):
-                path = self.work / f"in-{case.input_key}-{i}.npy"
-                np.save(path, numerics.bits_view(a))
-                paths.append(str(path))
-            self._arrays[case.input_key] = arrays
-            self._paths[case.input_key] = paths
-        return self._arrays[case.input_key]
-
-    def paths(self, case: Case) -> list[str]:
-        self.get(case)
-        return self._paths[case.input_key]
-
-
-class _Truth:
-    """Ground truth per case from the probe's oracle (disk-cached by input hash), computed
-    once per input set and truth parameters (top_k and approx_max_k with the same k share)."""
-
-    def __init__(self, inputs: _Inputs, cache_dir: str | None):
-        from diag.oracle.cache import GroundTruthCache, default_cache_dir
-
-        self._cache = GroundTruthCache(cache_dir or default_cache_dir())
-        self._inputs = inputs
-        self._memo: dict[str, Any] = {}
-
-    def get(self, case: Case):
-        probe = PROBES[case.op]
-        key = json.dumps([probe.truth.__name__, case.input_key,
-                          [case.params[a] for a in probe.truth_args]])
-        if key not in self._memo:
-            self._memo[key] = probe.truth(self._inputs.get(case), case.params, self._cache)
-        return self._memo[key]
-
-
-# ---------------------------------------------------------------------------------------------
-# One worker
-
-
-# The A/B variant of a backend runs as `<backend>+B`: same device, the setting applied.
-AB_SUFFIX = "+B"
-HLO_EXCERPT_LINES = 40
-# An HLO instruction: `[ROOT] [%]name = type opcode(operands), ...`.
-_HLO_OP = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*.*?\s([a-z][a-z0-9\-]*)\(")
-
-
-def _hlo_ops(lines: list[str]) -> dict[str, int]:
-    """Instruction counts by opcode in HLO text."""
-    counts: dict[str, int] = {}
-    for line in lines:
-        m = _HLO_OP.match(line)
-        if m:
-            counts[m.group(1)] = counts.get(m.group(1), 0) + 1
-    return counts
-
-
-def parse_ab(assignments: list[str] | None,
-             base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of an A/B experiment's B side from `NAME=VALUE` assignments.
-
-    `XLA_FLAGS` and `LIBTPU_INIT_ARGS` values are appended to the flags in effect on the A
-    side (`base`: the environment the A worker gets, a library caller's `env=` included);
-    a JAX config name (`jax_default_matmul_precision=highest`) becomes the environment
-    variable JAX reads it from at start-up (`JAX_DEFAULT_MATMUL_PRECISION`).
-
-    Args:
-      assignments: `NAME=VALUE` strings.
-      base: the A side's environment (default: this process's).
-
-    Raises:
-      UsageError: an assignment that is not NAME=VALUE.
-    """
-    base = os.environ if base is None else base
-    env: dict[str, str] = {}
-    for item in assignments or []:
-        name, sep, value = item.partition("=")
-        name = name.strip()
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise UsageError(f"--ab expects NAME=VALUE (an environment variable or a JAX "
-                             f"config option), got {item!r}")
-        if name.lower().startswith("jax_"):
-            name = name.upper()
-        if name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS"):
-            current = env.get(name, base.get(name, ""))
-            value = f"{current} {value}".strip()
-        env[name] = value
-    return env
+# Verdicts
 
 
 def _as_emulation(ev: Evaluation) -> Evaluation:
@@ -297,80 +90,6 @@ def _as_emulation(ev: Evaluation) -> Evaluation:
     return dataclasses.replace(ev, status="warn", reason=(
         f"{ev.reason}; an emulation promises nothing, so this is what the emulated algorithm "
         f"does here, not a failure"))
-
-
-def _load_output(meta: dict) -> np.ndarray:
-    """An output the worker wrote: floats as raw bits (see `numerics.bits_view`), ints as is.
-
-    Memory-mapped: outputs are kept for agreement with later backends, and the OS pages them
-    from the work folder instead of holding every backend's outputs in memory.
-    """
-    data = np.load(meta["path"], mmap_mode="r")
-    if meta["dtype"].startswith(("int", "uint", "bool")):
-        return data
-    return numerics.from_bits(data, meta["dtype"])
-
-
-class _Worker:
-    """A backend worker process and its event stream, read with a timeout."""
-
-    def __init__(self, spec: BackendSpec, job_path: Path, log_path: Path,
-                 env: dict[str, str]):
-        self.spec = spec
-        self.log_path = log_path
-        self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(_worker_cmd(str(job_path)), stdout=subprocess.PIPE,
-                                     stderr=self._log, env=env, start_new_session=True)
-        self._events: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                self._events.put(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        self._events.put(None)  # EOF: the worker exited or closed its stream
-
-    def next_event(self, timeout: float) -> dict | None:
-        """The next event; None at EOF. Raises queue.Empty on timeout."""
-        return self._events.get(timeout=timeout)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.wait()
-        self._log.close()
-
-    def death(self) -> str:
-        """Why the worker stopped, for an error record."""
-        try:
-            code = self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            code = self.proc.returncode
-        if code < 0:
-            name = signal.Signals(-code).name
-            cause = f"killed by {name}"
-            if name == "SIGKILL":
-                cause += " (out of memory, or killed from outside)"
-            elif name in ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGILL"):
-                cause += " (a native crash in the framework)"
-        else:
-            cause = f"exited with code {code}"
-        tail = self.stderr_tail()
-        return f"{cause}; last stderr: {tail}" if tail else cause
-
-    def stderr_tail(self) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return ""
-        return lines[-1][:300] if lines else ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -391,13 +110,13 @@ class _Run:
         self.inputs = _Inputs(work)
         self.truth = _Truth(self.inputs, cache_dir)
         self.records: list[dict[str, Any]] = []
-        # case id -> backend -> what it returned; outputs are small next to the inputs
-        self.outcomes: dict[str, dict[str, Outcome]] = {}
+        # case id -> backend label -> (its spec, what it returned); outputs are small next to
+        # the inputs
+        self.outcomes: dict[str, dict[str, tuple[BackendSpec, Outcome]]] = {}
         self.backend_info: dict[str, Any] = {}
         self.worker: _Worker | None = None
-        self.ab_env = ab_env or {}
-        self.hlo: dict[str, dict[str, str]] = {}  # case id -> backend -> compiled HLO text path
-        self.verdicts: dict[str, dict[str, dict]] = {}  # case id -> backend -> its record
+        self.ab = Experiment(ab_env, run_dir.path) if ab_env else None
+        self.verdicts: dict[str, dict[str, dict]] = {}  # case id -> backend label -> its record
 
     def plan(self, spec: BackendSpec) -> list[Case]:
         return [c for c in self.suite.cases if not_applicable(spec, c.op, c.params) is None]
@@ -412,9 +131,10 @@ class _Run:
 
     def _record(self, case: Case, spec: BackendSpec, status: str, reason: str,
                 **extra: Any) -> Record:
-        info = self.backend_info.get(spec.name, {})
+        info = self.backend_info.get(spec.label, {})
         return Record(op=case.op, probe=f"{self.suite.name}.{case.probe}", case=case.label,
-                      params=case.params, backend=spec.name, device=info.get("device", {}),
+                      params=case.params, backend=spec.label, variant=spec.variant,
+                      device=info.get("device", {}),
                       dtype=case.dtype, metrics=extra.pop("metrics", {}), status=status,
                       reason=reason, framework=info.get("framework", {}),
                       settings=info.get("settings") or {}, **extra)
@@ -425,7 +145,7 @@ class _Run:
     def judge_result(self, case: Case, spec: BackendSpec, event: dict) -> None:
         probe = PROBES[case.op]
         if event.get("input_digests") != self.inputs.digests(case):
-            self.error(case, spec, f"{spec.name}: the inputs on the device are not bit-identical "
+            self.error(case, spec, f"{spec.label}: the inputs on the device are not bit-identical "
                                    f"to the host's (a transfer or conversion changed them)")
             return
         truth = self.truth.get(case)
@@ -446,7 +166,7 @@ class _Run:
             ev = expected_outcome(case.expect, probe.evaluate(outcome), outcome)
         except Exception as e:  # an output diag cannot judge is this case's error, not the run's
             self.emit(self._record(
-                case, spec, "error", f"{spec.name}: cannot judge the output ({shapes}): "
+                case, spec, "error", f"{spec.label}: cannot judge the output ({shapes}): "
                                      f"{type(e).__name__}: {e}"[:500],
                 metrics={"traceback": traceback.format_exc()[-2000:]},
                 timings=event.get("timings", {}), oracle=oracle_info))
@@ -455,21 +175,26 @@ class _Run:
             ev = _as_emulation(ev)
         self.emit(self._record(case, spec, ev.status, ev.reason, metrics=ev.metrics,
                                timings=event.get("timings", {}), oracle=oracle_info))
-        self.verdicts.setdefault(case.id, {})[spec.name] = self.records[-1]
-        if event.get("hlo"):
-            self.hlo.setdefault(case.id, {})[spec.name] = event["hlo"]
-        self.agree(case, spec.name, outcome, ev.context)
-        self.outcomes.setdefault(case.id, {})[spec.name] = outcome
+        self.verdicts.setdefault(case.id, {})[spec.label] = self.records[-1]
+        if event.get("hlo") and self.ab is not None:
+            self.ab.hlo[case.id, spec.label] = event["hlo"]
+        self.agree(case, spec, outcome, ev.context)
+        self.outcomes.setdefault(case.id, {})[spec.label] = (spec, outcome)
 
-    def agree(self, case: Case, name: str, outcome: Outcome, context: Any) -> None:
+    def agree(self, case: Case, spec: BackendSpec, outcome: Outcome, context: Any) -> None:
         """Agreement records of this output with every earlier backend's for the same case,
         judged with what this output was just judged by (`context`, e.g. its bound)."""
         probe = PROBES[case.op]
-        for earlier, other in self.outcomes.get(case.id, {}).items():
-            if earlier.endswith(AB_SUFFIX) or name.endswith(AB_SUFFIX):
-                # A setting's variant is compared with its own backend only.
-                if name == earlier + AB_SUFFIX:
-                    self.attribute(case, earlier, other, name, outcome, context)
+        name = spec.label
+        for earlier, (espec, other) in self.outcomes.get(case.id, {}).items():
+            if espec.variant or spec.variant:
+                # An A/B side is compared with its own backend's other side only.
+                if self.ab is not None and espec.name == spec.name and not espec.variant:
+                    verdicts = (self.verdicts[case.id][earlier], self.verdicts[case.id][name])
+                    status, reason, metrics = self.ab.attribute(
+                        case.id, earlier, other, name, outcome, verdicts, probe.agree, context)
+                    self.emit(self._pair_record(case, f"{earlier}|{name}", "ab", status,
+                                                reason, metrics))
                 continue
             (a, x), (b, y) = sorted([(earlier, other), (name, outcome)], key=lambda p: p[0])
             try:
@@ -486,56 +211,6 @@ class _Run:
         return Record(op=case.op, probe=f"{self.suite.name}.{case.probe}", case=case.label,
                       params=case.params, backend=backends, device={}, dtype=case.dtype,
                       metrics=metrics, status=status, reason=reason, kind=kind)
-
-    def attribute(self, case: Case, a: str, x: Outcome, b: str, y: Outcome,
-                  context: Any) -> None:
-        """An `ab` record: what the A/B setting changed in this case on one backend."""
-        changed = [n for n, u, v in zip(x.names, x.outputs, y.outputs)
-                   if numerics.bits_digest(u) != numerics.bits_digest(v)]
-        _, _, difference = PROBES[case.op].agree(x, y, (a, b), context)
-        va, vb = self.verdicts[case.id][a], self.verdicts[case.id][b]
-        metrics: dict[str, Any] = {
-            "changed_outputs": changed, "difference": difference,
-            "status": [va["status"], vb["status"]],
-            "max_ulp": [va["metrics"].get("max_ulp"), vb["metrics"].get("max_ulp")]}
-        setting = " ".join(f"{k}={v}" for k, v in self.ab_env.items())
-        if not changed:
-            status, reason = "pass", f"{setting} changes nothing in {a}'s results (bit for bit)"
-        else:
-            status = "warn"
-            what = ", ".join(changed)
-            n, k = difference.get("elements"), difference.get("mismatched")
-            amount = f"{k} / {n} elements, " if n and k is not None else ""
-            reason = (f"{setting} changes {a}'s {what} ({amount}verdict {va['status']} -> "
-                      f"{vb['status']}): drift attributed to this setting")
-            hlo = self.hlo_diff(case, a, b)
-            if hlo:
-                metrics["hlo_diff"] = hlo
-                ops = ", ".join(f"{op} {n1}->{n2}" for op, (n1, n2) in hlo["ops"].items())
-                reason += f"; compiled HLO differs ({ops or 'no op count changes'})"
-        self.emit(self._pair_record(case, f"{a}|{b}", "ab", status, reason, metrics))
-
-    def hlo_diff(self, case: Case, a: str, b: str) -> dict | None:
-        """The compiled-HLO difference between two variants of a case, written to the run
-        folder (`ab/<case>.<backend>.hlo.diff`), with the op counts that changed."""
-        paths = self.hlo.get(case.id, {})
-        if a not in paths or b not in paths:
-            return None
-        text_a, text_b = (Path(paths[n]).read_text().splitlines() for n in (a, b))
-        diff = list(difflib.unified_diff(text_a, text_b, f"{a}.hlo", f"{b}.hlo", lineterm=""))
-        folder = self.run_dir.path / "ab"
-        folder.mkdir(exist_ok=True)
-        path = folder / f"{case.id}.{a}.hlo.diff"
-        path.write_text("\n".join(diff) + "\n")
-        count_a, count_b = _hlo_ops(text_a), _hlo_ops(text_b)
-        ops = {op: (count_a.get(op, 0), count_b.get(op, 0))
-               for op in sorted(set(count_a) | set(count_b))
-               if count_a.get(op, 0) != count_b.get(op, 0)}
-        changed = sum(1 for line in diff if line[:1] in "+-" and line[:3] not in ("+++", "---"))
-        # The changed lines without their context, for the record and the report.
-        excerpt = [line for line in diff[2:] if line[:1] in "+-@"][:HLO_EXCERPT_LINES]
-        return {"path": str(path.relative_to(self.run_dir.path)), "changed_lines": changed,
-                "ops": ops, "excerpt": excerpt}
 
     def run_backend(self, spec: BackendSpec) -> None:
         pending = self.plan(spec)
@@ -554,7 +229,7 @@ class _Run:
                 why = (f"the worker failed to start ({cause})" if not started else
                        f"the worker crashed {crashes} times (last: {cause})")
                 for case in pending:
-                    self.error(case, spec, f"{spec.name}: not run: {why}")
+                    self.error(case, spec, f"{spec.label}: not run: {why}")
                 return
 
     def _run_worker(self, spec: BackendSpec,
@@ -565,26 +240,28 @@ class _Run:
           (cases not reached when it died, whether it became ready, the cause of death).
           The case it died on gets an `error` record here.
         """
-        base = spec.name.removesuffix(AB_SUFFIX)
-        # The arithmetic of each matmul precision setting the cases use, measured in the worker
-        # (diag.precision): what a verdict under that setting can be checked against.
+        # The arithmetic of each precision setting the fingerprinted cases use, measured in the
+        # worker (diag.precision): what a verdict under that setting can be checked against.
+        fingerprinted = [c for c in cases if PROBES[c.op].fingerprint]
         settings = {("default", "none")} | {
             (c.params.get("precision", "default"), c.params.get("precision_via", "none"))
-            for c in cases if c.op == "matmul"}
-        job = {"backend": base, "label": spec.name, "out_dir": str(self.work),
-               "repeats": self.repeats, "hlo": bool(self.ab_env),
+            for c in fingerprinted}
+        job = {"backend": spec.name, "label": spec.label, "out_dir": str(self.work),
+               "repeats": self.repeats, "hlo": self.ab is not None,
                "fingerprint": sorted(settings, key=lambda p: (p != ("default", "none"), p))
-               if any(c.op == "matmul" for c in cases) else [],
-               "cases": [{"id": c.id, "op": c.op, "op_args": c.op_args,
+               if fingerprinted else [],
+               "cases": [{"id": c.id, "op": c.op,
+                          "op_args": {**PROBES[c.op].fixed_args, **c.op_args},
+                          "hunt_nans": PROBES[c.op].hunt_nans,
                           "inputs": self.inputs.paths(c),
                           "input_dtypes": [c.dtype] * len(self.inputs.paths(c))}
                          for c in cases]}
-        job_path = self.work / f"job-{spec.name}.json"
+        job_path = self.work / f"job-{spec.label}.json"
         job_path.write_text(json.dumps(job))
         logs = self.run_dir.path / "logs"
         logs.mkdir(exist_ok=True)
-        env = {**self.env, **self.ab_env} if spec.name.endswith(AB_SUFFIX) else self.env
-        self.worker = worker = _Worker(spec, job_path, logs / f"{spec.name}.stderr", env)
+        env = self.ab.worker_env(spec, self.env) if self.ab is not None else self.env
+        self.worker = worker = _Worker(spec, job_path, logs / f"{spec.label}.stderr", env)
         by_id = {c.id: c for c in cases}
         index = 0
         started = False
@@ -597,25 +274,25 @@ class _Run:
                     worker.kill()
                     what = "finish the case" if started else "start (import and open its device)"
                     cause = f"worker hung: did not {what} within {timeout:g} s (timeout); killed"
-                    self.error(cases[index], spec, f"{spec.name}: {cause}")
+                    self.error(cases[index], spec, f"{spec.label}: {cause}")
                     return cases[index + 1:], started, cause
                 if event is None:
                     if index >= len(cases):
                         return [], started, ""
                     cause = f"worker died: {worker.death()}"
-                    self.error(cases[index], spec, f"{spec.name}: {cause}")
+                    self.error(cases[index], spec, f"{spec.label}: {cause}")
                     return cases[index + 1:], started, cause
                 kind = event.get("event")
                 if kind == "ready":
                     started = True
-                    self.backend_info[spec.name] = {
+                    self.backend_info[spec.label] = {
                         k: event[k] for k in ("device", "framework", "settings",
                                               "fingerprints") if k in event}
                 elif kind == "result":
                     self.judge_result(by_id[event["case"]], spec, event)
                     index += 1
                 elif kind == "case_error":
-                    self.error(by_id[event["case"]], spec, f"{spec.name}: {event['error']}")
+                    self.error(by_id[event["case"]], spec, f"{spec.label}: {event['error']}")
                     index += 1
                 elif kind == "done":
                     worker.proc.wait(timeout=30)
@@ -663,7 +340,7 @@ def check_flags(specs: list[BackendSpec], env: dict[str, str],
     """Refuse XLA_FLAGS/LIBTPU_INIT_ARGS that a JAX worker would abort on (as `diag env`).
 
     Only when a JAX backend is among `specs`. Syntax is checked here, on the host; whether
-    XLA knows each flag is checked by JAX itself when it lists its devices (`_discover`,
+    XLA knows each flag is checked by JAX itself when it lists its devices (`diag.workers`,
     started with the same environment, no extra process), and for an A/B run whose B side
     changes the flags, in one throwaway JAX process (`diag.flags.validate_xla_flags`).
 
@@ -729,14 +406,14 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         check_memory(loaded, max_memory)
     else:
         loaded = load_suite(suite, max_memory=max_memory)
-    worker_env = _worker_env(env)
-    ab_env = parse_ab(ab, base=worker_env)
+    workers_env = worker_env(env)
+    ab_env = parse_ab(ab, base=workers_env)
     candidates = candidate_backends(backends)
     check_applicable(loaded, candidates)
-    check_flags(candidates, worker_env, ab_env)
-    specs, skipped = resolve_backends(backends, worker_env)
-    if ab_env:  # each backend, then the same backend under the setting
-        specs = [v for s in specs for v in (s, dataclasses.replace(s, name=s.name + AB_SUFFIX))]
+    check_flags(candidates, workers_env, ab_env)
+    specs, skipped = resolve_backends(backends, workers_env)
+    if ab_env:
+        specs = with_b_sides(specs)
     run_id = new_run_id()
     try:
         run_dir = RunDir.create(out, run_id, environment.collect(argv))
@@ -745,16 +422,17 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
                          f"pass --out with a writable folder") from None
     run_dir.update_meta(suite={"name": loaded.name, "path": loaded.path,
                                "cases": len(loaded.cases)},
-                        backends_planned=[s.name for s in specs], backends_skipped=skipped,
-                        ab={"B": list(ab or []), "env": ab_env} if ab_env else None)
+                        backends_planned=[s.label for s in specs], backends_skipped=skipped,
+                        ab={"B": list(ab or []), "env": ab_env} if ab_env else None,
+                        report_sections=REPORT_SECTIONS)
     work = Path(tempfile.mkdtemp(prefix=f"diag-{run_id}-"))
     state = "finished"
     r = _Run(loaded, skipped, run_dir, work, repeats=repeats, case_timeout=case_timeout,
              startup_timeout=startup_timeout, cache_dir=cache_dir, ab_env=ab_env,
-             env=worker_env, on_record=on_record)
+             env=workers_env, on_record=on_record)
     try:
         if on_start:
-            on_start(total_planned(loaded, specs) + len(skipped), [s.name for s in specs])
+            on_start(total_planned(loaded, specs) + len(skipped), [s.label for s in specs])
         r.skip_records(requested=bool(backends))
         for spec in specs:
             r.run_backend(spec)

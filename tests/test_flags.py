@@ -15,7 +15,8 @@ import pytest
 from diag import environment
 from diag.precision import fingerprint
 from diag.flags import (RULES, BadFlag, findings, host_findings, host_flags, parse_flags,
-                        report_context, validate_xla_flags)
+                        validate_xla_flags)
+from diag.report.settings import report_context
 from tests.conftest import needs_jax, needs_torch
 
 DIAG = [sys.executable, "-m", "diag.cli"]

@@ -37,7 +37,7 @@ ENV = {
     "LIBTPU_INIT_ARGS": "",
     "numerics": {"jax": {"jax_default_matmul_precision": None, "jax_enable_x64": False},
                  "torch": {"allow_tf32": False, "float32_matmul_precision": "highest"}},
-    "command_line": ["diag", "run", "probes/matmul-sweep.toml", "--backend", "jax-cpu"],
+    "command": "diag run --suite matmul --backend jax-cpu",
     "note": XSS,
 }
 
@@ -294,3 +294,46 @@ def test_read_results_counts_every_unreadable_line_and_a_torn_last_line_apart(tm
     path.write_text(good + "\n" + good + "\n")
     clean = read_results(path)
     assert len(clean.records) == 2 and clean.problems() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# run.json's schema (diag.results.RunMeta): the report reads fields, never guesses keys
+
+
+def test_report_shows_the_command_line_run_json_records(report):
+    _, _, html = report
+    assert '<code class="cmd">diag run --suite matmul --backend jax-cpu</code>' in html
+
+
+def test_sampling_section_holds_the_ops_run_json_assigns_to_it():
+    """The section a record lands in comes from run.json's `report_sections` (written from the
+    probe table), not from its op's name: an op the report has never heard of is shown."""
+    rec = _rec(op="new_top_k", probe="s.new", case="k=4 n=64", status="fail",
+               metrics={"recall_min": 0.25, "recall_mean": 0.5, "wrong_rows": 3},
+               reason="recall 0.25 below target " + XSS).to_json()
+    meta = {"run_id": "r", "report_sections": {"new_top_k": "top-k"}}
+    html = render_report(meta, [rec])
+    section = html[html.index('<section id="sampling">'):]
+    assert 'id="topk-table"' in section and "new_top_k" in section
+    assert "recall 0.25 below target &lt;script&gt;" in section
+    assert '<section id="sampling">' not in render_report({"run_id": "r"}, [rec])
+
+
+def test_run_meta_reads_wrong_types_as_absent_and_keeps_unknown_keys():
+    from diag.results import RunMeta
+
+    meta = RunMeta.from_dict({"run_id": "r", "environment": ["not", "a", "dict"],
+                              "started": "yesterday", "finished": 12.5, "verdict": "fail",
+                              "exit_code": True, "written_by_a_newer_diag": {"x": 1}})
+    assert meta.environment == {} and meta.started is None and meta.exit_code is None
+    assert (meta.finished, meta.verdict) == (12.5, "fail")
+    assert meta.to_dict()["written_by_a_newer_diag"] == {"x": 1}
+    assert RunMeta.from_dict(meta.to_dict()) == meta
+
+
+def test_update_meta_refuses_a_key_run_json_does_not_have(tmp_path):
+    run = RunDir.create(tmp_path, "r1", {"host": "test"})
+    with pytest.raises(TypeError, match="not run.json fields.*command_line"):
+        run.update_meta(command_line="diag run")
+    run.update_meta(verdict="pass")
+    assert run.read_run().verdict == "pass"

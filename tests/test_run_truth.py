@@ -146,7 +146,7 @@ def test_a_backend_absent_from_a_default_run_is_a_skip(tmp_path):
 
 def test_missing_framework_named_in_the_library_call_is_an_error(tmp_path, monkeypatch):
     real = framework_installed
-    monkeypatch.setattr("diag.runner.framework_installed",
+    monkeypatch.setattr("diag.workers.framework_installed",
                         lambda fw: False if fw == "torch" else real(fw))
     result = diag.run(_suite(tmp_path, ONE_MATMUL), ["torch-cpu"], out=tmp_path, repeats=1)
     (rec,) = result.records
@@ -174,6 +174,16 @@ def test_a_suite_whose_settings_no_backend_takes_exits_2(tmp_path):
     with pytest.raises(UsageError, match="torch takes matmul precision only via "
                                                      "config"):
         diag.run(_suite(tmp_path, text), ["torch-cpu"], out=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_precision_level_the_per_op_argument_cannot_express_exits_2(tmp_path):
+    """jax.lax.Precision has no MEDIUM (only jax_default_matmul_precision='bfloat16' does):
+    the backend's data (`BackendSpec.argument_precisions`) says so, not a jax special case."""
+    text = ONE_MATMUL + 'precision = "medium"\nprecision_via = "argument"\n'
+    with pytest.raises(UsageError, match="jax's per-op precision argument has no level "
+                                         "'medium'; use precision_via='config'"):
+        diag.run(_suite(tmp_path, text), ["jax-cpu"], out=tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
 
 

@@ -161,7 +161,7 @@ def test_missing_framework_asked_for_is_an_error_record(tmp_path, tiny_suite, mo
     import diag.backends as backends
 
     real = backends.framework_installed
-    monkeypatch.setattr("diag.runner.framework_installed",
+    monkeypatch.setattr("diag.workers.framework_installed",
                         lambda fw: False if fw == "torch" else real(fw))
     result = run(tiny_suite, ["torch-cpu", "jax-cpu"], out=tmp_path, repeats=1)
     (missing,) = _by(result.records, status="error")

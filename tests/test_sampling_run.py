@@ -173,6 +173,9 @@ def test_excess_precision_flag_changes_bf16_softmax_and_ab_attributes_it(tmp_pat
     assert (result.run_dir / hlo["path"]).is_file()
     b_side = _by(result.records, kind="probe", backend="jax-cpu+B")[0]
     assert "--xla_allow_excess_precision=false" in b_side["settings"]["XLA_FLAGS"]
+    # The side is a field; the `+B` in the backend name is for people.
+    assert b_side["variant"] == "B"
+    assert {r["variant"] for r in _by(result.records, kind="probe", backend="jax-cpu")} == {""}
     # B is compared only with its own backend, never as a backend of its own.
     assert not _by(result.records, kind="agreement")
 

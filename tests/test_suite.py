@@ -175,7 +175,7 @@ import json, re, sys, tempfile
 from pathlib import Path
 import numpy as np
 from diag.probes import PROBES, Outcome
-from diag.runner import _Inputs, _Truth
+from diag.inputs import _Inputs, _Truth
 from diag.suite import load_suite
 
 def hwm():

@@ -1,8 +1,9 @@
 """The backend registry: which backends exist, which framework and device each one drives.
 
 This module is framework-free: it only names backends and the module that implements them.
-Each backend module (`jax_backend`, `torch_backend`) defines the SAME op names (`matmul`, ...)
-and is imported only inside its worker subprocess (see `diag.backends.worker`).
+Each backend module (`jax_backend`, `torch_backend`, `emu_backend`) keeps the `Backend`
+protocol (`diag.backends.base`) and defines the SAME op names (`matmul`, ...); it is imported
+only inside its worker subprocess (see `diag.backends.worker`).
 
 A backend is `<framework>-<platform>`; the platform is what the framework calls its device
 type (JAX: cpu/gpu/tpu from `jax.devices()`; torch: cpu/cuda).
@@ -13,7 +14,9 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-__all__ = ["BackendSpec", "BACKENDS", "get_spec", "framework_installed", "not_applicable",
+from diag.backends.base import Backend
+
+__all__ = ["Backend", "BackendSpec", "BACKENDS", "get_spec", "framework_installed", "not_applicable",
            "promises_full_precision"]
 
 
@@ -29,6 +32,9 @@ class BackendSpec:
       precision_via: how this framework takes a matmul precision setting:
         `argument` (per op) and/or `config` (a process-wide setting).
       precisions: the precision levels it can express.
+      argument_precisions: the levels its per-op precision argument can express, when
+        fewer than `precisions` (JAX's `lax.Precision` has no MEDIUM: 'bfloat16' is a
+        config value only); None when the argument expresses them all.
     """
 
     name: str
@@ -38,6 +44,7 @@ class BackendSpec:
     precision_via: tuple[str, ...]
     precisions: tuple[str, ...]
     install_hint: str
+    argument_precisions: tuple[str, ...] | None = None
     # Precision levels at which this backend promises true float32 arithmetic for float32
     # inputs (above them a bound breach is `fail`; below, lower precision is allowed and
     # reported as `warn`), and whether bf16/fp16 products are promised float32 accumulation.
@@ -51,6 +58,14 @@ class BackendSpec:
     # A numpy model of an algorithm, not a device under test: its verdicts are `warn` at
     # worst (diag.runner), since an emulation promises nothing.
     emulated: bool = False
+    # The side of an A/B experiment this spec runs ('' for a plain run and the A side, 'B'
+    # for the side with the setting applied: diag.ab). Records carry it as `variant`.
+    variant: str = ""
+
+    @property
+    def label(self) -> str:
+        """What records, logs and run.json call this backend: `jax-cpu`, `jax-cpu+B`."""
+        return f"{self.name}+{self.variant}" if self.variant else self.name
 
 
 _JAX = dict(framework="jax", module="diag.backends.jax_backend",
@@ -58,6 +73,7 @@ _JAX = dict(framework="jax", module="diag.backends.jax_backend",
             # takes 'bfloat16' (what diag calls 'medium', as torch does).
             precision_via=("argument", "config"),
             precisions=("default", "high", "highest", "medium"),
+            argument_precisions=("default", "high", "highest"),
             install_hint="pip install 'diag[jax]'")
 _TORCH = dict(framework="torch", module="diag.backends.torch_backend",
               # torch has no per-op matmul precision: only torch.set_float32_matmul_precision.
@@ -133,8 +149,10 @@ def not_applicable(spec: BackendSpec, op: str, params: dict) -> str | None:
     prec = params.get("precision")
     if prec is not None and prec not in spec.precisions:
         return f"{spec.framework} has no precision level '{prec}'"
-    if spec.framework == "jax" and via == "argument" and prec == "medium":
-        return "jax.lax.Precision has no MEDIUM; use precision_via='config' ('bfloat16')"
+    if (via == "argument" and prec is not None and spec.argument_precisions is not None
+            and prec not in spec.argument_precisions):
+        return (f"{spec.framework}'s per-op precision argument has no level '{prec}'; "
+                f"use precision_via='config'")
     return None
 
 

@@ -151,10 +151,6 @@ def approx_max_k(k: int, recall_target: float = 0.95, aggregate_to_topk: bool = 
     return f
 
 
-# The batch sizes a sampler's rows are also run in: a chosen token must not depend on them.
-SAMPLER_BATCHES = (1, 8, 64)
-
-
 def _sampler(x):
     """How a model's sampler picks the greedy token, four ways, in one function."""
     probs = jax.nn.softmax(x, axis=-1)
@@ -164,13 +160,14 @@ def _sampler(x):
             "approx_max_k": jax.lax.approx_max_k(x, 1)[1][..., 0].astype(jnp.int32)}
 
 
-def greedy_token():
+def greedy_token(batches: tuple[int, ...] = ()):
     """The greedy token per row by every path a sampler may take.
 
     `jit/*`: the four choices fused in one jitted function, where XLA may keep bf16
     intermediates in float32 (`--xla_allow_excess_precision`). `eager/*`: op by op, each
     result materialised in the input dtype (softmax output rounded before the argmax).
-    `jit/batchB/*`: the jitted function on batches of B rows.
+    `jit/batchB/*`: the jitted function on batches of B rows, for each B in `batches`
+    (the probe table fixes them: `diag.probes.SAMPLER_BATCHES`).
     """
     fused = jax.jit(_sampler)
 
@@ -181,7 +178,7 @@ def greedy_token():
         out["eager/argmax_softmax"] = jnp.argmax(probs, axis=-1).astype(jnp.int32)
         out["eager/top_k"] = jax.lax.top_k(x, 1)[1][..., 0].astype(jnp.int32)
         out["eager/approx_max_k"] = jax.lax.approx_max_k(x, 1)[1][..., 0].astype(jnp.int32)
-        for b in SAMPLER_BATCHES:
+        for b in batches:
             chunks = [fused(x[i:i + b]) for i in range(0, x.shape[0], b)]
             for name in chunks[0]:
                 out[f"jit/batch{b}/{name}"] = jnp.concatenate([c[name] for c in chunks])
@@ -205,5 +202,4 @@ def train_step(lr: float = 0.1):
         loss, (g1, g2) = jax.value_and_grad(_train_loss, argnums=(0, 1))(w1, w2, x)
         return {"loss": loss, "w1": w1 - lr * g1, "w2": w2 - lr * g2}
 
-    step.hunt_nans = True  # a non-finite step is hunted to its op (diag.nan)
     return step

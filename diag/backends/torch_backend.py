@@ -121,10 +121,6 @@ def top_k(k: int):
     return f
 
 
-# The batch sizes a sampler's rows are also run in: a chosen token must not depend on them.
-SAMPLER_BATCHES = (1, 8, 64)
-
-
 def _sampler(x) -> dict:
     probs = torch.softmax(x, dim=-1)  # materialised, in x's dtype
     return {"argmax": torch.argmax(x, dim=-1),
@@ -132,12 +128,13 @@ def _sampler(x) -> dict:
             "top_k": torch.topk(x, 1, dim=-1).indices[..., 0]}
 
 
-def greedy_token():
+def greedy_token(batches: tuple[int, ...] = ()):
     """The greedy token per row by every path an eager sampler may take (torch has no
-    approx_max_k): `eager/*` on all rows, `eager/batchB/*` on batches of B rows."""
+    approx_max_k): `eager/*` on all rows, `eager/batchB/*` on batches of B rows, for each B in
+    `batches` (`diag.probes.SAMPLER_BATCHES`)."""
     def paths(x):
         out = {f"eager/{name}": v for name, v in _sampler(x).items()}
-        for b in SAMPLER_BATCHES:
+        for b in batches:
             chunks = [_sampler(x[i:i + b]) for i in range(0, x.shape[0], b)]
             for name in chunks[0]:
                 out[f"eager/batch{b}/{name}"] = torch.cat([c[name] for c in chunks])
@@ -158,5 +155,4 @@ def train_step(lr: float = 0.1):
         with torch.no_grad():
             return {"loss": loss.detach(), "w1": w1 - lr * g1, "w2": w2 - lr * g2}
 
-    step.hunt_nans = True  # a non-finite step is hunted to its op (diag.nan)
     return step

@@ -11,8 +11,8 @@ framework must not take the run down with it.
 Protocol: one JSON object per line on the protocol stream (the original stdout; anything the
 framework prints is redirected to stderr so it cannot corrupt the stream):
   {"event": "ready", "device": {...}, "framework": {...}, "settings": {...},
-   "fingerprints": [...] (the matmul's arithmetic, diag.precision, for each [precision, via]
-   pair the job's "fingerprint" lists)}
+   "fingerprints": [...] (the arithmetic of the probe table's fingerprinted op,
+   `diag.probes.FINGERPRINT_OP`, for each [precision, via] pair the job's "fingerprint" lists)}
   {"event": "result", "case": ID, "outputs": [{"name", "path", "dtype", "shape"}, ...],
    "timings": {...}, "input_digests": [sha256 of each input as read back from the device]}
   {"event": "case_error", "case": ID, "error": "..."}
@@ -20,6 +20,8 @@ framework prints is redirected to stderr so it cannot corrupt the stream):
 Inputs and float outputs travel as .npy files of the raw bits (`numerics.bits_view`), so every
 backend receives bit-identical inputs whatever the dtype; integer outputs (top-k indices,
 chosen tokens) as themselves. An op may return one array, a tuple, or a dict of named arrays.
+A job's case carries the probe row's quirks: `op_args` (its fixed arguments included, e.g. a
+sampler's batch sizes) and `hunt_nans` (a non-finite output is hunted to its op, `diag.nan`).
 
 Fault injection for diag's own tests and for users proving their harness:
 `DIAG_WORKER_FAULT=KIND@CASE` (or `KIND@BACKEND:CASE`) makes the worker fail just before the
@@ -46,6 +48,8 @@ import traceback
 from typing import Any, Callable
 
 import numpy as np
+
+from diag.probes import FINGERPRINT_OP
 
 
 def _protocol_stream():
@@ -117,15 +121,15 @@ def run_job(job: dict, stream) -> None:
     from diag.backends import get_spec
 
     spec = get_spec(job["backend"])
-    label = job.get("label", spec.name)  # `<backend>+B` for the B side of an A/B run
+    label = job.get("label", spec.name)  # BackendSpec.label: `<backend>+B` on an A/B B side
     _inject_fault(_fault(label, "start"), "start")
     backend = importlib.import_module(spec.module)
     info = backend.setup(spec.platform)
     settings = job.get("fingerprint")
     if settings is True:  # older jobs: the default setting only
         settings = [("default", "none")]
-    if settings and hasattr(backend, "matmul"):
-        # What arithmetic this backend's matmul uses under each setting the cases use.
+    if settings and hasattr(backend, FINGERPRINT_OP):
+        # What arithmetic this backend's op uses under each setting the cases use.
         info["fingerprints"] = matmul_fingerprints(backend, [tuple(p) for p in settings])
     _emit(stream, event="ready", **info)
 
@@ -171,7 +175,7 @@ def run_job(job: dict, stream) -> None:
                                 "dtype": (numerics.dtype_name(host.dtype) if is_float
                                           else host.dtype.name)})
             nan_report = None
-            if getattr(fn, "hunt_nans", False) and not finite:
+            if case.get("hunt_nans") and not finite:
                 nan_report = _hunt(fn, args)
             hlo = None
             if job.get("hlo") and hasattr(backend, "hlo_text"):
@@ -210,7 +214,7 @@ def _precision_settings(spec) -> list[tuple[str, str]]:
     for prec in spec.precisions:
         for via in spec.precision_via:
             params = {"precision": prec, "precision_via": via}
-            if prec != "default" and not_applicable(spec, "matmul", params) is None:
+            if prec != "default" and not_applicable(spec, FINGERPRINT_OP, params) is None:
                 pairs.append((prec, via))
     return pairs
 
@@ -230,7 +234,7 @@ def matmul_fingerprints(backend, settings: list[tuple[str, str]]) -> list[dict[s
 
     fps = []
     for prec, via in settings:
-        fn = backend.matmul(precision=prec, precision_via=via)
+        fn = getattr(backend, FINGERPRINT_OP)(precision=prec, precision_via=via)
 
         def on_device(a, b, fn=fn):
             return backend.get(fn(backend.put(a), backend.put(b)))

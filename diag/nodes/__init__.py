@@ -35,7 +35,7 @@ from diag.errors import UsageError  # noqa: F401  (diag.nodes.UsageError, as bef
 from diag.nodes.distributed import NodeScanError
 from diag.nodes.inject import (FAULT_KINDS, Injection, check_injections, detection_probability,
                                injection_outcomes, parse_injection, repeats_for)
-from diag.nodes.rundir import report_context, write_run
+from diag.nodes.rundir import write_run
 from diag.nodes.result import NODES_SCHEMA, NodeScan, NodeVote
 from diag.nodes.scan import EXIT_SELFTEST_MISSED, scan
 from diag.nodes.store import default_golden_dir
@@ -64,7 +64,6 @@ __all__ = [
     "load_workload",
     "parse_injection",
     "repeats_for",
-    "report_context",
     "scan",
     "write_run",
 ]

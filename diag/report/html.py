@@ -17,7 +17,6 @@ import hashlib
 import json
 import math
 import os
-import shlex
 from collections import Counter
 from importlib import resources
 from pathlib import Path
@@ -28,10 +27,11 @@ from markupsafe import Markup
 
 from diag import numerics
 from diag.errors import UsageError
-from diag.flags import report_context as settings_context
 from diag.report.charts import sweep_groups, sweep_svg, to_float
+from diag.report.nodes import report_context as nodes_context
 from diag.report.sections import ab_context, sampling_context
-from diag.results import STATUSES, RunDir, worst_status
+from diag.report.settings import report_context as settings_context
+from diag.results import STATUSES, RunDir, RunMeta, worst_status
 
 __all__ = ["render_report", "write_report"]
 
@@ -129,18 +129,6 @@ def _fmt_time(ts: Any) -> str:
         return "—" if ts in (None, "") else str(ts)
     t = _dt.datetime.fromtimestamp(x, tz=_dt.timezone.utc).astimezone()
     return t.strftime("%Y-%m-%d %H:%M:%S %z")
-
-
-def _command_line(meta: Mapping[str, Any]) -> str | None:
-    env = meta.get("environment") if isinstance(meta.get("environment"), Mapping) else {}
-    for source in (meta, env):
-        for key in ("command_line", "command", "argv", "cmdline"):
-            value = source.get(key)
-            if isinstance(value, (list, tuple)):
-                return shlex.join(str(v) for v in value)
-            if value:
-                return str(value)
-    return None
 
 
 def _device_text(device: Any) -> tuple[str, str]:
@@ -248,14 +236,14 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def render_report(meta: Mapping[str, Any], records: Iterable[Mapping[str, Any]],
+def render_report(meta: RunMeta | Mapping[str, Any], records: Iterable[Mapping[str, Any]],
                   nodes: Mapping[str, Any] | None = None,
                   damage: Iterable[str] = ()) -> str:
     """Render the HTML report for a run's metadata and records.
 
     Args:
-      meta: the contents of ``run.json`` (``run_id``, ``state``, ``started``,
-        ``environment``, ...); missing keys render as "—".
+      meta: ``run.json`` as a `RunMeta`, or its contents (read with `RunMeta.from_dict`);
+        missing fields render as "—".
       records: record dicts as read from ``results.jsonl``.
       nodes: the contents of ``nodes.json`` of a `diag nodes` scan, or None (no section).
       damage: sentences saying what could not be read (`RecordsRead.problems`), shown above
@@ -266,11 +254,12 @@ def render_report(meta: Mapping[str, Any], records: Iterable[Mapping[str, Any]],
     """
     from diag import __version__
 
+    run = meta if isinstance(meta, RunMeta) else RunMeta.from_dict(meta)
     records = [r for r in records if isinstance(r, Mapping)]
     counts = Counter(str(r.get("status", "")) for r in records)
     statuses = [s for s in counts if s in STATUSES]
     verdict = worst_status(statuses) if records else None
-    state = str(meta.get("state", "unknown"))
+    state = run.state
     damage = list(damage)
     verdict_text = _verdict_text(verdict, state)
     if damage:
@@ -295,17 +284,14 @@ def render_report(meta: Mapping[str, Any], records: Iterable[Mapping[str, Any]],
 
     script = _asset("report.js")
     script_hash = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode()
-    env_data = meta.get("environment")
-    backends = meta.get("backends")
-    skipped = meta.get("backends_skipped")
-    suite = meta.get("suite") if isinstance(meta.get("suite"), Mapping) else {}
+    suite = run.suite
     return _environment().get_template("report.html.j2").render(
-        run_id=str(meta.get("run_id", "—")),
+        run_id=run.run_id or "—",
         state=state,
         state_note=STATE_NOTE.get(state),
-        started=_fmt_time(meta.get("started")),
-        finished=_fmt_time(meta["finished"]) if meta.get("finished") is not None else None,
-        command_line=_command_line(meta),
+        started=_fmt_time(run.started),
+        finished=_fmt_time(run.finished) if run.finished is not None else None,
+        command_line=run.command_line,
         statuses=STATUSES[::-1],
         counts={s: counts.get(s, 0) for s in STATUSES},
         n_records=len(records),
@@ -315,33 +301,31 @@ def render_report(meta: Mapping[str, Any], records: Iterable[Mapping[str, Any]],
         problems=problems,
         suite=suite.get("name") or suite.get("path"),
         suite_path=suite.get("path") if suite.get("name") else None,
-        environment=_env_items(env_data) if isinstance(env_data, Mapping) else [],
+        environment=_env_items(run.environment),
         # What each worker reported at start-up: device, framework version, numerics settings.
-        backends=list(backends.items()) if isinstance(backends, Mapping) else [],
-        backends_skipped=list(skipped.items()) if isinstance(skipped, Mapping) else [],
+        backends=list(run.backends.items()),
+        backends_skipped=list(run.backends_skipped.items()),
         metric_columns=METRIC_COLUMNS,
         rows=probe_rows,
         agreement_rows=agreement_rows,
         sweeps=sweeps,
         # Settings findings and precision fingerprints (diag.flags; _settings.html.j2).
-        settings=settings_context(meta),
+        settings=settings_context(run),
         style=Markup(_asset("report.css")),
         script=Markup(script),
         script_hash=script_hash,
         version=__version__,
         generated=_fmt_time(_dt.datetime.now().timestamp()),
         nodes=_nodes_context(nodes),
-        sampling=sampling_context(records),
-        ab=ab_context(records, meta),
+        sampling=sampling_context(records, run.report_sections),
+        ab=ab_context(records, run.ab),
     )
 
 
 def _nodes_context(nodes: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not isinstance(nodes, Mapping):
         return None
-    from diag.nodes import report_context
-
-    return report_context(nodes)
+    return nodes_context(nodes)
 
 
 def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
@@ -374,7 +358,7 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
             raise UsageError(f"{nodes_json}: not valid JSON ({e}); the run folder is "
                              "damaged, rerun `diag nodes`") from None
     read = run.read_results()
-    html = render_report(run.read_meta(), read.records, nodes=nodes,
+    html = render_report(run.read_run(), read.records, nodes=nodes,
                          damage=read.problems(run.results_jsonl))
     path = Path(out) if out is not None else run.path / "report.html"
     tmp = path.with_name(f".{path.name}.tmp")

@@ -16,13 +16,22 @@ _RANK = {"pass": 0, "skip": 1, "warn": 2, "fail": 3, "error": 4}
 _ROW_LIMIT = 12
 
 
-def _probe_records(records: Iterable[Mapping[str, Any]], op: str) -> list[Mapping[str, Any]]:
-    return [r for r in records if r.get("kind", "probe") == "probe" and r.get("op") == op
-            and isinstance(r.get("metrics"), Mapping)]
+def _section_records(records: Iterable[Mapping[str, Any]], sections: Mapping[str, Any],
+                     section: str) -> list[Mapping[str, Any]]:
+    """The probe records of the ops whose report section is `section` (run.json's
+    `report_sections`, written from the probe table), in record order."""
+    return [r for r in records if r.get("kind", "probe") == "probe"
+            and sections.get(r.get("op")) == section and isinstance(r.get("metrics"), Mapping)]
 
 
-def sampling_context(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """Greedy-token disagreements and wrong top-k rows, or None when the run has neither op.
+def sampling_context(records: Iterable[Mapping[str, Any]],
+                     sections: Mapping[str, str]) -> dict[str, Any] | None:
+    """Greedy-token disagreements and wrong top-k rows, or None when the run has neither.
+
+    Args:
+      records: the run's records.
+      sections: run.json's `report_sections` (op -> section, from the probe table): which
+        ops' records belong to the `greedy` and `top-k` sections.
 
     Returns:
       {"greedy": [...], "top_k": [...]}: per record, its status, backend, case, reason and
@@ -30,7 +39,7 @@ def sampling_context(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | N
     """
     records = list(records)
     greedy = []
-    for r in _probe_records(records, "greedy_token"):
+    for r in _section_records(records, sections, "greedy"):
         m = r["metrics"]
         paths = m.get("paths") if isinstance(m.get("paths"), Mapping) else {}
         examples = []
@@ -55,7 +64,7 @@ def sampling_context(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | N
                                            if isinstance(v, Mapping) and v.get("rows_differ")],
                        "examples": examples[:_ROW_LIMIT * 2]})
     top_k = []
-    for r in _probe_records(records, "top_k") + _probe_records(records, "approx_max_k"):
+    for r in _section_records(records, sections, "top-k"):
         m = r["metrics"]
         if r.get("status") in ("pass", "skip") and not m.get("semantics"):
             continue
@@ -72,9 +81,13 @@ def sampling_context(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | N
 
 
 def ab_context(records: Iterable[Mapping[str, Any]],
-               meta: Mapping[str, Any]) -> dict[str, Any] | None:
-    """What an A/B setting changed, per case, with the HLO difference; None without one."""
-    ab = meta.get("ab")
+               ab: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What an A/B setting changed, per case, with the HLO difference; None without one.
+
+    Args:
+      records: the run's records (`ab` records: diag.ab).
+      ab: run.json's `ab` (the setting), None for a run without one.
+    """
     rows = []
     for r in records:
         if r.get("kind") != "ab":

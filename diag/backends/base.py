@@ -1,0 +1,55 @@
+"""What a backend module is: the `Backend` protocol every `diag.backends.*_backend` keeps.
+
+A backend module moves arrays to its device and back, compiles (or warms up) an op and runs
+it; the ops themselves are module functions under the probe table's names (`matmul`,
+`softmax`, ...), each a builder: `getattr(module, op)(**op_args)` returns the function the
+worker times. Which ops a backend has is data (`BackendSpec.ops`), and one test runs every
+backend x op it declares against the oracle (tests/test_backend_conformance.py), as optax's
+common test runs every transformation. Adding a backend is one module that satisfies this
+protocol plus one `BackendSpec` row.
+
+Modules satisfy a Protocol structurally (PEP 544): `isinstance(module, Backend)` checks the
+members exist, a type checker checks their signatures.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = ["Backend"]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The functions a worker calls on a backend module (`diag.backends.worker`).
+
+    An optional `hlo_text(fn, args) -> str | None` gives the compiled HLO an A/B run diffs.
+    """
+
+    def discover(self) -> list[str]:
+        """The platforms (device types) the framework sees here."""
+        ...
+
+    def setup(self, platform: str) -> dict[str, Any]:
+        """Open the platform's first device; return `device`, `framework` and `settings`
+        (what run.json's `backends.<name>` records)."""
+        ...
+
+    def put(self, x: np.ndarray) -> Any:
+        """A host array on the device, bit for bit."""
+        ...
+
+    def get(self, x: Any) -> np.ndarray:
+        """A device array back on the host, bit for bit."""
+        ...
+
+    def block(self, x: Any) -> None:
+        """Wait until `x` (an op's result, any pytree the op returns) is computed."""
+        ...
+
+    def prepare(self, fn: Callable[..., Any],
+                args: list[Any]) -> tuple[Callable[[], Any], float]:
+        """Compile or warm up `fn` for `args`: (a thunk that runs it, compile seconds)."""
+        ...

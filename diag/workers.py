@@ -1,0 +1,245 @@
+"""Host side of the worker protocol: start a backend's worker, list what a framework sees.
+
+The worker itself (`diag.backends.worker`) documents the protocol; this module is the other
+end of it: the command and environment every worker starts with, device discovery through a
+throwaway worker, and a running worker whose JSON event stream is read with a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from diag import numerics
+from diag.backends import BACKENDS, BackendSpec, framework_installed, get_spec
+
+__all__ = ["worker_env", "candidate_backends", "resolve_backends", "run_env_worker",
+           "DISCOVERY_TIMEOUT"]
+
+DISCOVERY_TIMEOUT = 180.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Backend discovery
+
+
+def _worker_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "diag.backends.worker", *args]
+
+
+def worker_env(extra: Mapping[str, str] | None = None,
+               base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment every worker starts with (runs, discovery, `diag env`).
+
+    Args:
+      extra: variables to set on top (a library caller's `env=`, an A/B side).
+      base: the environment to start from (default: this process's).
+    """
+    env = dict(os.environ if base is None else base)
+    # The worker must import this same diag, installed or not.
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def _discover(framework: str, env: dict[str, str]) -> tuple[list[str], str | None]:
+    """Platforms a framework sees, from a throwaway worker started with the workers'
+    environment; (platforms, error).
+
+    Raises:
+      BadFlag: the framework aborted on a flag in XLA_FLAGS/LIBTPU_INIT_ARGS (JAX reads them
+        when it lists its devices, so this check costs no extra process).
+    """
+    from diag.flags import flag_error
+
+    try:
+        proc = subprocess.run(_worker_cmd("--discover", framework), capture_output=True,
+                              text=True, timeout=DISCOVERY_TIMEOUT, env=env)
+    except subprocess.TimeoutExpired:
+        return [], f"{framework} did not list its devices within {DISCOVERY_TIMEOUT:.0f} s"
+    for line in proc.stdout.splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if event.get("event") == "platforms":
+            return event["platforms"], None
+    bad = flag_error(proc.stderr)
+    if bad is not None:
+        raise bad
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return [], f"importing {framework} failed (exit {proc.returncode}): {tail}"
+
+
+def candidate_backends(names: list[str] | None) -> list[BackendSpec]:
+    """The backends named (in order, once each), or every default backend.
+
+    Raises:
+      UsageError: an unknown backend name.
+    """
+    if names:
+        return [get_spec(n) for n in dict.fromkeys(names)]
+    return [s for s in BACKENDS.values() if s.default]
+
+
+def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
+                     ) -> tuple[list[BackendSpec], dict[str, str]]:
+    """Which backends can run and which cannot (with the reason).
+
+    Args:
+      names: backend names the user asked for, or None for every backend present.
+      env: the workers' environment (default: this process's, as workers get it).
+
+    Raises:
+      UsageError: an unknown backend name.
+      BadFlag: JAX refused a flag in XLA_FLAGS/LIBTPU_INIT_ARGS while listing its devices.
+    """
+    env = worker_env() if env is None else env
+    specs = candidate_backends(names)
+    run: list[BackendSpec] = []
+    skipped: dict[str, str] = {}
+    seen: dict[str, tuple[list[str], str | None]] = {}
+    for spec in specs:
+        if not framework_installed(spec.framework):
+            skipped[spec.name] = f"{spec.framework} is not installed ({spec.install_hint})"
+            continue
+        if spec.framework not in seen:
+            seen[spec.framework] = _discover(spec.framework, env)
+        platforms, error = seen[spec.framework]
+        if error:
+            skipped[spec.name] = error
+        elif spec.platform not in platforms:
+            skipped[spec.name] = (f"no {spec.platform} device visible to {spec.framework} "
+                                  f"(it sees: {', '.join(platforms) or 'none'})")
+        else:
+            run.append(spec)
+    return run, skipped
+
+
+def run_env_worker(framework: str, environ: Mapping[str, str], fingerprints: bool,
+                    timeout: float) -> dict[str, Any]:
+    """One `--env FRAMEWORK` worker (`diag env`): what it reports per backend.
+
+    Returns:
+      {"backends": {name: info}, "platforms": [...], "error": "..." when it failed}.
+
+    Raises:
+      BadFlag: the framework aborted on a flag in XLA_FLAGS/LIBTPU_INIT_ARGS.
+    """
+    from diag.flags import flag_error
+
+    cmd = _worker_cmd("--env", framework)
+    if not fingerprints:
+        cmd.append("--no-fingerprints")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=worker_env(base=environ))
+    except subprocess.TimeoutExpired:
+        return {"backends": {}, "error": f"{framework} did not report within {timeout:g} s"}
+    result: dict[str, Any] = {"backends": {}}
+    for line in proc.stdout.splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if event.get("event") == "backend":
+            result["backends"][event.pop("backend")] = {
+                k: v for k, v in event.items() if k != "event"}
+        elif event.get("event") == "done":
+            result["platforms"] = event.get("platforms", [])
+    if proc.returncode != 0 or "platforms" not in result:
+        bad = flag_error(proc.stderr)
+        if bad is not None:
+            raise bad
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        result["error"] = f"the {framework} worker failed (exit {proc.returncode}): {tail}"
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# One worker
+
+
+def _load_output(meta: dict) -> np.ndarray:
+    """An output the worker wrote: floats as raw bits (see `numerics.bits_view`), ints as is.
+
+    Memory-mapped: outputs are kept for agreement with later backends, and the OS pages them
+    from the work folder instead of holding every backend's outputs in memory.
+    """
+    data = np.load(meta["path"], mmap_mode="r")
+    if meta["dtype"].startswith(("int", "uint", "bool")):
+        return data
+    return numerics.from_bits(data, meta["dtype"])
+
+
+class _Worker:
+    """A backend worker process and its event stream, read with a timeout."""
+
+    def __init__(self, spec: BackendSpec, job_path: Path, log_path: Path,
+                 env: dict[str, str]):
+        self.spec = spec
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(_worker_cmd(str(job_path)), stdout=subprocess.PIPE,
+                                     stderr=self._log, env=env, start_new_session=True)
+        self._events: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                self._events.put(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        self._events.put(None)  # EOF: the worker exited or closed its stream
+
+    def next_event(self, timeout: float) -> dict | None:
+        """The next event; None at EOF. Raises queue.Empty on timeout."""
+        return self._events.get(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+        self._log.close()
+
+    def death(self) -> str:
+        """Why the worker stopped, for an error record."""
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.proc.returncode
+        if code < 0:
+            name = signal.Signals(-code).name
+            cause = f"killed by {name}"
+            if name == "SIGKILL":
+                cause += " (out of memory, or killed from outside)"
+            elif name in ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGILL"):
+                cause += " (a native crash in the framework)"
+        else:
+            cause = f"exited with code {code}"
+        tail = self.stderr_tail()
+        return f"{cause}; last stderr: {tail}" if tail else cause
+
+    def stderr_tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1][:300] if lines else ""

@@ -1,0 +1,100 @@
+"""Every backend keeps the `Backend` protocol, and every op it declares agrees with the oracle.
+
+One parametrised test over backend x op (optax's common test over all its transformations is
+the model): the case is a tiny float32 case of the op's probe, built by the suite loader as a
+run builds it; the inputs go to the device and come back bit for bit; the op's output is judged
+by the probe's own check against the oracle's truth. A backend computing real float32 under
+its default setting must pass; an emulation (a model of a lower-precision algorithm, which
+promises nothing) may warn but never fail or be unjudgeable. Backends whose framework or
+device is absent here are skipped; the emulations always run.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+
+from diag.backends import (BACKENDS, Backend, framework_installed, not_applicable,
+                           promises_full_precision)
+from diag.backends.worker import _named_outputs
+from diag.oracle.cache import GroundTruthCache
+from diag.probes import INPUT_MAKERS, PROBES, Outcome
+from diag.suite import load_suite
+from tests.conftest import assert_bits_equal
+
+# Tiny sizes per shape dimension name (Probe.dims): the test is about contracts, not scale.
+TINY = {"m": 4, "k": 8, "n": 16, "rows": 4, "batch": 8, "d": 8, "c": 4}
+
+PAIRS = [(name, op) for name, spec in BACKENDS.items() for op in (spec.ops or tuple(PROBES))]
+
+
+def _module(spec):
+    if not framework_installed(spec.framework):
+        pytest.skip(f"{spec.framework} is not installed")
+    module = importlib.import_module(spec.module)
+    if spec.platform not in module.discover():
+        pytest.skip(f"no {spec.platform} device visible to {spec.framework}")
+    module.setup(spec.platform)
+    return module
+
+
+def _tiny_case(tmp_path, spec, op):
+    """The first case of a one-entry suite for `op` that applies to `spec`."""
+    probe = PROBES[op]
+    shape = ", ".join(str(TINY[d]) for d in probe.dims)
+    path = tmp_path / "tiny.toml"
+    path.write_text(f'[suite]\nname = "conformance"\nseed = 7\n\n[[probe]]\nname = "tiny"\n'
+                    f'op = "{op}"\ninputs = ["{probe.inputs[0]}"]\ndtypes = ["float32"]\n'
+                    f'shape = [{shape}]\n')
+    cases = [c for c in load_suite(str(path)).cases
+             if not_applicable(spec, c.op, c.params) is None]
+    assert cases, f"{spec.name} declares {op} but no float32 case of it applies"
+    return cases[0]
+
+
+@pytest.mark.parametrize("name", sorted({s.module: n for n, s in BACKENDS.items()}.values()))
+def test_each_backend_module_keeps_the_protocol_and_has_its_ops(name):
+    spec = BACKENDS[name]
+    if not framework_installed(spec.framework):
+        pytest.skip(f"{spec.framework} is not installed")
+    module = importlib.import_module(spec.module)
+    assert isinstance(module, Backend)
+    for other in BACKENDS.values():
+        if other.module == spec.module:
+            for op in other.ops or tuple(PROBES):
+                assert op in PROBES, f"{other.name} declares {op}, which no probe has"
+                assert callable(getattr(module, op, None)), f"{spec.module} lacks {op}"
+
+
+@pytest.mark.parametrize("backend, op", PAIRS)
+def test_backend_op_agrees_with_the_oracle(backend, op, tmp_path):
+    spec = BACKENDS[backend]
+    module = _module(spec)
+    probe = PROBES[op]
+    case = _tiny_case(tmp_path, spec, op)
+    rng = np.random.default_rng(case.seed)
+    inputs = [INPUT_MAKERS[case.inputs](rng, shape, np.float32)
+              for shape in probe.input_shapes(case.params)]
+    truth = probe.truth(inputs, case.params, GroundTruthCache(str(tmp_path / "cache")))
+
+    args = [module.put(x) for x in inputs]
+    for x, on_device in zip(inputs, args):
+        assert_bits_equal(module.get(on_device), x, f"{backend} round trip")
+    fn = getattr(module, op)(**{**probe.fixed_args, **case.op_args})
+    thunk, compile_s = module.prepare(fn, args)
+    out = thunk()
+    module.block(out)
+    assert compile_s >= 0
+    named = _named_outputs(out)
+    precision = case.params.get("precision", "default")
+    outcome = Outcome(inputs=inputs, outputs=[np.array(module.get(v)) for _, v in named],
+                      names=[n for n, _ in named], truth=truth, params=case.params,
+                      promised=promises_full_precision(spec, case.dtype, precision),
+                      setting=f"precision={precision}")
+    ev = probe.evaluate(outcome)
+    if spec.emulated:
+        assert ev.status in ("pass", "warn"), ev.reason
+    else:
+        assert ev.status == "pass", f"{backend} {case.label}: {ev.reason}"
