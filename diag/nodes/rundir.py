@@ -1,4 +1,4 @@
-"""A scan's run folder (run.json, one record per device, nodes.json) and its report section.
+"""A scan's run folder: run.json, one record per device, nodes.json (the report reads them).
 """
 
 from __future__ import annotations
