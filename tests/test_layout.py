@@ -6,6 +6,7 @@ op is a field of its `Probe` row, so adding or changing an op touches one row, n
 runner, the worker and the report; and `diag.report` imports only the records' and run.json's
 schema (`diag.results`), `diag.numerics`, `diag.errors` and its own modules, so a report can
 be rendered from a run folder alone. Both are checked on the source with `ast`, not by eye.
+And no module in diag/ is over 500 lines: past that a module holds more than one concern.
 """
 
 from __future__ import annotations
@@ -136,3 +137,16 @@ def test_report_imports_only_records_run_json_numerics_and_errors(path):
     outside = {m for m in _imports(path)
                if m not in REPORT_MAY_IMPORT and not m.startswith("diag.report")}
     assert not outside, f"{path.name} imports {sorted(outside)}"
+
+
+MAX_MODULE_LINES = 500
+
+
+def test_no_module_in_diag_is_over_500_lines():
+    """A module past ~500 lines holds more than one concern; split it along its seams."""
+    counts = {p.relative_to(DIAG.parent).as_posix(): len(p.read_text().splitlines())
+              for p in sorted(DIAG.rglob("*.py"))}
+    assert len(counts) > 10 and "diag/nan/_torch.py" in counts  # the walk found the package
+    over = [f"{p}: {n} lines" for p, n in counts.items() if n > MAX_MODULE_LINES]
+    assert not over, (f"modules over {MAX_MODULE_LINES} lines (split them):\n"
+                      + "\n".join(over))

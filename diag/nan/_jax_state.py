@@ -1,0 +1,118 @@
+"""The user's JAX call as a pure function of arrays, and the names of those arrays.
+
+Flax NNX modules, optimizers and RNG streams carry state a call writes; it is split out before
+the hunt runs so the hunt starts from what the user's call started from.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any, Callable
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+class _Program:
+    """The user's call as a pure function of arrays: ``flat(*arrays) -> (result, new_state)``.
+
+    JAX arrays are immutable, so a plain function's arguments are its own snapshot. Flax NNX
+    modules, optimizers and RNG streams are not: their calls write new values into
+    `nnx.Variable`s. Those are split (`nnx.split`) into a graph and a state of arrays before
+    anything runs; `flat` merges a fresh copy from the state, calls the function, and returns
+    the state it left behind, which counts as a result (a NaN written into a parameter is as
+    bad as a NaN returned). The hunt therefore always starts from the state the user's call
+    started from, and the user's objects are updated once at the end (`write_back`), as one
+    call would have left them.
+    """
+
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        nnx = sys.modules.get("flax.nnx")
+        self.nnx = nnx if nnx is not None and _holds_nnx(nnx, fn, args, kwargs) else None
+        if self.nnx is None:
+            leaves, self._treedef = jax.tree_util.tree_flatten((args, kwargs))
+            self._leaves = leaves
+            self._dyn = [i for i, x in enumerate(leaves) if _is_array(x)]
+            self.arrays = [jnp.asarray(leaves[i]) for i in self._dyn]
+            paths = jax.tree_util.tree_flatten_with_path((args, kwargs))[0]
+            self.names = [_arg_name(jax.tree_util.keystr(paths[i][0])) for i in self._dyn]
+            self.state_names = []
+            return
+        # The callee is a module (or a bound method of one): its state is split with the rest.
+        self_obj = fn if nnx.graph.is_graph_node(fn) else getattr(fn, "__self__", None)
+        if self_obj is not None and not nnx.graph.is_graph_node(self_obj):
+            self_obj = None
+        self._method = None if self_obj is None or self_obj is fn else fn.__func__
+        self._obj = (self_obj, args, kwargs)
+        self._graph, state = nnx.split(self._obj)
+        flat_state = jax.tree_util.tree_flatten_with_path(state)
+        self._state_def = jax.tree_util.tree_structure(state)
+        self.arrays = [x for _, x in flat_state[0]]
+        self.names = [_state_name(jax.tree_util.keystr(p)) for p, _ in flat_state[0]]
+        # Only Variables are state a call can write; raw arrays in the arguments are inputs.
+        var_state = jax.tree_util.tree_flatten_with_path(nnx.state(self._obj, nnx.Variable))
+        self._var_def = jax.tree_util.tree_structure(nnx.state(self._obj, nnx.Variable))
+        self.state_names = [_state_name(jax.tree_util.keystr(p)) for p, _ in var_state[0]]
+
+    def flat(self, *arrays):
+        if self.nnx is None:
+            full = list(self._leaves)
+            for i, a in zip(self._dyn, arrays):
+                full[i] = a
+            a, k = jax.tree_util.tree_unflatten(self._treedef, full)
+            return self.fn(*a, **k), ()
+        nnx = self.nnx
+        state = jax.tree_util.tree_unflatten(self._state_def, list(arrays))
+        obj = nnx.merge(self._graph, state)
+        self_obj, a, k = obj
+        if self._method is not None:
+            out = self._method(self_obj, *a, **k)
+        elif self_obj is not None:
+            out = self_obj(*a, **k)
+        else:
+            out = self.fn(*a, **k)
+        return out, jax.tree_util.tree_leaves(nnx.state(obj, nnx.Variable))
+
+    def write_back(self, new_state: list) -> None:
+        """Leave the user's NNX objects as one call of the function would have left them."""
+        if self.nnx is None or len(new_state) != self._var_def.num_leaves:
+            return
+        self.nnx.update(self._obj, jax.tree_util.tree_unflatten(self._var_def, new_state))
+
+
+def _holds_nnx(nnx, fn, args, kwargs) -> bool:
+    def is_node(x):
+        return nnx.graph.is_graph_node(x) or isinstance(x, nnx.Variable)
+
+    cands = [fn, getattr(fn, "__self__", None)]
+    cands += jax.tree_util.tree_leaves((args, kwargs), is_leaf=is_node)
+    return any(is_node(x) for x in cands if x is not None)
+
+
+def _arg_name(keystr: str) -> str:
+    """``[0][1]['w']`` (of the ``(args, kwargs)`` pair) -> ``args[1]['w']``."""
+    if keystr.startswith("[0]"):
+        return f"args{keystr[3:]}"
+    if keystr.startswith("[1]"):
+        return f"kwargs{keystr[3:]}"
+    return keystr
+
+
+def _state_name(keystr: str) -> str:
+    """``[1][0]['l']['kernel'].value`` (of NNX's ``(self, args, kwargs)``) ->
+    ``args[0].l.kernel``."""
+    keystr = keystr.replace(".value", "")
+    keystr = re.sub(r"\['([A-Za-z_][A-Za-z0-9_]*)'\]", r".\1", keystr)
+    if keystr.startswith("[0]"):
+        return f"the module{keystr[3:]}"
+    if keystr.startswith("[1]"):
+        return f"args{keystr[3:]}"
+    if keystr.startswith("[2]"):
+        return f"kwargs{keystr[3:]}"
+    return keystr

@@ -1,0 +1,97 @@
+"""Where a PyTorch op was called from: the user's line, from the stack or an autograd node.
+
+Forward ops read the Python stack at dispatch time; backward ops read the tag `_Lines` put on
+the autograd node that runs them (or anomaly mode's traceback).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import sysconfig
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from diag.nan._torch_ops import _flat
+
+# torch's frames and the hunt's own; diag's probe ops (diag/backends) are the code being hunted
+# when the training-step probe calls the hunt, so they count as the user's.
+_SKIP_DIRS = (os.path.normcase(os.path.dirname(torch.__file__)) + os.sep,
+              os.path.normcase(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+_STDLIB = os.path.normcase(sysconfig.get_paths()["stdlib"]) + os.sep
+_TB_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+
+
+_USER_FILE: dict[str, bool] = {}
+
+
+def _user_file(path: str) -> bool:
+    r = _USER_FILE.get(path)
+    if r is None:
+        p = os.path.normcase(os.path.abspath(path))
+        r = _USER_FILE[path] = not (p.startswith(_SKIP_DIRS) or p.startswith(_STDLIB)
+                                    or path.startswith("<"))
+    return r
+
+
+def _source_from_stack() -> tuple[str, int, str]:
+    f = sys._getframe(1)
+    while f is not None:
+        if _user_file(f.f_code.co_filename):
+            return f.f_code.co_filename, f.f_lineno, f.f_code.co_name
+        f = f.f_back
+    return "", 0, ""
+
+
+class _Lines(TorchFunctionMode):
+    """Tags each autograd node made by a torch call with the user line that made it.
+
+    Runs above autograd, where a call's outputs already have their `grad_fn`. Nodes a call
+    made without returning them (inside a composite op, a custom Function's) are reached
+    through `next_functions` and get the same line; tagging stops at nodes already tagged.
+    """
+
+    def __init__(self, key: object):
+        super().__init__()
+        self.key = key
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not torch.is_grad_enabled():  # no node is made (an optimizer's update)
+            return out
+        src = None
+        for t in _flat(out, []):
+            node = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
+            stack = [node] if node is not None else []
+            while stack:
+                n = stack.pop()
+                if n is None or type(n).__name__ == "AccumulateGrad":
+                    continue
+                md = n.metadata
+                if md.get("diag_src", (None,))[0] is self.key:
+                    continue
+                if src is None:
+                    src = _source_from_stack()
+                md["diag_src"] = (self.key, src)
+                stack.extend(fn for fn, _ in n.next_functions)
+        return out
+
+
+def _source_from_node(node, key: object) -> tuple[str, int, str]:
+    """The forward line of an autograd node: our tag, else anomaly mode's traceback if the
+    user turned it on."""
+    try:
+        md = node.metadata
+    except Exception:  # noqa: BLE001 - nodes without metadata
+        return "", 0, ""
+    tag = md.get("diag_src")
+    if tag is not None and tag[0] is key:
+        return tag[1]
+    tb = md.get("traceback_")
+    for entry in reversed(tb or []):
+        m = _TB_LINE.search(entry)
+        if m and _user_file(m["file"]):
+            return m["file"], int(m["line"]), m["func"]
+    return "", 0, ""
