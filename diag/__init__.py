@@ -30,6 +30,7 @@ __all__ = [
     "compare",
     "environment",
     "errors",
+    "faults",
     "flags",
     "inputs",
     "nan",
@@ -43,14 +44,15 @@ __all__ = [
     "run",
     "runner",
     "suite",
+    "tolerance",
     "workers",
 ]
 
 # The library's modules, loaded on first attribute access (none imports a framework at
 # import time). `cli` and `render` are the command line's, not the library's.
-_LAZY_MODULES = {"ab", "compare", "environment", "errors", "flags", "inputs", "nan", "nodes",
-                 "numerics", "oracle", "precision", "probes", "report", "results", "runner",
-                 "suite", "workers"}
+_LAZY_MODULES = {"ab", "compare", "environment", "errors", "faults", "flags", "inputs", "nan",
+                 "nodes", "numerics", "oracle", "precision", "probes", "report", "results",
+                 "runner", "suite", "tolerance", "workers"}
 
 
 def run(*args, **kwargs):
