@@ -445,6 +445,10 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
     finally:
         if r.worker is not None:
             r.worker.kill()
+        if state != "finished":
+            # A signal can land between a record's write to results.jsonl and its bookkeeping
+            # here: what the run folder holds is what the counts and the caller are told.
+            r.records = run_dir.records()
         statuses = [rec["status"] for rec in r.records]
         counts = {s: statuses.count(s) for s in ("pass", "warn", "fail", "error", "skip")}
         run_dir.update_meta(state=state, finished=time.time(), counts=counts,
