@@ -185,6 +185,7 @@ def build(run_dir: str | os.PathLike) -> dict[str, Any]:
         "run_id": meta.get("run_id"),
         "suite": (meta.get("suite") or {}).get("name"),
         "key": run_key(meta),
+        "backends": sorted(meta.get("backends") or {}),
         "fingerprints": _fingerprints(meta),
         "records": [{"probe": r.get("probe"), "case": r.get("case"), "backend": r.get("backend"),
                      "kind": r.get("kind"), "op": r.get("op"), "dtype": r.get("dtype"),
@@ -242,6 +243,8 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
                                                                         for f in v)
                                             for v in fps.values()):
         raise bad("field 'fingerprints' must map backends to lists of objects")
+    if not isinstance(data.get("backends"), list):
+        raise bad("field 'backends' must be a list")
     records = data.get("records")
     if not isinstance(records, list):
         raise bad("field 'records' must be a list")
@@ -310,7 +313,8 @@ class Check:
       drifts: every drift, records first.
       missing: baseline records absent from the run (also drifts).
       extra: run records the baseline does not have (listed, not drift).
-      failures: records of the run that failed or errored (whatever the baseline says).
+      failures: records of the run that failed or errored; those that failed in the
+        baseline too are known failures, the others also appear as status drift.
       key_mismatch: `section: name old -> new` for hardware and versions (settings are drift).
       notes: what was compared and what was skipped, and why.
       compared: records compared.
@@ -328,8 +332,12 @@ class Check:
 
     @property
     def exit_code(self) -> int:
-        """1 when anything drifted or failed, else 0 (the CLI's exit code)."""
-        return 1 if (self.drifts or self.failures) else 0
+        """1 when anything drifted, else 0 (the CLI's exit code).
+
+        A record that fails now and failed in the baseline too is a known failure: listed
+        (and a JUnit failure), not drift; one that newly fails changed status, which is.
+        """
+        return 1 if self.drifts else 0
 
 
 def _metric_drifts(where: str, old: dict, new: dict, bitwise: bool) -> list[Drift]:
@@ -418,10 +426,19 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
                             f"suite {suite!r}: check a run of the baseline's suite")
     result = Check()
     key, old_key = run_key(meta), baseline["key"]
+    old_backends = set(baseline.get("backends") or [])
+    new_backends = set(meta.get("backends") or {})
+    for name in sorted(old_backends - new_backends):
+        result.drifts.append(Drift(f"backend {name}", "backend", "ran", "did not run",
+                                   "in the baseline, absent from this run"))
+    for name in sorted(new_backends - old_backends):
+        result.notes.append(f"backend {name} ran but is not in the baseline: its records are "
+                            "new")
+    one_sided = old_backends ^ new_backends
     for section in _KEY_SECTIONS:
         a, b = old_key.get(section) or {}, key[section]
         for name in sorted(set(a) | set(b)):
-            if a.get(name) == b.get(name):
+            if a.get(name) == b.get(name) or name.split(" ")[0] in one_sided:
                 continue
             if section == "settings":
                 result.drifts.append(Drift(f"setting {name}", "value", a.get(name), b.get(name),
@@ -436,9 +453,10 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
                             "version)" + ("; the bitwise comparison is skipped (bits may "
                                           "change legitimately with either)" if bitwise else ""))
     elif bitwise:
-        result.notes.append("same hardware, versions and settings: outputs compared bit for bit")
-    result.drifts.extend(_fingerprint_drifts(baseline.get("fingerprints") or {},
-                                             _fingerprints(meta)))
+        result.notes.append("same hardware and versions: outputs compared bit for bit")
+    result.drifts.extend(_fingerprint_drifts(
+        {b: v for b, v in (baseline.get("fingerprints") or {}).items() if b not in one_sided},
+        {b: v for b, v in _fingerprints(meta).items() if b not in one_sided}))
     old_records: dict[str, dict] = {}
     for rec in baseline["records"]:
         old_records[_unique(old_records, record_key(rec))] = rec
