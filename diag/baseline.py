@@ -14,7 +14,8 @@ the drift rule is the tolerance policy itself (docs/baseline.md has the derivati
 * Counts of rule-breaking elements (NaN/Inf where the truth is finite, elements over the bound,
   invalid or wrong top-k rows, greedy paths that pick another token) are zero on every correct
   implementation; any change in them is drift (`COUNTS`).
-* A status that changes is drift; a record that disappears is drift; a new record is listed.
+* A status that changes is drift; a record that disappears or appears is drift (a record the
+  baseline lacks is one nothing gates: save the baseline again).
 * A changed precision fingerprint (the arithmetic a backend's matmul uses at a setting) is drift,
   as is a changed numerics setting (XLA_FLAGS, JAX/torch precision config, numerics env vars).
 * `bitwise=True` (same hardware, same versions: a deterministic setup) also compares the sha256
@@ -312,7 +313,7 @@ class Check:
     Attributes:
       drifts: every drift, records first.
       missing: baseline records absent from the run (also drifts).
-      extra: run records the baseline does not have (listed, not drift).
+      extra: run records the baseline does not have (also drifts).
       failures: records of the run that failed or errored; those that failed in the
         baseline too are known failures, the others also appear as status drift.
       key_mismatch: `section: name old -> new` for hardware and versions (settings are drift).
@@ -469,6 +470,9 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
             result.failures.append(f"{k}: {rec.get('status')}: {rec.get('reason')}")
         if k not in old_records:
             result.extra.append(k)
+            drifts = [Drift(k, "record", None, rec.get("status"), "not in the baseline, so "
+                            "nothing gates it: save the baseline again")]
+            result.drifts.extend(drifts)
         else:
             result.compared += 1
             drifts = _metric_drifts(k, old_records[k], rec, bitwise and portable)

@@ -377,8 +377,6 @@ def check_cmd(
         render.print_error(f"diag: drift: {drift.text()}")
     for failure in result.failures:
         render.print_line(f"diag: failed: {failure}")
-    for key in result.extra:
-        render.print_line(f"diag: new record (not in the baseline): {key}")
     if junit is not None:
         render.print_line(f"diag: junit: {baseline.write_junit(result, junit)}")
     verdict = "drifted" if result.drifts else "no drift"
