@@ -25,13 +25,13 @@ pytestmark = [needs_jax, needs_torch]
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Three clean runs of a tiny suite (baseline + two reruns) and the baseline of the first."""
+    """Four clean runs of a tiny suite (baseline + three reruns) and the baseline of the first."""
     root = tmp_path_factory.mktemp("gate")
     suite = root / "tiny.toml"
     suite.write_text(TINY_SUITE)
     env = {"DIAG_CACHE_DIR": str(root / "gt-cache")}
     dirs = []
-    for i in range(3):
+    for i in range(4):
         out = root / f"runs{i}"
         r = run_diag("run", "--suite", str(suite), "--out", str(out), "--no-report",
                      "-b", "jax-cpu,torch-cpu", env=env)
@@ -271,3 +271,16 @@ def test_baseline_of_unfinished_run_exits_2(runs, tmp_path):
     (run / "run.json").write_text(json.dumps(meta))
     r = run_diag("baseline", str(run), "-o", str(tmp_path / "b.json"))
     assert r.returncode == 2 and "the run is 'interrupted', not finished" in r.stderr
+
+
+def test_run_with_damaged_records_exits_2(runs, tmp_path):
+    """A verdict without an unreadable line may hide a failure: no gate on a damaged run."""
+    run = tmp_path / "run"
+    shutil.copytree(runs["dirs"][1], run)
+    lines = (run / "results.jsonl").read_text().splitlines()
+    lines[1] = "{not json"
+    (run / "results.jsonl").write_text("\n".join(lines) + "\n")
+    r = run_diag("check", str(run), "--baseline", str(runs["baseline"]))
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "1 line(s) of" in r.stderr and "(line 2)" in r.stderr
