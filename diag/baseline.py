@@ -78,7 +78,8 @@ DIGESTS = "output_digests"
 #: The fields of a precision fingerprint that describe the arithmetic (not its evidence).
 FINGERPRINT_FIELDS = ("label", "input_bits", "passes", "accumulator", "input_rounding")
 
-#: Per-backend settings keys that are not numerics (none today; the place to add one).
+#: The sections of a baseline's key: hardware and versions decide whether bits may be compared;
+#: a change in settings is drift.
 _KEY_SECTIONS = ("hardware", "versions", "settings")
 
 
@@ -204,6 +205,9 @@ def save(baseline: dict, path: str | os.PathLike) -> Path:
     try:
         tmp.write_text(json.dumps(baseline, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         os.replace(tmp, path)
+    except OSError as e:
+        raise BaselineError(f"{path}: cannot write the baseline ({e.strerror}); choose a "
+                            "writable path with -o") from None
     finally:
         tmp.unlink(missing_ok=True)
     return path
@@ -507,7 +511,7 @@ def _unique(seen: dict, key: str) -> str:
 def write_junit(result: Check, path: str | os.PathLike, *, name: str = "diag check") -> Path:
     """One testcase per (probe, case, backend): drift and fail/error records are failures.
 
-    Settings and fingerprint drift, which belong to no record, are one testcase each in a
+    Settings, fingerprint and backend drift, which belong to no record, are one testcase each in a
     `settings` class. Written with junitparser (the XML is a library's business).
 
     Args:
@@ -534,7 +538,7 @@ def write_junit(result: Check, path: str | os.PathLike, *, name: str = "diag che
             tc.result = [Skipped(str(r.get("reason") or "skipped")[:500])]
         suite.add_testcase(tc)
     for d in result.drifts:
-        if d.where.startswith(("setting ", "fingerprint ")):
+        if d.where.startswith(("setting ", "fingerprint ", "backend ")):
             tc = TestCase(d.where, classname="settings")
             tc.result = [Failure(d.text()[:500], "drift")]
             suite.add_testcase(tc)

@@ -284,3 +284,9 @@ def test_run_with_damaged_records_exits_2(runs, tmp_path):
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1
     assert "1 line(s) of" in r.stderr and "(line 2)" in r.stderr
+
+
+def test_unwritable_baseline_path_exits_2(runs, tmp_path):
+    r = run_diag("baseline", str(runs["dirs"][0]), "-o", str(tmp_path / "no" / "such" / "b.json"))
+    assert r.returncode == 2
+    assert r.stderr.startswith("diag: ") and "cannot write the baseline" in r.stderr
