@@ -57,6 +57,19 @@ def _git_revision(cwd: str) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+def _cpu_model() -> str | None:
+    """The CPU's model name: part of a CI baseline's key, since a CPU's arithmetic features
+    (avx512_bf16, AMX) decide what some settings compute (torch-cpu's `medium` precision)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def collect(argv: list[str] | None = None) -> dict[str, Any]:
     """The host environment of a run (no framework imported)."""
     cwd = os.getcwd()
@@ -64,6 +77,7 @@ def collect(argv: list[str] | None = None) -> dict[str, Any]:
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "machine": platform.machine(),
+        "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "python": sys.version.split()[0],
         "command": " ".join(argv if argv is not None else sys.argv),

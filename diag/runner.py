@@ -173,7 +173,10 @@ class _Run:
             return
         if spec.emulated:
             ev = _as_emulation(ev)
-        self.emit(self._record(case, spec, ev.status, ev.reason, metrics=ev.metrics,
+        # sha256 of each output's bits: what `diag check --bitwise` compares.
+        digests = [numerics.bits_digest(o) for o in outcome.outputs]
+        self.emit(self._record(case, spec, ev.status, ev.reason,
+                               metrics={**ev.metrics, "output_digests": digests},
                                timings=event.get("timings", {}), oracle=oracle_info))
         self.verdicts.setdefault(case.id, {})[spec.label] = self.records[-1]
         if event.get("hlo") and self.ab is not None:

@@ -1,0 +1,549 @@
+"""The CI gate: save a run's verdict-relevant numbers as a baseline, check later runs against it.
+
+A gate that fails on noise is switched off within a week, and one that cannot fail is worse, so
+the drift rule is the tolerance policy itself (docs/baseline.md has the derivation):
+
+* A record's verdict is a claim about ANY correct implementation: its error stays within the
+  bound (`diag.tolerance`). Two correct implementations both keep it, so the error of either,
+  as a ratio to the bound, may lie anywhere in [0, 1], and their outputs may differ by
+  (r_old + r_new) b <= `AGREEMENT_FACTOR` b, the limit every agreement record uses. A ratio
+  that moves inside [0, 1] is therefore no evidence of anything; a ratio that crosses 1 (either
+  way) is: one of the two runs did not compute what it claims. The same holds for every metric
+  that is judged against an allowance (`RATIOS`: bound ratios, recall against its target, the
+  train-step loss against its ULP screen).
+* Counts of rule-breaking elements (NaN/Inf where the truth is finite, elements over the bound,
+  invalid or wrong top-k rows, greedy paths that pick another token) are zero on every correct
+  implementation; any change in them is drift (`COUNTS`).
+* A status that changes is drift; a record that disappears or appears is drift (a record the
+  baseline lacks is one nothing gates: save the baseline again).
+* A changed precision fingerprint (the arithmetic a backend's matmul uses at a setting) is drift,
+  as is a changed numerics setting (XLA_FLAGS, JAX/torch precision config, numerics env vars).
+* `bitwise=True` (same hardware, same versions: a deterministic setup) also compares the sha256
+  of every output's bits and every metric exactly: any bit is drift.
+
+This is torch._dynamo's `same()` done with the exact truth: `same()` compares the new result's
+error against float64 with a multiple of the reference's error (a heuristic that alarms when the
+reference happens to be very accurate); diag knows the bound every correct result keeps, so it
+needs no multiplier.
+
+The baseline is keyed by hardware (machine, CPU model, device kinds), versions (frameworks and
+numerics libraries) and numerics settings. A hardware or version mismatch is reported and the
+tolerance comparison still runs (the bounds hold on any hardware and version); the bitwise
+comparison is skipped then (bits legitimately change with either), and the result says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from diag import tolerance as _tol
+from diag.errors import UsageError
+from diag.results import RunDir, read_results
+
+__all__ = ["BASELINE_SCHEMA", "BaselineError", "Check", "Drift", "build", "check", "load",
+           "save", "write_junit"]
+
+BASELINE_SCHEMA = "diag.baseline/1"
+
+#: Metrics judged against an allowance: (metric, the allowance for this record or None). A
+#: record drifts when its value crosses the allowance between the two runs (see the module
+#: docstring: inside the allowance two correct implementations may land anywhere).
+RATIOS: dict[str, Any] = {
+    # error / bound; 1 is the bound (agreement records: |a - b| / (2 b), the same 1).
+    "bound_ratio": lambda rec: 1.0,
+    "narrow_bound_ratio": lambda rec: 1.0,
+    # top-k recall, by value: exact top-k must reach TOPK_EXACT_RECALL in every row;
+    # approx_max_k the recall the caller promised, as a mean over rows.
+    "recall_min": lambda rec: (_tol.TOPK_EXACT_RECALL if rec.get("op") == "top_k" else None),
+    "recall_mean": lambda rec: _num(rec.get("metrics", {}).get("recall_target")),
+    # train_step: the loss against its ULP screen.
+    "loss_ulp": lambda rec: _train_screen(rec),
+}
+
+#: Counts of elements or rows that break a rule, zero on every correct implementation: any
+#: change is drift.
+COUNTS = ("nan_count", "inf_count", "unexpected_nonfinite", "reference_nonfinite",
+          "bound_exceeded", "narrow_bound_exceeded", "invalid_rows", "wrong_rows",
+          "rows_below_target", "nan_rows", "disagreeing_paths")
+
+#: What a bitwise check compares besides the metrics: the sha256 of each output's bits.
+DIGESTS = "output_digests"
+
+#: The fields of a precision fingerprint that describe the arithmetic (not its evidence).
+FINGERPRINT_FIELDS = ("label", "input_bits", "passes", "accumulator", "input_rounding")
+
+#: The sections of a baseline's key: hardware and versions decide whether bits may be compared;
+#: a change in settings is drift.
+_KEY_SECTIONS = ("hardware", "versions", "settings")
+
+
+class BaselineError(UsageError):
+    """A baseline file (or a run folder given to `diag check`) diag cannot use: exit 2."""
+
+
+def _num(v: Any) -> Optional[float]:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if v in ("nan", "inf", "-inf"):
+        return float(v)
+    return None
+
+
+def _train_screen(rec: dict) -> Optional[float]:
+    if rec.get("op") != "train_step":
+        return None
+    try:
+        return float(_tol.tolerance("train_step", rec.get("dtype", "float32"))
+                     .ulp(rec.get("params") or {}))
+    except UsageError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Building a baseline
+
+
+def record_key(rec: dict) -> str:
+    """`probe | case | backend`: what identifies a record across runs."""
+    return f"{rec.get('probe')} | {rec.get('case')} | {rec.get('backend')}"
+
+
+def _kept_metrics(metrics: dict) -> dict[str, Any]:
+    """The scalar metrics (and the counted lists) of a record: what the drift rule reads."""
+    kept: dict[str, Any] = {}
+    for name, value in (metrics or {}).items():
+        if name == DIGESTS or isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)) or value in ("nan", "inf", "-inf"):
+            kept[name] = value
+        elif name in COUNTS and isinstance(value, list):
+            kept[name] = value
+    return kept
+
+
+def _fingerprints(meta: dict) -> dict[str, list[dict]]:
+    out = {}
+    for name, info in (meta.get("backends") or {}).items():
+        fps = info.get("fingerprints")
+        if fps:
+            out[name] = [{k: fp.get(k) for k in ("precision", "via") + FINGERPRINT_FIELDS}
+                         for fp in fps if isinstance(fp, dict)]
+    return out
+
+
+def run_key(meta: dict) -> dict[str, dict[str, Any]]:
+    """What a baseline is valid for: hardware, versions and numerics settings of a run.
+
+    Args:
+      meta: a run's run.json.
+
+    Returns:
+      `{"hardware": ..., "versions": ..., "settings": ...}`, flat name -> value maps.
+    """
+    env = meta.get("environment") or {}
+    hardware: dict[str, Any] = {k: env.get(k) for k in ("machine", "cpu_model")}
+    versions: dict[str, Any] = {f"package {p}": v
+                                for p, v in sorted((env.get("packages") or {}).items())
+                                if p != "diag"}
+    settings: dict[str, Any] = {f"env {k}": v for k, v in sorted((env.get("env") or {}).items())}
+    for name, info in sorted((meta.get("backends") or {}).items()):
+        dev = info.get("device") or {}
+        hardware[f"{name} device"] = f"{dev.get('platform')}/{dev.get('kind')} x{dev.get('count')}"
+        fw = info.get("framework") or {}
+        versions[f"{name} framework"] = " ".join(str(fw[k]) for k in ("name", "version", "jaxlib")
+                                                 if fw.get(k))
+        for k, v in sorted((info.get("settings") or {}).items()):
+            settings[f"{name} {k}"] = v
+    return {"hardware": hardware, "versions": versions, "settings": settings}
+
+
+def build(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """A baseline from a finished run folder.
+
+    Args:
+      run_dir: the folder `diag run` printed.
+
+    Returns:
+      The baseline document (schema `diag.baseline/1`).
+
+    Raises:
+      BaselineError: not a run folder, unreadable records, or a run that did not finish.
+    """
+    meta, records = _read_run(run_dir)
+    if meta.get("state") != "finished":
+        raise BaselineError(f"{run_dir}: the run is {meta.get('state')!r}, not finished; a "
+                            "baseline must hold every record: rerun the suite to the end")
+    return {
+        "schema": BASELINE_SCHEMA,
+        "created": time.time(),
+        "run_id": meta.get("run_id"),
+        "suite": (meta.get("suite") or {}).get("name"),
+        "key": run_key(meta),
+        "backends": sorted(meta.get("backends") or {}),
+        "fingerprints": _fingerprints(meta),
+        "records": [{"probe": r.get("probe"), "case": r.get("case"), "backend": r.get("backend"),
+                     "kind": r.get("kind"), "op": r.get("op"), "dtype": r.get("dtype"),
+                     "params": r.get("params") or {}, "status": r.get("status"),
+                     "metrics": _kept_metrics(r.get("metrics") or {}),
+                     "digests": (r.get("metrics") or {}).get(DIGESTS)}
+                    for r in records],
+    }
+
+
+def save(baseline: dict, path: str | os.PathLike) -> Path:
+    """Write a baseline atomically (temp file + rename), sorted keys so diffs review well."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(baseline, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        raise BaselineError(f"{path}: cannot write the baseline ({e.strerror}); choose a "
+                            "writable path with -o") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def load(path: str | os.PathLike) -> dict[str, Any]:
+    """Read and validate a baseline file.
+
+    Raises:
+      BaselineError: missing, not JSON (truncated), not a diag baseline, or a field of the
+        wrong type; the message names the file and the field.
+    """
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BaselineError(f"{p}: no such baseline file; save one with `diag baseline "
+                            "RUN_DIR -o FILE`") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        where = f" ({e.msg} at line {e.lineno})" if isinstance(e, json.JSONDecodeError) else ""
+        raise BaselineError(f"{p}: not valid JSON{where}; the baseline is truncated or "
+                            "damaged: restore it or save it again with `diag baseline`") from None
+    except OSError as e:
+        raise BaselineError(f"{p}: cannot read the baseline ({e.strerror})") from None
+
+    def bad(what: str) -> BaselineError:
+        return BaselineError(f"{p}: {what}; not a baseline `diag baseline` wrote (schema "
+                             f"{BASELINE_SCHEMA}): save it again")
+
+    if not isinstance(data, dict) or data.get("schema") != BASELINE_SCHEMA:
+        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise bad(f"schema is {got!r}")
+    key = data.get("key")
+    if not isinstance(key, dict) or not all(isinstance(key.get(s), dict) for s in _KEY_SECTIONS):
+        raise bad("field 'key' must hold hardware, versions and settings objects")
+    fps = data.get("fingerprints")
+    if not isinstance(fps, dict) or not all(isinstance(v, list) and all(isinstance(f, dict)
+                                                                        for f in v)
+                                            for v in fps.values()):
+        raise bad("field 'fingerprints' must map backends to lists of objects")
+    if not isinstance(data.get("backends"), list):
+        raise bad("field 'backends' must be a list")
+    records = data.get("records")
+    if not isinstance(records, list):
+        raise bad("field 'records' must be a list")
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict) or not all(isinstance(rec.get(f), str)
+                                                for f in ("probe", "case", "backend", "status")):
+            raise bad(f"record {i} lacks probe/case/backend/status strings")
+        if not isinstance(rec.get("metrics"), dict):
+            raise bad(f"record {i} ({record_key(rec)}): field 'metrics' must be an object")
+    return data
+
+
+def _read_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict]]:
+    run = RunDir(run_dir)
+    if not run.run_json.is_file():
+        raise BaselineError(f"{run_dir}: not a diag run folder (no run.json); pass the folder "
+                            "that `diag run` printed")
+    meta = run.read_meta()
+    read = read_results(run.results_jsonl)
+    if read.unreadable:
+        raise BaselineError(f"{run.results_jsonl}: {read.problems(run.results_jsonl)[0]}; "
+                            "rerun the suite")
+    return meta, read.records
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking a run against a baseline
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One thing that changed: where, what, old and new value, and why it counts.
+
+    Attributes:
+      where: `probe | case | backend`, `fingerprint <backend> <precision>/<via>` or
+        `setting <name>`.
+      what: the metric or field (`status`, `bound_ratio`, `record`, ...).
+      old: the baseline's value.
+      new: this run's value.
+      why: the rule it broke, in words.
+    """
+
+    where: str
+    what: str
+    old: Any
+    new: Any
+    why: str
+
+    def text(self) -> str:
+        return f"{self.where}: {self.what} {_show(self.old)} -> {_show(self.new)} ({self.why})"
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v):
+        return v[:12]
+    return json.dumps(v, default=str) if not isinstance(v, str) else v
+
+
+@dataclass
+class Check:
+    """What `check` found.
+
+    Attributes:
+      drifts: every drift, records first.
+      missing: baseline records absent from the run (also drifts).
+      extra: run records the baseline does not have (also drifts).
+      failures: records of the run that failed or errored; those that failed in the
+        baseline too are known failures, the others also appear as status drift.
+      key_mismatch: `section: name old -> new` for hardware and versions (settings are drift).
+      notes: what was compared and what was skipped, and why.
+      compared: records compared.
+      results: per run record key: (status of the record, drift texts), for JUnit.
+    """
+
+    drifts: list[Drift] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    key_mismatch: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    compared: int = 0
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        """1 when anything drifted, else 0 (the CLI's exit code).
+
+        A record that fails now and failed in the baseline too is a known failure: listed
+        (and a JUnit failure), not drift; one that newly fails changed status, which is.
+        """
+        return 1 if self.drifts else 0
+
+
+def _metric_drifts(where: str, old: dict, new: dict, bitwise: bool) -> list[Drift]:
+    out = []
+    om, nm = old.get("metrics") or {}, _kept_metrics(new.get("metrics") or {})
+    if old.get("status") != new.get("status"):
+        out.append(Drift(where, "status", old.get("status"), new.get("status"),
+                         "the verdict changed"))
+    for name, limit_of in RATIOS.items():
+        a, b = _num(om.get(name)), _num(nm.get(name))
+        if a is None and b is None:
+            continue
+        limit = limit_of(new)
+        if limit is None:
+            continue
+        if a is None or b is None:
+            out.append(Drift(where, name, om.get(name), nm.get(name), "the metric appeared or "
+                             "disappeared"))
+            continue
+        # Recall must stay AT OR ABOVE its target, errors AT OR BELOW their allowance.
+        side = (lambda v: v >= limit) if name.startswith("recall") else (lambda v: v <= limit)
+        if side(a) != side(b) or (math.isnan(a) != math.isnan(b)):
+            out.append(Drift(where, name, a, b, f"crossed its allowance {limit:g}: only one of "
+                             "the two runs keeps the bound every correct implementation keeps"))
+    for name in COUNTS:
+        if name in om or name in nm:
+            a, b = om.get(name), nm.get(name)
+            if a != b:
+                out.append(Drift(where, name, a, b, "a count that is zero on every correct "
+                                 "implementation changed"))
+    if bitwise:
+        reported = {d.what for d in out}
+        for name in sorted(set(om) | set(nm)):
+            if name not in reported and om.get(name) != nm.get(name):
+                out.append(Drift(where, name, om.get(name), nm.get(name), "bitwise: the metric "
+                                 "changed"))
+        od, nd = old.get("digests"), (new.get("metrics") or {}).get(DIGESTS)
+        if od is not None and od != nd:
+            changed = [i for i, (x, y) in enumerate(zip(od, nd or [])) if x != y]
+            first = changed[0] if changed else 0
+            out.append(Drift(where, f"output {first} sha256", od[first] if first < len(od) else
+                             None, (nd or [None])[first] if nd and first < len(nd) else None,
+                             f"bitwise: {len(changed) or len(od)} output(s) differ in their bits"))
+    return out
+
+
+def _fingerprint_drifts(old: dict, new: dict) -> list[Drift]:
+    out = []
+    for backend in sorted(set(old) | set(new)):
+        a = {(f.get("precision"), f.get("via")): f for f in old.get(backend, [])}
+        b = {(f.get("precision"), f.get("via")): f for f in new.get(backend, [])}
+        for setting in sorted(set(a) | set(b), key=str):
+            where = f"fingerprint {backend} precision={setting[0]} via={setting[1]}"
+            if setting not in b or setting not in a:
+                out.append(Drift(where, "fingerprint", a.get(setting, {}).get("label"),
+                                 b.get(setting, {}).get("label"),
+                                 "measured in only one of the two runs"))
+                continue
+            for f in FINGERPRINT_FIELDS:
+                if a[setting].get(f) != b[setting].get(f):
+                    out.append(Drift(where, f, a[setting].get(f), b[setting].get(f),
+                                     "the matmul arithmetic at this setting changed"))
+    return out
+
+
+def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) -> Check:
+    """Compare a run folder with a baseline, record by record.
+
+    Args:
+      run_dir: the run to check.
+      baseline: a baseline from `load` (or `build`).
+      bitwise: also require every output bit and metric to be unchanged (deterministic setups:
+        same hardware, same versions). Skipped, and said so, when the key's hardware or
+        versions differ.
+
+    Returns:
+      Check.
+
+    Raises:
+      BaselineError: the run folder is unusable, or the baseline is for another suite.
+    """
+    meta, records = _read_run(run_dir)
+    suite = (meta.get("suite") or {}).get("name")
+    if baseline.get("suite") and suite != baseline["suite"]:
+        raise BaselineError(f"the baseline is for suite {baseline['suite']!r}, the run is of "
+                            f"suite {suite!r}: check a run of the baseline's suite")
+    result = Check()
+    key, old_key = run_key(meta), baseline["key"]
+    old_backends = set(baseline.get("backends") or [])
+    new_backends = set(meta.get("backends") or {})
+    for name in sorted(old_backends - new_backends):
+        result.drifts.append(Drift(f"backend {name}", "backend", "ran", "did not run",
+                                   "in the baseline, absent from this run"))
+    for name in sorted(new_backends - old_backends):
+        result.notes.append(f"backend {name} ran but is not in the baseline: its records are "
+                            "new")
+    one_sided = old_backends ^ new_backends
+    for section in _KEY_SECTIONS:
+        a, b = old_key.get(section) or {}, key[section]
+        for name in sorted(set(a) | set(b)):
+            if a.get(name) == b.get(name) or name.split(" ")[0] in one_sided:
+                continue
+            if section == "settings":
+                result.drifts.append(Drift(f"setting {name}", "value", a.get(name), b.get(name),
+                                           "a numerics setting changed"))
+            else:
+                result.key_mismatch.append(f"{section}: {name} {_show(a.get(name))} -> "
+                                           f"{_show(b.get(name))}")
+    portable = not result.key_mismatch
+    if result.key_mismatch:
+        result.notes.append("the baseline was saved on other hardware or versions: records "
+                            "are compared by the tolerance rule (it holds on any hardware and "
+                            "version)" + ("; the bitwise comparison is skipped (bits may "
+                                          "change legitimately with either)" if bitwise else ""))
+    elif bitwise:
+        result.notes.append("same hardware and versions: outputs compared bit for bit")
+    result.drifts.extend(_fingerprint_drifts(
+        {b: v for b, v in (baseline.get("fingerprints") or {}).items() if b not in one_sided},
+        {b: v for b, v in _fingerprints(meta).items() if b not in one_sided}))
+    old_records: dict[str, dict] = {}
+    for rec in baseline["records"]:
+        old_records[_unique(old_records, record_key(rec))] = rec
+    seen: dict[str, dict] = {}
+    for rec in records:
+        k = _unique(seen, record_key(rec))
+        seen[k] = rec
+        drifts: list[Drift] = []
+        if rec.get("status") in ("fail", "error"):
+            result.failures.append(f"{k}: {rec.get('status')}: {rec.get('reason')}")
+        if k not in old_records:
+            result.extra.append(k)
+            drifts = [Drift(k, "record", None, rec.get("status"), "not in the baseline, so "
+                            "nothing gates it: save the baseline again")]
+            result.drifts.extend(drifts)
+        else:
+            result.compared += 1
+            drifts = _metric_drifts(k, old_records[k], rec, bitwise and portable)
+            result.drifts.extend(drifts)
+        result.results[k] = {"status": rec.get("status"), "reason": rec.get("reason"),
+                             "drifts": [d.text() for d in drifts], "new": k not in old_records}
+    for k, rec in old_records.items():
+        if k not in seen:
+            result.missing.append(k)
+            result.drifts.append(Drift(k, "record", rec.get("status"), None,
+                                       "in the baseline, missing from this run"))
+            result.results[k] = {"status": None, "reason": "missing from this run",
+                                 "drifts": [f"{k}: missing from this run (baseline status "
+                                            f"{rec.get('status')})"], "new": False}
+    return result
+
+
+def _unique(seen: dict, key: str) -> str:
+    """`key`, or `key #2`, ... when a run holds the same triple more than once."""
+    if key not in seen:
+        return key
+    n = 2
+    while f"{key} #{n}" in seen:
+        n += 1
+    return f"{key} #{n}"
+
+
+# ---------------------------------------------------------------------------------------------
+# JUnit
+
+
+def write_junit(result: Check, path: str | os.PathLike, *, name: str = "diag check") -> Path:
+    """One testcase per (probe, case, backend): drift and fail/error records are failures.
+
+    Settings, fingerprint and backend drift, which belong to no record, are one testcase each in a
+    `settings` class. Written with junitparser (the XML is a library's business).
+
+    Args:
+      result: what `check` found.
+      path: the file to write.
+      name: the test suite's name.
+
+    Returns:
+      The file written.
+    """
+    from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
+
+    suite = TestSuite(name)
+    for k, r in result.results.items():
+        probe, case, backend = (k.split(" | ") + ["", ""])[:3]
+        tc = TestCase(f"{case} [{backend}]", classname=probe)
+        problems = list(r["drifts"])
+        if r["status"] in ("fail", "error"):
+            problems.insert(0, f"{r['status']}: {r['reason']}")
+        if problems:
+            tc.result = [Failure(problems[0][:500], "drift" if r["drifts"] else r["status"])]
+            tc.system_out = "\n".join(problems)
+        elif r["status"] == "skip":
+            tc.result = [Skipped(str(r.get("reason") or "skipped")[:500])]
+        suite.add_testcase(tc)
+    for d in result.drifts:
+        if d.where.startswith(("setting ", "fingerprint ", "backend ")):
+            tc = TestCase(d.where, classname="settings")
+            tc.result = [Failure(d.text()[:500], "drift")]
+            suite.add_testcase(tc)
+    xml = JUnitXml()
+    xml.add_testsuite(suite)
+    path = Path(path)
+    xml.write(str(path), pretty=True)
+    return path
