@@ -27,12 +27,15 @@ __all__ = [
     "UsageError",
     "WorkerCrashed",
     "ab",
+    "baseline",
     "compare",
+    "drift",
     "environment",
     "errors",
     "faults",
     "flags",
     "inputs",
+    "junit",
     "nan",
     "nodes",
     "numerics",
@@ -50,9 +53,9 @@ __all__ = [
 
 # The library's modules, loaded on first attribute access (none imports a framework at
 # import time). `cli` and `render` are the command line's, not the library's.
-_LAZY_MODULES = {"ab", "compare", "environment", "errors", "faults", "flags", "inputs", "nan",
-                 "nodes", "numerics", "oracle", "precision", "probes", "report", "results",
-                 "runner", "suite", "tolerance", "workers"}
+_LAZY_MODULES = {"ab", "baseline", "compare", "drift", "environment", "errors", "faults", "flags",
+                 "inputs", "junit", "nan", "nodes", "numerics", "oracle", "precision", "probes",
+                 "report", "results", "runner", "suite", "tolerance", "workers"}
 
 
 def run(*args, **kwargs):

@@ -38,12 +38,12 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from diag import tolerance as _tol
 from diag.errors import UsageError
+from diag.drift import Check, Drift, show as _show
 from diag.results import RunDir, read_results
 
 __all__ = ["BASELINE_SCHEMA", "BaselineError", "Check", "Drift", "build", "check", "load",
@@ -58,12 +58,12 @@ RATIOS: dict[str, Any] = {
     # error / bound; 1 is the bound (agreement records: |a - b| / (2 b), the same 1).
     "bound_ratio": lambda rec: 1.0,
     "narrow_bound_ratio": lambda rec: 1.0,
-    # top-k recall, by value: exact top-k must reach TOPK_EXACT_RECALL in every row;
+    # top-k recall, by value: exact top-k must reach its table recall (1) in every row;
     # approx_max_k the recall the caller promised, as a mean over rows.
-    "recall_min": lambda rec: (_tol.TOPK_EXACT_RECALL if rec.get("op") == "top_k" else None),
+    "recall_min": lambda rec: getattr(_tolerance_of(rec), "recall", None),
     "recall_mean": lambda rec: _num(rec.get("metrics", {}).get("recall_target")),
     # train_step: the loss against its ULP screen.
-    "loss_ulp": lambda rec: _train_screen(rec),
+    "loss_ulp": lambda rec: _ulp_allowance(rec),
 }
 
 #: Counts of elements or rows that break a rule, zero on every correct implementation: any
@@ -97,13 +97,22 @@ def _num(v: Any) -> Optional[float]:
     return None
 
 
-def _train_screen(rec: dict) -> Optional[float]:
-    if rec.get("op") != "train_step":
+def _tolerance_of(rec: dict) -> Optional[_tol.Tolerance]:
+    """The record's row of the tolerance table (None for an op or dtype without one)."""
+    try:
+        return _tol.tolerance(rec.get("op", ""), rec.get("dtype") or "float32")
+    except (UsageError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _ulp_allowance(rec: dict) -> Optional[float]:
+    """The ULPs the record's op allows for its case (train_step: the loss screen)."""
+    tol = _tolerance_of(rec)
+    if tol is None or tol.ulp is None:
         return None
     try:
-        return float(_tol.tolerance("train_step", rec.get("dtype", "float32"))
-                     .ulp(rec.get("params") or {}))
-    except UsageError:
+        return float(tol.ulp(rec.get("params") or {}))
+    except (KeyError, TypeError, ValueError):
         return None
 
 
@@ -279,72 +288,6 @@ def _read_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict]]:
 # Checking a run against a baseline
 
 
-@dataclass(frozen=True)
-class Drift:
-    """One thing that changed: where, what, old and new value, and why it counts.
-
-    Attributes:
-      where: `probe | case | backend`, `fingerprint <backend> <precision>/<via>` or
-        `setting <name>`.
-      what: the metric or field (`status`, `bound_ratio`, `record`, ...).
-      old: the baseline's value.
-      new: this run's value.
-      why: the rule it broke, in words.
-    """
-
-    where: str
-    what: str
-    old: Any
-    new: Any
-    why: str
-
-    def text(self) -> str:
-        return f"{self.where}: {self.what} {_show(self.old)} -> {_show(self.new)} ({self.why})"
-
-
-def _show(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    if isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v):
-        return v[:12]
-    return json.dumps(v, default=str) if not isinstance(v, str) else v
-
-
-@dataclass
-class Check:
-    """What `check` found.
-
-    Attributes:
-      drifts: every drift, records first.
-      missing: baseline records absent from the run (also drifts).
-      extra: run records the baseline does not have (also drifts).
-      failures: records of the run that failed or errored; those that failed in the
-        baseline too are known failures, the others also appear as status drift.
-      key_mismatch: `section: name old -> new` for hardware and versions (settings are drift).
-      notes: what was compared and what was skipped, and why.
-      compared: records compared.
-      results: per run record key: (status of the record, drift texts), for JUnit.
-    """
-
-    drifts: list[Drift] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    extra: list[str] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    key_mismatch: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    compared: int = 0
-    results: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    @property
-    def exit_code(self) -> int:
-        """1 when anything drifted, else 0 (the CLI's exit code).
-
-        A record that fails now and failed in the baseline too is a known failure: listed
-        (and a JUnit failure), not drift; one that newly fails changed status, which is.
-        """
-        return 1 if self.drifts else 0
-
-
 def _metric_drifts(where: str, old: dict, new: dict, bitwise: bool) -> list[Drift]:
     out = []
     om, nm = old.get("metrics") or {}, _kept_metrics(new.get("metrics") or {})
@@ -504,46 +447,8 @@ def _unique(seen: dict, key: str) -> str:
     return f"{key} #{n}"
 
 
-# ---------------------------------------------------------------------------------------------
-# JUnit
-
-
 def write_junit(result: Check, path: str | os.PathLike, *, name: str = "diag check") -> Path:
-    """One testcase per (probe, case, backend): drift and fail/error records are failures.
+    """One testcase per (probe, case, backend); see `diag.junit.write`."""
+    from diag.junit import write
 
-    Settings, fingerprint and backend drift, which belong to no record, are one testcase each in a
-    `settings` class. Written with junitparser (the XML is a library's business).
-
-    Args:
-      result: what `check` found.
-      path: the file to write.
-      name: the test suite's name.
-
-    Returns:
-      The file written.
-    """
-    from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
-
-    suite = TestSuite(name)
-    for k, r in result.results.items():
-        probe, case, backend = (k.split(" | ") + ["", ""])[:3]
-        tc = TestCase(f"{case} [{backend}]", classname=probe)
-        problems = list(r["drifts"])
-        if r["status"] in ("fail", "error"):
-            problems.insert(0, f"{r['status']}: {r['reason']}")
-        if problems:
-            tc.result = [Failure(problems[0][:500], "drift" if r["drifts"] else r["status"])]
-            tc.system_out = "\n".join(problems)
-        elif r["status"] == "skip":
-            tc.result = [Skipped(str(r.get("reason") or "skipped")[:500])]
-        suite.add_testcase(tc)
-    for d in result.drifts:
-        if d.where.startswith(("setting ", "fingerprint ", "backend ")):
-            tc = TestCase(d.where, classname="settings")
-            tc.result = [Failure(d.text()[:500], "drift")]
-            suite.add_testcase(tc)
-    xml = JUnitXml()
-    xml.add_testsuite(suite)
-    path = Path(path)
-    xml.write(str(path), pretty=True)
-    return path
+    return write(result, path, name=name)

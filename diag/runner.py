@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from diag import environment
+from diag import environment, numerics
 from diag.ab import Experiment, parse_ab, with_b_sides
 from diag.backends import BackendSpec, framework_installed, not_applicable
 from diag.backends import promises_full_precision

@@ -466,7 +466,11 @@ def test_three_processes_process_0_names_the_process_that_corrupts(tmp_path):
     assert len(data["devices"]) == 6 and data["num_processes"] == 3
     assert sorted((s["process_index"], s["host"]) for s in data["suspects"]) == [
         (1, socket.gethostname())] * 2
-    assert [h["verdict"] for h in data["hosts"]] == ["ok", "suspect", "ok"]
+    # Only process 1 corrupts. The other two hosts are never suspects; whether one of them is
+    # also reported `slow` is timing (a straggler, reported apart), which a loaded CI machine
+    # decides, not the vote.
+    verdicts = [h["verdict"] for h in data["hosts"]]
+    assert verdicts[1] == "suspect" and {verdicts[0], verdicts[2]} <= {"ok", "slow"}, verdicts
     # Wrong on every call, the same way each time: not intermittent (it may also be slower).
     assert all(s["kinds"][0] == "mismatch" and "intermittent" not in s["kinds"]
                for s in data["suspects"]), data["suspects"]

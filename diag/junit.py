@@ -1,0 +1,57 @@
+"""JUnit XML for CI systems: `diag check`'s result as one testcase per (probe, case, backend).
+
+Written with junitparser (the XML is a library's business); the tests validate the file against
+the Jenkins/Ant JUnit schema.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from diag.drift import Check
+
+__all__ = ["write"]
+
+
+def write(result: "Check", path: str | os.PathLike, *, name: str = "diag check") -> Path:
+    """One testcase per (probe, case, backend): drift and fail/error records are failures.
+
+    Settings, fingerprint and backend drift, which belong to no record, are one testcase each in a
+    `settings` class. Written with junitparser (the XML is a library's business).
+
+    Args:
+      result: what `check` found.
+      path: the file to write.
+      name: the test suite's name.
+
+    Returns:
+      The file written.
+    """
+    from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
+
+    suite = TestSuite(name)
+    for k, r in result.results.items():
+        probe, case, backend = (k.split(" | ") + ["", ""])[:3]
+        tc = TestCase(f"{case} [{backend}]", classname=probe)
+        problems = list(r["drifts"])
+        if r["status"] in ("fail", "error"):
+            problems.insert(0, f"{r['status']}: {r['reason']}")
+        if problems:
+            tc.result = [Failure(problems[0][:500], "drift" if r["drifts"] else r["status"])]
+            tc.system_out = "\n".join(problems)
+        elif r["status"] == "skip":
+            tc.result = [Skipped(str(r.get("reason") or "skipped")[:500])]
+        suite.add_testcase(tc)
+    for d in result.drifts:
+        if d.where.startswith(("setting ", "fingerprint ", "backend ")):
+            tc = TestCase(d.where, classname="settings")
+            tc.result = [Failure(d.text()[:500], "drift")]
+            suite.add_testcase(tc)
+    xml = JUnitXml()
+    xml.add_testsuite(suite)
+    path = Path(path)
+    xml.write(str(path), pretty=True)
+    return path
