@@ -1,0 +1,452 @@
+"""Arithmetic features of a matmul unit, beyond its algorithm's name.
+
+Why this exists: two units that `diag.precision.fingerprint` gives the same name (say
+`BF16_BF16_F32`) still differ in how they add: whether products are exact, how many bits
+below the accumulator's last place survive the alignment of the addends (extra bits),
+whether the sum is rounded to nearest or truncated, how many products one fused step adds
+(block FMA width), in which order the steps run, and whether subnormals survive. Those
+differences are what makes one model drift between GPU generations. Fasi, Higham, Mikaitis
+and Pranesh, "Numerical behavior of NVIDIA tensor cores", PeerJ Comput. Sci. 7:e330 (2021)
+measured them on V100/T4/A100 with crafted inputs; the FTTN suite (Li, Laguna, Gopalakrishnan
+et al., 2024) extended the tests to H100 and AMD MI100/MI250X. `features` runs tests of the
+same kind on any matmul callable.
+
+The model (`Unit`), after Fasi et al. (2021, Sec. 3, the model of a tensor core's
+D = C + sum of w products): inputs are held in the input format (subnormals flushed to zero
+when `subnormals="flushed"`); products are exact (or rounded to float32 when
+`product_exact=False`, a multiply then an add without FMA); the K products are taken in
+blocks of `block` (w) consecutive indices, and each step adds the accumulator and one block
+in one fused operation: every addend is aligned to the largest exponent among them, keeping
+`extra_bits` bits below float32's last place (bits shifted further are truncated, as a
+sign-magnitude shifter does; `None`: nothing shifted out that matters, an exact sum as in an
+IEEE FMA), the aligned values are added exactly, and the sum is rounded once to float32 with
+`rounding`. `order` says in which order the blocks are visited (`sequential`: index order;
+`reverse`; `pairwise`: each block from zero, then a tree of two-operand fused additions).
+"Exact" is exact to 29 bits below float32's last place (the sum is formed in int64), far
+beyond what any test here can tell apart.
+
+How `features` decides (each feature in turn, with the ones decided before it fixed): it
+builds crafted inputs whose products are sums of one or two powers of two (exact in every
+input format), computes what each hypothesis predicts for them with `Unit`, calls the
+matmul, and keeps the hypotheses whose predictions equal the output bit for bit. One match
+is the answer; none, or several that the inputs cannot tell apart, is `unknown` with the
+evidence (the products summed, the output, and what each hypothesis predicted). Every
+pattern of a test is one output element C[i, i] (row i of A against column i of B; the rest
+of C is ignored), with K = 64 zero-padded products, the size `fingerprint` uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["UNITS", "Feature", "Features", "Unit", "features"]
+
+_K = 64
+_P = 24  # float32 significand bits (the accumulator)
+_EXACT_BITS = 29  # `extra_bits=None`: bits kept below the last place (int64 sums)
+ROUNDINGS = ("nearest", "nearest_away", "toward_zero", "up", "down")
+ORDERS = ("sequential", "reverse", "pairwise")
+_MAX_EXTRA = 8  # extra bits hypotheses 0..8; more is reported as ">=9"
+_WIDTHS = tuple(range(1, 17)) + (32, 64)
+
+_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
+           "float16": np.dtype(np.float16)}
+
+
+def _dtype(dtype: Any) -> np.dtype:
+    d = np.dtype(dtype) if not isinstance(dtype, str) else _DTYPES.get(dtype)
+    if d is None or d.name not in _DTYPES:
+        raise ValueError(f"diag: features need float32, bfloat16 or float16 inputs, "
+                         f"not {dtype!r}")
+    return d
+
+
+def _min_normal(dtype: np.dtype) -> float:
+    return float(ml_dtypes.finfo(dtype).tiny)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A numpy model of a matmul unit's arithmetic (see the module docstring).
+
+    Attributes:
+      product_exact: products exact (True) or rounded to float32 before the addition.
+      block: products added per fused step (w; the accumulator is the w+1-th addend).
+      extra_bits: bits kept below float32's last place when aligning; None: exact.
+      rounding: of each step's sum: one of `ROUNDINGS`.
+      order: one of `ORDERS`.
+      subnormals: `kept` or `flushed` (inputs and each step's result).
+      source: the paper and table whose measurements the parameters follow.
+    """
+
+    product_exact: bool = True
+    block: int = 1
+    extra_bits: int | None = None
+    rounding: str = "nearest"
+    order: str = "sequential"
+    subnormals: str = "kept"
+    source: str = ""
+
+    def __call__(self, a: Any, b: Any) -> np.ndarray:
+        """`a @ b` ([M, K] x [K, N], any float dtype) as this unit computes it, float32."""
+        a, b = np.asarray(a), np.asarray(b)
+        x, y = a.astype(np.float64), b.astype(np.float64)
+        if self.subnormals == "flushed":
+            x = np.where(np.abs(x) < _min_normal(a.dtype), 0.0, x)
+            y = np.where(np.abs(y) < _min_normal(b.dtype), 0.0, y)
+        prods = x[:, :, None] * y[None, :, :]  # [M, K, N]; <= 48 bits: exact in float64
+        if not self.product_exact:
+            prods = prods.astype(np.float32).astype(np.float64)
+        idx = list(range(a.shape[1]))
+        if self.order == "reverse":
+            idx.reverse()
+        blocks = [idx[i:i + self.block] for i in range(0, len(idx), self.block)]
+        zero = np.zeros((a.shape[0], b.shape[1]))
+        if self.order == "pairwise":
+            level = [self._step([zero] + [prods[:, k, :] for k in blk]) for blk in blocks]
+            while len(level) > 1:
+                level = [self._step(level[i:i + 2]) for i in range(0, len(level), 2)]
+            return level[0].astype(np.float32)
+        acc = zero
+        for blk in blocks:
+            acc = self._step([acc] + [prods[:, k, :] for k in blk])
+        return acc.astype(np.float32)
+
+    def _step(self, terms: list[np.ndarray]) -> np.ndarray:
+        """One fused step: align to the largest exponent, add exactly, round to float32."""
+        t = np.stack(terms)
+        nz = t != 0
+        _, e = np.frexp(np.where(nz, t, 1.0))
+        emax = np.max(np.where(nz, e, -10_000), axis=0) - 1  # exponent of the largest
+        extra = _EXACT_BITS if self.extra_bits is None else self.extra_bits
+        qexp = emax - (_P - 1) - extra  # the aligned addends are multiples of 2^qexp
+        ints = np.trunc(np.ldexp(t, -qexp[None])).astype(np.int64)
+        s = ints.sum(axis=0)
+        out = _round_int(s, qexp, self.rounding)
+        out = np.where(nz.any(axis=0), out, 0.0)
+        if self.subnormals == "flushed":
+            out = np.where(np.abs(out) < _min_normal(np.dtype(np.float32)), 0.0, out)
+        return out
+
+
+def _round_int(s: np.ndarray, qexp: np.ndarray, mode: str) -> np.ndarray:
+    """s * 2^qexp (int64 s) rounded to float32's 24 bits (and its subnormal grid)."""
+    mag = np.abs(s)
+    _, e = np.frexp(mag.astype(np.float64))
+    msb = e - 1
+    msb = np.where((mag >> np.maximum(msb, 0)) == 0, msb - 1, msb)
+    msb = np.where((mag >> np.minimum(msb + 1, 62)) != 0, msb + 1, msb)
+    # Keep 24 bits, or fewer where the result falls below float32's normal range.
+    sh = np.maximum(msb - (_P - 1), -149 - qexp)
+    sh = np.clip(sh, 0, 62)
+    q = mag >> sh
+    rem = mag - (q << sh)
+    half = np.where(sh > 0, np.left_shift(1, np.maximum(sh - 1, 0)), 1)
+    pos = s > 0
+    up = {
+        "nearest": (rem > half) | ((rem == half) & (sh > 0) & (q % 2 == 1)),
+        "nearest_away": (sh > 0) & (rem >= half),
+        "toward_zero": np.zeros_like(pos),
+        "up": (rem > 0) & pos,
+        "down": (rem > 0) & ~pos,
+    }[mode]
+    val = np.ldexp((q + up).astype(np.float64), sh + qexp)
+    return np.where(s < 0, -val, val)
+
+
+# Published behaviours. FTTN's summary (as quoted in diag's issue 20): extra bits 0 / 1 / >=2
+# and block FMA width 4 / 8 / >=16 for V100 / A100 / H100, truncation (round toward zero) in
+# every NVIDIA tensor core tested; Fasi et al. (2021, Sec. 4, Tables 2-4): exact products,
+# truncation, block of 4 on V100 and T4 (fp16), 8 on A100 (fp16/bf16). The CPU rows are the
+# two ways a scalar loop can add: IEEE FMA, or a rounded multiply then an add.
+UNITS: dict[str, Unit] = {
+    "v100": Unit(True, 4, 0, "toward_zero",
+                 source="Fasi et al. 2021 (V100 fp16, Sec. 4); FTTN 2024 (V100)"),
+    "t4": Unit(True, 4, 0, "toward_zero", source="Fasi et al. 2021 (T4 fp16, Sec. 4)"),
+    "a100": Unit(True, 8, 1, "toward_zero",
+                 source="Fasi et al. 2021 (A100 fp16/bf16 block 8); FTTN 2024 (1 extra bit)"),
+    "h100": Unit(True, 16, 2, "toward_zero",
+                 source="FTTN 2024 (H100: block >= 16, >= 2 extra bits; lower bounds)"),
+    "cpu-fma": Unit(True, 1, None, "nearest", source="IEEE 754 fused multiply-add loop"),
+    "cpu-nofma": Unit(False, 1, None, "nearest", source="IEEE 754 multiply, then add"),
+}
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One measured feature: its value (or `unknown`) and the evidence it rests on."""
+
+    name: str
+    value: Any
+    evidence: tuple[dict, ...] = field(default_factory=tuple)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Features:
+    """What a matmul unit was measured to do (see `features`)."""
+
+    dtype: str
+    output_dtype: str
+    product_exact: Any
+    extra_bits: Any
+    rounding: Any
+    block_fma_width: Any
+    order: Any
+    subnormals: Any
+    details: tuple[Feature, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["details"] = [asdict(f) for f in self.details]
+        for f in d["details"]:
+            f["evidence"] = list(f["evidence"])
+        return d
+
+
+# ---------------------------------------------------------------------------------------------
+# Crafted inputs
+
+
+def _split(t: float) -> tuple[float, float]:
+    """t (at most 2 significant bits) as a * b with both factors near sqrt(|t|)."""
+    if t == 0:
+        return 0.0, 0.0
+    m, e = np.frexp(t)  # t = m * 2^e, 0.5 <= |m| < 1
+    lo = (e - 1) // 2
+    return float(np.ldexp(m, e - lo)), float(np.ldexp(1.0, lo))
+
+
+class _Battery:
+    """Patterns (each a list of (k, a, b)), laid out on the diagonal of one matmul."""
+
+    def __init__(self, dtype: np.dtype):
+        self.dtype, self.rows, self.labels = dtype, [], []
+
+    def add(self, label: str, terms: list[tuple[int, float]] | list[tuple[int, float, float]]):
+        row = []
+        for term in terms:
+            k, *v = term
+            a, b = _split(v[0]) if len(v) == 1 else v
+            row.append((k, a, b))
+        self.rows.append(row)
+        self.labels.append(label)
+
+    def matrices(self) -> tuple[np.ndarray, np.ndarray]:
+        n = max(len(self.rows), _K)  # at least 64 x 64: BLAS picks kernels by size
+        a = np.zeros((n, _K), np.float64)
+        b = np.zeros((_K, n), np.float64)
+        for i, row in enumerate(self.rows):
+            for k, x, y in row:
+                a[i, k], b[k, i] = x, y
+        a, b = a.astype(self.dtype), b.astype(self.dtype)
+        for m, want in ((a, [(i, k, x) for i, r in enumerate(self.rows) for k, x, _ in r]),
+                        (b, [(k, i, y) for i, r in enumerate(self.rows) for k, _, y in r])):
+            for i, j, v in want:
+                if float(m[i, j]) != v:  # a construction bug, not a measurement
+                    raise AssertionError(f"{v!r} is not exact in {self.dtype.name}")
+        return a, b
+
+
+def _run(matmul: Callable, bat: _Battery) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    a, b = bat.matrices()
+    with np.errstate(all="ignore"):
+        out = np.asarray(matmul(a, b))
+    n = len(bat.rows)
+    if out.shape != (a.shape[0], b.shape[1]):
+        raise ValueError(f"diag: the matmul returned shape {out.shape} for {a.shape} @ "
+                         f"{b.shape}, expected {(a.shape[0], b.shape[1])}")
+    return a, b, np.diagonal(out)[:n].astype(np.float64), out.dtype.name
+
+
+def _decide(name: str, matmul: Callable, bat: _Battery, hyps: dict[Any, Unit],
+            out_dtype: list[str], note: str = "") -> Feature:
+    """Run the battery; keep the hypotheses that predict every output bit for bit."""
+    a, b, got, odt = _run(matmul, bat)
+    out_dtype[:] = [odt]
+    with np.errstate(all="ignore"):
+        preds = {h: np.diagonal(u(a, b))[:len(got)].astype(odt).astype(np.float64)
+                 for h, u in hyps.items()}
+    fits = [h for h, p in preds.items() if np.array_equal(p, got)]
+    evidence = []
+    for i, label in enumerate(bat.labels):
+        vals = {str(h): float(p[i]) for h, p in preds.items()}
+        if len(set(vals.values())) > 1 or got[i] not in vals.values():
+            evidence.append({
+                "input": label,
+                "products": [[k, float(x) * float(y)] for k, x, y in bat.rows[i]],
+                "output": float(got[i]), "predicted": vals})
+    value = fits[0] if len(fits) == 1 else "unknown"
+    if len(fits) > 1:
+        note = (note + "; " if note else "") + (
+            f"the inputs cannot tell apart {', '.join(map(str, fits))}")
+    elif not fits:
+        note = (note + "; " if note else "") + "no hypothesis predicts the outputs"
+    return Feature(name, value, tuple(evidence[:12]), note)
+
+
+# ---------------------------------------------------------------------------------------------
+# The tests
+
+
+def _rounding(dtype) -> _Battery:
+    """2^24 + s as [s, 2^23, 2^23] (s first, exact in any aligned adder): ties at 2^24."""
+    bat = _Battery(dtype)
+    for s in (1.0, 3.0):
+        for sign in (1.0, -1.0):
+            bat.add(f"{sign * s:g} + 2^23 + 2^23",
+                    [(0, sign * s), (1, sign * 2.0 ** 23), (2, sign * 2.0 ** 23)])
+    return bat
+
+
+def _extra_bits(dtype, p: int) -> _Battery:
+    """1 - d: d below float32's last place, kept only with enough extra alignment bits."""
+    bat = _Battery(dtype)
+    for k in range(1, _MAX_EXTRA + 2):  # truncation: any kept bit moves 1 - 2^-(23+k) down
+        bat.add(f"1 - 2^-{23 + k}", [(0, 1.0), (1, -(2.0 ** -(23 + k)))])
+    bat.add("1 - 3*2^-25", [(0, 1.0), (1, -3 * 2.0 ** -25)])
+    for j in range(1, p):  # nearest: a tie 1 - 2^-25 tipped by 2^-(25+j), one product
+        bat.add(f"1 - 2^-25*(1+2^-{j})",
+                [(0, 1.0, 1.0), (1, -(1 + 2.0 ** -j) * 2.0 ** -13, 2.0 ** -12)])
+    return bat
+
+
+def _block(dtype, extra: int | None) -> _Battery:
+    """Where a fused step ends: what is lost with the 1 in one step survives across steps."""
+    bat = _Battery(dtype)
+    h = 2.0 ** -24
+    for m in range(2, _K):
+        if extra is None or extra >= 1:  # [1, h, h]: 1 + 2^-23 only if one step adds all
+            bat.add(f"1@0 + 2^-24@1 + 2^-24@{m}", [(0, 1.0), (1, h), (m, h)])
+        if extra is not None:  # [1, -1, s]: s lost in alignment if it joins the 1
+            s = 2.0 ** -(25 + extra)
+            bat.add(f"1@0 - 1@1 + 2^-{25 + extra}@{m}", [(0, 1.0), (1, -1.0), (m, s)])
+    bat.add("1@0 + 2^-24@2 + 2^-24@3", [(0, 1.0), (2, h), (3, h)])
+    return bat
+
+
+def _order(dtype, width: int, extra: int | None) -> _Battery:
+    """1, -1 and a small s at three places: s survives only when added to a zero sum."""
+    import itertools
+
+    bat = _Battery(dtype)
+    s = 2.0 ** -(25 + (extra or 0)) if extra is not None else 2.0 ** -24
+    for places in ((0, width, 2 * width), (0, 1, _K - 1), (0, _K // 2, _K - 1)):
+        places = tuple(min(p, _K - 1) for p in places)
+        if len(set(places)) < 3:
+            continue
+        for perm in itertools.permutations((1.0, -1.0, s)):
+            bat.add(" + ".join(f"{v:g}@{k}" for v, k in zip(perm, places)),
+                    list(zip(places, perm)))
+    return bat
+
+
+def _products(dtype, p: int) -> _Battery:
+    """An exact product next to its rounded value's negation, in both orders."""
+    bat = _Battery(dtype)
+    x = 1 + 2.0 ** -(p - 1)
+    bat.add(f"({x!r})^2 alone", [(0, x, x)])
+    if p == _P:  # x^2 = 1 + 2^-22 + 2^-46: only the fused sum with -(1 + 2^-22) shows 2^-46
+        c = -(1 + 2.0 ** -22)
+        bat.add("-(1+2^-22)@0 + x^2@1", [(0, c, 1.0), (1, x, x)])
+        bat.add("x^2@0 - (1+2^-22)@1", [(0, x, x), (1, c, 1.0)])
+    return bat
+
+
+def _subnormals(dtype) -> _Battery:
+    """A subnormal input times a power of two, and (where reachable) a subnormal output."""
+    bat = _Battery(dtype)
+    sub = float(ml_dtypes.finfo(dtype).smallest_subnormal)
+    scale = 2.0 ** (10 if dtype.name == "float16" else 30)  # into float32's normal range
+    bat.add(f"subnormal input 3*{sub:g} * {scale:g}", [(0, 3 * sub, scale)])
+    if dtype.name != "float16":  # float16 products never reach float32's subnormals
+        bat.add("2^-70 * 2^-70 (float32 subnormal)", [(0, 2.0 ** -70, 2.0 ** -70)])
+    return bat
+
+
+class _NarrowProducts:
+    """Hypothesis: each product rounded (to nearest) to the input format before adding."""
+
+    def __init__(self, dtype: np.dtype):
+        self.dtype = dtype
+
+    def __call__(self, a, b):
+        x, y = np.asarray(a).astype(np.float64), np.asarray(b).astype(np.float64)
+        prods = (x[:, :, None] * y[None, :, :]).astype(self.dtype).astype(np.float64)
+        return prods.sum(axis=1).astype(np.float32)
+
+
+def features(matmul: Callable[[np.ndarray, np.ndarray], Any], dtype: Any = "float32"
+             ) -> Features:
+    """Measure the arithmetic features of a matmul with crafted inputs (module docstring).
+
+    Args:
+      matmul: `(a, b) -> a @ b` on numpy matrices of `dtype` (a jax or CPU torch result is
+        read with `np.asarray`). Called 6 times, shapes up to [126, 64] x [64, 126].
+      dtype: the inputs' dtype: float32, bfloat16 or float16. Features of the accumulation
+        are only observable when the output keeps float32's 24 bits; with a bf16 or fp16
+        output they come back `unknown`, saying so.
+
+    Returns:
+      `Features`: product_exact (True/False), extra_bits (an int, or ">=9" when every bit
+      tested survived), rounding (`nearest` = to nearest, ties to even, `nearest_away`,
+      `toward_zero`, `up`, `down`), block_fma_width (int), order (`sequential`, `reverse`,
+      `pairwise`), subnormals (`kept`/`flushed`); each `unknown` when no hypothesis, or
+      more than one, fits; `details` holds each feature's evidence.
+
+    Raises:
+      ValueError: an unsupported dtype, or the matmul returned the wrong shape.
+    """
+    dt = _dtype(dtype)
+    p = {"float32": 24, "bfloat16": 8, "float16": 11}[dt.name]
+    odt: list[str] = []
+    base = Unit()
+    details = []
+
+    def step(name, battery, hyps, needs=(), note=""):
+        missing = [f.name for f in details if f.name in needs and f.value == "unknown"]
+        if missing:  # its hypotheses would rest on a guess
+            details.append(Feature(name, "unknown", (), f"needs {', '.join(missing)}"))
+        else:
+            details.append(_decide(name, matmul, battery(), hyps, odt, note))
+        return details[-1].value
+
+    r = step("rounding", lambda: _rounding(dt),
+             {r: replace(base, rounding=r) for r in ROUNDINGS})
+    base = replace(base, rounding=r if r in ROUNDINGS else "nearest")
+    hyps = {e: replace(base, extra_bits=e) for e in range(_MAX_EXTRA + 1)}
+    hyps[f">={_MAX_EXTRA + 1}"] = replace(base, extra_bits=None)
+    e = step("extra_bits", lambda: _extra_bits(dt, p), hyps, needs=("rounding",))
+    extra = e if isinstance(e, int) else None
+    base = replace(base, extra_bits=extra)
+    w = step("block_fma_width", lambda: _block(dt, extra),
+             {w: replace(base, block=w) for w in _WIDTHS}, needs=("rounding", "extra_bits"))
+    base = replace(base, block=w if isinstance(w, int) else 1)
+    o = step("order", lambda: _order(dt, base.block, extra),
+             {o: replace(base, order=o) for o in ORDERS},
+             needs=("rounding", "extra_bits", "block_fma_width"))
+    base = replace(base, order=o if o in ORDERS else "sequential")
+    if p == _P:  # float32: the exact product shows only through a fused sum
+        pe = step("product_exact", lambda: _products(dt, p),
+                  {True: base, False: replace(base, product_exact=False)},
+                  needs=("rounding", "extra_bits", "block_fma_width", "order"))
+    else:  # a product of two narrow inputs fits float32: read it alone
+        pe = step("product_exact", lambda: _products(dt, p),
+                  {True: base, "rounded to the input format": _NarrowProducts(dt)})
+    base = replace(base, product_exact=pe if isinstance(pe, bool) else True)
+    step("subnormals", lambda: _subnormals(dt),
+         {s: replace(base, subnormals=s) for s in ("kept", "flushed")})
+
+    if odt and odt[0] != "float32":
+        details = [replace(f, note=(f.note + "; " if f.note else "") +
+                           f"the output is {odt[0]}: sums below its precision are not "
+                           f"observable") for f in details]
+    v = {f.name: f.value for f in details}
+    return Features(dtype=dt.name, output_dtype=odt[0] if odt else "?",
+                    product_exact=v["product_exact"], extra_bits=v["extra_bits"],
+                    rounding=v["rounding"], block_fma_width=v["block_fma_width"],
+                    order=v["order"], subnormals=v["subnormals"], details=tuple(details))
