@@ -98,14 +98,27 @@ class Unit:
         if self.subnormals == "flushed":
             x = np.where(np.abs(x) < _min_normal(a.dtype), 0.0, x)
             y = np.where(np.abs(y) < _min_normal(b.dtype), 0.0, y)
-        prods = x[:, :, None] * y[None, :, :]  # [M, K, N]; <= 48 bits: exact in float64
+        return self._accumulate(x[:, :, None] * y[None, :, :])  # <= 48 bits: exact
+
+    def diagonal(self, a: Any, b: Any) -> np.ndarray:
+        """The diagonal of `self(a, b)` only (what `features` reads), at a fraction of the cost."""
+        a, b = np.asarray(a), np.asarray(b)
+        n = min(a.shape[0], b.shape[1])
+        x, y = a[:n].astype(np.float64), b[:, :n].astype(np.float64)
+        if self.subnormals == "flushed":
+            x = np.where(np.abs(x) < _min_normal(a.dtype), 0.0, x)
+            y = np.where(np.abs(y) < _min_normal(b.dtype), 0.0, y)
+        return self._accumulate((x * y.T)[:, :, None])[:, 0]
+
+    def _accumulate(self, prods: np.ndarray) -> np.ndarray:
+        """prods [M, K, N] (exact) -> the float32 sums this unit forms."""
         if not self.product_exact:
             prods = prods.astype(np.float32).astype(np.float64)
-        idx = list(range(a.shape[1]))
+        idx = list(range(prods.shape[1]))
         if self.order == "reverse":
             idx.reverse()
         blocks = [idx[i:i + self.block] for i in range(0, len(idx), self.block)]
-        zero = np.zeros((a.shape[0], b.shape[1]))
+        zero = np.zeros((prods.shape[0], prods.shape[2]))
         if self.order == "pairwise":
             level = [self._step([zero] + [prods[:, k, :] for k in blk]) for blk in blocks]
             while len(level) > 1:
@@ -121,7 +134,7 @@ class Unit:
         t = np.stack(terms)
         nz = t != 0
         _, e = np.frexp(np.where(nz, t, 1.0))
-        emax = np.max(np.where(nz, e, -10_000), axis=0) - 1  # exponent of the largest
+        emax = np.max(np.where(nz, e.astype(np.int64), -10_000), axis=0) - 1  # of the largest
         extra = _EXACT_BITS if self.extra_bits is None else self.extra_bits
         qexp = emax - (_P - 1) - extra  # the aligned addends are multiples of 2^qexp
         ints = np.trunc(np.ldexp(t, -qexp[None])).astype(np.int64)
@@ -136,8 +149,7 @@ class Unit:
 def _round_int(s: np.ndarray, qexp: np.ndarray, mode: str) -> np.ndarray:
     """s * 2^qexp (int64 s) rounded to float32's 24 bits (and its subnormal grid)."""
     mag = np.abs(s)
-    _, e = np.frexp(mag.astype(np.float64))
-    msb = e - 1
+    msb = np.frexp(mag.astype(np.float64))[1].astype(np.int64) - 1  # frexp gives int32
     msb = np.where((mag >> np.maximum(msb, 0)) == 0, msb - 1, msb)
     msb = np.where((mag >> np.minimum(msb + 1, 62)) != 0, msb + 1, msb)
     # Keep 24 bits, or fewer where the result falls below float32's normal range.
@@ -145,7 +157,7 @@ def _round_int(s: np.ndarray, qexp: np.ndarray, mode: str) -> np.ndarray:
     sh = np.clip(sh, 0, 62)
     q = mag >> sh
     rem = mag - (q << sh)
-    half = np.where(sh > 0, np.left_shift(1, np.maximum(sh - 1, 0)), 1)
+    half = np.where(sh > 0, np.left_shift(np.int64(1), np.maximum(sh - 1, 0)), 1)
     pos = s > 0
     up = {
         "nearest": (rem > half) | ((rem == half) & (sh > 0) & (q % 2 == 1)),
@@ -236,6 +248,11 @@ class _Battery:
         self.rows.append(row)
         self.labels.append(label)
 
+    def extend(self, other: "_Battery") -> "_Battery":
+        self.rows += other.rows
+        self.labels += other.labels
+        return self
+
     def matrices(self) -> tuple[np.ndarray, np.ndarray]:
         n = max(len(self.rows), _K)  # at least 64 x 64: BLAS picks kernels by size
         a = np.zeros((n, _K), np.float64)
@@ -263,13 +280,17 @@ def _run(matmul: Callable, bat: _Battery) -> tuple[np.ndarray, np.ndarray, np.nd
     return a, b, np.diagonal(out)[:n].astype(np.float64), out.dtype.name
 
 
+def _diag(unit, a, b) -> np.ndarray:
+    return unit.diagonal(a, b) if hasattr(unit, "diagonal") else np.diagonal(unit(a, b))
+
+
 def _decide(name: str, matmul: Callable, bat: _Battery, hyps: dict[Any, Unit],
             out_dtype: list[str], note: str = "") -> Feature:
     """Run the battery; keep the hypotheses that predict every output bit for bit."""
     a, b, got, odt = _run(matmul, bat)
     out_dtype[:] = [odt]
     with np.errstate(all="ignore"):
-        preds = {h: np.diagonal(u(a, b))[:len(got)].astype(odt).astype(np.float64)
+        preds = {h: _diag(u, a, b)[:len(got)].astype(odt).astype(np.float64)
                  for h, u in hyps.items()}
     fits = [h for h, p in preds.items() if np.array_equal(p, got)]
     evidence = []
@@ -286,7 +307,7 @@ def _decide(name: str, matmul: Callable, bat: _Battery, hyps: dict[Any, Unit],
             f"the inputs cannot tell apart {', '.join(map(str, fits))}")
     elif not fits:
         note = (note + "; " if note else "") + "no hypothesis predicts the outputs"
-    return Feature(name, value, tuple(evidence[:12]), note)
+    return Feature(name, value, tuple(evidence[:12]), note), fits
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,10 +329,18 @@ def _extra_bits(dtype, p: int) -> _Battery:
     bat = _Battery(dtype)
     for k in range(1, _MAX_EXTRA + 2):  # truncation: any kept bit moves 1 - 2^-(23+k) down
         bat.add(f"1 - 2^-{23 + k}", [(0, 1.0), (1, -(2.0 ** -(23 + k)))])
+        bat.add(f"1 + 2^-{23 + k}", [(0, 1.0), (1, 2.0 ** -(23 + k))])  # rounding up
     bat.add("1 - 3*2^-25", [(0, 1.0), (1, -3 * 2.0 ** -25)])
+    bat.add("1 + 3*2^-25", [(0, 1.0), (1, 3 * 2.0 ** -25)])
+    for k in range(2, _MAX_EXTRA + 2):  # 0.75 ulp below 1, truncated to 0.5 or 0 ulp
+        bat.add(f"1 - 3*2^-{24 + k}", [(0, 1.0), (1, -3 * 2.0 ** -(24 + k))])
+        bat.add(f"1 + 3*2^-{24 + k}", [(0, 1.0), (1, 3 * 2.0 ** -(24 + k))])
     for j in range(1, p):  # nearest: a tie 1 - 2^-25 tipped by 2^-(25+j), one product
-        bat.add(f"1 - 2^-25*(1+2^-{j})",
-                [(0, 1.0, 1.0), (1, -(1 + 2.0 ** -j) * 2.0 ** -13, 2.0 ** -12)])
+        for sign in (-1.0, 1.0):
+            bat.add(f"1 {'-+'[sign > 0]} 2^-25*(1+2^-{j})",
+                    [(0, 1.0, 1.0), (1, sign * (1 + 2.0 ** -j) * 2.0 ** -13, 2.0 ** -12)])
+            bat.add(f"1 {'-+'[sign > 0]} 2^-24*(1+2^-{j})",
+                    [(0, 1.0, 1.0), (1, sign * (1 + 2.0 ** -j) * 2.0 ** -12, 2.0 ** -12)])
     return bat
 
 
@@ -326,6 +355,12 @@ def _block(dtype, extra: int | None) -> _Battery:
             s = 2.0 ** -(25 + extra)
             bat.add(f"1@0 - 1@1 + 2^-{25 + extra}@{m}", [(0, 1.0), (1, -1.0), (m, s)])
     bat.add("1@0 + 2^-24@2 + 2^-24@3", [(0, 1.0), (2, h), (3, h)])
+    s = 2.0 ** -(25 + extra) if extra is not None else h
+    for a in range(1, _K - 2):  # 1, -1 in one step, or across a boundary that keeps 1
+        bat.add(f"1@{a} - 1@{a + 1} + {s:g}@{a + 2}", [(a, 1.0), (a + 1, -1.0), (a + 2, s)])
+    for row, label in list(zip(bat.rows, bat.labels)):  # mirrored, for backward orders
+        bat.rows.append([(_K - 1 - k, x, y) for k, x, y in row])
+        bat.labels.append(f"{label}, k -> {_K - 1}-k")
     return bat
 
 
@@ -335,7 +370,8 @@ def _order(dtype, width: int, extra: int | None) -> _Battery:
 
     bat = _Battery(dtype)
     s = 2.0 ** -(25 + (extra or 0)) if extra is not None else 2.0 ** -24
-    for places in ((0, width, 2 * width), (0, 1, _K - 1), (0, _K // 2, _K - 1)):
+    for places in ((0, width, 2 * width), (0, 2 * width, 3 * width), (0, width, 3 * width),
+                   (0, 1, _K - 1), (0, _K // 2, _K - 1)):
         places = tuple(min(p, _K - 1) for p in places)
         if len(set(places)) < 3:
             continue
@@ -374,6 +410,9 @@ class _NarrowProducts:
     def __init__(self, dtype: np.dtype):
         self.dtype = dtype
 
+    def diagonal(self, a, b):
+        return np.diagonal(self(a, b))
+
     def __call__(self, a, b):
         x, y = np.asarray(a).astype(np.float64), np.asarray(b).astype(np.float64)
         prods = (x[:, :, None] * y[None, :, :]).astype(self.dtype).astype(np.float64)
@@ -411,32 +450,46 @@ def features(matmul: Callable[[np.ndarray, np.ndarray], Any], dtype: Any = "floa
         missing = [f.name for f in details if f.name in needs and f.value == "unknown"]
         if missing:  # its hypotheses would rest on a guess
             details.append(Feature(name, "unknown", (), f"needs {', '.join(missing)}"))
-        else:
-            details.append(_decide(name, matmul, battery(), hyps, odt, note))
-        return details[-1].value
+            return "unknown", []
+        feature, fits = _decide(name, matmul, battery(), hyps, odt, note)
+        details.append(feature)
+        return feature.value, fits
 
-    r = step("rounding", lambda: _rounding(dt),
-             {r: replace(base, rounding=r) for r in ROUNDINGS})
+    r, _ = step("rounding", lambda: _rounding(dt),
+                {r: replace(base, rounding=r) for r in ROUNDINGS})
     base = replace(base, rounding=r if r in ROUNDINGS else "nearest")
     hyps = {e: replace(base, extra_bits=e) for e in range(_MAX_EXTRA + 1)}
     hyps[f">={_MAX_EXTRA + 1}"] = replace(base, extra_bits=None)
-    e = step("extra_bits", lambda: _extra_bits(dt, p), hyps, needs=("rounding",))
+    e, _ = step("extra_bits", lambda: _extra_bits(dt, p), hyps, needs=("rounding",))
     extra = e if isinstance(e, int) else None
     base = replace(base, extra_bits=extra)
-    w = step("block_fma_width", lambda: _block(dt, extra),
-             {w: replace(base, block=w) for w in _WIDTHS}, needs=("rounding", "extra_bits"))
-    base = replace(base, block=w if isinstance(w, int) else 1)
-    o = step("order", lambda: _order(dt, base.block, extra),
-             {o: replace(base, order=o) for o in ORDERS},
-             needs=("rounding", "extra_bits", "block_fma_width"))
-    base = replace(base, order=o if o in ORDERS else "sequential")
+    # Width and order together: a reversed or pairwise order moves the block boundaries.
+    def width_order():
+        bat = _block(dt, extra)
+        for w in (1, 2, 3, 4, 8, 16):
+            bat.extend(_order(dt, w, extra))
+        return bat
+
+    _, fits = step("block_fma_width", width_order,
+                   {(w, o): replace(base, block=w, order=o) for w in _WIDTHS for o in ORDERS},
+                   needs=("rounding", "extra_bits"))
+    joint = details.pop()
+    for name, i in (("block_fma_width", 0), ("order", 1)):
+        vals = sorted({f[i] for f in fits}, key=str)
+        value = vals[0] if len(vals) == 1 else "unknown"
+        note = "" if len(vals) == 1 else joint.note if not vals else (
+            f"the inputs cannot tell apart {', '.join(map(str, vals))}")
+        details.append(Feature(name, value, joint.evidence if i == 0 else (), note))
+    w, o = details[-2].value, details[-1].value
+    base = replace(base, block=w if isinstance(w, int) else 1,
+                   order=o if o in ORDERS else "sequential")
     if p == _P:  # float32: the exact product shows only through a fused sum
-        pe = step("product_exact", lambda: _products(dt, p),
-                  {True: base, False: replace(base, product_exact=False)},
-                  needs=("rounding", "extra_bits", "block_fma_width", "order"))
+        pe, _ = step("product_exact", lambda: _products(dt, p),
+                     {True: base, False: replace(base, product_exact=False)},
+                     needs=("rounding", "extra_bits", "block_fma_width", "order"))
     else:  # a product of two narrow inputs fits float32: read it alone
-        pe = step("product_exact", lambda: _products(dt, p),
-                  {True: base, "rounded to the input format": _NarrowProducts(dt)})
+        pe, _ = step("product_exact", lambda: _products(dt, p),
+                     {True: base, "rounded to the input format": _NarrowProducts(dt)})
     base = replace(base, product_exact=pe if isinstance(pe, bool) else True)
     step("subnormals", lambda: _subnormals(dt),
          {s: replace(base, subnormals=s) for s in ("kept", "flushed")})
