@@ -338,11 +338,13 @@ def _worker_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def _run_env_worker(framework: str, environ: Mapping[str, str], fingerprints: bool,
-                    timeout: float) -> dict[str, Any]:
+                    timeout: float, deep: bool = False) -> dict[str, Any]:
     """One `--env FRAMEWORK` worker: {"backends": {name: info}, "platforms", "error"}."""
     cmd = [sys.executable, "-m", "diag.backends.worker", "--env", framework]
     if not fingerprints:
         cmd.append("--no-fingerprints")
+    if deep:  # the matmul's arithmetic features (diag.features)
+        cmd.append("--deep")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               env=_worker_env(environ))
