@@ -29,6 +29,7 @@ __all__ = [
     "compare",
     "environment",
     "errors",
+    "features",
     "flags",
     "nan",
     "nodes",
@@ -45,7 +46,7 @@ __all__ = [
 
 # The library's modules, loaded on first attribute access (none imports a framework at
 # import time). `cli` and `render` are the command line's, not the library's.
-_LAZY_MODULES = {"compare", "environment", "errors", "flags", "nan", "nodes", "numerics",
+_LAZY_MODULES = {"compare", "environment", "errors", "features", "flags", "nan", "nodes", "numerics",
                  "oracle", "precision", "probes", "report", "results", "runner", "suite"}
 
 
