@@ -2,8 +2,8 @@
 
     PYTHONPATH=$PWD python benchmarks/bench_features.py [--repeats 3]
 
-Prints the median seconds of one `features(matmul, dtype)` call (6 matmuls of up to
-[366, 64] x [64, 366] plus the numpy model's predictions) for jax-cpu and torch-cpu (when
+Prints the median seconds of one `features(matmul, dtype)` call (5 matmuls of up to
+about [430, 64] x [64, 430] plus the numpy model's predictions) for jax-cpu and torch-cpu (when
 installed) and for a numpy model of a unit, with the raw samples. The cost is on the host
 side mostly (hypotheses evaluated with the model), so it is about the same on any device.
 """

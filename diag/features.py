@@ -425,7 +425,8 @@ def features(matmul: Callable[[np.ndarray, np.ndarray], Any], dtype: Any = "floa
 
     Args:
       matmul: `(a, b) -> a @ b` on numpy matrices of `dtype` (a jax or CPU torch result is
-        read with `np.asarray`). Called 6 times, shapes up to [126, 64] x [64, 126].
+        read with `np.asarray`). Called 5 times (fewer when a feature is `unknown`),
+        shapes from [64, 64] x [64, 64] up to about [430, 64] x [64, 430].
       dtype: the inputs' dtype: float32, bfloat16 or float16. Features of the accumulation
         are only observable when the output keeps float32's 24 bits; with a bf16 or fp16
         output they come back `unknown`, saying so.
