@@ -33,6 +33,7 @@ __all__ = [
     "environment",
     "errors",
     "faults",
+    "features",
     "flags",
     "inputs",
     "junit",
@@ -53,9 +54,10 @@ __all__ = [
 
 # The library's modules, loaded on first attribute access (none imports a framework at
 # import time). `cli` and `render` are the command line's, not the library's.
-_LAZY_MODULES = {"ab", "baseline", "compare", "drift", "environment", "errors", "faults", "flags",
-                 "inputs", "junit", "nan", "nodes", "numerics", "oracle", "precision", "probes",
-                 "report", "results", "runner", "suite", "tolerance", "workers"}
+_LAZY_MODULES = {"ab", "baseline", "compare", "drift", "environment", "errors", "faults",
+                 "features", "flags", "inputs", "junit", "nan", "nodes", "numerics", "oracle",
+                 "precision", "probes", "report", "results", "runner", "suite", "tolerance",
+                 "workers"}
 
 
 def run(*args, **kwargs):

@@ -285,6 +285,10 @@ def env_cmd(
         help="Measure which arithmetic each backend's matmul uses at each precision setting."),
     timeout: float = typer.Option(300.0, "--timeout", min=1.0,
                                   help="Seconds each framework's worker may take."),
+    deep: bool = typer.Option(
+        False, "--deep",
+        help="Also measure each matmul's arithmetic features (rounding, extra bits, block "
+             "FMA width, order, subnormals) with crafted inputs; seconds per backend."),
 ) -> None:
     """Devices, versions and every numerics setting in effect, with risky ones flagged.
 
@@ -293,7 +297,7 @@ def env_cmd(
     """
     from diag import environment, render
 
-    report = environment.env_report(fingerprints=fingerprints, timeout=timeout)
+    report = environment.env_report(fingerprints=fingerprints, timeout=timeout, deep=deep)
     code = 4 if any(fw.get("error") and "not installed" not in fw["error"]
                     for fw in report["frameworks"].values()) else 0
     if as_json:

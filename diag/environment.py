@@ -95,13 +95,16 @@ def collect(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def env_report(*, fingerprints: bool = True, timeout: float = _flags.ENV_TIMEOUT,
-               environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+               environ: Mapping[str, str] | None = None, deep: bool = False) -> dict[str, Any]:
     """Everything numerics-relevant in effect here: what `diag env` shows.
 
     Args:
       fingerprints: measure each backend's matmul under each precision setting it can
         express (`diag.precision.fingerprint`); a few seconds per framework on CPU.
       timeout: seconds each framework worker may take.
+      deep: also measure the arithmetic features of each backend's matmul
+        (`diag.precision.features`: rounding, extra bits, block FMA width, ...) at each
+        precision setting, and on bf16 and fp16 inputs; about a second each on CPU.
       environ: the environment to audit (default: this process's).
 
     Returns:
@@ -124,7 +127,7 @@ def env_report(*, fingerprints: bool = True, timeout: float = _flags.ENV_TIMEOUT
         if not framework_installed(fw):
             frameworks[fw] = {"backends": {}, "error": f"{fw} is not installed"}
             continue
-        frameworks[fw] = run_env_worker(fw, environ, fingerprints, timeout)
+        frameworks[fw] = run_env_worker(fw, environ, fingerprints, timeout, deep=deep)
     present = {name for fw in frameworks.values() for name in fw["backends"]}
 
     def settings(fw: str):

@@ -52,6 +52,7 @@ __all__ = [
     "Fingerprint",
     "emulate",
     "emulator",
+    "features",
     "fingerprint",
     "round_to",
 ]
@@ -484,3 +485,6 @@ def _classify(s: dict, all_rounded: bool, err_ulp: float,
             return "TF32_TF32_F32_X3", 3
     ev.append(f"no known algorithm keeps {prefix} single bits and {dense} dense bits")
     return "UNKNOWN", None
+
+
+from diag.features import features  # noqa: E402  (its own module; re-exported here)

@@ -236,7 +236,29 @@ def env_tables(report: dict[str, Any]) -> list:
     tables = [backends, settings]
     if fps.row_count:
         tables.append(fps)
+    feats = _features_table(report, cell)
+    if feats.row_count:
+        tables.append(feats)
     return tables + ([found] if report["findings"] else [])
+
+
+def _features_table(report: dict[str, Any], cell) -> Table:
+    """`diag env --deep`: each matmul's arithmetic features (diag.features)."""
+    cols = ("product_exact", "extra_bits", "rounding", "block_fma_width", "order",
+            "subnormals")
+    table = Table(title="diag env --deep: matmul arithmetic features (crafted inputs)")
+    for col in ("backend", "precision", "inputs", "output") + cols:
+        table.add_column(col, overflow="fold")
+    for data in report["frameworks"].values():
+        for name, info in data.get("backends", {}).items():
+            for f in info.get("features") or []:
+                vals = [f"[yellow]{cell(f.get(c))}[/]" if f.get(c) == "unknown" else
+                        cell(f.get(c)) for c in cols]
+                if f.get("error"):
+                    vals = [f"[red]{cell(f['error'])}[/]"] + [""] * (len(cols) - 1)
+                table.add_row(cell(name), cell(f.get("precision")), cell(f.get("dtype")),
+                              cell(f.get("output_dtype")), *vals)
+    return table
 
 
 _NODE_STYLE = {"ok": "green", "slow": "yellow", "suspect": "bold red"}

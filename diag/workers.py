@@ -128,7 +128,7 @@ def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
 
 
 def run_env_worker(framework: str, environ: Mapping[str, str], fingerprints: bool,
-                    timeout: float) -> dict[str, Any]:
+                    timeout: float, deep: bool = False) -> dict[str, Any]:
     """One `--env FRAMEWORK` worker (`diag env`): what it reports per backend.
 
     Returns:
@@ -142,6 +142,8 @@ def run_env_worker(framework: str, environ: Mapping[str, str], fingerprints: boo
     cmd = _worker_cmd("--env", framework)
     if not fingerprints:
         cmd.append("--no-fingerprints")
+    if deep:  # the matmul's arithmetic features (diag.features)
+        cmd.append("--deep")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               env=worker_env(base=environ))

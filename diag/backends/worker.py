@@ -248,8 +248,35 @@ def matmul_fingerprints(backend, settings: list[tuple[str, str]]) -> list[dict[s
     return fps
 
 
-def worker_env(framework: str, emit: Callable[..., None], fingerprints: bool = True) -> None:
-    """Inside a worker: each present backend's device, versions, settings, fingerprints.
+def matmul_features(backend, settings: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Inside a worker (`diag env --deep`): `diag.precision.features` of the backend's
+    matmul per (precision, via) on float32 inputs, and on bf16 and fp16 inputs by default.
+    """
+    from diag.precision import features
+
+    out = []
+    for prec, via in settings:
+        fn = backend.matmul(precision=prec, precision_via=via)
+
+        def on_device(a, b, fn=fn):
+            return backend.get(fn(backend.put(a), backend.put(b)))
+
+        for dtype in ("float32",) + (("bfloat16", "float16") if prec == "default" else ()):
+            entry: dict[str, Any] = {"precision": prec, "via": via}
+            t0 = time.perf_counter()
+            try:
+                entry.update(features(on_device, dtype).to_json())
+            except Exception as e:  # one failing setting is a finding, not the end
+                entry.update(dtype=dtype, error=f"{type(e).__name__}: {e}"[:300])
+            entry["seconds"] = round(time.perf_counter() - t0, 3)
+            out.append(entry)
+    return out
+
+
+def worker_env(framework: str, emit: Callable[..., None], fingerprints: bool = True,
+               deep: bool = False) -> None:
+    """Inside a worker: each present backend's device, versions, settings, fingerprints
+    (and with `deep`, the arithmetic features of its matmul, `diag env --deep`).
 
     Emits one `backend` event per backend of `framework` whose platform is present, then
     `done` with the platforms seen.
@@ -266,6 +293,8 @@ def worker_env(framework: str, emit: Callable[..., None], fingerprints: bool = T
             continue
         info = backend.setup(spec.platform)
         fps = matmul_fingerprints(backend, _precision_settings(spec) if fingerprints else [])
+        if deep:
+            info["features"] = matmul_features(backend, _precision_settings(spec))
         emit(event="backend", backend=spec.name, fingerprints=fps, **info)
     emit(event="done", platforms=platforms)
 
@@ -275,9 +304,9 @@ def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "--discover":
         discover(argv[1], stream)
         return 0
-    if len(argv) in (2, 3) and argv[0] == "--env":  # `diag env`: devices, settings, fingerprints
+    if 2 <= len(argv) <= 4 and argv[0] == "--env":  # `diag env`: devices, settings, ...
         worker_env(argv[1], lambda **event: _emit(stream, **event),
-                   fingerprints=argv[2:] != ["--no-fingerprints"])
+                   fingerprints="--no-fingerprints" not in argv[2:], deep="--deep" in argv[2:])
         return 0
     if len(argv) != 1:
         print("usage: python -m diag.backends.worker JOB.json | --discover FRAMEWORK",
