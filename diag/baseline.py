@@ -17,7 +17,9 @@ the drift rule is the tolerance policy itself (docs/baseline.md has the derivati
 * A status that changes is drift; a record that disappears or appears is drift (a record the
   baseline lacks is one nothing gates: save the baseline again).
 * A changed precision fingerprint (the arithmetic a backend's matmul uses at a setting) is drift,
-  as is a changed numerics setting (XLA_FLAGS, JAX/torch precision config, numerics env vars).
+  as is a changed arithmetic feature of its unit (`diag.precision.features`: product exactness,
+  extra bits, rounding, block FMA width, order, subnormals; `diag.drift.feature_drifts`) and a
+  changed numerics setting (XLA_FLAGS, JAX/torch precision config, numerics env vars).
 * `bitwise=True` (same hardware, same versions: a deterministic setup) also compares the sha256
   of every output's bits and every metric exactly: any bit is drift.
 
@@ -43,7 +45,7 @@ from typing import Any, Optional
 
 from diag import tolerance as _tol
 from diag.errors import UsageError
-from diag.drift import Check, Drift, show as _show
+from diag.drift import Check, Drift, feature_drifts, features_of, show as _show
 from diag.results import RunDir, read_results
 
 __all__ = ["BASELINE_SCHEMA", "BaselineError", "Check", "Drift", "build", "check", "load",
@@ -198,6 +200,7 @@ def build(run_dir: str | os.PathLike) -> dict[str, Any]:
         "key": run_key(meta),
         "backends": sorted(meta.get("backends") or {}),
         "fingerprints": _fingerprints(meta),
+        "features": features_of(meta),
         "records": [{"probe": r.get("probe"), "case": r.get("case"), "backend": r.get("backend"),
                      "kind": r.get("kind"), "op": r.get("op"), "dtype": r.get("dtype"),
                      "params": r.get("params") or {}, "status": r.get("status"),
@@ -257,6 +260,11 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
                                                                         for f in v)
                                             for v in fps.values()):
         raise bad("field 'fingerprints' must map backends to lists of objects")
+    feats = data.get("features", {})  # absent from baselines saved before features were
+    if not isinstance(feats, dict) or not all(isinstance(v, list) and all(isinstance(f, dict)
+                                                                          for f in v)
+                                              for v in feats.values()):
+        raise bad("field 'features' must map backends to lists of objects")
     if not isinstance(data.get("backends"), list):
         raise bad("field 'backends' must be a list")
     records = data.get("records")
@@ -405,6 +413,13 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
     result.drifts.extend(_fingerprint_drifts(
         {b: v for b, v in (baseline.get("fingerprints") or {}).items() if b not in one_sided},
         {b: v for b, v in _fingerprints(meta).items() if b not in one_sided}))
+    if "features" in baseline:
+        result.drifts.extend(feature_drifts(
+            {b: v for b, v in baseline["features"].items() if b not in one_sided},
+            {b: v for b, v in features_of(meta).items() if b not in one_sided}))
+    else:
+        result.notes.append("the baseline records no matmul features (saved by an older diag): "
+                            "save it again to gate them")
     old_records: dict[str, dict] = {}
     for rec in baseline["records"]:
         old_records[_unique(old_records, record_key(rec))] = rec

@@ -9,7 +9,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Check", "Drift", "show"]
+__all__ = ["FEATURE_FIELDS", "Check", "Drift", "feature_drifts", "features_of", "show"]
+
+#: The fields of a matmul's recorded features (`diag.precision.features`) that describe its
+#: unit's arithmetic; the evidence and the seconds it took are not compared.
+FEATURE_FIELDS = ("product_exact", "extra_bits", "rounding", "block_fma_width", "order",
+                  "subnormals")
 
 
 @dataclass(frozen=True)
@@ -17,8 +22,8 @@ class Drift:
     """One thing that changed: where, what, old and new value, and why it counts.
 
     Attributes:
-      where: `probe | case | backend`, `fingerprint <backend> <precision>/<via>` or
-        `setting <name>`.
+      where: `probe | case | backend`, `fingerprint <backend> precision=.. via=..`,
+        `features <backend> precision=.. via=.. dtype=..` or `setting <name>`.
       what: the metric or field (`status`, `bound_ratio`, `record`, ...).
       old: the baseline's value.
       new: this run's value.
@@ -77,3 +82,46 @@ class Check:
         (and a JUnit failure), not drift; one that newly fails changed status, which is.
         """
         return 1 if self.drifts else 0
+
+
+def features_of(meta: dict) -> dict[str, list[dict]]:
+    """Backend -> its recorded matmul features (run.json's `backends[name]["features"]`),
+    each cut to its setting, dtype and `FEATURE_FIELDS` (what a baseline keeps)."""
+    out = {}
+    for name, info in (meta.get("backends") or {}).items():
+        entries = (info or {}).get("features")
+        if entries:
+            out[name] = [{k: e.get(k) for k in ("precision", "via", "dtype") + FEATURE_FIELDS}
+                         for e in entries if isinstance(e, dict)]
+    return out
+
+
+def feature_drifts(old: dict[str, list[dict]], new: dict[str, list[dict]]) -> list[Drift]:
+    """Each feature of a backend's matmul unit that differs between a baseline and a run.
+
+    The features are decided exactly (bit-for-bit predictions of crafted inputs), so the same
+    unit gives the same values on every run: any change means a driver, runtime or library
+    changed how the unit adds, which is drift even when every record still passes.
+
+    Args:
+      old, new: `features_of` of the baseline and of the run.
+
+    Returns:
+      One Drift per changed feature, and one per (setting, dtype) measured in one run only.
+    """
+    out = []
+    for backend in sorted(set(old) | set(new)):
+        a = {(e.get("precision"), e.get("via"), e.get("dtype")): e for e in old.get(backend, [])}
+        b = {(e.get("precision"), e.get("via"), e.get("dtype")): e for e in new.get(backend, [])}
+        for key in sorted(set(a) | set(b), key=str):
+            where = f"features {backend} precision={key[0]} via={key[1]} dtype={key[2]}"
+            if key not in a or key not in b:
+                out.append(Drift(where, "features", "measured" if key in a else None,
+                                 "measured" if key in b else None,
+                                 "measured in only one of the two runs"))
+                continue
+            for f in FEATURE_FIELDS:
+                if a[key].get(f) != b[key].get(f):
+                    out.append(Drift(where, f, a[key].get(f), b[key].get(f),
+                                     "the matmul unit's arithmetic changed"))
+    return out

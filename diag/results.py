@@ -139,7 +139,8 @@ class RunMeta:
       backends_planned: the backend labels planned (`jax-cpu`, `jax-cpu+B`).
       backends_skipped: backend -> why it could not run.
       backends: backend label -> what its worker reported at start-up (`device`,
-        `framework`, `settings`, `fingerprints`).
+        `framework`, `settings`, `fingerprints`, and with them `features`: the float32
+        default-setting arithmetic features of its matmul, `diag.precision.features`).
       ab: an A/B run's setting: `B` (the assignments as given) and `env` (the B side's
         environment additions); None otherwise.
       report_sections: op -> the report section that shows its records (from the probe

@@ -290,7 +290,7 @@ class _Run:
                     started = True
                     self.backend_info[spec.label] = {
                         k: event[k] for k in ("device", "framework", "settings",
-                                              "fingerprints") if k in event}
+                                              "fingerprints", "features") if k in event}
                 elif kind == "result":
                     self.judge_result(by_id[event["case"]], spec, event)
                     index += 1

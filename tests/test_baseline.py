@@ -17,6 +17,7 @@ import pytest
 import xmlschema
 
 from conftest import REPO_ROOT, TINY_SUITE, needs_jax, needs_torch, run_diag
+from diag.drift import FEATURE_FIELDS
 
 XSD = REPO_ROOT / "tests" / "data" / "junit-jenkins.xsd"
 
@@ -84,6 +85,44 @@ def test_baseline_holds_metrics_fingerprints_key_and_digests(runs):
                   and r["probe"] == probe["probe"])
     assert probe["metrics"]["bound_ratio"] == source["metrics"]["bound_ratio"]
     assert probe["digests"] == source["metrics"]["output_digests"]
+
+
+def test_baseline_keys_each_backends_matmul_features(runs):
+    data = json.loads(runs["baseline"].read_text())
+    meta = json.loads((runs["dirs"][0] / "run.json").read_text())
+    for name in ("jax-cpu", "torch-cpu"):
+        (kept,) = data["features"][name]
+        (measured,) = meta["backends"][name]["features"]
+        assert kept == {k: measured[k] for k in kept}  # the values, not the evidence
+        assert set(FEATURE_FIELDS) < set(kept) and "details" not in kept
+
+
+def test_changed_feature_drifts_and_names_it(runs, tmp_path):
+    """A driver or library that changes how the unit adds is drift, even if records pass."""
+    (now,) = json.loads((runs["dirs"][1] / "run.json").read_text())["backends"]["torch-cpu"][
+        "features"]
+    old = "toward_zero" if now["rounding"] != "toward_zero" else "nearest"
+
+    def change(data):
+        data["features"]["torch-cpu"][0]["rounding"] = old
+
+    path = _tampered(runs, tmp_path, change)
+    r = run_diag("check", str(runs["dirs"][1]), "--baseline", str(path))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert ("drift: features torch-cpu precision=default via=none dtype=float32: rounding "
+            f"{old} -> {now['rounding']} (the matmul unit's arithmetic changed)") in r.stderr
+    # Everything else still matches: the feature is the only drift.
+    assert r.stderr.count("diag: drift:") == 1, r.stderr
+    # The untampered baseline passes the same run.
+    assert run_diag("check", str(runs["dirs"][1]), "--baseline",
+                    str(runs["baseline"])).returncode == 0
+
+
+def test_baseline_saved_before_features_checks_clean_and_says_so(runs, tmp_path):
+    path = _tampered(runs, tmp_path, lambda data: data.pop("features"))
+    r = run_diag("check", str(runs["dirs"][1]), "--baseline", str(path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "records no matmul features" in r.stdout + r.stderr
 
 
 def test_changed_setting_drifts_and_names_it(runs, tmp_path):
@@ -236,6 +275,9 @@ def test_key_mismatch_is_reported_and_bitwise_skipped(runs, tmp_path):
     ('{"schema": "diag.baseline/0"}', "schema is 'diag.baseline/0'"),
     ('{"schema": "diag.baseline/1", "key": {"hardware": {}, "versions": {}, "settings": {}}, '
      '"fingerprints": {}, "backends": [], "records": [{"probe": 1}]}', "record 0 lacks"),
+    ('{"schema": "diag.baseline/1", "key": {"hardware": {}, "versions": {}, "settings": {}}, '
+     '"fingerprints": {}, "features": {"jax-cpu": "nearest"}, "backends": [], "records": []}',
+     "field 'features' must map backends to lists of objects"),
     (None, "no such baseline file"),
 ])
 def test_unusable_baseline_exits_2_with_one_line(runs, tmp_path, content, words):

@@ -191,3 +191,37 @@ def test_console_has_no_errors(page):
     assert severe == []
     assert driver.execute_script("return window.__xss === undefined && !document.querySelector("
                                  "'main script, header script')")
+
+
+@pytest.fixture(scope="module")
+def features_page(driver, tmp_path_factory):
+    """The report of a real run (jax-cpu, torch-cpu) in the browser, and its run.json."""
+    try:
+        from test_features_run import MATMUL_SUITE, _run
+    except ImportError:
+        from tests.test_features_run import MATMUL_SUITE, _run
+    run_dir, meta = _run(tmp_path_factory.mktemp("browser-features"), MATMUL_SUITE,
+                         "jax-cpu,torch-cpu")
+    driver.get((run_dir / "report.html").resolve().as_uri())
+    return driver, meta
+
+
+def test_features_table_shows_real_values_and_opens_their_evidence(features_page):
+    driver, meta = features_page
+    from diag.drift import FEATURE_FIELDS
+
+    rows = driver.find_elements(By.CSS_SELECTOR, "#features-table tbody tr")
+    assert len(rows) == 2 and all(r.is_displayed() for r in rows)
+    for row in rows:
+        cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+        (entry,) = meta["backends"][cells[0]]["features"]
+        assert cells[4:4 + len(FEATURE_FIELDS)] == [str(entry[f]) for f in FEATURE_FIELDS]
+        # Collapsed until opened; opened, the evidence shows the recorded outputs.
+        rounding = row.find_element(By.CSS_SELECTOR, 'details[data-feature="rounding"]')
+        output = rounding.find_element(By.CSS_SELECTOR, "code.feature-output")
+        assert not output.is_displayed()
+        rounding.find_element(By.TAG_NAME, "summary").click()
+        assert output.is_displayed()
+        (detail,) = [d for d in entry["details"] if d["name"] == "rounding"]
+        assert output.text == f"{detail['evidence'][0]['output']:.9g}"
+        assert rounding.find_element(By.CSS_SELECTOR, "li.feature-match").is_displayed()

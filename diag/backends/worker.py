@@ -12,7 +12,9 @@ Protocol: one JSON object per line on the protocol stream (the original stdout; 
 framework prints is redirected to stderr so it cannot corrupt the stream):
   {"event": "ready", "device": {...}, "framework": {...}, "settings": {...},
    "fingerprints": [...] (the arithmetic of the probe table's fingerprinted op,
-   `diag.probes.FINGERPRINT_OP`, for each [precision, via] pair the job's "fingerprint" lists)}
+   `diag.probes.FINGERPRINT_OP`, for each [precision, via] pair the job's "fingerprint" lists),
+   "features": [...] (with fingerprints only: `diag.precision.features` of that op, float32
+   inputs at the default setting)}
   {"event": "result", "case": ID, "outputs": [{"name", "path", "dtype", "shape"}, ...],
    "timings": {...}, "input_digests": [sha256 of each input as read back from the device]}
   {"event": "case_error", "case": ID, "error": "..."}
@@ -131,6 +133,9 @@ def run_job(job: dict, stream) -> None:
     if settings and hasattr(backend, FINGERPRINT_OP):
         # What arithmetic this backend's op uses under each setting the cases use.
         info["fingerprints"] = matmul_fingerprints(backend, [tuple(p) for p in settings])
+        # And how its unit adds (diag.precision.features), float32 at the default setting
+        # only: one features() call per backend per run (~0.3 s on CPU), for the CI gate.
+        info["features"] = matmul_features(backend, [("default", "none")], dtypes=("float32",))
     _emit(stream, event="ready", **info)
 
     out_dir = job["out_dir"]
@@ -248,20 +253,31 @@ def matmul_fingerprints(backend, settings: list[tuple[str, str]]) -> list[dict[s
     return fps
 
 
-def matmul_features(backend, settings: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """Inside a worker (`diag env --deep`): `diag.precision.features` of the backend's
-    matmul per (precision, via) on float32 inputs, and on bf16 and fp16 inputs by default.
+def matmul_features(backend, settings: list[tuple[str, str]],
+                    dtypes: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    """Inside a worker: `diag.precision.features` of the backend's matmul per (precision, via).
+
+    Args:
+      backend: a set-up backend module (put/get/matmul).
+      settings: (precision, via) pairs to measure.
+      dtypes: input dtypes to measure at every setting; None (`diag env --deep`): float32,
+        plus bf16 and fp16 at the default setting.
+
+    Returns:
+      One JSON-ready entry per (setting, dtype): precision, via, `Features.to_json()` (or
+      `error`) and the `seconds` it took.
     """
     from diag.precision import features
 
     out = []
     for prec, via in settings:
-        fn = backend.matmul(precision=prec, precision_via=via)
+        fn = getattr(backend, FINGERPRINT_OP)(precision=prec, precision_via=via)
 
         def on_device(a, b, fn=fn):
             return backend.get(fn(backend.put(a), backend.put(b)))
 
-        for dtype in ("float32",) + (("bfloat16", "float16") if prec == "default" else ()):
+        for dtype in dtypes or ("float32",) + (("bfloat16", "float16") if prec == "default"
+                                               else ()):
             entry: dict[str, Any] = {"precision": prec, "via": via}
             t0 = time.perf_counter()
             try:
