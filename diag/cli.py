@@ -361,7 +361,7 @@ def preflight_cmd(
         counts = ", ".join(f"{sum(f.status == s for f in findings)} {s}"
                            for s in ("pass", "warn", "fail", "error")
                            if any(f.status == s for f in findings))
-        what = step.note if step.state == "skipped" else counts or "nothing to report"
+        what = step.note if step.state == "skipped" else counts or step.note or "nothing new"
         render.print_line(f"diag preflight: [{i}/{n}] {step.name}: {step.state}, {what} "
                           f"({step.seconds:.1f} s)", err=True)
 

@@ -12,7 +12,9 @@ Steps, in order of value (what a user loses most by not knowing comes first):
    before anything else runs) and the environment judged by `diag.flags.RULES`. Always runs.
 2. ``fingerprints``: each framework's numerics settings (the same rules) and the arithmetic
    each backend's float32 matmul really uses at each precision setting
-   (`diag.environment.env_report`, which measures `diag.precision.fingerprint`).
+   (`diag.precision.fingerprint`). When the probes fit in the budget, their workers measure
+   both (run.json's ``backends``) and every framework starts once; otherwise
+   `diag.environment.env_report` measures them alone, the cheaper half of the check.
 3. ``probes``: the shipped `preflight` suite (matmul at each precision setting, softmax,
    exact top-k, greedy argmax on tiny shapes) through `diag.runner.run`, judged against exact
    ground truth.
@@ -80,6 +82,7 @@ STEPS: tuple[Step, ...] = (
                    "(suite 'preflight')", 12.0, "run --suite preflight"),
     Step("nodes", "bad-device scan of the local devices", 4.0, "nodes"),
 )
+_ESTIMATES = {s.name: s.estimate_s for s in STEPS}
 
 
 @dataclass
@@ -103,7 +106,11 @@ class Finding:
 
 @dataclass
 class StepResult:
-    """How a step went: `ran`, `skipped` (budget) or `crashed`, its cost and why."""
+    """How a step went, its cost and why.
+
+    `state` is `ran`, `skipped` (budget), `crashed`, or `with probes` (fingerprints
+    measured by the probe step's workers, whose cost includes them).
+    """
 
     name: str
     state: str
@@ -213,58 +220,78 @@ def _rule_findings(step: str, found: list[dict]) -> list[Finding]:
 
 
 def _fingerprints(environ: dict[str, str], result: Preflight) -> None:
-    from diag.backends import BACKENDS, promises_full_precision
+    """Alone (when the probes do not fit): `diag env`'s workers measure what the probes' would."""
     from diag.environment import env_report
 
     report = env_report(fingerprints=True, environ=environ)
-    host_rules = {f.check for f in result.findings}
-    # The framework rules only: the environment's were judged in `settings` already.
-    result.findings += [f for f in _rule_findings("fingerprints", report["findings"])
-                        if f.check not in host_rules]
+    backends: dict[str, dict] = {}
     for fw, data in report["frameworks"].items():
         error = data.get("error")
         if error and "not installed" in error:
             result.findings.append(Finding("fingerprints", fw, "skip", error))
-            continue
-        if error:
+        elif error:
             result.findings.append(Finding("fingerprints", fw, "error", error,
                                            f"run `diag --debug env` to see why the {fw} "
                                            "worker failed"))
-            continue
-        for name, info in data.get("backends", {}).items():
-            fps = info.get("fingerprints") or []
-            result.fingerprints[name] = fps
-            spec = BACKENDS.get(name)
-            low = []
-            for fp in fps:
-                label, precision = fp.get("label"), str(fp.get("precision"))
-                if label == FULL_PRECISION:
-                    continue
-                where = f"{name} precision={precision} (via {fp.get('via')})"
-                if spec is not None and promises_full_precision(spec, "float32", precision):
-                    result.findings.append(Finding(
-                        "fingerprints", f"{name} {precision}", "fail",
-                        f"{where}: float32 matmul measured as {label}, below the float32 "
-                        "this backend promises at this setting",
-                        f"do not trust float32 results of {name}; run `diag run --suite "
-                        f"matmul --backend {name}` and report it against "
-                        f"{(info.get('framework') or {}).get('name', fw)}"))
-                else:
-                    low.append(f"{precision}: {label}")
-            if low:
-                result.findings.append(Finding(
-                    "fingerprints", name, "warn",
-                    f"{name} float32 matmul is not float32 at " + ", ".join(low),
-                    "use precision HIGHEST (jax) / set_float32_matmul_precision('highest') "
-                    "(torch) on the matmuls that need float32"))
-            elif fps:
-                result.findings.append(Finding(
-                    "fingerprints", name, "pass",
-                    f"float32 matmul is {FULL_PRECISION} at every precision setting "
-                    f"({len(fps)} measured)"))
+        backends.update(data.get("backends", {}))
+    _judge_backends(environ, result, backends)
 
 
-def _probes(environ: dict[str, str], result: Preflight, cache_dir: Optional[str]) -> None:
+def _judge_backends(environ: dict[str, str], result: Preflight,
+                    backends: dict[str, dict]) -> None:
+    """Framework settings (the rules) and matmul fingerprints of the backends that ran.
+
+    Args:
+      backends: {backend: {"settings", "fingerprints", "framework", ...}} as the workers
+        report them (`diag env`'s, or a run's run.json ``backends``).
+    """
+    from diag.backends import BACKENDS, promises_full_precision
+    from diag.flags import findings, host_flags
+
+    def settings(fw: str):
+        infos = [i for n, i in backends.items() if n.split("-")[0] == fw]
+        return infos[0].get("settings", {}) if infos else None
+
+    found = findings({"env": environ, "flags": host_flags(environ), "jax": settings("jax"),
+                      "torch": settings("torch"), "backends": set(backends)})
+    host_rules = {f.check for f in result.findings}
+    # The framework rules only: the environment's were judged in `settings` already.
+    result.findings += [f for f in _rule_findings("fingerprints", found)
+                        if f.check not in host_rules]
+    for name, info in backends.items():
+        fps = info.get("fingerprints") or []
+        result.fingerprints[name] = fps
+        spec = BACKENDS.get(name)
+        low = []
+        for fp in fps:
+            label, precision = fp.get("label"), str(fp.get("precision"))
+            if label == FULL_PRECISION:
+                continue
+            if spec is not None and promises_full_precision(spec, "float32", precision):
+                result.findings.append(Finding(
+                    "fingerprints", f"{name} {precision}", "fail",
+                    f"{name} precision={precision} (via {fp.get('via')}): float32 matmul "
+                    f"measured as {label}, below the float32 this backend promises here",
+                    f"do not trust float32 results of {name}; run `diag run --suite matmul "
+                    f"--backend {name}` and report it against "
+                    f"{(info.get('framework') or {}).get('name', name)}"))
+            else:
+                low.append(f"{precision}: {label}")
+        if low:
+            result.findings.append(Finding(
+                "fingerprints", name, "warn",
+                f"{name} float32 matmul is not float32 at " + ", ".join(low),
+                "use precision HIGHEST (jax) / set_float32_matmul_precision('highest') "
+                "(torch) on the matmuls that need float32"))
+        elif fps:
+            settings_seen = ", ".join(dict.fromkeys(str(fp.get("precision")) for fp in fps))
+            result.findings.append(Finding(
+                "fingerprints", name, "pass",
+                f"float32 matmul is {FULL_PRECISION} at precision {settings_seen}"))
+
+
+def _probes(environ: dict[str, str], result: Preflight, cache_dir: Optional[str],
+            with_fingerprints: bool) -> None:
     from diag import runner
 
     # The workers inherit this process's environment; what `environ` changes goes with them.
@@ -273,6 +300,9 @@ def _probes(environ: dict[str, str], result: Preflight, cache_dir: Optional[str]
     try:
         run = runner.run("preflight", out=out, repeats=PROBE_REPEATS, cache_dir=cache_dir,
                          env=extra or None, argv=["diag", "preflight"])
+        # The workers measured their settings and the fingerprint of each precision setting
+        # the suite's matmul cases use (all of them): no second start of every framework.
+        backends = json.loads((run.run_dir / "run.json").read_text()).get("backends") or {}
     finally:
         shutil.rmtree(out, ignore_errors=True)
     ran, passed = set(), 0
@@ -293,6 +323,8 @@ def _probes(environ: dict[str, str], result: Preflight, cache_dir: Optional[str]
                 "warn": "within what the backend promises; check the job tolerates it"}
         result.findings.append(Finding("probes", check, status, rec["reason"],
                                        todo.get(status, "")))
+    if with_fingerprints:
+        _judge_backends(environ, result, backends)
     result.findings.append(Finding("probes", "preflight suite", "pass",
                                    f"{passed} record(s) pass on {', '.join(sorted(ran))}"
                                    if ran else "no backend present to probe"))
@@ -356,16 +388,24 @@ def preflight(budget: float = DEFAULT_BUDGET, *, environ: Optional[dict[str, str
     runs: dict[str, Callable[[], None]] = {
         "settings": lambda: _settings(environ, result),
         "fingerprints": lambda: _fingerprints(environ, result),
-        "probes": lambda: _probes(environ, result, cache_dir),
+        "probes": lambda: _probes(environ, result, cache_dir,
+                                  with_fingerprints="fingerprints" in merged),
         "nodes": lambda: _nodes(environ, result, tuple(injections)),
     }
     new_timings: dict[str, float] = {}
+    merged: set[str] = set()
     t0 = time.monotonic()
     for i, step in enumerate(STEPS, 1):
         expected = measured.get(step.name, step.estimate_s)
         left = budget - (time.monotonic() - t0)
         before = len(result.findings)
-        if step.name != "settings" and expected > left:
+        if step.name == "fingerprints" and measured.get("probes", _ESTIMATES["probes"]) <= left:
+            # The probe workers measure the same settings and fingerprints: one framework
+            # start instead of two, when the probes fit (they come next, nothing in between).
+            merged.add(step.name)
+            sr = StepResult(step.name, "with probes", 0.0, expected,
+                            "measured by the probe workers")
+        elif step.name != "settings" and expected > left:
             sr = StepResult(step.name, "skipped", 0.0, expected,
                             f"needs ~{expected:.0f} s, {max(left, 0):.0f} s of the budget left")
             result.findings.append(Finding(step.name, step.name, "skip",

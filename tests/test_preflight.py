@@ -44,7 +44,9 @@ def test_healthy_machine_is_fit_and_every_step_ran(healthy):
     data = json.loads(proc.stdout)
     assert data["verdict"] == "fit" and data["exit_code"] == 0
     assert [s["name"] for s in data["steps"]] == STEP_NAMES
-    assert all(s["state"] == "ran" for s in data["steps"]) and data["skipped"] == []
+    # With the default budget the probe workers measure the fingerprints too (one start).
+    assert [s["state"] for s in data["steps"]] == ["ran", "with probes", "ran", "ran"]
+    assert data["skipped"] == []
     statuses = {f["status"] for f in data["findings"]}
     assert not statuses & {"fail", "error"}
     assert {f["step"] for f in data["findings"]} == set(STEP_NAMES)
@@ -59,7 +61,7 @@ def test_healthy_machine_is_fit_and_every_step_ran(healthy):
         assert mine and all(f["status"] == ("warn" if low else "pass") for f in mine)
     # Each step's measured cost is kept for the next budget.
     kept = json.loads((tmp / "cache" / "preflight" / "timings.json").read_text())
-    assert set(kept) == set(STEP_NAMES) and all(v >= 0 for v in kept.values())
+    assert set(kept) == {"settings", "probes", "nodes"} and all(v >= 0 for v in kept.values())
 
 
 def test_progress_is_one_stderr_line_per_step(healthy):
@@ -118,6 +120,19 @@ def test_budget_plans_by_measured_costs(tmp_path):
     skips = [f for f in data["findings"] if f["status"] == "skip"]
     assert [f["step"] for f in skips] == ["fingerprints", "probes"]
     assert all("needs ~1000 s" in f["what"] and "--budget" in f["todo"] for f in skips)
+
+
+def test_fingerprints_alone_when_the_probes_do_not_fit(tmp_path):
+    """The cheaper half: `diag env`'s workers measure settings and fingerprints."""
+    _timings(tmp_path, fingerprints=1.0, probes=1000.0, nodes=1000.0)
+    proc = run_diag("preflight", "--json", "--budget", "60",
+                    env={"DIAG_CACHE_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [s["state"] for s in data["steps"]] == ["ran", "ran", "skipped", "skipped"]
+    assert {"jax-cpu", "torch-cpu"} <= set(data["fingerprints"])
+    precisions = {fp["precision"] for fp in data["fingerprints"]["jax-cpu"]}
+    assert {"default", "highest"} <= precisions
 
 
 @pytest.mark.parametrize("fault,code,status", [
