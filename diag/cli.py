@@ -336,47 +336,29 @@ def nan_cmd(
 
 @app.command("preflight")
 def preflight_cmd(
-    budget: float = typer.Option(60.0, "--budget", min=0.001,
-                                 help="Seconds the preflight may take: steps that do not fit "
-                                      "(by their last measured cost) are skipped and named."),
+    budget: float = typer.Option(60.0, "--budget", min=0.001, help="Seconds it may take: "
+                                 "steps that do not fit (by measured cost) are skipped, named."),
     as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON on stdout."),
-    junit: Optional[Path] = typer.Option(None, "--junit",
-                                         help="Also write a JUnit XML file: one testcase per "
-                                              "finding."),
-    inject: Optional[List[str]] = typer.Option(
-        None, "--inject",
-        help="Self-test of the device check: a fault for the node scan to find, as "
-             "`diag nodes --inject` ('device=0,kind=nan,rate=1'); repeatable."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML: one "
+                                         "testcase per finding."),
+    inject: Optional[List[str]] = typer.Option(None, "--inject", help="A fault for the node "
+                                               "scan to find, as `diag nodes --inject`."),
 ) -> None:
-    """Fit to run a job? Settings, fingerprints, quick probes and a node scan in one verdict.
+    """Fit to run a job? Settings, fingerprints, quick probes, a node scan: one verdict.
 
-    Exits 0 fit, 1 a numerical problem, 3 a bad device, 4 a step crashed, 2 bad usage (a bad
-    XLA flag included).
-    """
+    Exits 0 fit, 1 numerical problem, 3 bad device, 4 a step crashed, 2 bad usage/flag."""
     from diag import nodes, preflight, render
 
-    injections = tuple(nodes.parse_injection(i) for i in inject or [])
-
-    def progress(i: int, n: int, step, findings) -> None:
-        counts = ", ".join(f"{sum(f.status == s for f in findings)} {s}"
-                           for s in ("pass", "warn", "fail", "error")
-                           if any(f.status == s for f in findings))
-        what = step.note if step.state == "skipped" else counts or step.note or "nothing new"
-        render.print_line(f"diag preflight: [{i}/{n}] {step.name}: {step.state}, {what} "
-                          f"({step.seconds:.1f} s)", err=True)
-
-    result = preflight.preflight(budget, injections=injections, on_step=progress)
+    result = preflight.preflight(
+        budget, injections=tuple(nodes.parse_injection(i) for i in inject or []),
+        on_step=lambda *a: render.print_line(preflight.progress_line(*a), err=True))
     if junit is not None:
-        preflight.write_junit(result, junit)
+        render.print_line(f"diag: junit: {preflight.write_junit(result, junit)}", err=as_json)
     if as_json:
         render.out.print_json(json.dumps(result.to_dict(), default=str))
     else:
         render.out.print(render.preflight_table(result))
-        skipped = f"; skipped: {', '.join(result.skipped)}" if result.skipped else ""
-        render.print_line(f"diag preflight: {result.verdict} ({result.elapsed_s:.1f} s of "
-                          f"{budget:g} s){skipped}")
-    if junit is not None:
-        render.print_line(f"diag: junit: {junit}", err=as_json)
+        render.print_line(result.summary())
     raise typer.Exit(result.exit_code)
 
 

@@ -49,7 +49,7 @@ from diag.errors import (EXIT_BAD_NODE, EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WO
                          UsageError)
 
 __all__ = ["preflight", "Preflight", "Finding", "StepResult", "STEPS", "DEFAULT_BUDGET",
-           "timings_path", "write_junit"]
+           "timings_path", "write_junit", "progress_line"]
 
 DEFAULT_BUDGET = 60.0
 #: Repeats of the node scan: 3 is the fewest with which an input is seen twice on a device
@@ -150,6 +150,12 @@ class Preflight:
         fit = f"fit ({len(self.skipped)} step(s) skipped)" if self.skipped else "fit"
         return {EXIT_OK: fit, EXIT_NUMERICAL_FAILURE: "numerical problem",
                 EXIT_BAD_NODE: "bad device", EXIT_WORKER_CRASH: "crashed"}[self.exit_code]
+
+    def summary(self) -> str:
+        """The last line a person reads: the verdict, the time it took, what was skipped."""
+        skipped = f"; skipped: {', '.join(self.skipped)}" if self.skipped else ""
+        return (f"diag preflight: {self.verdict} ({self.elapsed_s:.1f} s of "
+                f"{self.budget_s:g} s){skipped}")
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -441,6 +447,15 @@ def preflight(budget: float = DEFAULT_BUDGET, *, environ: Optional[dict[str, str
     result.elapsed_s = time.monotonic() - t0
     _save_timings(new_timings)
     return result
+
+
+def progress_line(i: int, n: int, step: StepResult, findings: list[Finding]) -> str:
+    """One stderr line per step (what `on_step` gets): readable in a CI log as it comes."""
+    counts = ", ".join(f"{sum(f.status == s for f in findings)} {s}"
+                       for s in ("pass", "warn", "fail", "error")
+                       if any(f.status == s for f in findings))
+    what = step.note if step.state == "skipped" else counts or step.note or "nothing new"
+    return f"diag preflight: [{i}/{n}] {step.name}: {step.state}, {what} ({step.seconds:.1f} s)"
 
 
 def write_junit(result: Preflight, path: str | os.PathLike) -> Path:
