@@ -42,6 +42,7 @@ __all__ = [
     "numerics",
     "oracle",
     "precision",
+    "preflight",
     "probes",
     "report",
     "results",
@@ -56,8 +57,8 @@ __all__ = [
 # import time). `cli` and `render` are the command line's, not the library's.
 _LAZY_MODULES = {"ab", "baseline", "compare", "drift", "environment", "errors", "faults",
                  "features", "flags", "inputs", "junit", "nan", "nodes", "numerics", "oracle",
-                 "precision", "probes", "report", "results", "runner", "suite", "tolerance",
-                 "workers"}
+                 "precision", "preflight", "probes", "report", "results", "runner", "suite",
+                 "tolerance", "workers"}
 
 
 def run(*args, **kwargs):

@@ -334,6 +334,34 @@ def nan_cmd(
     raise typer.Exit(1 if report is not None else 0)
 
 
+@app.command("preflight")
+def preflight_cmd(
+    budget: float = typer.Option(60.0, "--budget", min=0.001, help="Seconds it may take: "
+                                 "steps that do not fit (by measured cost) are skipped, named."),
+    as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON on stdout."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML: one "
+                                         "testcase per finding."),
+    inject: Optional[List[str]] = typer.Option(None, "--inject", help="A fault for the node "
+                                               "scan to find, as `diag nodes --inject`."),
+) -> None:
+    """Fit to run a job? Settings, fingerprints, quick probes, a node scan: one verdict.
+
+    Exits 0 fit, 1 numerical problem, 3 bad device, 4 a step crashed, 2 bad usage/flag."""
+    from diag import nodes, preflight, render
+
+    result = preflight.preflight(
+        budget, injections=tuple(nodes.parse_injection(i) for i in inject or []),
+        on_step=lambda *a: render.print_line(preflight.progress_line(*a), err=True))
+    if junit is not None:
+        render.print_line(f"diag: junit: {preflight.write_junit(result, junit)}", err=as_json)
+    if as_json:
+        render.out.print_json(json.dumps(result.to_dict(), default=str))
+    else:
+        render.out.print(render.preflight_table(result))
+        render.print_line(result.summary())
+    raise typer.Exit(result.exit_code)
+
+
 @app.command("baseline")
 def baseline_cmd(
     run_dir: Path = typer.Argument(..., help="A finished run folder (e.g. of `diag run "

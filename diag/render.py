@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from diag.nodes import NodeScan
 
 __all__ = ["console", "out", "RunProgress", "summary_table", "problems_table", "print_error",
-           "print_line", "nodes_tables", "nodes_summary", "env_tables", "nan_report_table"]
+           "print_line", "nodes_tables", "nodes_summary", "env_tables", "nan_report_table",
+           "preflight_table"]
 
 # Width for a stream that is not a terminal (a CI log, a file): wide enough that no table
 # of diag's is wrapped or folded; rich only pads a table to its content's width.
@@ -331,6 +332,20 @@ def nodes_summary(nodes: NodeScan, run_dir: Any = None) -> list[str]:
     if run_dir is not None:
         lines.append(f"diag: run folder: {run_dir}")
     return lines
+
+
+def preflight_table(result: Any) -> Table:
+    """`diag preflight`: one row per finding (step, status, check, what, what to do)."""
+    verdict_style = "green" if result.exit_code == 0 else "bold red"
+    table = Table(title=f"diag preflight: [{verdict_style}]{escape(result.verdict)}[/] "
+                        f"(exit {result.exit_code}, {result.elapsed_s:.1f} s of a "
+                        f"{result.budget_s:g} s budget)", show_lines=True)
+    for col in ("step", "status", "check", "finding", "what to do"):
+        table.add_column(col, overflow="fold")
+    for f in result.findings:
+        table.add_row(escape(f.step), badge(f.status), escape(f.check), escape(f.what),
+                      escape(f.todo or "—"))
+    return table
 
 
 def nan_report_table(report: Any) -> Table:
