@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from diag.drift import Check
 
-__all__ = ["write"]
+__all__ = ["save", "write"]
 
 
 def write(result: "Check", path: str | os.PathLike, *, name: str = "diag check") -> Path:
@@ -30,7 +30,7 @@ def write(result: "Check", path: str | os.PathLike, *, name: str = "diag check")
     Returns:
       The file written.
     """
-    from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
+    from junitparser import Failure, Skipped, TestCase, TestSuite
 
     suite = TestSuite(name)
     for k, r in result.results.items():
@@ -50,6 +50,13 @@ def write(result: "Check", path: str | os.PathLike, *, name: str = "diag check")
             tc = TestCase(d.where, classname="settings")
             tc.result = [Failure(d.text()[:500], "drift")]
             suite.add_testcase(tc)
+    return save(suite, path)
+
+
+def save(suite, path: str | os.PathLike) -> Path:
+    """Write one junitparser `TestSuite` as a JUnit XML file (what CI systems read)."""
+    from junitparser import JUnitXml
+
     xml = JUnitXml()
     xml.add_testsuite(suite)
     path = Path(path)

@@ -463,7 +463,7 @@ def write_junit(result: Preflight, path: str | os.PathLike) -> Path:
 
     Written with junitparser, as `diag.junit` writes `diag check`'s file.
     """
-    from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
+    from junitparser import Error, Failure, Skipped, TestCase, TestSuite
 
     suite = TestSuite("diag preflight")
     for f in result.findings:
@@ -477,11 +477,9 @@ def write_junit(result: Preflight, path: str | os.PathLike) -> Path:
             tc.result = [Skipped(text[:500])]
         tc.system_out = text
         suite.add_testcase(tc)
-    xml = JUnitXml()
-    xml.add_testsuite(suite)
-    path = Path(path)
-    xml.write(str(path), pretty=True)
-    return path
+    from diag.junit import save
+
+    return save(suite, path)
 
 
 class _CallableModule(types.ModuleType):
