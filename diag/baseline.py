@@ -45,7 +45,8 @@ from typing import Any, Optional
 
 from diag import tolerance as _tol
 from diag.errors import UsageError
-from diag.drift import Check, Drift, feature_drifts, features_of, show as _show
+from diag.drift import (Check, Drift, feature_drifts, features_of, setting_drifts,
+                        show as _show)
 from diag.results import RunDir, read_results
 
 __all__ = ["BASELINE_SCHEMA", "BaselineError", "Check", "Drift", "build", "check", "load",
@@ -341,22 +342,10 @@ def _metric_drifts(where: str, old: dict, new: dict, bitwise: bool) -> list[Drif
 
 
 def _fingerprint_drifts(old: dict, new: dict) -> list[Drift]:
-    out = []
-    for backend in sorted(set(old) | set(new)):
-        a = {(f.get("precision"), f.get("via")): f for f in old.get(backend, [])}
-        b = {(f.get("precision"), f.get("via")): f for f in new.get(backend, [])}
-        for setting in sorted(set(a) | set(b), key=str):
-            where = f"fingerprint {backend} precision={setting[0]} via={setting[1]}"
-            if setting not in b or setting not in a:
-                out.append(Drift(where, "fingerprint", a.get(setting, {}).get("label"),
-                                 b.get(setting, {}).get("label"),
-                                 "measured in only one of the two runs"))
-                continue
-            for f in FINGERPRINT_FIELDS:
-                if a[setting].get(f) != b[setting].get(f):
-                    out.append(Drift(where, f, a[setting].get(f), b[setting].get(f),
-                                     "the matmul arithmetic at this setting changed"))
-    return out
+    return setting_drifts(old, new, kind="fingerprint", keys=("precision", "via"),
+                          fields=FINGERPRINT_FIELDS,
+                          why="the matmul arithmetic at this setting changed",
+                          shown=lambda e: e.get("label"))
 
 
 def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) -> Check:

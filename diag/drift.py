@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["FEATURE_FIELDS", "Check", "Drift", "feature_drifts", "features_of", "show"]
+__all__ = ["FEATURE_FIELDS", "Check", "Drift", "feature_drifts", "features_of",
+           "setting_drifts", "show"]
 
 #: The fields of a matmul's recorded features (`diag.precision.features`) that describe its
 #: unit's arithmetic; the evidence and the seconds it took are not compared.
@@ -109,19 +110,31 @@ def feature_drifts(old: dict[str, list[dict]], new: dict[str, list[dict]]) -> li
     Returns:
       One Drift per changed feature, and one per (setting, dtype) measured in one run only.
     """
+    return setting_drifts(old, new, kind="features", keys=("precision", "via", "dtype"),
+                          fields=FEATURE_FIELDS, why="the matmul unit's arithmetic changed",
+                          shown=lambda e: "measured")
+
+
+def setting_drifts(old: dict[str, list[dict]], new: dict[str, list[dict]], *, kind: str,
+                   keys: tuple[str, ...], fields: tuple[str, ...], why: str,
+                   shown: Callable[[dict], Any]) -> list[Drift]:
+    """Per backend, the entries measured at each setting (`keys`) that differ in `fields`.
+
+    Shared by fingerprints and features: one Drift per changed field, and one per setting
+    measured in one run only (its value shown by `shown`).
+    """
     out = []
     for backend in sorted(set(old) | set(new)):
-        a = {(e.get("precision"), e.get("via"), e.get("dtype")): e for e in old.get(backend, [])}
-        b = {(e.get("precision"), e.get("via"), e.get("dtype")): e for e in new.get(backend, [])}
+        a = {tuple(e.get(k) for k in keys): e for e in old.get(backend, [])}
+        b = {tuple(e.get(k) for k in keys): e for e in new.get(backend, [])}
         for key in sorted(set(a) | set(b), key=str):
-            where = f"features {backend} precision={key[0]} via={key[1]} dtype={key[2]}"
+            where = f"{kind} {backend} " + " ".join(f"{k}={v}" for k, v in zip(keys, key))
             if key not in a or key not in b:
-                out.append(Drift(where, "features", "measured" if key in a else None,
-                                 "measured" if key in b else None,
+                out.append(Drift(where, kind, shown(a[key]) if key in a else None,
+                                 shown(b[key]) if key in b else None,
                                  "measured in only one of the two runs"))
                 continue
-            for f in FEATURE_FIELDS:
+            for f in fields:
                 if a[key].get(f) != b[key].get(f):
-                    out.append(Drift(where, f, a[key].get(f), b[key].get(f),
-                                     "the matmul unit's arithmetic changed"))
+                    out.append(Drift(where, f, a[key].get(f), b[key].get(f), why))
     return out

@@ -53,6 +53,16 @@ def worker_env(extra: Mapping[str, str] | None = None,
     return env
 
 
+def _events(stdout: str):
+    """The protocol events in a finished worker's stdout (one JSON object per line; anything
+    else a framework printed there is skipped)."""
+    for line in stdout.splitlines():
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError:
+            continue
+
+
 def _discover(framework: str, env: dict[str, str]) -> tuple[list[str], str | None]:
     """Platforms a framework sees, from a throwaway worker started with the workers'
     environment; (platforms, error).
@@ -68,11 +78,7 @@ def _discover(framework: str, env: dict[str, str]) -> tuple[list[str], str | Non
                               text=True, timeout=DISCOVERY_TIMEOUT, env=env)
     except subprocess.TimeoutExpired:
         return [], f"{framework} did not list its devices within {DISCOVERY_TIMEOUT:.0f} s"
-    for line in proc.stdout.splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for event in _events(proc.stdout):
         if event.get("event") == "platforms":
             return event["platforms"], None
     bad = flag_error(proc.stderr)
@@ -156,11 +162,7 @@ def run_env_worker(framework: str, environ: Mapping[str, str], fingerprints: boo
     except subprocess.TimeoutExpired:
         return {"backends": {}, "error": f"{framework} did not report within {timeout:g} s"}
     result: dict[str, Any] = {"backends": {}}
-    for line in proc.stdout.splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for event in _events(proc.stdout):
         if event.get("event") == "backend":
             result["backends"][event.pop("backend")] = {
                 k: v for k, v in event.items() if k != "event"}

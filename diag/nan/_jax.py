@@ -120,10 +120,7 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     if prog.nnx is None and _jit_without_donation(fn):
         # Nothing to protect: the user's own call (the fast, cached path) is the screen, and
         # a clean function costs one call.
-        try:
-            result = jax.block_until_ready(fn(*args, **kwargs))
-        except Exception as e:  # noqa: BLE001 - the user's function may raise anything
-            raise NanHuntError(f"{name} raised {type(e).__name__}: {e}") from e
+        result = _call(fn, args, kwargs, name)
         if not _nonfinite_leaves(result):
             return None
         screened = jax.tree_util.tree_leaves(result)
@@ -197,13 +194,17 @@ def _kind(x) -> tuple[str, bool]:
     return ("NaN" if nan else "Inf"), (nan or inf)
 
 
-def _untraceable(fn, args, kwargs, name, prog, error) -> NanReport | None:
-    """A function JAX cannot trace is still screened by one call; only a bad one is an error."""
+def _call(fn, args, kwargs, name):
+    """One plain call of the user's function, finished; what it raises is a NanHuntError."""
     try:
-        result = jax.block_until_ready(fn(*args, **kwargs))
+        return jax.block_until_ready(fn(*args, **kwargs))
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
         raise NanHuntError(f"{name} raised {type(e).__name__}: {e}") from e
-    if not _nonfinite_leaves(result):
+
+
+def _untraceable(fn, args, kwargs, name, prog, error) -> NanReport | None:
+    """A function JAX cannot trace is still screened by one call; only a bad one is an error."""
+    if not _nonfinite_leaves(_call(fn, args, kwargs, name)):
         return None
     raise NanHuntError(f"{name} returned NaN/Inf but could not be traced to a jaxpr "
                        f"({type(error).__name__}: {error}); diag nan needs a function jax.jit "
