@@ -1,0 +1,103 @@
+"""The `diag` command line: parse, call the library, render, set the exit code.
+
+Exit codes (stable, documented in the README): 0 all good; 1 a numerical check failed;
+2 bad usage or bad input file; 3 a bad device or host was found; 4 a worker crashed or an op
+raised; 70 diag itself failed (a bug: one line, the traceback with --debug); 130 interrupted
+(Ctrl-C) and 143 terminated (SIGTERM), the run folder keeps every finished record.
+
+What the user sees on an error is always one line starting ``diag:`` on stderr: usage
+errors are caught through typer's own exception (`typer.TyperException`, the root of the
+click that typer vendors; the `click` package itself may not be installed).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from diag.cli import devices, gate, run, tools  # noqa: F401 - each registers its commands
+from diag.cli._app import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, app, on_sigterm,
+                           state)
+from diag.errors import DiagError, EXIT_USAGE
+
+
+@app.callback()
+def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors.")) -> None:
+    state.debug = debug
+
+
+def _usage_line(e: Exception) -> str:
+    """A typer/click usage error as one `diag:` line that says where help is."""
+    ctx = getattr(e, "ctx", None)
+    if ctx is not None and ctx.command_path:
+        where = ctx.command_path
+    else:  # the parser raised before it made a context: the command is the first known word
+        names = [c.name or c.callback.__name__ for c in app.registered_commands]
+        names += [g.name for g in app.registered_groups]
+        word = next((a for a in sys.argv[1:] if a in names), None)
+        where = f"diag {word}" if word else "diag"
+    text = (e.format_message() if hasattr(e, "format_message") else str(e)).strip()
+    text = " ".join(text.split()).rstrip(".")
+    if not text:
+        text = "missing command"
+    text = text[0].lower() + text[1:]
+    return f"diag: {text}; see '{where} --help'"
+
+
+def _exit_code(code: int) -> int:
+    return EXIT_TERMINATED if state.terminated else code
+
+
+def main() -> None:
+    """Console-script entry point: every outcome is an exit code, every error one line.
+
+    DiagError -> its message and exit code; a usage error -> one line naming it and where
+    help is, exit 2; Ctrl-C -> 130, SIGTERM -> 143; anything else is a bug in diag -> one line
+    and exit 70. `--debug` adds the traceback (the exit code stays the same).
+    """
+    import signal
+    import traceback
+
+    debug = "--debug" in sys.argv[1:sys.argv.index("--") if "--" in sys.argv else None]
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        # With standalone_mode=False typer returns the code a command exits with and lets
+        # usage errors through to us; a KeyboardInterrupt comes back as 130.
+        code = app(standalone_mode=False, prog_name="diag")
+    except DiagError as e:
+        if state.debug or debug:
+            traceback.print_exc()
+        _fail(str(e))
+        sys.exit(_exit_code(e.exit_code))
+    except typer.Exit as e:
+        sys.exit(_exit_code(e.exit_code))
+    except (typer.Abort, KeyboardInterrupt):
+        sys.exit(_exit_code(EXIT_INTERRUPTED))
+    except typer.TyperException as e:  # bad usage: unknown option/command, bad value
+        if state.debug or debug:
+            traceback.print_exc()
+        _fail(_usage_line(e))
+        sys.exit(_exit_code(EXIT_USAGE))
+    except Exception as e:  # a bug in diag: say so in one line, keep the traceback for --debug
+        if state.debug or debug:
+            traceback.print_exc()
+        first = " ".join(str(e).split())[:300]
+        _fail(f"diag: internal error: {type(e).__name__}{': ' + first if first else ''}; "
+              "rerun with --debug for the traceback and report it")
+        sys.exit(_exit_code(EXIT_INTERNAL))
+    sys.exit(_exit_code(code if isinstance(code, int) else 0))
+
+
+def _fail(line: str) -> None:
+    """Print one error line on stderr; plain text if rich itself is what failed."""
+    try:
+        from diag import render
+
+        render.print_error(line)
+    except Exception:  # noqa: BLE001 - the last resort must not raise
+        print(line, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

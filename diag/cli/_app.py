@@ -1,0 +1,58 @@
+"""The typer app every `diag` command registers on, and the state the entry point shares.
+
+Commands live in their own modules of this package (one concern each: run and reports,
+devices and environment, tools, the CI gate, ...); `diag.cli` imports them all so that
+each registers on `app`, then `diag.cli.main` runs it.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import List, Optional
+
+import typer
+
+# no_args_is_help is off: a bare `diag` is a usage error (one line, exit 2), not a help page
+# printed by the parser before diag can say anything.
+app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions_enable=False,
+                  help="diag: do these devices, frameworks and compiler flags compute what "
+                       "the math says?")
+cache_app = typer.Typer(no_args_is_help=False, help="Inspect or clear the ground-truth cache.")
+app.add_typer(cache_app, name="cache")
+
+EXIT_INTERRUPTED = 130
+# SIGTERM (a CI job cancelled, a scheduler's preemption): 128 + 15, as a shell reports it.
+EXIT_TERMINATED = 128 + signal.SIGTERM
+# diag itself failed (a bug, not the user's input nor the device): sysexits' EX_SOFTWARE,
+# apart from 1 (a numerical failure, which a CI gate must be able to trust) and from 2-4.
+EXIT_INTERNAL = 70
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, so every Ctrl-C clean-up path runs for it.
+
+    `diag.runner.run` already turns a KeyboardInterrupt into a run folder marked
+    `interrupted`, its worker killed and its temp folder removed; SIGTERM deserves the same.
+    """
+
+
+class _State:
+    debug = False
+    terminated = False
+
+
+state = _State()
+
+
+def on_sigterm(signum, frame) -> None:
+    if state.terminated:  # a second SIGTERM must not cut the clean-up of the first short
+        return
+    state.terminated = True
+    raise Terminated("terminated by SIGTERM")
+
+
+def split(values: Optional[List[str]]) -> Optional[List[str]]:
+    """Repeatable, comma-separated option values as one list (None when none were given)."""
+    if not values:
+        return None
+    return [v.strip() for item in values for v in item.split(",") if v.strip()]

@@ -1,0 +1,132 @@
+"""`diag run`, `diag report` and `diag cache`: run a suite, render a run folder, manage the ground-truth cache."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from diag.cli._app import EXIT_INTERRUPTED, EXIT_TERMINATED, app, cache_app, split, state
+from diag.errors import DiagError, EXIT_USAGE
+
+
+@app.command()
+def run(
+    suite: str = typer.Option("matmul", "--suite", "-s",
+                              help="A shipped suite name (e.g. matmul) or a path to a .toml file."),
+    backend: Optional[List[str]] = typer.Option(
+        None, "--backend", "-b",
+        help="Backend(s) to run, repeatable or comma-separated (jax-cpu, jax-gpu, jax-tpu, "
+             "torch-cpu, torch-cuda; numpy emulations of accelerator matmul arithmetic, never "
+             "run by default: emu-bf16x1, emu-bf16x3, emu-bf16x6, emu-tf32, emu-tf32x3, "
+             "emu-f16). Default: every hardware backend present."),
+    out: Path = typer.Option(Path("reports"), "--out", "-o",
+                             help="Folder the run folder is created in."),
+    as_json: bool = typer.Option(False, "--json",
+                                 help="Print the run summary and records as JSON on stdout."),
+    report: bool = typer.Option(True, "--report/--no-report",
+                                help="Write report.html into the run folder."),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Timed repeats per case."),
+    timeout: float = typer.Option(600.0, "--timeout", min=0.1,
+                                  help="Seconds one case may take before its worker is killed."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir",
+                                             help="Ground-truth cache folder."),
+    ab: Optional[List[str]] = typer.Option(
+        None, "--ab",
+        help="A/B experiment: run every backend again with this setting (NAME=VALUE: an "
+             "environment variable, an XLA_FLAGS addition such as "
+             "'XLA_FLAGS=--xla_allow_excess_precision=false', or a JAX config option) and "
+             "report what it changes. Repeatable."),
+    max_memory: Optional[float] = typer.Option(
+        None, "--max-memory", min=0.001,
+        help="Host memory one case may need, in GiB; a suite with a larger case is refused "
+             "before anything runs. Default: half of this machine's physical memory."),
+) -> None:
+    """Run a probe suite on every backend present and judge each result against exact math."""
+    from diag import render, runner
+
+    progress = render.RunProgress(enabled=not as_json)
+    try:
+        result = runner.run(suite, split(backend), out=out, repeats=repeats,
+                            case_timeout=timeout, cache_dir=str(cache_dir) if cache_dir else None,
+                            ab=ab, max_memory=max_memory, argv=["diag"] + sys.argv[1:],
+                            on_start=progress.start,
+                            on_record=progress.record)
+    except runner.Interrupted as e:
+        progress.stop()
+        n = len(e.result.records)
+        why = "terminated (SIGTERM)" if state.terminated else "interrupted"
+        render.print_error(f"diag: {why}; {n} finished record(s) kept in {e.result.run_dir}")
+        raise typer.Exit(EXIT_TERMINATED if state.terminated else EXIT_INTERRUPTED)
+    finally:
+        progress.stop()
+    report_path = None
+    if report:
+        from diag.report import write_report
+
+        report_path = write_report(result.run_dir)
+    if as_json:
+        render.out.print_json(json.dumps({
+            "run_dir": str(result.run_dir), "state": result.state, "counts": result.counts,
+            "exit_code": result.exit_code, "report": str(report_path) if report_path else None,
+            "records": result.records}, default=str))
+    else:
+        render.out.print(render.summary_table(result.records))
+        problems = render.problems_table(result.records)
+        if problems is not None:
+            render.out.print(problems)
+        counts = ", ".join(f"{v} {k}" for k, v in result.counts.items() if v)
+        render.print_line(f"diag: {counts or 'no records'}; run folder: {result.run_dir}")
+        if report_path:
+            render.print_line(f"diag: report: {report_path}")
+    raise typer.Exit(result.exit_code)
+
+
+@app.command("report")
+def report_cmd(
+    run_dir: Path = typer.Argument(..., help="A run folder (holding run.json and results.jsonl)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the HTML file."),
+) -> None:
+    """Write a self-contained HTML report for a run folder.
+
+    Exits 2 when results.jsonl has lines that cannot be read (other than a torn last line):
+    the report is still written, and says how many records it could not show.
+    """
+    from diag import render
+    from diag.report import write_report
+    from diag.results import read_results
+
+    if not (run_dir / "run.json").is_file():
+        raise DiagError(f"{run_dir}: not a diag run folder (no run.json); pass the folder "
+                        f"that `diag run` printed")
+    path = write_report(run_dir, out)
+    read = read_results(run_dir)
+    render.print_line(f"diag: report: {path}")
+    for problem in read.problems(run_dir / "results.jsonl"):
+        render.print_error(f"diag: {problem}")
+    if read.unreadable:
+        raise typer.Exit(EXIT_USAGE)
+
+
+@cache_app.command("info")
+def cache_info(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir")) -> None:
+    """Show where the ground-truth cache is and how big it is."""
+    from diag import render
+    from diag.oracle.cache import GroundTruthCache, default_cache_dir
+
+    info = GroundTruthCache(cache_dir or default_cache_dir()).info()
+    render.out.print_json(json.dumps(info, default=str))
+
+
+@cache_app.command("clear")
+def cache_clear(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir")) -> None:
+    """Delete diag's cached ground-truth results (only in a folder diag marked as its cache)."""
+    from diag import render
+    from diag.oracle.cache import GroundTruthCache, default_cache_dir
+
+    cache = GroundTruthCache(cache_dir or default_cache_dir())
+    removed = cache.clear()
+    render.print_line(f"diag: removed {removed} cached file(s) from {cache.root}")

@@ -1,0 +1,65 @@
+"""`diag nan` and `diag preflight`: find the op that makes a NaN; is this machine fit for a job."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from diag.cli._app import app
+
+
+@app.command("nan")
+def nan_cmd(
+    target: str = typer.Argument(..., help="FILE.py:FUNCTION; FUNCTION returns (fn, args) to "
+                                           "hunt, or is hunted itself with no arguments."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+) -> None:
+    """Find the op that first produced a NaN/Inf reaching FUNCTION's results (exit 1 if any)."""
+    from diag import nan, render
+    from diag.flags import validate_xla_flags
+
+    validate_xla_flags()  # before the target imports jax: a bad flag would abort it (exit 2)
+    fn, args, kwargs = nan.load_target(target)
+    report = nan.hunt(fn, args, kwargs)
+    if as_json:
+        render.out.print_json(json.dumps({
+            "target": target, "found": report is not None, "reason": nan.reason(report),
+            "report": report.to_dict() if report is not None else None}))
+    elif report is None:
+        render.out.print(f"diag nan: {target}: no NaN/Inf produced", soft_wrap=True,
+                         markup=False)
+    else:
+        render.out.print(render.nan_report_table(report))
+        render.out.print(f"diag nan: {nan.reason(report)}", soft_wrap=True, markup=False)
+    raise typer.Exit(1 if report is not None else 0)
+
+
+@app.command("preflight")
+def preflight_cmd(
+    budget: float = typer.Option(60.0, "--budget", min=0.001, help="Seconds it may take: "
+                                 "steps that do not fit (by measured cost) are skipped, named."),
+    as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON on stdout."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML: one "
+                                         "testcase per finding."),
+    inject: Optional[List[str]] = typer.Option(None, "--inject", help="A fault for the node "
+                                               "scan to find, as `diag nodes --inject`."),
+) -> None:
+    """Fit to run a job? Settings, fingerprints, quick probes, a node scan: one verdict.
+
+    Exits 0 fit, 1 numerical problem, 3 bad device, 4 a step crashed, 2 bad usage/flag."""
+    from diag import nodes, preflight, render
+
+    result = preflight.preflight(
+        budget, injections=tuple(nodes.parse_injection(i) for i in inject or []),
+        on_step=lambda *a: render.print_line(preflight.progress_line(*a), err=True))
+    if junit is not None:
+        render.print_line(f"diag: junit: {preflight.write_junit(result, junit)}", err=as_json)
+    if as_json:
+        render.out.print_json(json.dumps(result.to_dict(), default=str))
+    else:
+        render.out.print(render.preflight_table(result))
+        render.print_line(result.summary())
+    raise typer.Exit(result.exit_code)
