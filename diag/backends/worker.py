@@ -121,6 +121,7 @@ def _hunt(fn, args) -> dict:
 def run_job(job: dict, stream) -> None:
     from diag import faults, numerics
     from diag.backends import get_spec
+    from diag.trace.capture import case_trace
 
     spec = get_spec(job["backend"])
     label = job.get("label", spec.name)  # BackendSpec.label: `<backend>+B` on an A/B B side
@@ -157,11 +158,13 @@ def run_job(job: dict, stream) -> None:
             thunk, compile_s = backend.prepare(fn, args)
             samples = []
             out = None
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                out = thunk()
-                backend.block(out)
-                samples.append(time.perf_counter() - t0)
+            # --trace: the timed calls inside a profiler session (diag.trace; else a no-op).
+            with case_trace(job, backend, label, case, fn, args):
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    out = thunk()
+                    backend.block(out)
+                    samples.append(time.perf_counter() - t0)
             outputs = []
             finite = True
             named = _named_outputs(out)
