@@ -10,6 +10,7 @@ folders is also checked on folders XLA wrote for one side twice (no difference).
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import subprocess
@@ -44,7 +45,7 @@ def ab_run(tmp_path_factory):
     suite = root / "excess.toml"
     suite.write_text(SUITE)
     res = run_diag("run", "-s", str(suite), "-b", "jax-cpu", "--trace", "--ab", SETTING,
-                   "--json", "--no-report", "-o", str(root / "runs"))
+                   "--json", "-o", str(root / "runs"))
     assert res.returncode == 0, res.stderr[-2000:]
     data = json.loads(res.stdout)
     return Path(data["run_dir"]), data["records"]
@@ -70,6 +71,22 @@ def test_excess_precision_is_attributed_to_a_pass_that_inserts_a_convert(ab_run)
     # The final HLO diff diag recorded for the pair agrees: B compiled more converts.
     final = ab["metrics"]["hlo_diff"]["ops"]["convert"]
     assert final[1] > final[0]
+
+
+def test_report_names_the_pass_beside_the_pair(ab_run):
+    """The report's Profile section lists the attribution: the pair, the pass, what it added."""
+    run, _ = ab_run
+    attributions = read_passes(run)
+    if not attributions:
+        pytest.skip("the setting did not change the outputs on this machine")
+    (att,) = attributions
+    page = (run / "report.html").read_text()
+    section = page[page.index('<section id="trace">'):]
+    section = section[:section.index("</section>")]
+    item = section[section.index(f'data-pair="{att["pair"]}"'):]
+    first = att["first_difference"]
+    assert f'<b class="pass-name">{html.escape(first["pass"])}</b>' in item
+    assert html.escape(f"+ {first['added'][0]}") in item
 
 
 def _dump(folder: Path, env_extra: str) -> None:
