@@ -171,3 +171,114 @@ def test_untraced_run_writes_no_trace(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     run = _run_folder(res)
     assert not (run / "plugins").exists() and not read_summaries(run)
+
+
+# ---------------------------------------------------------------------------------------------
+# diag trace RUN_DIR
+
+
+def test_diag_trace_prints_each_cases_top_ops(traced):
+    run, _ = traced
+    res = run_diag("trace", str(run), "--top", "2")
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.split())  # rich may wrap long cells
+    for s in read_summaries(run):
+        assert s["case"] in text
+        for o in s["ops"][:2]:
+            assert o["name"] in text
+    assert f"traced case(s) in {run}" in text
+
+
+def test_diag_trace_refuses_a_folder_without_traces(tmp_path):
+    res = run_diag("trace", str(tmp_path))
+    assert res.returncode == 2
+    assert res.stderr.strip().startswith("diag:") and "no run.json" in res.stderr
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "x"}))
+    res = run_diag("trace", str(tmp_path))
+    assert res.returncode == 2 and "diag run --trace" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def _listening(pid: int) -> set[tuple[str, int]]:
+    """(address, port) of the TCP sockets process `pid` listens on (Linux /proc)."""
+    import os
+    import socket
+    import struct
+
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = set()
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            addr_hex, port_hex = fields[1].split(":")
+            raw = bytes.fromhex(addr_hex)
+            # /proc prints each 32-bit word in host (little-endian) order.
+            raw = b"".join(struct.pack("<I", struct.unpack(">I", raw[i:i + 4])[0])
+                           for i in range(0, len(raw), 4))
+            found.add((socket.inet_ntop(family, raw), int(port_hex, 16)))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/net/tcp").exists(), reason="reads Linux /proc")
+def test_serve_binds_127_0_0_1_only_and_serves_the_sessions(traced):
+    import os
+    import signal
+    import subprocess
+    import urllib.request
+
+    from conftest import REPO_ROOT, diag_script
+
+    run, _ = traced
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.Popen([diag_script(), "trace", str(run), "--serve", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        assert "http://127.0.0.1:" in line, (line, proc.poll())
+        url = line[line.index("http://"):].split()[0]
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        assert _listening(proc.pid) == {("127.0.0.1", port)}  # nothing on 0.0.0.0 or ::
+        with urllib.request.urlopen(url + "data/plugin/profile/runs", timeout=60) as r:
+            body = r.read()
+            if r.headers.get("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+        sessions = {p.name for p in (run / "plugins" / "profile").iterdir()}
+        assert set(json.loads(body)) == sessions
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    assert code == 143  # SIGTERM, as every diag command reports it
+
+
+def test_serve_on_a_taken_port_is_a_usage_error(traced):
+    import socket
+
+    run, _ = traced
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        res = run_diag("trace", str(run), "--serve", "--port", str(s.getsockname()[1]))
+    assert res.returncode == 2
+    assert res.stderr.strip().startswith("diag: cannot listen on 127.0.0.1:")
+
+
+def test_serve_without_xprof_says_how_to_install_it(traced, tmp_path):
+    run, _ = traced
+    fake = tmp_path / "shadow" / "xprof"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('xprof removed for this test')\n")
+    res = run_diag("trace", str(run), "--serve", "--port", "0",
+                   env={"PYTHONPATH": str(tmp_path / "shadow")})
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "diag: --serve needs xprof (xprof removed for this test); install it with pip "
+        "install 'diag[trace]'"]
