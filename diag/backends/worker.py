@@ -121,7 +121,7 @@ def _hunt(fn, args) -> dict:
 def run_job(job: dict, stream) -> None:
     from diag import faults, numerics
     from diag.backends import get_spec
-    from diag.trace.capture import case_trace
+    from diag.trace.capture import trace_case
 
     spec = get_spec(job["backend"])
     label = job.get("label", spec.name)  # BackendSpec.label: `<backend>+B` on an A/B B side
@@ -158,13 +158,13 @@ def run_job(job: dict, stream) -> None:
             thunk, compile_s = backend.prepare(fn, args)
             samples = []
             out = None
-            # --trace: the timed calls inside a profiler session (diag.trace; else a no-op).
-            with case_trace(job, backend, label, case, fn, args):
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    out = thunk()
-                    backend.block(out)
-                    samples.append(time.perf_counter() - t0)
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                out = thunk()
+                backend.block(out)
+                samples.append(time.perf_counter() - t0)
+            # --trace: the same calls again inside a profiler session (diag.trace; else nothing).
+            trace_case(job, backend, label, case, fn, args, thunk)
             outputs = []
             finite = True
             named = _named_outputs(out)

@@ -1,8 +1,11 @@
-"""Inside a worker: profile each case's timed calls into the run folder.
+"""Inside a worker: profile each case into the run folder.
 
-The worker wraps a case's timed repeats in `case_trace(...)`; with tracing off (the job has
-no `trace` field) that is a null context and costs nothing. With it on, the repeats run
-inside one profiler session of the framework the worker already imported:
+After a case's timed repeats the worker calls `trace_case(...)`; with tracing off (the job
+has no `trace` field) that returns at once. With it on, the case's compiled call runs again,
+as many times as the timed repeats, inside one profiler session of the framework the worker
+already imported. The timed repeats themselves stay outside the profiler: the torch
+profiler with shapes recorded made a sub-millisecond op take milliseconds
+(benchmarks/bench_trace.py), and a record's timings must mean the same traced or not.
 
   - JAX: `jax.profiler.trace` + `jax.profiler.TraceAnnotation("diag:<case>")`; the session
     lands in `plugins/profile/<case>.<backend>/` (XProf's own layout), and the optimised HLO
@@ -34,10 +37,7 @@ from typing import Any, Iterator
 from diag.trace import summarise
 from diag.trace.layout import HLO_DIR, SESSIONS_DIR, SUMMARY_DIR, session_name
 
-__all__ = ["job_field", "case_trace"]
-
-# Timed calls of the `highest` comparison: as many as diag's default repeats.
-COMPARE_REPEATS = 3
+__all__ = ["job_field", "trace_case"]
 
 
 def job_field(run_dir: str | os.PathLike | None, cases) -> dict | None:
@@ -52,14 +52,15 @@ def job_field(run_dir: str | os.PathLike | None, cases) -> dict | None:
     return {"dir": str(run_dir), "labels": {c.id: c.label for c in cases}}
 
 
-def case_trace(job: dict, backend, label: str, case: dict, fn, args):
-    """A context manager around one case's timed calls: a profiler session when the job
-    asks for traces (`job["trace"]`), else nothing."""
+def trace_case(job: dict, backend, label: str, case: dict, fn, args, thunk) -> None:
+    """Profile one case's compiled call (`thunk`) when the job asks for traces
+    (`job["trace"]`); nothing otherwise. Never raises for a profiler or converter failure."""
     field = job.get("trace")
     framework = getattr(backend, "FRAMEWORK", None)
     if not field or framework not in _SESSIONS:
-        return contextlib.nullcontext()
-    return _traced_case(field, framework, backend, job, label, case, fn, args)
+        return
+    calls = max(1, int(job.get("repeats", 3)))
+    _trace(field, framework, backend, job, label, case, fn, args, thunk, calls)
 
 
 @contextlib.contextmanager
@@ -112,43 +113,35 @@ def _highest_variant(job: dict, case: dict) -> dict | None:
     return {**op_args, "precision": "highest", "precision_via": spec.precision_via[0]}
 
 
-@contextlib.contextmanager
-def _traced_case(field: dict, framework: str, backend, job: dict, label: str, case: dict,
-                 fn, args) -> Iterator[None]:
+def _trace(field: dict, framework: str, backend, job: dict, label: str, case: dict, fn,
+           args, thunk, calls: int) -> None:
     run_dir = Path(field["dir"])
     name = session_name(case["id"], label)
     folder = run_dir / SESSIONS_DIR / name
-    session = _SESSIONS[framework]
     summary: dict[str, Any] = {
         "case_id": case["id"], "case": field.get("labels", {}).get(case["id"], case["id"]),
         "backend": label, "framework": framework, "op": case.get("op"),
         "session": str(SESSIONS_DIR / name)}
-    try:
-        started = session(folder, name)
-        started.__enter__()
-    except Exception as e:  # no profiler: the case runs untraced and says so
-        started = None
-        summary["summary_error"] = f"the profiler did not start: {type(e).__name__}: {e}"[:300]
     t0 = time.perf_counter()
     try:
-        yield
-    except BaseException:
-        if started is not None:
-            started.__exit__(None, None, None)
-        raise
+        with _SESSIONS[framework](folder, name):
+            for _ in range(calls):
+                backend.block(thunk())
+    except Exception as e:  # no profiler: the case's numbers stand, the summary says why
+        summary["summary_error"] = f"no trace: the profiler failed: {type(e).__name__}: {e}"[:300]
+        _write_json(run_dir / SUMMARY_DIR / f"{name}.json", summary)
+        return
     summary["traced_wall_s"] = time.perf_counter() - t0
-    if started is not None:
-        try:
-            started.__exit__(None, None, None)
-            summary.update(_summarise(framework, backend, folder, fn, args, run_dir, name))
-        except Exception as e:
-            summary["summary_error"] = (f"trace captured, summary unavailable: "
-                                        f"{type(e).__name__}: {e}")[:300]
-            summary["traceback"] = traceback.format_exc()[-1500:]
-        variant = _highest_variant(job, case)
-        if variant is not None:
-            summary["highest"] = _compare_highest(framework, backend, case, variant, args,
-                                                  run_dir, label)
+    try:
+        summary.update(_summarise(framework, backend, folder, fn, args, run_dir, name))
+    except Exception as e:
+        summary["summary_error"] = (f"trace captured, summary unavailable: "
+                                    f"{type(e).__name__}: {e}")[:300]
+        summary["traceback"] = traceback.format_exc()[-1500:]
+    variant = _highest_variant(job, case)
+    if variant is not None:
+        summary["highest"] = _compare_highest(framework, backend, case, variant, args,
+                                              run_dir, label, calls)
     _write_json(run_dir / SUMMARY_DIR / f"{name}.json", summary)
 
 
@@ -172,7 +165,7 @@ def _summarise(framework: str, backend, folder: Path, fn, args, run_dir: Path,
 
 
 def _compare_highest(framework: str, backend, case: dict, op_args: dict, args, run_dir: Path,
-                     label: str) -> dict[str, Any]:
+                     label: str, calls: int) -> dict[str, Any]:
     """Profile the same case at `highest` precision: its per-call op time, for the cost of
     the precise setting next to the default one."""
     name = session_name(case["id"], label, "highest")
@@ -181,7 +174,7 @@ def _compare_highest(framework: str, backend, case: dict, op_args: dict, args, r
         fn = getattr(backend, case["op"])(**op_args)
         thunk, _ = backend.prepare(fn, args)
         with _SESSIONS[framework](folder, name):
-            for _ in range(COMPARE_REPEATS):
+            for _ in range(calls):
                 backend.block(thunk())
         text = backend.hlo_text(fn, args) if hasattr(backend, "hlo_text") else None
         out = summarise.summarise_session(framework, folder, text)
