@@ -152,10 +152,13 @@ def test_converter_failure_is_summary_unavailable_not_a_failed_run(tmp_path):
     (fake / "__init__.py").write_text("raise ImportError('xprof removed for this test')\n")
     suite = tmp_path / "s.toml"
     suite.write_text(SUITE.split("[[probe]]\nname = \"sm\"")[0])
-    res = run_diag("run", "-s", str(suite), "-b", "jax-cpu", "--trace", "--json", "--no-report",
+    res = run_diag("run", "-s", str(suite), "-b", "jax-cpu", "--trace", "--no-report",
                    "-o", str(tmp_path / "runs"), env={"PYTHONPATH": str(tmp_path / "shadow")})
     assert res.returncode == 0, res.stderr[-2000:]
-    run = _run_folder(res)
+    # The terminal says where the traces are and how to read them.
+    (line,) = [x for x in res.stdout.splitlines() if x.startswith("diag: traces: diag trace ")]
+    run = Path(line.split("diag trace ", 1)[1].split(" (--serve")[0])
+    assert run.parent == tmp_path / "runs"
     (s,) = read_summaries(run)
     assert s["summary_error"].startswith("trace captured, summary unavailable")
     assert "xprof removed for this test" in s["summary_error"]

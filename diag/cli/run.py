@@ -87,6 +87,8 @@ def run(
         render.print_line(f"diag: {counts or 'no records'}; run folder: {result.run_dir}")
         if report_path:
             render.print_line(f"diag: report: {report_path}")
+        if trace:
+            render.print_line(f"diag: traces: diag trace {result.run_dir} (--serve for XProf)")
     raise typer.Exit(result.exit_code)
 
 
