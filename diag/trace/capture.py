@@ -3,9 +3,9 @@
 After a case's timed repeats the worker calls `trace_case(...)`; with tracing off (the job
 has no `trace` field) that returns at once. With it on, the case's compiled call runs again,
 as many times as the timed repeats, inside one profiler session of the framework the worker
-already imported. The timed repeats themselves stay outside the profiler: the torch
-profiler with shapes recorded made a sub-millisecond op take milliseconds
-(benchmarks/bench_trace.py), and a record's timings must mean the same traced or not.
+already imported. The timed repeats themselves stay outside the profiler, so a record's
+timings mean the same traced or not: the profiler's own cost (a callback on every op, shapes
+recorded) never enters them.
 
   - JAX: `jax.profiler.trace` + `jax.profiler.TraceAnnotation("diag:<case>")`; the session
     lands in `plugins/profile/<case>.<backend>/` (XProf's own layout), and the optimised HLO

@@ -172,8 +172,11 @@ def attribute_run(run) -> list[dict[str, Any]]:
                "input_dtypes": [case.dtype] * len(run.inputs.paths(case))}
         b_env = run.ab.worker_env(dataclasses.replace(spec, variant=B), run.env)
         result = {"case_id": case.id, "case": case.label, "backend": a_label,
-                  "pair": rec["backend"], "setting": run.ab.setting,
-                  **attribute_pair(job, run.env, b_env)}
+                  "pair": rec["backend"], "setting": run.ab.setting}
+        try:
+            result.update(attribute_pair(job, run.env, b_env))
+        except Exception as e:  # evidence, not a verdict: never the end of the run
+            result["error"] = f"pass attribution failed: {type(e).__name__}: {e}"[:300]
         path = run.run_dir.path / PASSES_DIR / f"{case.id}.{a_label}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1, default=str))
