@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -60,7 +61,10 @@ def trace_case(job: dict, backend, label: str, case: dict, fn, args, thunk) -> N
     if not field or framework not in _SESSIONS:
         return
     calls = max(1, int(job.get("repeats", 3)))
-    _trace(field, framework, backend, job, label, case, fn, args, thunk, calls)
+    try:
+        _trace(field, framework, backend, job, label, case, fn, args, thunk, calls)
+    except Exception as e:  # the trace is evidence; its failure must not lose the result
+        print(f"diag: tracing {case['id']} failed: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 @contextlib.contextmanager
