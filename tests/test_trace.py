@@ -164,6 +164,10 @@ def test_converter_failure_is_summary_unavailable_not_a_failed_run(tmp_path):
     assert "xprof removed for this test" in s["summary_error"]
     assert list((run / s["session"]).glob("*.xplane.pb"))
     assert (run / s["hlo"]).is_file()
+    # `diag trace` shows the case with the reason its ops are missing.
+    shown = run_diag("trace", str(run))
+    assert shown.returncode == 0, shown.stderr
+    assert "trace captured, summary unavailable" in " ".join(shown.stdout.split())
 
 
 def test_untraced_run_writes_no_trace(tmp_path):
