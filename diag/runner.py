@@ -38,6 +38,7 @@ from diag.inputs import _Inputs, _Truth
 from diag.probes import PROBES, REPORT_SECTIONS, Evaluation, Outcome, expected_outcome
 from diag.results import Record, RunDir, new_run_id, worst_status
 from diag.suite import Case, Suite, check_memory, load_suite
+from diag.trace import capture as trace_capture, passes as trace_passes
 from diag.workers import (_load_output, _Worker, candidate_backends, resolve_backends,
                           worker_env)
 
@@ -117,6 +118,7 @@ class _Run:
         self.worker: _Worker | None = None
         self.ab = Experiment(ab_env, run_dir.path) if ab_env else None
         self.verdicts: dict[str, dict[str, dict]] = {}  # case id -> backend label -> its record
+        self.trace: Path | None = None  # the run folder when traced (diag.trace)
 
     def plan(self, spec: BackendSpec) -> list[Case]:
         return [c for c in self.suite.cases if not_applicable(spec, c.op, c.params) is None]
@@ -251,6 +253,7 @@ class _Run:
             for c in fingerprinted}
         job = {"backend": spec.name, "label": spec.label, "out_dir": str(self.work),
                "repeats": self.repeats, "hlo": self.ab is not None,
+               "trace": trace_capture.job_field(self.trace, cases),  # --trace (diag.trace)
                "fingerprint": sorted(settings, key=lambda p: (p != ("default", "none"), p))
                if fingerprinted else [],
                "cases": [{"id": c.id, "op": c.op,
@@ -367,7 +370,7 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         case_timeout: float = DEFAULT_CASE_TIMEOUT,
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT, cache_dir: str | None = None,
         env: dict[str, str] | None = None, ab: list[str] | None = None,
-        max_memory: float | None = None, argv: list[str] | None = None,
+        max_memory: float | None = None, argv: list[str] | None = None, trace: bool = False,
         on_start: Callable[[int, list[str]], None] | None = None,
         on_record: Callable[[dict], None] | None = None) -> RunResult:
     """Run a suite on backends and write a run folder.
@@ -388,6 +391,8 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
       max_memory: host memory one case may need, in GiB (default: half of the physical
         memory; `diag.suite.memory_limit`).
       argv: the command line recorded in run.json.
+      trace: profile each (case, backend) into the run folder, an XProf logdir, with
+        per-op summaries and the optimised HLO (`diag.trace`).
       on_start: called with (number of planned records, backend names) before workers start.
       on_record: called with each record as it is written.
 
@@ -433,12 +438,15 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
     r = _Run(loaded, skipped, run_dir, work, repeats=repeats, case_timeout=case_timeout,
              startup_timeout=startup_timeout, cache_dir=cache_dir, ab_env=ab_env,
              env=workers_env, on_record=on_record)
+    r.trace = run_dir.path if trace else None
     try:
         if on_start:
             on_start(total_planned(loaded, specs) + len(skipped), [s.label for s in specs])
         r.skip_records(requested=bool(backends))
         for spec in specs:
             r.run_backend(spec)
+        if trace and r.ab is not None:  # the first XLA pass where A and B differ
+            trace_passes.attribute_run(r)
     except KeyboardInterrupt:
         state = "interrupted"
     except BaseException as e:  # a bug in diag itself: keep the records, say what happened

@@ -121,6 +121,7 @@ def _hunt(fn, args) -> dict:
 def run_job(job: dict, stream) -> None:
     from diag import faults, numerics
     from diag.backends import get_spec
+    from diag.trace.capture import trace_case
 
     spec = get_spec(job["backend"])
     label = job.get("label", spec.name)  # BackendSpec.label: `<backend>+B` on an A/B B side
@@ -162,6 +163,8 @@ def run_job(job: dict, stream) -> None:
                 out = thunk()
                 backend.block(out)
                 samples.append(time.perf_counter() - t0)
+            # --trace: the same calls again inside a profiler session (diag.trace; else nothing).
+            trace_case(job, backend, label, case, fn, args, thunk)
             outputs = []
             finite = True
             named = _named_outputs(out)

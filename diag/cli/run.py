@@ -44,6 +44,10 @@ def run(
         None, "--max-memory", min=0.001,
         help="Host memory one case may need, in GiB; a suite with a larger case is refused "
              "before anything runs. Default: half of this machine's physical memory."),
+    trace: bool = typer.Option(
+        False, "--trace",
+        help="Profile each case on each backend into the run folder (an XProf logdir) with "
+             "per-op summaries and the optimised HLO; see `diag trace RUN_DIR`."),
 ) -> None:
     """Run a probe suite on every backend present and judge each result against exact math."""
     from diag import render, runner
@@ -53,6 +57,7 @@ def run(
         result = runner.run(suite, split(backend), out=out, repeats=repeats,
                             case_timeout=timeout, cache_dir=str(cache_dir) if cache_dir else None,
                             ab=ab, max_memory=max_memory, argv=["diag"] + sys.argv[1:],
+                            trace=trace,
                             on_start=progress.start,
                             on_record=progress.record)
     except runner.Interrupted as e:
@@ -82,6 +87,8 @@ def run(
         render.print_line(f"diag: {counts or 'no records'}; run folder: {result.run_dir}")
         if report_path:
             render.print_line(f"diag: report: {report_path}")
+        if trace:
+            render.print_line(f"diag: traces: diag trace {result.run_dir} (--serve for XProf)")
     raise typer.Exit(result.exit_code)
 
 

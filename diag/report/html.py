@@ -31,6 +31,7 @@ from diag.report.charts import sweep_groups, sweep_svg, to_float
 from diag.report.nodes import report_context as nodes_context
 from diag.report.sections import ab_context, sampling_context
 from diag.report.settings import report_context as settings_context
+from diag.report.trace import trace_context
 from diag.results import STATUSES, RunDir, RunMeta, worst_status
 
 __all__ = ["render_report", "write_report"]
@@ -238,7 +239,7 @@ def _environment() -> jinja2.Environment:
 
 def render_report(meta: RunMeta | Mapping[str, Any], records: Iterable[Mapping[str, Any]],
                   nodes: Mapping[str, Any] | None = None,
-                  damage: Iterable[str] = ()) -> str:
+                  damage: Iterable[str] = (), trace: Mapping[str, Any] | None = None) -> str:
     """Render the HTML report for a run's metadata and records.
 
     Args:
@@ -248,6 +249,7 @@ def render_report(meta: RunMeta | Mapping[str, Any], records: Iterable[Mapping[s
       nodes: the contents of ``nodes.json`` of a `diag nodes` scan, or None (no section).
       damage: sentences saying what could not be read (`RecordsRead.problems`), shown above
         the verdict, which then says it covers the readable records only.
+      trace: the Profile section of a traced run (`diag.report.trace.trace_context`).
 
     Returns:
       The complete HTML document as a string.
@@ -319,6 +321,7 @@ def render_report(meta: RunMeta | Mapping[str, Any], records: Iterable[Mapping[s
         nodes=_nodes_context(nodes),
         sampling=sampling_context(records, run.report_sections),
         ab=ab_context(records, run.ab),
+        trace=trace,
     )
 
 
@@ -358,8 +361,9 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
             raise UsageError(f"{nodes_json}: not valid JSON ({e}); the run folder is "
                              "damaged, rerun `diag nodes`") from None
     read = run.read_results()
-    html = render_report(run.read_run(), read.records, nodes=nodes,
-                         damage=read.problems(run.results_jsonl))
+    meta = run.read_run()
+    html = render_report(meta, read.records, nodes=nodes, damage=read.problems(run.results_jsonl),
+                         trace=trace_context(run.path, read.records, meta.backends))
     path = Path(out) if out is not None else run.path / "report.html"
     tmp = path.with_name(f".{path.name}.tmp")
     try:
