@@ -185,3 +185,13 @@ def unpack(cfg: TrainConfig, flat: np.ndarray) -> dict[str, np.ndarray]:
 
 def pack(cfg: TrainConfig, params: dict[str, np.ndarray]) -> np.ndarray:
     return np.concatenate([np.asarray(params[name]).ravel() for name, _ in param_layout(cfg)])
+
+
+#: The case parameters of the `train` probe that shape a `TrainConfig` (suite dims and
+#: parameters; the rest of the conventions are the defaults above).
+CASE_FIELDS = ("layers", "width", "vocab", "seq", "batch", "steps", "heads", "lr")
+
+
+def from_case(params: dict) -> TrainConfig:
+    """The `TrainConfig` of a `train` probe case (its parameters, `CASE_FIELDS`)."""
+    return TrainConfig(**{k: params[k] for k in CASE_FIELDS if k in params})

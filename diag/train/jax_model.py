@@ -10,14 +10,16 @@ back, and the loss is float32.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from diag.train.config import TrainConfig, decayed, param_layout, unpack
+from diag.train.config import TrainConfig, decayed, from_case, param_layout, unpack
 
-__all__ = ["run"]
+__all__ = ["run", "op"]
 
 
 def _ln(x, g, b, eps, cd):
@@ -69,6 +71,35 @@ def _optimizer(cfg: TrainConfig, mask: dict):
                        weight_decay=cfg.weight_decay, mask=mask)
 
 
+@functools.lru_cache(maxsize=8)
+def _step(cfg: TrainConfig, compute: str):
+    """The jitted step and its optimizer, compiled once per configuration (a worker times
+    the same run several times)."""
+    cd = jnp.dtype(compute)
+    mask = {name: decayed(name, shape) for name, shape in param_layout(cfg)}
+    tx = _optimizer(cfg, mask)
+
+    @jax.jit
+    def step(params, state, batch):
+        loss, grads = jax.value_and_grad(_loss)(params, batch, cfg, cd)
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state, loss, grads
+
+    return step, tx
+
+
+def op(compute: str, case: dict, device=None):
+    """The worker's `train` op: (packed parameters, batches) -> the trajectory. Runs its own
+    jitted step per step (`eager`: the worker warms it up instead of jitting the whole)."""
+    cfg = from_case(case)
+
+    def train(params, batches):
+        return run(cfg, np.asarray(params), np.asarray(batches), compute, device)
+
+    train.eager = True
+    return train
+
+
 def run(cfg: TrainConfig, flat_params, batches, compute: str = "float32",
         device=None) -> dict[str, np.ndarray]:
     """`cfg.steps` AdamW steps; the trajectory (`diag.train.TRAJECTORY` names) on the host.
@@ -81,21 +112,12 @@ def run(cfg: TrainConfig, flat_params, batches, compute: str = "float32",
         `jax_enable_x64`; master weights float64).
       device: the JAX device to run on (default: JAX's default device).
     """
-    cd = jnp.dtype(compute)
     master = np.float64 if compute == "float64" else np.float32
     host = unpack(cfg, np.asarray(flat_params).astype(master))
     params = {k: jax.device_put(np.array(v), device) for k, v in host.items()}
-    mask = {name: decayed(name, shape) for name, shape in param_layout(cfg)}
-    tx = _optimizer(cfg, mask)
+    step, tx = _step(cfg, compute)
     state = tx.init(params)
     tokens = jax.device_put(np.asarray(batches).astype(np.int32), device)
-
-    @jax.jit
-    def step(params, state, batch):
-        loss, grads = jax.value_and_grad(_loss)(params, batch, cfg, cd)
-        updates, state = tx.update(grads, state, params)
-        return optax.apply_updates(params, updates), state, loss, grads
-
     out: dict[str, list] = {"loss": []}
     for t in range(cfg.steps):
         params, state, loss, grads = step(params, state, tokens[t])

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from diag.train.config import TrainConfig, decayed, param_layout, unpack
+from diag.train.config import TrainConfig, decayed, from_case, param_layout, unpack
 
-__all__ = ["run", "TinyGPT"]
+__all__ = ["run", "op", "TinyGPT"]
 
 
 class TinyGPT(torch.nn.Module):
@@ -105,6 +105,19 @@ def _optimizer(cfg: TrainConfig, model: TinyGPT):
     if cfg.l2_decay:  # torch.optim.Adam's weight_decay is an L2 term on the gradient
         return torch.optim.Adam(groups, lr=cfg.lr, betas=betas, eps=cfg.adam_eps)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.adam_eps)
+
+
+def op(compute: str, case: dict, device=None):
+    """The worker's `train` op: (packed parameters, batches) as tensors -> the trajectory as
+    CPU tensors (what the worker reads back)."""
+    cfg = from_case(case)
+
+    def train(params, batches):
+        out = run(cfg, params.detach().cpu().numpy(), batches.detach().cpu().numpy(), compute,
+                  device)
+        return {k: torch.from_numpy(v) for k, v in out.items()}
+
+    return train
 
 
 def run(cfg: TrainConfig, flat_params, batches, compute: str = "float32",
