@@ -53,7 +53,9 @@ def test_inputs_are_seeded_and_packed_in_layout_order():
 
 @needs_jax
 @needs_torch
-@pytest.mark.parametrize("bug", [None, *PORT_BUGS])
+# The correct model in the default run; each planted bug (~3 s each here) with -m slow.
+@pytest.mark.parametrize("bug", [None, *(pytest.param(b, marks=pytest.mark.slow)
+                                         for b in PORT_BUGS)])
 def test_jax_torch_and_reference_agree_in_float64(bug):
     from diag.train import torch_model
 

@@ -135,9 +135,12 @@ def n_params(cfg: TrainConfig) -> int:
 
 
 def init_params(cfg: TrainConfig, rng: np.random.Generator) -> np.ndarray:
-    """GPT-2-style initial weights, packed float32: matrices N(0, 0.02^2) (output projections
-    scaled by 1/sqrt(2 layers)), gains 1, biases small N(0, 0.01^2) so that no gradient is
-    exactly zero by construction."""
+    """Initial weights, packed float32: embeddings N(0, 0.02^2) (GPT-2's), weight matrices
+    N(0, 1/fan_in) (LeCun's: pre-activations O(1), where GELU's tanh form and the exact one
+    differ measurably; output projections also scaled by 1/sqrt(2 layers)), gains 1, biases
+    small N(0, 0.01^2) so that no gradient is exactly zero by construction. The small
+    embeddings make the residual stream's variance ~1e-3, where a layer-norm eps of 1e-5
+    against 1e-6 matters, as it does early in real training."""
     parts = []
     for name, shape in param_layout(cfg):
         if name.endswith(".g"):
@@ -145,8 +148,10 @@ def init_params(cfg: TrainConfig, rng: np.random.Generator) -> np.ndarray:
         elif name.endswith(".b"):
             parts.append(0.01 * rng.standard_normal(shape))
         else:
-            std = 0.02 / (math.sqrt(2 * cfg.layers) if name.endswith(("out.w", "proj.w"))
-                          else 1.0)
+            fan_in = shape[0] if name not in ("wte", "wpe") else None
+            std = 0.02 if fan_in is None else 1.0 / math.sqrt(fan_in)
+            if name.endswith(("out.w", "proj.w")):
+                std /= math.sqrt(2 * cfg.layers)
             parts.append(std * rng.standard_normal(shape))
     return np.concatenate([p.ravel() for p in parts]).astype(np.float32)
 
