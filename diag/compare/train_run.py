@@ -73,6 +73,10 @@ def evaluate(o: Outcome) -> Evaluation:
     summary = _summary(o, ref, 1.0)
     summary["loss"] = [float(x) for x in o.named["loss"]]
     summary["loss_ref"] = [float(x) for x in ref["loss"]]
+    # The reference's own error, estimated per step from this run's (docs/train.md): the
+    # same dynamics amplify float64's rounding, 2^-29 times float32's.
+    if o.params.get("compute", "float32") == "float32":
+        summary["reference_error_estimate"] = [e * 2.0**-29 for e in summary["curve"]["grad_err"]]
     status, reason = judge(summary, o.params.get("compute", "float32"), "the float64 reference")
     return Evaluation(status, reason, summary)
 

@@ -11,7 +11,7 @@ relative, against ~u32 = 6e-8 for a float32 run, and a training run amplifies a 
 the same way whichever arithmetic made it (as long as it stays small). So after N steps the
 reference is off by about u64/u32 = 2^-29 times what a float32 run is off: a float32 run
 that drifts to 1e-3 relative leaves the reference at ~2e-12, far below anything judged.
-`diag.train.compare` records that estimate per step (`ref_err_estimate`). The mpmath test
+Each float32 `train` record keeps that estimate per step (`reference_error_estimate`). The mpmath test
 checks the premise directly: on a tiny model, 3 steps in float64 stay within 1e-13 relative
 of the same steps at 50 digits.
 """
