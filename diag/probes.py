@@ -383,7 +383,7 @@ PROBES: dict[str, Probe] = {
             agree=_train_run.agree, label=_train_case.label, validate=_train_case.validate,
             claim="N AdamW steps matching the float64 reference per step and tensor",
             host_bytes=_train_case.host_bytes, make_inputs=_train_case.make_inputs,
-            report_section="train",
+            report_section="training",
         ),
     )
 }

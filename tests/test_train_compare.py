@@ -110,7 +110,7 @@ def test_the_report_section_draws_curves_and_names_the_divergence(data):
     ev = evaluate(_outcome(inputs, ref, run))
     records = [{"op": "train", "kind": "probe", "case": "c", "backend": "jax-cpu",
                 "status": ev.status, "reason": ev.reason, "metrics": ev.metrics}]
-    ctx = train_context(records, {"train": "train"})
+    ctx = train_context(records, {"train": "training"})
     (case,) = ctx["cases"]
     assert case["status"] == "fail" and case["rows"][0]["first_divergence"]["tensor"] == "wte"
     assert case["svg"].startswith("<svg") and "train-0-" in case["svg"]

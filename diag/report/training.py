@@ -78,11 +78,11 @@ def train_context(records: Iterable[Mapping[str, Any]],
     Args:
       records: the run's records.
       sections: run.json's `report_sections` (op -> section): records of ops whose section
-        is `train` are shown.
+        is `training` are shown.
     """
     cases: dict[str, dict[str, Any]] = {}
     for r in records:
-        if sections.get(r.get("op")) != "train" or r.get("kind", "probe") not in (
+        if sections.get(r.get("op")) != "training" or r.get("kind", "probe") not in (
                 "probe", "agreement"):
             continue
         m = r.get("metrics")
