@@ -162,6 +162,13 @@ def compare_ports(original: str = "jax", port: str = "torch", *, bug: Optional[s
              + (f", while the {'original' if who == 'port' else 'port'} "
                 f"({names['original' if who == 'port' else 'port']}) stays within tolerance"
                 if len(off) == 1 else ""))
+    if errors[who]["nonfinite"] and names[who] in ("jax", "torch"):
+        from diag.train.hunt import locate_nan
+
+        bad = with_bug(cfg, bug if who == "port" else original_bug)
+        hunt = locate_nan(names[who], bad, params, batches, compute, run=runs[who])
+        if hunt:
+            blame += f"; its first NaN/Inf, at step {hunt['step']}: {hunt['reason']}"
     if suspects:
         named = "; or ".join(f"{s}: {PORT_BUGS[s][2]}" for s in suspects)
         cause = f"it follows the float64 run with this bug planted: {named}"

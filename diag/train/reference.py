@@ -107,7 +107,7 @@ def _masked_softmax(s, mask, A: Arith):
     # Masked entries are dropped by a 0/1 factor (no -inf: mpmath numbers stay finite).
     big = np.where(mask, s, s.min(axis=-1, keepdims=True))
     m = big.max(axis=-1, keepdims=True)
-    e = A.exp(s - m) * mask
+    e = A.exp(np.where(mask, s - m, 0 * m)) * mask  # masked s - m may overflow: not taken
     return e / e.sum(axis=-1, keepdims=True)
 
 
