@@ -88,3 +88,11 @@ def test_a_corrupted_loss_fails_at_step_0_and_exits_1(tmp_path):
     assert bad[0]["metrics"]["first_divergence"]["step"] == 0
     assert bad[0]["metrics"]["first_divergence"]["stage"] == "loss"
     assert "step 0: the loss" in bad[0]["reason"]
+
+
+def test_a_model_that_cannot_be_built_is_refused_with_exit_2(tmp_path):
+    (tmp_path / "bad.toml").write_text(SUITE.replace("heads = 2", "heads = 3"))
+    proc = run_diag("run", "--suite", str(tmp_path / "bad.toml"), "-b", "jax-cpu", "-o",
+                    str(tmp_path / "runs"))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("diag:") and "multiple of heads" in proc.stderr

@@ -2,7 +2,7 @@
 
 Imported only where JAX runs (a worker, `diag.train.compare_ports`). The model and its
 conventions are `diag.train.config`'s; the mixed-precision policy is the one every
-implementation keeps (`diag.train.POLICY`): float32 master weights; under bfloat16 compute
+implementation keeps (docs/train.md): float32 master weights; under bfloat16 compute
 the weights are cast to bfloat16 in the loss, every matmul and elementwise op runs in
 bfloat16, layer norm and both softmaxes compute in float32 from bfloat16 inputs and round
 back, and the loss is float32.
@@ -102,7 +102,7 @@ def op(compute: str, case: dict, device=None):
 
 def run(cfg: TrainConfig, flat_params, batches, compute: str = "float32",
         device=None) -> dict[str, np.ndarray]:
-    """`cfg.steps` AdamW steps; the trajectory (`diag.train.TRAJECTORY` names) on the host.
+    """`cfg.steps` AdamW steps; the trajectory (`loss`, `grad/<name>`, `param/<name>`) on the host.
 
     Args:
       cfg: the model and conventions.

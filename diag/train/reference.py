@@ -219,7 +219,7 @@ def run_reference(cfg: TrainConfig, flat_params: np.ndarray, batches: np.ndarray
     Returns:
       {"loss": [steps], "grad/<name>": [steps, *shape] (the gradient at step t's
       parameters), "param/<name>": [steps, *shape] (the parameters after step t)}: the same
-      names and layout every implementation returns (`diag.train.TRAJECTORY`).
+      names and layout every implementation returns.
     """
     init = np.asarray(flat_params).astype(np.float64)
     if A.dtype is object:

@@ -122,7 +122,7 @@ def op(compute: str, case: dict, device=None):
 
 def run(cfg: TrainConfig, flat_params, batches, compute: str = "float32",
         device=None) -> dict[str, np.ndarray]:
-    """`cfg.steps` AdamW steps; the trajectory (`diag.train.TRAJECTORY` names) on the host.
+    """`cfg.steps` AdamW steps; the trajectory (`loss`, `grad/<name>`, `param/<name>`) on the host.
 
     Args: as `diag.train.jax_model.run` (`device`: a torch device, default CPU).
     """
