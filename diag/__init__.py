@@ -50,6 +50,7 @@ __all__ = [
     "runner",
     "suite",
     "tolerance",
+    "train",
     "workers",
 ]
 
@@ -58,7 +59,7 @@ __all__ = [
 _LAZY_MODULES = {"ab", "baseline", "compare", "drift", "environment", "errors", "faults",
                  "features", "flags", "inputs", "junit", "nan", "nodes", "numerics", "oracle",
                  "precision", "preflight", "probes", "report", "results", "runner", "suite",
-                 "tolerance", "workers"}
+                 "tolerance", "train", "workers"}
 
 
 def run(*args, **kwargs):

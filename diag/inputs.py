@@ -178,8 +178,11 @@ class _Inputs:
             probe = PROBES[case.op]
             rng = np.random.default_rng(case.seed)
             dtype = numerics.as_dtype(case.dtype)
-            arrays = [INPUT_MAKERS[case.inputs](rng, shape, dtype)
-                      for shape in probe.input_shapes(case.params)]
+            if probe.make_inputs is not None:  # inputs made as a set (a model's weights)
+                arrays = probe.make_inputs(rng, case.params, dtype)
+            else:
+                arrays = [INPUT_MAKERS[case.inputs](rng, shape, dtype)
+                          for shape in probe.input_shapes(case.params)]
             paths = []
             for i, a in enumerate(arrays):
                 path = self.work / f"in-{case.input_key}-{i}.npy"

@@ -17,9 +17,10 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from diag.compare import greedy as _greedy, matmul as _matmul, softmax as _softmax
-from diag.compare import topk as _topk, train as _train
+from diag.compare import topk as _topk, train as _train, train_run as _train_run
 from diag.compare.outcome import Evaluation, MalformedOutput, Outcome
 from diag.inputs import INPUT_MAKERS
+from diag.train import case as _train_case
 
 __all__ = ["Probe", "Outcome", "Evaluation", "MalformedOutput", "PROBES", "INPUT_MAKERS",
            "EXPECTATIONS", "FINGERPRINT_OP", "REPORT_SECTIONS", "SAMPLER_BATCHES", "get_probe",
@@ -261,6 +262,8 @@ class Probe:
         the worker, and the record's reason names it.
       report_section: the report section that shows this op's rows (`diag.report.sections`;
         run.json's `report_sections`), '' for none.
+      make_inputs: (rng, params, dtype) -> the case's input arrays, for ops whose inputs are
+        not one maker per shape (a model's initial weights and batches); None: `inputs`.
     """
 
     op: str
@@ -284,6 +287,7 @@ class Probe:
     fixed_args: dict = field(default_factory=dict)
     hunt_nans: bool = False
     report_section: str = ""
+    make_inputs: Optional[Callable[..., list]] = None
 
     @property
     def family(self) -> str:
@@ -363,6 +367,23 @@ PROBES: dict[str, Probe] = {
             evaluate=_train_evaluate, agree=_train_agree, label=_train_label,
             claim="a finite step matching the float64 reference",
             host_bytes=_train_bytes, hunt_nans=True,
+        ),
+        # N AdamW steps of a small transformer (diag.train): inputs are the initial weights
+        # and batches (float32 whatever `compute` is: fp32 master weights), the truth the
+        # float64 reference of the same steps, judged per step and tensor.
+        Probe(
+            op="train", dims=("layers", "width", "vocab", "seq", "batch", "steps"),
+            params={"heads": (int, None, 4), "lr": (float, None, 3e-3),
+                    "compute": (str, ("float32", "bfloat16"), ["float32", "bfloat16"])},
+            op_args=("layers", "width", "vocab", "seq", "batch", "steps", "heads", "lr",
+                     "compute"),
+            dtypes=("float32",), inputs=("transformer",),
+            input_shapes=_train_case.input_shapes, truth=_train_case.truth,
+            truth_args=("heads", "lr"), evaluate=_train_run.evaluate,
+            agree=_train_run.agree, label=_train_case.label, validate=_train_case.validate,
+            claim="N AdamW steps matching the float64 reference per step and tensor",
+            host_bytes=_train_case.host_bytes, make_inputs=_train_case.make_inputs,
+            report_section="training",
         ),
     )
 }

@@ -164,6 +164,19 @@ def test_train_step_nonfinite_reason_is_the_formatter():
     assert ev.reason.startswith(f"the step went non-finite: {text} are NaN/Inf")
 
 
+def _train_case():
+    """A tiny `train` case (diag.train): the float64 reference judged as a float32 run."""
+    from diag.train.case import make_inputs, truth
+
+    params = {"layers": 1, "width": 8, "vocab": 16, "seq": 4, "batch": 2, "steps": 2,
+              "heads": 2, "lr": 3e-3, "compute": "float32"}
+    inputs = make_inputs(np.random.default_rng(0), params, np.float32)
+    tr = truth(inputs, params, None)
+    traj = tr.extra["trajectory"]
+    names = list(traj)
+    return ("train", inputs, [traj[n].astype(np.float32) for n in names], names, tr, params)
+
+
 def _family_metric_keys() -> set[str]:
     """Every top-level metric key the op families write, from real verdicts and agreements."""
     rng = np.random.default_rng(6)
@@ -189,6 +202,7 @@ def _family_metric_keys() -> set[str]:
         ("train_step", w, [np.asarray(tr.value), tr.extra["w1"], tr.extra["w2"]],
          ["loss", "w1", "w2"], tr, {"lr": 0.1}),
     ]
+    cases.append(_train_case())
     for op, inputs, outputs, names, truth, params in cases:
         params = {"dtype": numerics.dtype_name(inputs[0].dtype), **params}
         o = Outcome(inputs=inputs, outputs=outputs, names=names, truth=truth, params=params)

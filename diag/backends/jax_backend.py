@@ -203,3 +203,11 @@ def train_step(lr: float = 0.1):
         return {"loss": loss, "w1": w1 - lr * g1, "w2": w2 - lr * g2}
 
     return step
+
+
+def train(compute: str = "float32", **case):
+    """N AdamW steps of a small transformer (`diag.train`; the math is in
+    `diag.train.jax_model`): loss, every gradient and every parameter, per step."""
+    from diag.train import jax_model
+
+    return jax_model.op(compute, case, _device)

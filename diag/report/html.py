@@ -32,6 +32,7 @@ from diag.report.nodes import report_context as nodes_context
 from diag.report.sections import ab_context, sampling_context
 from diag.report.settings import report_context as settings_context
 from diag.report.trace import trace_context
+from diag.report.training import train_context
 from diag.results import STATUSES, RunDir, RunMeta, worst_status
 
 __all__ = ["render_report", "write_report"]
@@ -322,7 +323,16 @@ def render_report(meta: RunMeta | Mapping[str, Any], records: Iterable[Mapping[s
         sampling=sampling_context(records, run.report_sections),
         ab=ab_context(records, run.ab),
         trace=trace,
+        train=_train_context(records, run.report_sections),
     )
+
+
+def _train_context(records, sections) -> dict[str, Any] | None:
+    ctx = train_context(records, sections or {})
+    if ctx:
+        for case in ctx["cases"]:
+            case["svg"] = Markup(case["svg"])
+    return ctx
 
 
 def _nodes_context(nodes: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -1,0 +1,112 @@
+"""The report's training-run section: divergence curves over steps, worst tensors, first
+divergence and first NaN/Inf, per case of the `train` probe.
+
+"The port scores differently" is a question about time: whether two runs part at step 0 (a
+bug: they compute different functions) or slowly (drift). A table of worst values cannot show
+that; one curve per backend (and per pair of backends) of the loss error, the worst gradient
+error and the worst update error against the step can, with the tolerance drawn in. Reads
+records only (their `metrics`: `diag.train.compare.summarize`).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Iterable, Mapping
+
+from diag.report.charts import _inline_svg, _mpl_text, to_float
+
+__all__ = ["train_context", "curves_svg"]
+
+_RANK = {"pass": 0, "skip": 1, "warn": 2, "fail": 3, "error": 4}
+# Panels: (curve key, title, tolerance key in `allowed`).
+PANELS = (("loss_err", "loss: relative error", "loss"),
+          ("grad_err", "worst gradient tensor: relative error", "grad"),
+          ("update_err", "worst parameter update: relative error", "update"))
+# Exact agreement (error 0) cannot sit on a log axis: drawn at this floor, said in the title.
+_FLOOR = 1e-12
+
+
+def _curve(metrics: Mapping[str, Any], key: str) -> list[float]:
+    values = (metrics.get("curve") or {}).get(key) or []
+    out = []
+    for v in values:
+        f = to_float(v)
+        out.append(max(f, _FLOOR) if f is not None and f == f else float("nan"))
+    return out
+
+
+def curves_svg(series: list[dict], allowed: Mapping[str, Any], fig_id: str) -> str:
+    """One figure: a panel per `PANELS` entry, a line per series (`label`, `metrics`)."""
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.4 * len(PANELS), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(PANELS))
+    colors = matplotlib.colormaps["tab10"].colors
+    handles = []
+    for ax, (key, title, tol_key) in zip(axes, PANELS):
+        for i, s in enumerate(series):
+            ys = _curve(s["metrics"], key)
+            (line,) = ax.plot(range(len(ys)), ys, color=colors[i % len(colors)],
+                              marker="o" if i % 2 == 0 else "s", markersize=3,
+                              linestyle="-" if i % 2 == 0 else "--", linewidth=1.3)
+            if ax is axes[0]:
+                handles.append(line)
+        tol = to_float((allowed or {}).get(tol_key))
+        if tol:
+            ax.axhline(tol, color="#c0392b", linewidth=0.9, linestyle=":")
+        ax.set_yscale("log")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(True, linewidth=0.5, alpha=0.5)
+    fig.suptitle("divergence over steps (dotted: the tolerance; 0 drawn at 1e-12)",
+                 fontsize=10)
+    fig.legend(handles, [_mpl_text(s["label"]) for s in series], loc="outside lower center",
+               ncol=min(len(handles), 4) or 1, fontsize=8, frameon=False)
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "font.size": 9}):
+        fig.savefig(buf, format="svg",
+                    metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+    return _inline_svg(buf.getvalue(), fig_id)
+
+
+def train_context(records: Iterable[Mapping[str, Any]],
+                  sections: Mapping[str, str]) -> dict[str, Any] | None:
+    """Per `train` case: the curves (SVG), and per backend and pair its verdict, first
+    divergence, first NaN/Inf and worst tensors; None when the run has no such records.
+
+    Args:
+      records: the run's records.
+      sections: run.json's `report_sections` (op -> section): records of ops whose section
+        is `training` are shown.
+    """
+    cases: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if sections.get(r.get("op")) != "training" or r.get("kind", "probe") not in (
+                "probe", "agreement"):
+            continue
+        m = r.get("metrics")
+        if not isinstance(m, Mapping) or "curve" not in m:
+            continue
+        case = cases.setdefault(str(r.get("case")), {"case": r.get("case"), "rows": [],
+                                                     "allowed": m.get("allowed") or {}})
+        fd = m.get("first_divergence") if isinstance(m.get("first_divergence"), Mapping) \
+            else None
+        nf = m.get("nonfinite") if isinstance(m.get("nonfinite"), Mapping) else None
+        case["rows"].append({
+            "status": r.get("status"), "backend": r.get("backend"),
+            "kind": r.get("kind", "probe"), "reason": r.get("reason"), "metrics": m,
+            "label": f"{r.get('backend')} vs {'float64' if r.get('kind', 'probe') == 'probe' else 'each other'}",
+            "first_divergence": fd, "nonfinite": nf,
+            "worst": [w for w in (m.get("worst") or []) if isinstance(w, Mapping)][:5]})
+    if not cases:
+        return None
+    out = []
+    for n, c in enumerate(cases.values()):
+        probe_rows = [row for row in c["rows"] if row["kind"] == "probe"]
+        c["svg"] = curves_svg(c["rows"], (probe_rows[0]["metrics"].get("allowed")
+                                          if probe_rows else c["allowed"]), f"train-{n}")
+        c["rows"].sort(key=lambda row: -_RANK.get(str(row["status"]), 0))
+        c["status"] = c["rows"][0]["status"]
+        out.append(c)
+    return {"cases": out}
