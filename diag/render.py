@@ -388,79 +388,72 @@ def nan_report_table(report: Any) -> Table:
     return table
 
 
-_SPARK = "▁▂▃▄▅▆▇█"
-
 
 def _curve(values: list[float], first: int | None, width: int = 64) -> str:
     """Carried error along the ops as one line of blocks (log scale), the first one marked."""
     import math
 
-    if not values:
-        return ""
-    logs = [math.log10(v) if 0 < v < math.inf else (3.0 if v == math.inf else -17.0)
-            for v in values]
-    n = len(logs)
-    step = max(1, math.ceil(n / width))
-    cols = [max(logs[i:i + step]) for i in range(0, n, step)]
+    logs = [math.log10(v) if 0 < v < math.inf else (3.0 if v else -17.0) for v in values]
+    step = max(1, math.ceil(len(logs) / width))
+    cols = [max(logs[i:i + step]) for i in range(0, len(logs), step)] or [0.0]
     lo, hi = min(cols), max(cols)
-    span = (hi - lo) or 1.0
-    line = "".join(_SPARK[min(7, int((c - lo) / span * 7.999))] for c in cols)
+    line = "".join("▁▂▃▄▅▆▇█"[min(7, int((c - lo) / ((hi - lo) or 1) * 7.999))] for c in cols)
     if first is not None:
         k = first // step
         line = f"{line[:k]}[bold red]{line[k]}[/]{line[k + 1:]}"
-    return (f"carried error along {n} ops (log scale, {_num(10 ** lo)} .. "
-            f"{_num(10 ** hi) if hi < 3 else 'inf'}): {line}")
+    top = _num(10 ** hi) if hi < 3 else "inf"
+    return f"carried error along {len(values)} ops (log scale, {_num(10 ** lo)} .. {top}): {line}"
+
+
+def _rows_table(title: str, cols: list[tuple[str, Any]], rows: list, first: Any) -> Table:
+    """One row per op or tap; `cols` are (header, attribute or None for the index)."""
+    table = Table(title=escape(title), title_justify="left")
+    for col, _ in cols:
+        table.add_column(col, overflow="fold")
+    for o in rows:
+        mark = first is not None and o.index == first.index
+        table.add_row(*[(f"{o.index} ◀" if mark else str(o.index)) if a is None else
+                        _num(v) if isinstance(v := getattr(o, a), float) else
+                        escape(str(list(v) if isinstance(v, tuple) else v) or "—")
+                        for _, a in cols], style="bold red" if mark else None)
+    return table
 
 
 def diverge_tables(report: Any) -> list:
     """A `diag.diverge` report (shadow or compare) as a table, a curve and a verdict line."""
-    if hasattr(report, "taps"):
-        return _taps_table(report)
     f = report.first
-    title = (f"diag diverge: {report.function} ({report.framework}): first divergent op "
-             f"{f.primitive} at {f.source or 'an unknown line'}" if f is not None else
-             f"diag diverge: {report.function} ({report.framework}): no divergent op")
-    table = Table(title=escape(title), title_justify="left")
-    for col in ("#", "op", "source", "path", "phase", "dtype", "own ULP", "own/bound",
-                "carried in", "carried", "amplif."):
-        table.add_column(col, overflow="fold")
-    rows = list(report.ops)
-    if f is not None and all(o.index != f.index for o in rows):
-        rows.insert(0, f)
-    for o in sorted(rows, key=lambda o: o.index):
-        style = "bold red" if f is not None and o.index == f.index else None
-        table.add_row(str(o.index), escape(o.primitive), escape(o.source or "—"),
-                      escape(o.path or "—"), o.phase, o.dtype, _num(o.own_ulps),
-                      _num(o.own_ratio), _num(o.carried_in), _num(o.carried),
-                      _num(o.amplification), style=style)
-    parts: list = [table, _curve(list(report.curve), f.index if f is not None else None)]
+    if hasattr(report, "taps"):
+        cols = [("#", None), ("tap", "name"), ("dtype", "dtype"), ("shape", "shape"),
+                ("max rel", "max_rel"), ("mean rel", "mean_rel"), ("allowed", "allowed"),
+                ("ratio", "ratio"), ("note", "note")][:None if any(t.note for t in report.taps)
+                                                       else -1]
+        parts: list = [_rows_table(f"diag diverge: first divergent tap {f.name}" if f else
+                                   "diag diverge: no divergent tap", cols, report.taps, f)]
+        parts += [escape(f"{label}: {', '.join(names)}") for label, names in
+                  (("only in A", report.only_a), ("only in B", report.only_b)) if names]
+        parts.append(escape(f"diag diverge: {f.name} differs by {_num(f.max_rel)} (normwise), "
+                            f"{_num(f.ratio)}x what two correct {f.dtype} implementations may "
+                            f"differ by ({_num(f.allowed)})") if f else
+                     f"diag diverge: {len(report.taps)} shared taps within what two correct "
+                     f"implementations may differ by")
+        return parts
+    rows = sorted(list(report.ops) + ([f] if f and all(o.index != f.index for o in report.ops)
+                                      else []), key=lambda o: o.index)
+    cols = [("#", None), ("op", "primitive"), ("source", "source"), ("path", "path"),
+            ("phase", "phase"), ("dtype", "dtype"), ("own ULP", "own_ulps"),
+            ("own/bound", "own_ratio"), ("carried in", "carried_in"), ("carried", "carried"),
+            ("amplif.", "amplification")]
+    # Columns that would say nothing (no jit/scan/module path, no backward op) are left out.
+    cols = [c for c in cols if not ((c[1] == "path" and not any(o.path for o in rows)) or
+                                    (c[1] == "phase" and all(o.phase == "forward" for o in rows)))]
+    head = f"diag diverge: {report.function} ({report.framework}): "
+    parts = [_rows_table(head + (f"first divergent op {f.primitive} at "
+                                 f"{f.source or 'an unknown line'}" if f else "no divergent op"),
+                         cols, rows, f),
+             _curve(list(report.curve), f.index if f else None)]
     if report.note:
         parts.append(f"note: {escape(report.note)}")
-    parts.append(escape(f"diag diverge: {f.reason}" if f is not None else
+    parts.append(escape(f"diag diverge: {f.reason}" if f else
                         f"diag diverge: {report.n_ops} ops within their bounds; result carries "
                         f"{_num(report.result_error)}"))
-    return parts
-
-
-def _taps_table(report: Any) -> list:
-    f = report.first
-    title = (f"diag diverge: first divergent tap {f.name}" if f is not None
-             else "diag diverge: no tap beyond what two correct implementations may differ by")
-    table = Table(title=escape(title), title_justify="left")
-    for col in ("#", "tap", "dtype", "shape", "max rel", "mean rel", "allowed", "ratio", "note"):
-        table.add_column(col, overflow="fold")
-    for t in report.taps:
-        style = "bold red" if f is not None and t.index == f.index else None
-        table.add_row(str(t.index), escape(t.name), t.dtype, str(list(t.shape)),
-                      _num(t.max_rel), _num(t.mean_rel), _num(t.allowed), _num(t.ratio),
-                      escape(t.note or ""), style=style)
-    parts: list = [table]
-    for label, names in (("only in A", report.only_a), ("only in B", report.only_b)):
-        if names:
-            parts.append(escape(f"{label}: {', '.join(names[:10])}"
-                                + (f" and {len(names) - 10} more" if len(names) > 10 else "")))
-    if f is not None:
-        parts.append(escape(f"diag diverge: {f.name} differs by {_num(f.max_rel)} (normwise), "
-                            f"{_num(f.ratio)}x the {_num(f.allowed)} two correct {f.dtype} "
-                            f"implementations may differ by"))
     return parts

@@ -55,7 +55,7 @@ def targets(tmp_path):
 def test_a_planted_divergence_exits_1_and_names_the_line(targets):
     r = run_diag("diverge", f"{targets}:planted", timeout=120)
     assert r.returncode == 1, r.stderr
-    assert "aten.sub" in r.stdout and SUB_LINE in r.stdout
+    assert f"first divergent op aten.sub at {SUB_LINE}" in " ".join(r.stdout.split())
     r = run_diag("diverge", f"{targets}:planted", "--json", timeout=120)
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
@@ -78,7 +78,7 @@ def test_two_targets_compare_their_taps(targets):
     assert first["name"] == "h" and first["max_rel"] == pytest.approx(0.5 / 2.5, rel=1e-6)
     r = run_diag("diverge", f"{targets}:run_a", f"{targets}:run_a", timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "no tap beyond" in r.stdout
+    assert "no divergent tap" in r.stdout and "1 shared taps within" in r.stdout
 
 
 @pytest.mark.parametrize("argv", [
@@ -92,3 +92,21 @@ def test_bad_usage_exits_2_with_one_line(argv, tmp_path):
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("diag:")
+
+
+def test_the_readme_examples_run_as_documented():
+    """examples/diverge_*.py, as the README shows them: exit 1 planted, 0 fixed."""
+    from tests.conftest import REPO_ROOT
+
+    ex = REPO_ROOT / "examples"
+    r = run_diag("diverge", f"{ex}/diverge_layer_norm.py:planted", "--json", timeout=120)
+    assert r.returncode == 1, r.stderr
+    first = json.loads(r.stdout)["report"]["first"]
+    assert first["primitive"] == "sub" and first["source"].startswith("diverge_layer_norm.py:14")
+    assert run_diag("diverge", f"{ex}/diverge_layer_norm.py:fixed", timeout=120).returncode == 0
+    r = run_diag("diverge", f"{ex}/diverge_port.py:run_jax", f"{ex}/diverge_port.py:run_torch",
+                 "--json", timeout=120)
+    assert r.returncode == 1 and json.loads(r.stdout)["report"]["first"]["name"] == "mlp.act"
+    r = run_diag("diverge", f"{ex}/diverge_port.py:run_jax",
+                 f"{ex}/diverge_port.py:run_torch_fixed", timeout=120)
+    assert r.returncode == 0, r.stdout
