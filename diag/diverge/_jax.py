@@ -121,22 +121,13 @@ class _Shadow(_Hunt):
             return [_SV(v, s) for v, s in zip(vals, shadows)]
         name = e.primitive.name
         wide = [_widen(i.val) for i in ins]
-        try:
-            ref = _bind(e, wide, {})
-        except Exception:  # noqa: BLE001
-            ref = None
-        facts: dict[str, Any] = {}
-        from diag.diverge._rules import op_class
-
-        cls = op_class(name)
-        if ref is not None and cls == "reduction":
+        if all(i.err == 0.0 for i in ins):
+            ref = shadows  # the shadows are the inputs: the float64 op on them is the reference
+        else:
             try:
-                mag = _bind(e, [jnp.abs(w) if _is_float(w.dtype) else w for w in wide], {})
-                cnt = _bind(e, [jnp.ones_like(w) if _is_float(w.dtype) else w for w in wide],
-                            {})
-                facts = {"magnitude": mag, "count": cnt}
-            except Exception:  # noqa: BLE001 - then the composite bound applies
-                facts = {}
+                ref = _bind(e, wide, {})
+            except Exception:  # noqa: BLE001
+                ref = None
         longest = max((max(np.shape(i.val), default=1) for i in ins), default=1)
         carried_in = [(i.err, i.thr) for i in ins if _is_float(getattr(i.val, "dtype", None))]
         inherited = max((t for _, t in carried_in), default=0.0)
@@ -147,18 +138,26 @@ class _Shadow(_Hunt):
             if k not in floats:
                 outs.append(_SV(v, s))
                 continue
-            kw = {}
-            if facts:
-                terms = max(np.size(i.val) for i in ins) / max(np.size(v), 1)
-                kw = {"magnitude": _host(facts["magnitude"][k]),
-                      "count": np.maximum(_host(facts["count"][k]), terms)}
+            terms = max([np.size(i.val) / max(np.size(v), 1) for i in ins] + [longest])
             dtype = np.dtype(e.outvars[k].aval.dtype)
             thr = max(inherited, carried_threshold(dtype))
             err = self.ledger.measure(
                 name, name, _host(v), None if ref is None else _host(ref[k]), _host(s),
-                dtype, carried_in, thr, where, path, phase, longest=int(longest), **kw)
+                dtype, carried_in, thr, where, path, phase, facts=_facts(e, wide, k),
+                terms=terms, longest=int(longest))
             outs.append(_SV(v, s, err, thr))
         return outs
+
+
+def _facts(e, wide: list, k: int) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+    """(sum of |terms|, number of terms) of output k of a reduction, on demand."""
+
+    def get():
+        mag = _bind(e, [jnp.abs(w) if _is_float(w.dtype) else w for w in wide], {})[k]
+        cnt = _bind(e, [jnp.ones_like(w) if _is_float(w.dtype) else w for w in wide], {})[k]
+        return _host(mag), _host(cnt)
+
+    return get
 
 
 def _where(e, outer: tuple) -> Callable[[], tuple[str, str]]:

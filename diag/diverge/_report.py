@@ -39,7 +39,7 @@ class Ledger:
     def measure(self, primitive: str, name: str, y: np.ndarray, r: np.ndarray | None,
                 s: np.ndarray, dtype, carried_in: list[tuple[float, float]], threshold: float,
                 where: Callable[[], tuple[str, str]], path: str, phase: str, *,
-                magnitude=None, count=None, longest: int = 1) -> float:
+                facts=None, terms: float = 1, longest: int = 1) -> float:
         """Judge one op output; return its carried error (the evaluators keep it per value).
 
         Args:
@@ -53,11 +53,11 @@ class Ledger:
                 largest of its inputs' (a value upcast from fp16 is only fp16-accurate).
             where: returns (source, library line); called only for reported ops.
             path, phase: where the op sits, ``forward``/``backward``.
-            magnitude, count, longest: the reduction/composite facts `own_error` needs.
+            facts, terms, longest: the reduction/composite facts `own_error` needs.
         """
         cls = op_class(name)
         if r is not None:
-            own_ulps, own_ratio = own_error(y, r, dtype, cls, magnitude=magnitude, count=count,
+            own_ulps, own_ratio = own_error(y, r, dtype, cls, facts=facts, terms=terms,
                                             longest=longest)
         else:
             own_ulps, own_ratio = math.nan, math.nan

@@ -113,7 +113,9 @@ class _Mode(TorchDispatchMode):
         if func.tags and _SEEDED in func.tags or not ins:
             return self._plain(func, args, kwargs)
         before = [self.shadow_of(t) for t in ins]
-        own_args, own_kwargs = _map(args, _wide), _map(kwargs, _wide)
+        # float64 copies of the actual inputs: taken before an op that writes its inputs,
+        # after (and only when needed) for the others
+        own = (_map(args, _wide), _map(kwargs, _wide)) if writes else None
         sh_args, sh_kwargs = _map(args, self._sh_arg), _map(kwargs, self._sh_arg)
         out = func(*args, **kwargs)
         name = func._schema.name.split("::", 1)[-1]
@@ -122,25 +124,21 @@ class _Mode(TorchDispatchMode):
         except Exception:  # noqa: BLE001 - no float64 form: follow the program's values
             self.unfollowed.add(f"aten.{name}")
             return self._plain(func, args, kwargs, ran=out)
-        try:
-            ref = func(*own_args, **own_kwargs)
-        except Exception:  # noqa: BLE001
-            ref = None
+        if all(err == 0.0 for _, err, _ in before) and not writes:
+            ref = sh_out  # the shadows are the inputs: the float64 op on them is the reference
+        else:
+            own = own or (_map(args, _wide), _map(kwargs, _wide))
+            try:
+                ref = func(*own[0], **own[1])
+            except Exception:  # noqa: BLE001
+                ref = None
         if writes:  # what the op wrote, paired with its shadow and reference copies
             lows = [t for g in _written(writes, args, kwargs) for t in g]
             shs = [t for g in _written(writes, sh_args, sh_kwargs) for t in g]
-            refs = [t for g in _written(writes, own_args, own_kwargs) for t in g]
+            refs = [t for g in _written(writes, *own) for t in g]
         else:
             lows, shs = _flat(out, []), _flat(sh_out, [])
             refs = _flat(ref, []) if ref is not None else [None] * len(lows)
-        facts: list = [None] * len(lows)
-        if ref is not None and op_class(name) == "reduction" and not writes:
-            try:
-                mag = _flat(func(*_map(own_args, _abs), **_map(own_kwargs, _abs)), [])
-                cnt = _flat(func(*_map(own_args, _ones), **_map(own_kwargs, _ones)), [])
-                facts = list(zip(mag, cnt))
-            except Exception:  # noqa: BLE001 - the composite bound applies
-                pass
         carried_in = [(err, thr) for _, err, thr in before]
         inherited = max(thr for _, _, thr in before)
         node = torch._C._current_autograd_node()
@@ -154,18 +152,16 @@ class _Mode(TorchDispatchMode):
             if not _real(y) or not isinstance(s, torch.Tensor):
                 continue
             r = refs[k] if k < len(refs) else None
-            kw = {}
-            if k < len(facts) and facts[k] is not None:
-                # a mean of n terms is a sum of n terms and a division
-                terms = max(t.numel() for t in ins) / max(y.numel(), 1)
-                kw = {"magnitude": _host(facts[k][0]),
-                      "count": np.maximum(_host(facts[k][1]), terms)}
+            facts = None
+            if op_class(name) == "reduction" and not writes:
+                facts = _facts(func, args, kwargs, k)
+            terms = max([t.numel() / max(y.numel(), 1) for t in ins] + [longest])
             dtype = _NP[y.dtype]
             thr = max(inherited, carried_threshold(dtype))
             err = self.ledger.measure(
                 f"aten.{name}", name, _host(y), _host(r) if isinstance(r, torch.Tensor)
                 else None, _host(s), dtype, carried_in, thr, where, path, phase,
-                longest=int(longest), **kw)
+                facts=facts, terms=terms, longest=int(longest))
             self._keep(y, s, err, thr)
         return out
 
@@ -177,6 +173,18 @@ class _Mode(TorchDispatchMode):
                 self._keep(t, t.detach().to(torch.float64, copy=True), 0.0,
                            carried_threshold(_NP[t.dtype]))
         return out
+
+
+def _facts(func, args, kwargs, k: int) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+    """(sum of |terms|, number of terms) of output k of a reduction, on demand."""
+
+    def get():
+        args_, kwargs_ = _map(args, _wide), _map(kwargs, _wide)
+        mag = _flat(func(*_map(args_, _abs), **_map(kwargs_, _abs)), [])[k]
+        cnt = _flat(func(*_map(args_, _ones), **_map(kwargs_, _ones)), [])[k]
+        return _host(mag), _host(cnt)
+
+    return get
 
 
 def _abs(x: Any) -> Any:
