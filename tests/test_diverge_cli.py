@@ -33,6 +33,12 @@ TARGETS = textwrap.dedent('''
         return torch.tanh, (torch.linspace(-1, 1, 64),)
 
 
+    def raises():
+        def f(x):
+            return torch.log(x) + undefined_name  # noqa: F821
+        return f, (torch.ones(3),)
+
+
     def run_a():
         diag.tap("h", torch.linspace(-1, 1, 64) * 2)
 
@@ -79,6 +85,13 @@ def test_two_targets_compare_their_taps(targets):
     r = run_diag("diverge", f"{targets}:run_a", f"{targets}:run_a", timeout=120)
     assert r.returncode == 0, r.stderr
     assert "no divergent tap" in r.stdout and "1 shared taps within" in r.stdout
+
+
+def test_a_function_that_raises_exits_4_with_one_line(targets):
+    r = run_diag("diverge", f"{targets}:raises", timeout=120)
+    assert r.returncode == 4, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("diag: f raised NameError")
 
 
 @pytest.mark.parametrize("argv", [

@@ -9,6 +9,7 @@ is correctly rounded, so a sequential bf16 sum of ones stops at 256; (a + b) - a
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import os
 
@@ -97,9 +98,12 @@ def softmax_stable(x):
 def test_fp16_softmax_without_max_subtraction_overflows_in_exp():
     x = jnp.asarray(np.random.default_rng(0).normal(0, 5, (4, 64)), jnp.float16)
     assert float(jnp.max(x)) > math.log(65504)  # exp of it overflows float16
-    f = diag.diverge.shadow(softmax_naive, x).first
+    rep = diag.diverge.shadow(softmax_naive, x)
+    f = rep.first
     assert f.primitive == "exp" and f.source == line_of(softmax_naive, "jnp.exp")
     assert math.isinf(f.carried) and f.own_ratio <= 1  # inf is exp's correct rounding
+    d = json.loads(json.dumps(rep.to_dict(), allow_nan=False))  # strict JSON: inf as text
+    assert d["first"]["carried"] == "inf" and d["first"]["primitive"] == "exp"
     rep = diag.diverge.shadow(jax.jit(softmax_stable), x)
     assert rep.first is None
     assert all(o.own_ratio <= 1 and o.carried <= o.threshold for o in rep.ops)

@@ -22,7 +22,6 @@ Neither framework is imported here; the one the function uses is imported on fir
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Callable
 
 from diag.errors import DiagError, EXIT_WORKER_CRASH
@@ -106,9 +105,8 @@ class ShadowReport:
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (inf becomes the string ``inf``)."""
-        return json.loads(json.dumps(dataclasses.asdict(self), default=str,
-                                     allow_nan=True).replace("Infinity", '"inf"'))
+        """A JSON-ready dict: an infinite figure is the string ``inf``, a missing one None."""
+        return _jsonable(dataclasses.asdict(self))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,9 +156,21 @@ class CompareReport:
     only_b: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return json.loads(json.dumps(dataclasses.asdict(self), default=str,
-                                     allow_nan=True).replace("Infinity", '"inf"'))
+        """A JSON-ready dict: an infinite figure is the string ``inf``, a missing one None."""
+        return _jsonable(dataclasses.asdict(self))
+
+
+def _jsonable(x: Any) -> Any:
+    """Tuples to lists; inf/-inf to ``"inf"``/``"-inf"`` and NaN to None (JSON has neither)."""
+    if isinstance(x, float):
+        if x != x:
+            return None
+        return x if abs(x) != float("inf") else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
 
 
 def shadow(fn: Callable, *args: Any, **kwargs: Any) -> ShadowReport:

@@ -191,13 +191,13 @@ def own_error(y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, term
         n = np.maximum(np.maximum(np.asarray(cnt, dtype=np.float64), terms), 1.0)
         return ulps, _ratio(err, numerics.gamma(n, dtype) * np.abs(mag) + floor)
     if cls == "library":
-        bound = LIBRARY_ULP * r_ulp
+        bound = LIBRARY_ULP * r_ulp + _smallest_normal(dtype)
     elif cls == "composite":
         scale = float(np.max(np.abs(np.where(np.isfinite(r), r, 0.0)))) if r.size else 0.0
-        bound = numerics.gamma(longest + COMPOSITE_EXTRA_STEPS, dtype) * scale
+        bound = numerics.gamma(longest + COMPOSITE_EXTRA_STEPS, dtype) * scale + floor
     else:
-        bound = 0.0
-    return ulps, _ratio(err, bound + floor)
+        bound = floor
+    return ulps, _ratio(err, bound)
 
 
 def _ratio(err: np.ndarray, bound: np.ndarray) -> float:
