@@ -389,8 +389,9 @@ def nan_report_table(report: Any) -> Table:
 
 
 
-def _curve(values: list[float], first: int | None, width: int = 64) -> str:
-    """Carried error along the ops as one line of blocks (log scale), the first one marked."""
+def _curve(values: list[float], first: int | None, width: int = 64,
+           what: str = "carried error along {} ops") -> str:
+    """An error along the ops or taps as one line of blocks (log scale), the first marked."""
     import math
 
     logs = [math.log10(v) if 0 < v < math.inf else (3.0 if v else -17.0) for v in values]
@@ -402,14 +403,16 @@ def _curve(values: list[float], first: int | None, width: int = 64) -> str:
         k = first // step
         line = f"{line[:k]}[bold red]{line[k]}[/]{line[k + 1:]}"
     top = _num(10 ** hi) if hi < 3 else "inf"
-    return f"carried error along {len(values)} ops (log scale, {_num(10 ** lo)} .. {top}): {line}"
+    return f"{what.format(len(values))} (log scale, {_num(10 ** lo)} .. {top}): {line}"
 
 
 def _rows_table(title: str, cols: list[tuple[str, Any]], rows: list, first: Any) -> Table:
     """One row per op or tap; `cols` are (header, attribute or None for the index)."""
     table = Table(title=escape(title), title_justify="left")
-    for col, _ in cols:
-        table.add_column(col, overflow="fold")
+    for col, a in cols:  # the op and its line are kept whole; the figures fold instead
+        keep = a in ("primitive", "source", "name")
+        table.add_column(col, overflow="fold", min_width=min(48, max(
+            [len(str(getattr(o, a))) for o in rows] + [len(col)])) if keep else None)
     for o in rows:
         mark = first is not None and o.index == first.index
         table.add_row(*[(f"{o.index} ◀" if mark else str(o.index)) if a is None else
@@ -429,6 +432,8 @@ def diverge_tables(report: Any) -> list:
                                                        else -1]
         parts: list = [_rows_table(f"diag diverge: first divergent tap {f.name}" if f else
                                    "diag diverge: no divergent tap", cols, report.taps, f)]
+        parts.append(_curve([t.max_rel for t in report.taps], f.index if f else None,
+                            what="difference along {} taps"))
         parts += [escape(f"{label}: {', '.join(names)}") for label, names in
                   (("only in A", report.only_a), ("only in B", report.only_b)) if names]
         parts.append(escape(f"diag diverge: {f.name} differs by {_num(f.max_rel)} (normwise), "
