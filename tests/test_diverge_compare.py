@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 import jax.numpy as jnp  # noqa: E402
 
 import diag  # noqa: E402
-from diag.diverge._rules import carried_threshold  # noqa: E402
+from diag.diverge._rules import tap_allowance  # noqa: E402
 
 D, T = 32, 16
 RNG = np.random.default_rng(7)
@@ -69,7 +69,7 @@ def test_a_correct_port_reports_no_divergence():
     assert rep.first is None
     assert [t.name for t in rep.taps] == ["ln1", "scores", "attn", "ln2", "mlp.act", "out"]
     assert all(0 <= t.max_rel <= t.allowed for t in rep.taps)
-    assert all(t.allowed == carried_threshold("float32") for t in rep.taps)
+    assert all(t.allowed == tap_allowance("float32") for t in rep.taps)
     assert not rep.only_a and not rep.only_b
 
 

@@ -14,7 +14,7 @@ import pytest
 from diag import numerics
 from diag.diverge._report import Ledger
 from diag.diverge._rules import (LIBRARY_ULP, ROUNDED_ULP, carried_error, carried_threshold,
-                                 op_class, own_error, ulp_of)
+                                 op_class, own_error, tap_allowance, ulp_of)
 
 F32, BF16 = np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)
 
@@ -27,10 +27,12 @@ def test_ulp_of_matches_the_spacing_of_the_dtype():
     assert ulp_of(np.array([1.0, 256.0, 257.0]), BF16).tolist() == [2.0 ** -7, 2.0, 2.0]
 
 
-def test_thresholds_are_two_thirds_of_the_significand():
-    assert carried_threshold("float32") == pytest.approx(2.0 ** -16)
-    assert carried_threshold("bfloat16") == pytest.approx(2.0 ** (-16 / 3))
-    assert carried_threshold("float16") == pytest.approx(2.0 ** (-22 / 3))
+def test_thresholds_are_half_the_significand_and_taps_two_thirds():
+    assert carried_threshold("float32") == 2.0 ** -12
+    assert carried_threshold("bfloat16") == 2.0 ** -4
+    assert carried_threshold("float16") == pytest.approx(2.0 ** -5.5)
+    assert tap_allowance("float32") == pytest.approx(2.0 ** -16)
+    assert tap_allowance("bfloat16") == pytest.approx(2.0 ** (-16 / 3))
 
 
 def test_a_correctly_rounded_result_is_within_every_bound():
@@ -112,6 +114,11 @@ def test_the_ledger_names_where_the_carried_error_crossed_not_where_it_travelled
     assert led.first is None
     _measure(led, "sub", np.array([1.1]), np.array([1.1]), s, [(1e-7, thr)], thr)
     assert led.first.primitive == "sub" and led.first.carried == pytest.approx(0.1)
+    # A composite op's own error is shown but does not decide (its bound is a guess).
+    led = Ledger()
+    r = np.random.default_rng(5).normal(0, 1, 64)
+    _measure(led, "aten._fused_thing", r + 1e-3, r, r + 1e-3, [(0.0, thr)], thr)
+    assert led.entries[0].own_ratio > 1 and led.first is None
     # An upcast value keeps the threshold of the narrow dtype it came from.
     led = Ledger()
     _measure(led, "convert_element_type", np.array([1.001]), np.array([1.001]), s,

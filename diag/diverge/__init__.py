@@ -56,7 +56,8 @@ class OpRecord:
         carried: normwise relative error of its output against the shadow.
         carried_ulps: the same in ULPs of `dtype` at the output's largest magnitude.
         amplification: carried / max(carried_in, u of `dtype`): how much the op grew the error.
-        threshold: the carried-error threshold for `dtype` (u^(2/3)).
+        threshold: the carried-error threshold for `dtype` (sqrt(u)), or of the narrower dtype
+            the value was computed from.
         reason: why this op is `first` (empty for the others).
         library: the library frame that wrote the op, when the user line is a caller of it.
     """

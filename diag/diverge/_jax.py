@@ -17,6 +17,8 @@ changes in the compiled function is not seen (`diag run` compares settings for t
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Any, Callable
 
 import numpy as np
@@ -28,7 +30,7 @@ from diag.diverge import DivergeError, ShadowReport
 from diag.diverge._report import Ledger
 from diag.diverge._rules import carried_threshold
 from diag.nan._jax_eval import _Hunt, _is_inexact, _V
-from diag.nan._jax_source import _inner_source, _library_line, _source
+from diag.nan._jax_source import _MACHINERY, _inner_source, _library_line, _source
 from diag.nan._jax_state import _Program
 
 _F64 = np.dtype(np.float64)
@@ -160,13 +162,42 @@ def _facts(e, wide: list, k: int) -> Callable[[], tuple[np.ndarray, np.ndarray]]
     return get
 
 
+# jnp's operator and array plumbing (`a + b`, `x.mean()`): never the library line that helps.
+_PLUMBING = re.compile(r"jax[/\\]_src[/\\]numpy[/\\]")
+
+
+def _library(e, src: str) -> str:
+    """The innermost library frame that wrote `e` (optax's Adam, jax.nn.softmax), if it is not
+    the user's own line or jnp's operator plumbing."""
+    try:
+        frames = e.source_info.traceback.frames
+    except Exception:  # noqa: BLE001 - private API
+        return ""
+    for f in frames:
+        if _MACHINERY.search(f.file_name) or _PLUMBING.search(f.file_name):
+            continue
+        line = f"{os.path.basename(f.file_name)}:{f.line_num} ({f.function_name})"
+        user = src.split(" (", 1)[0]
+        return "" if line.split(" (", 1)[0] == user or _user_file(f.file_name) else line
+    return ""
+
+
+def _user_file(path: str) -> bool:
+    from jax._src import source_info_util as siu
+
+    try:
+        return siu.is_user_filename(path)
+    except Exception:  # noqa: BLE001 - private API
+        return False
+
+
 def _where(e, outer: tuple) -> Callable[[], tuple[str, str]]:
     """(source, library line) of an equation, computed only when it is reported."""
 
     def get() -> tuple[str, str]:
         src = _source(e)[0] or _inner_source(e)[0]
         if src:
-            return src, ""
+            return src, _library(e, src)
         # JAX library code (a derivative rule, a jitted library function) traced without the
         # user's frames: the user line that called it, and the library line that wrote it.
         for o in reversed(outer):

@@ -70,7 +70,7 @@ class Ledger:
                    carried_ulps=carried_ulps, threshold=threshold, reason="")
         self.entries.append(e)
         if self.first is None:
-            if own_ratio > 1.0:
+            if own_ratio > 1.0 and cls != "composite":
                 e.reason = (f"own error {own_ulps:.3g} ULP is {own_ratio:.3g}x its bound: it "
                             f"computed with less precision than {e.dtype} claims")
                 self.first = e
