@@ -114,16 +114,19 @@ class _Shadow(_Hunt):
     def apply(self, e, ins: list, path: str, backward: bool) -> list:
         vals = _bind(e, [i.val for i in ins])
         floats = [k for k, v in enumerate(e.outvars) if _is_float(v.aval.dtype)]
+        followed = True
         try:
             shadows = _bind(e, [i.sh for i in ins], {})
         except Exception:  # noqa: BLE001 - no float64 form: follow the program's values
             self.unfollowed.add(e.primitive.name)
-            shadows = [_widen(v) for v in vals]
+            shadows, followed = [_widen(v) for v in vals], False
         if not floats:
             return [_SV(v, s) for v, s in zip(vals, shadows)]
         name = e.primitive.name
         wide = [_widen(i.val) for i in ins]
-        if all(i.err == 0.0 for i in ins):
+        if not followed:
+            ref = None
+        elif all(i.err == 0.0 for i in ins):
             ref = shadows  # the shadows are the inputs: the float64 op on them is the reference
         else:
             try:

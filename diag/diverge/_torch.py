@@ -87,7 +87,14 @@ class _Mode(TorchDispatchMode):
                 carried_threshold(_NP[t.dtype]))
 
     def _keep(self, t: torch.Tensor, sh: torch.Tensor, err: float, thr: float) -> None:
-        self._sh[id(t)] = (weakref.ref(t), sh, err, thr)
+        key, table = id(t), self._sh
+
+        def drop(ref: weakref.ref) -> None:  # a shadow lives as long as its tensor
+            got = table.get(key)
+            if got is not None and got[0] is ref:
+                del table[key]
+
+        table[key] = (weakref.ref(t, drop), sh, err, thr)
 
     def _sh_arg(self, x: Any) -> Any:
         if isinstance(x, torch.dtype):
