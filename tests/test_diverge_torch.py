@@ -119,3 +119,21 @@ def test_backward_ops_are_named_with_their_forward_line():
     assert back and all(o.source in forward_lines for o in back)
     assert all(o.amplification == o.amplification for o in rep.ops)  # no NaN figure
     assert w.grad is not None  # the step ran once, as the user would run it
+
+
+def test_random_draws_run_once_and_uninitialised_memory_is_not_judged():
+    def f(x):
+        y = x.clone()
+        y[:, :4].mul_(3.0)  # written through a view: the shadow follows
+        return torch.nn.functional.dropout(y, 0.5, training=True)  # empty_like + bernoulli_
+
+    x = torch.randn(8, 16)
+    torch.manual_seed(0)
+    f(x)
+    after_plain = torch.rand(4)
+    torch.manual_seed(0)
+    rep = diag.diverge.shadow(f, x)
+    assert torch.equal(torch.rand(4), after_plain)  # the user's generator moved as in a plain run
+    assert rep.first is None
+    assert all(o.primitive not in ("aten.empty_like", "aten.bernoulli_") for o in rep.ops)
+    assert rep.result_error <= 2 ** -24  # the view write was shadowed, not lost

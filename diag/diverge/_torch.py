@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from diag.diverge import DivergeError, ShadowReport
 from diag.diverge._report import Ledger
 from diag.diverge._rules import carried_threshold, op_class
-from diag.nan._torch_ops import _VIEW, _flat, _is_float, _writes, _written
+from diag.nan._torch_ops import _KIND, _VIEW, _flat, _is_float, _op_kind, _writes, _written
 from diag.nan._torch_source import _Lines, _source_from_node, _source_from_stack
 
 _NP = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
@@ -117,7 +117,12 @@ class _Mode(TorchDispatchMode):
                     pass
             return out
         ins = [x for x in _flat((args, kwargs), []) if _real(x)]
-        if not ins or _SEEDED in func.tags:  # nothing to shadow, or a random draw
+        kind = _KIND.get(func)
+        if kind is None:
+            kind = _KIND[func] = _op_kind(func)
+        # Nothing to shadow; a random draw (run once: the user's generator must not move);
+        # a fill or uninitialised memory (`empty_like`): values that come from no arithmetic.
+        if not ins or _SEEDED in func.tags or kind in ("fill", "garbage"):
             return self._plain(func, args, kwargs)
         before = [self.shadow_of(t) for t in ins]
         # float64 copies of the actual inputs: taken before an op that writes its inputs,
