@@ -29,6 +29,7 @@ __all__ = [
     "ab",
     "baseline",
     "compare",
+    "diverge",
     "drift",
     "environment",
     "errors",
@@ -49,6 +50,7 @@ __all__ = [
     "run",
     "runner",
     "suite",
+    "tap",
     "tolerance",
     "train",
     "workers",
@@ -56,7 +58,7 @@ __all__ = [
 
 # The library's modules, loaded on first attribute access (none imports a framework at
 # import time). `cli` and `render` are the command line's, not the library's.
-_LAZY_MODULES = {"ab", "baseline", "compare", "drift", "environment", "errors", "faults",
+_LAZY_MODULES = {"ab", "baseline", "compare", "diverge", "drift", "environment", "errors", "faults",
                  "features", "flags", "inputs", "junit", "nan", "nodes", "numerics", "oracle",
                  "precision", "preflight", "probes", "report", "results", "runner", "suite",
                  "tolerance", "train", "workers"}
@@ -67,6 +69,14 @@ def run(*args, **kwargs):
     from diag.runner import run as _run
 
     return _run(*args, **kwargs)
+
+
+def tap(name: str, x):
+    """Identity that records `x` under `name` for `diag.diverge.compare`; see
+    `diag.diverge.tap` (JAX arrays, inside jit too, and torch tensors)."""
+    from diag.diverge._tap import tap as _tap
+
+    return _tap(name, x)
 
 
 def __getattr__(name: str):

@@ -17,7 +17,7 @@ import sys
 import typer
 
 from diag.cli import devices, gate, run, tools  # noqa: F401 - each registers its commands
-from diag.cli import trace  # noqa: F401 - `diag trace`
+from diag.cli import diverge, trace  # noqa: F401 - `diag diverge`, `diag trace`
 from diag.cli._app import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, app, on_sigterm,
                            state)
 from diag.errors import DiagError, EXIT_USAGE

@@ -131,10 +131,22 @@ class _Hunt:
         return bwd, only_bwd_outs
 
     # -- evaluation -----------------------------------------------------------------------
+    # How a value is made, sliced out of a scan's operand and stacked into its result: methods,
+    # so that an evaluator carrying more per value (diag.diverge's float64 shadow) keeps it
+    # through literals, constants and loops.
+    def wrap(self, val: Any) -> _V:
+        return _wrap(val)
+
+    def index(self, v: _V, i: int) -> _V:
+        return _index(v, i)
+
+    def stack(self, vs: list[_V], aval) -> _V:
+        return _stack(vs, aval)
+
     def consts(self, closed) -> list[_V]:
         got = self._const_cache.get(id(closed))
         if got is None:
-            got = self._const_cache[id(closed)] = [_wrap(c) for c in closed.consts]
+            got = self._const_cache[id(closed)] = [self.wrap(c) for c in closed.consts]
         return got
 
     def eval(self, jaxpr, consts: list[_V], args: list[_V], path: str,
@@ -143,7 +155,7 @@ class _Hunt:
 
         def read(v) -> _V:
             if isinstance(v, _Literal):
-                return _wrap(v.val)
+                return self.wrap(v.val)
             return env[v]
 
         env.update(zip(jaxpr.constvars, consts))
@@ -253,14 +265,14 @@ def _scan(h: _Hunt, e, ins, path, child):
     ys: list[list[_V]] = [[] for _ in e.outvars[ncar:]]
     order = range(length - 1, -1, -1) if p["reverse"] else range(length)
     for it in order:
-        outs = h.eval(body.jaxpr, h.consts(body), consts + carry + [_index(x, it) for x in xs],
+        outs = h.eval(body.jaxpr, h.consts(body), consts + carry + [h.index(x, it) for x in xs],
                       _join(path, f"scan[{it}]"), out_bwd, ctx_bwd, ctx_diff)
         carry = outs[:ncar]
         for j, y in enumerate(outs[ncar:]):
             ys[j].append(y)
     if p["reverse"]:
         ys = [y[::-1] for y in ys]
-    return carry + [_stack(y, v.aval) for y, v in zip(ys, e.outvars[ncar:])]
+    return carry + [h.stack(y, v.aval) for y, v in zip(ys, e.outvars[ncar:])]
 
 
 def _while(h: _Hunt, e, ins, path, child):

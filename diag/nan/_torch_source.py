@@ -19,7 +19,10 @@ from diag.nan._torch_ops import _flat
 # torch's frames and the hunt's own; diag's probe ops (diag/backends) are the code being hunted
 # when the training-step probe calls the hunt, so they count as the user's.
 _SKIP_DIRS = (os.path.normcase(os.path.dirname(torch.__file__)) + os.sep,
-              os.path.normcase(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+              os.path.normcase(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+              # diag.diverge's dispatch mode reads lines with the same helpers
+              os.path.normcase(os.path.join(os.path.dirname(os.path.dirname(
+                  os.path.abspath(__file__))), "diverge")) + os.sep)
 _STDLIB = os.path.normcase(sysconfig.get_paths()["stdlib"]) + os.sep
 _TB_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 

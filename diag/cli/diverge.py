@@ -1,0 +1,45 @@
+"""`diag diverge`: the first op (shadow) or tap (compare) where a computation leaves the truth."""
+
+from __future__ import annotations
+
+import json
+from typing import List
+
+import typer
+
+from diag.cli._app import app
+from diag.errors import UsageError
+
+
+@app.command("diverge")
+def diverge_cmd(
+    targets: List[str] = typer.Argument(..., help="FILE.py:FUNCTION to shadow (FUNCTION "
+                                        "returns (fn, args), or is run itself), or two: "
+                                        "FILE.py:RUN_A FILE.py:RUN_B to compare by their taps."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+    modules: bool = typer.Option(False, "--modules", help="Compare: also tap every torch "
+                                 "nn.Module and flax linen module output by its path."),
+) -> None:
+    """Name the first divergent op or tap (exit 1 if one is found, 0 if none, 2 bad usage)."""
+    from diag import diverge, nan, render
+    from diag.flags import validate_xla_flags
+
+    if len(targets) > 2:
+        raise UsageError(f"diag diverge takes one target (shadow) or two (compare), got "
+                         f"{len(targets)}; see 'diag diverge --help'")
+    validate_xla_flags()  # before a target imports jax: a bad flag would abort it (exit 2)
+    loaded = [nan.load_target(t) for t in targets]
+    if len(loaded) == 1:
+        fn, args, kwargs = loaded[0]
+        report = diverge.shadow(fn, *args, **kwargs)
+    else:
+        runs = [(lambda f=f, a=a, k=k: f(*a, **k)) for f, a, k in loaded]
+        report = diverge.compare(runs[0], runs[1], modules=modules)
+    if as_json:
+        render.out.print_json(json.dumps({"targets": list(targets),
+                                          "found": report.first is not None,
+                                          "report": report.to_dict()}))
+    else:
+        for part in render.diverge_tables(report):
+            render.out.print(part)
+    raise typer.Exit(1 if report.first is not None else 0)

@@ -1,0 +1,240 @@
+"""JAX shadow execution: the jaxpr run equation by equation in its dtypes and in float64.
+
+The function is traced once with `jax.make_jaxpr` (in the user's precision settings), then
+evaluated by `diag.nan`'s equation-by-equation evaluator, which already descends into jit,
+custom_jvp/custom_vjp, remat, cond branches and scan/while bodies (iteration by iteration) and
+tells forward from backward equations. Each value here carries, beside what the program
+computes, its float64 shadow and its carried error. Per equation three evaluations run: the
+equation as written, the same equation with float dtypes in its parameters widened to float64 on
+the shadows, and that float64 equation on the actual inputs (the reference for the op's own
+error). The float64 ones run under `jax.enable_x64`; an equation that cannot be re-bound in
+float64 (a higher-order primitive the evaluator does not descend into, a custom call) keeps its
+shadow equal to its output and is counted in the report's note.
+
+Equations are run one by one, not compiled together: what XLA's fusion or excess precision
+changes in the compiled function is not seen (`diag run` compares settings for that).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Callable
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+from diag.diverge import DivergeError, ShadowReport
+from diag.diverge._report import Ledger
+from diag.diverge._rules import carried_threshold
+from diag.nan._jax_eval import _Hunt, _is_inexact, _V
+from diag.nan._jax_source import _MACHINERY, _inner_source, _library_line, _source
+from diag.nan._jax_state import _Program
+
+_F64 = np.dtype(np.float64)
+
+
+class _SV(_V):
+    """A value, its float64 shadow, its carried error and the threshold of its dtype."""
+
+    __slots__ = ("sh", "err", "thr")
+
+    def __init__(self, val: Any, sh: Any, err: float = 0.0, thr: float = 0.0):
+        super().__init__(val)
+        self.sh, self.err = sh, err
+        dtype = getattr(val, "dtype", None)
+        self.thr = max(thr, carried_threshold(dtype)) if _is_float(dtype) else np.inf
+
+
+def _is_float(dtype: Any) -> bool:
+    return dtype is not None and _is_inexact(dtype) and not jnp.issubdtype(dtype,
+                                                                            jnp.complexfloating)
+
+
+def _widen(val: Any) -> Any:
+    """The float64 copy of a float value; anything else as it is."""
+    if _is_float(getattr(val, "dtype", None)):
+        return jnp.asarray(val, dtype=_F64)
+    if isinstance(val, float):
+        return jnp.asarray(val, dtype=_F64)
+    return val
+
+
+def _f64_params(params: Any) -> Any:
+    """Equation parameters with every float dtype widened to float64 (casts, accumulators)."""
+    if isinstance(params, dict):
+        return {k: _f64_params(v) for k, v in params.items()}
+    if isinstance(params, np.dtype) and _is_float(params):
+        return _F64
+    return params
+
+
+def _host(x: Any) -> np.ndarray:
+    return np.asarray(x).astype(np.float64)
+
+
+def _bind(e, vals: list, params: dict | None = None):
+    try:
+        bp = e.primitive.get_bind_params(e.params)
+    except AttributeError:  # pragma: no cover - older JAX
+        bp = e.params
+    if isinstance(bp, tuple):
+        subfuns, bp = bp
+    else:
+        subfuns = ()
+    if params is not None:
+        bp = _f64_params(bp)
+    out = e.primitive.bind(*subfuns, *vals, **bp)
+    return list(out) if e.primitive.multiple_results else [out]
+
+
+class _Shadow(_Hunt):
+    """`diag.nan`'s evaluator, each value carrying its float64 shadow; a `Ledger` per op."""
+
+    def __init__(self):
+        super().__init__()
+        self.ledger = Ledger()
+        self.unfollowed: set[str] = set()
+
+    def wrap(self, val: Any) -> _SV:
+        return _SV(val, _widen(val))
+
+    def index(self, v: _SV, i: int) -> _SV:
+        return _SV(v.val[i], v.sh[i], v.err, v.thr)
+
+    def stack(self, vs: list, aval) -> _SV:
+        if not vs:
+            z = jnp.zeros(aval.shape, aval.dtype)
+            return _SV(z, _widen(z))
+        return _SV(jnp.stack([v.val for v in vs]), jnp.stack([v.sh for v in vs]),
+                   max(v.err for v in vs), max(v.thr for v in vs))
+
+    def apply(self, e, ins: list, path: str, backward: bool) -> list:
+        vals = _bind(e, [i.val for i in ins])
+        floats = [k for k, v in enumerate(e.outvars) if _is_float(v.aval.dtype)]
+        followed = True
+        try:
+            shadows = _bind(e, [i.sh for i in ins], {})
+        except Exception:  # noqa: BLE001 - no float64 form: follow the program's values
+            self.unfollowed.add(e.primitive.name)
+            shadows, followed = [_widen(v) for v in vals], False
+        if not floats:
+            return [_SV(v, s) for v, s in zip(vals, shadows)]
+        name = e.primitive.name
+        wide = [_widen(i.val) for i in ins]
+        if not followed:
+            ref = None
+        elif all(i.err == 0.0 for i in ins):
+            ref = shadows  # the shadows are the inputs: the float64 op on them is the reference
+        else:
+            try:
+                ref = _bind(e, wide, {})
+            except Exception:  # noqa: BLE001
+                ref = None
+        longest = max((max(np.shape(i.val), default=1) for i in ins), default=1)
+        carried_in = [(i.err, i.thr) for i in ins if _is_float(getattr(i.val, "dtype", None))]
+        inherited = max((t for _, t in carried_in), default=0.0)
+        outs = []
+        where = _where(e, tuple(self.outer))
+        phase = "backward" if backward else "forward"
+        for k, (v, s) in enumerate(zip(vals, shadows)):
+            if k not in floats:
+                outs.append(_SV(v, s))
+                continue
+            terms = max([np.size(i.val) / max(np.size(v), 1) for i in ins] + [longest])
+            dtype = np.dtype(e.outvars[k].aval.dtype)
+            thr = max(inherited, carried_threshold(dtype))
+            err = self.ledger.measure(
+                name, name, _host(v), None if ref is None else _host(ref[k]), _host(s),
+                dtype, carried_in, thr, where, path, phase, facts=_facts(e, wide, k),
+                terms=terms, longest=int(longest))
+            outs.append(_SV(v, s, err, thr))
+        return outs
+
+
+def _facts(e, wide: list, k: int) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+    """(sum of |terms|, number of terms) of output k of a reduction, on demand."""
+
+    def get():
+        mag = _bind(e, [jnp.abs(w) if _is_float(w.dtype) else w for w in wide], {})[k]
+        cnt = _bind(e, [jnp.ones_like(w) if _is_float(w.dtype) else w for w in wide], {})[k]
+        return _host(mag), _host(cnt)
+
+    return get
+
+
+# jnp's operator and array plumbing (`a + b`, `x.mean()`): never the library line that helps.
+_PLUMBING = re.compile(r"jax[/\\]_src[/\\]numpy[/\\]")
+
+
+def _library(e, src: str) -> str:
+    """The innermost library frame that wrote `e` (optax's Adam, jax.nn.softmax), if it is not
+    the user's own line or jnp's operator plumbing."""
+    try:
+        frames = e.source_info.traceback.frames
+    except Exception:  # noqa: BLE001 - private API
+        return ""
+    for f in frames:
+        if _MACHINERY.search(f.file_name) or _PLUMBING.search(f.file_name):
+            continue
+        line = f"{os.path.basename(f.file_name)}:{f.line_num} ({f.function_name})"
+        user = src.split(" (", 1)[0]
+        return "" if line.split(" (", 1)[0] == user or _user_file(f.file_name) else line
+    return ""
+
+
+def _user_file(path: str) -> bool:
+    from jax._src import source_info_util as siu
+
+    try:
+        return siu.is_user_filename(path)
+    except Exception:  # noqa: BLE001 - private API
+        return False
+
+
+def _where(e, outer: tuple) -> Callable[[], tuple[str, str]]:
+    """(source, library line) of an equation, computed only when it is reported."""
+
+    def get() -> tuple[str, str]:
+        src = _source(e)[0] or _inner_source(e)[0]
+        if src:
+            return src, _library(e, src)
+        # JAX library code (a derivative rule, a jitted library function) traced without the
+        # user's frames: the user line that called it, and the library line that wrote it.
+        for o in reversed(outer):
+            src = _source(o)[0]
+            if src:
+                break
+        return src, _library_line(e)
+
+    return get
+
+
+def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
+    """See `diag.diverge.shadow`."""
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    prog = _Program(fn, args, kwargs)
+    try:
+        closed = jax.make_jaxpr(prog.flat)(*prog.arrays)
+    except Exception as e:  # noqa: BLE001 - the user's function may raise anything
+        raise DivergeError(f"{name} could not be traced ({type(e).__name__}: {e}); diag "
+                           f"diverge needs a function jax.make_jaxpr can trace") from e
+    h = _Shadow()
+    out_bwd = tuple(False for _ in closed.jaxpr.outvars)
+    with jax.enable_x64(True), np.errstate(all="ignore"):
+        try:
+            outs = h.eval(closed.jaxpr, h.consts(closed), [h.wrap(a) for a in prog.arrays],
+                          "", out_bwd)
+        except DivergeError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise DivergeError(f"evaluating {name} equation by equation raised "
+                               f"{type(e).__name__}: {e}") from e
+    result = next((o.err for o in outs if _is_float(getattr(o.val, "dtype", None))), 0.0)
+    note = ""
+    if h.unfollowed:
+        note = (f"no float64 form for {', '.join(sorted(h.unfollowed))}: the shadow restarts "
+                f"from their outputs")
+    return h.ledger.report("jax", name, result, note)

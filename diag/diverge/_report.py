@@ -1,0 +1,122 @@
+"""The shadow run's ledger: one entry per op, the `first` rule, and the report built from them.
+
+Both evaluators (JAX and PyTorch) call `Ledger.measure` once per op with float64 copies of
+the op's output, its float64 re-evaluation and its shadow; everything framework-specific (how
+an op is run, where its line is) stays in the evaluators.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from diag import numerics
+from diag.diverge import OpRecord, ShadowReport
+from diag.diverge._rules import carried_error, op_class, own_error
+
+TOP = 10
+
+
+class _Entry:
+    __slots__ = ("index", "primitive", "cls", "where", "path", "phase", "dtype", "shape",
+                 "own_ulps", "own_ratio", "carried_in", "carried", "carried_ulps", "threshold",
+                 "reason")
+
+    def __init__(self, **kw):
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+class Ledger:
+    """Collects per-op figures in execution order and decides `first` as they arrive."""
+
+    def __init__(self):
+        self.entries: list[_Entry] = []
+        self.first: _Entry | None = None
+
+    def measure(self, primitive: str, name: str, y: np.ndarray, r: np.ndarray | None,
+                s: np.ndarray, dtype, carried_in: list[tuple[float, float]], threshold: float,
+                where: Callable[[], tuple[str, str]], path: str, phase: str, *,
+                facts=None, terms: float = 1, longest: int = 1) -> float:
+        """Judge one op output; return its carried error (the evaluators keep it per value).
+
+        Args:
+            primitive: what the report shows (``reduce_sum``, ``aten.exp``).
+            name: the bare op name its class is looked up by (``exp``).
+            y, r, s: the output, the float64 re-evaluation on the actual inputs (None when
+                the op could not be re-evaluated), the float64 shadow; all float64.
+            dtype: the output's dtype (a numpy/ml_dtypes dtype).
+            carried_in: (carried error, threshold) of each float input.
+            threshold: the output's carried-error threshold: that of its dtype, or the
+                largest of its inputs' (a value upcast from fp16 is only fp16-accurate).
+            where: returns (source, library line); called only for reported ops.
+            path, phase: where the op sits, ``forward``/``backward``.
+            facts, terms, longest: the reduction/composite facts `own_error` needs.
+        """
+        cls = op_class(name)
+        if r is not None:
+            own_ulps, own_ratio = own_error(y, r, dtype, cls, facts=facts, terms=terms,
+                                            longest=longest)
+        else:
+            own_ulps, own_ratio = math.nan, math.nan
+        carried, carried_ulps = carried_error(y, s, dtype)
+        cin = max((c for c, _ in carried_in), default=0.0)
+        e = _Entry(index=len(self.entries), primitive=primitive, cls=cls, where=where,
+                   path=path, phase=phase, dtype=numerics.dtype_name(dtype),
+                   shape=tuple(int(d) for d in y.shape), own_ulps=own_ulps,
+                   own_ratio=own_ratio, carried_in=cin, carried=carried,
+                   carried_ulps=carried_ulps, threshold=threshold, reason="")
+        self.entries.append(e)
+        if self.first is None:
+            if own_ratio > 1.0 and cls != "composite":
+                e.reason = (f"own error {own_ulps:.3g} ULP is {own_ratio:.3g}x its bound: it "
+                            f"computed with less precision than {e.dtype} claims")
+                self.first = e
+            elif (cls != "structural" and carried > threshold
+                  and all(c <= t for c, t in carried_in)):
+                e.reason = (f"carried error {_num(carried)} passed the {e.dtype} threshold "
+                            f"{threshold:.2g} here (inputs carried at most {_num(cin)})")
+                self.first = e
+        return carried
+
+    def report(self, framework: str, function: str, result_error: float,
+               note: str = "") -> ShadowReport:
+        """The `ShadowReport`: `first`, the top contributors, the curve."""
+        ranked = sorted((e for e in self.entries if e.cls != "structural"),
+                        key=lambda e: (-_score(e), e.index))[:TOP]
+        return ShadowReport(
+            framework=framework, function=function,
+            first=_record(self.first) if self.first is not None else None,
+            ops=tuple(_record(e) for e in ranked),
+            curve=tuple(e.carried for e in self.entries), n_ops=len(self.entries),
+            result_error=result_error, note=note)
+
+
+def _amplification(e: _Entry) -> float:
+    u = numerics.unit_roundoff(e.dtype)
+    if e.carried == 0.0:
+        return 0.0
+    if math.isinf(e.carried_in):
+        return 1.0  # it came in infinite and stayed so
+    return e.carried / max(e.carried_in, u)
+
+
+def _score(e: _Entry) -> float:
+    own = e.own_ratio if e.own_ratio == e.own_ratio else 0.0
+    return max(_amplification(e), own)
+
+
+def _num(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.3g}"
+
+
+def _record(e: _Entry) -> OpRecord:
+    source, library = e.where()
+    return OpRecord(index=e.index, primitive=e.primitive, op_class=e.cls, source=source,
+                    path=e.path, phase=e.phase, dtype=e.dtype, shape=e.shape,
+                    own_ulps=e.own_ulps, own_ratio=e.own_ratio, carried_in=e.carried_in,
+                    carried=e.carried, carried_ulps=e.carried_ulps,
+                    amplification=_amplification(e), threshold=e.threshold,
+                    reason=e.reason, library=library)

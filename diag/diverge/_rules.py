@@ -1,0 +1,234 @@
+"""The rules `diag.diverge` judges by: each op's own error bound, the carried-error threshold.
+
+Both frameworks' evaluators hand this module three float64 arrays per op output: what the op
+returned in its own dtype (`y`), the float64 evaluation of the same op on the same (already
+rounded) inputs (`r`), and the float64 shadow carried from the function's inputs (`s`). Only
+numpy here: the figures are the same whichever framework computed them.
+
+Own error, per element: |y - r| against a bound B that depends on the op's class:
+
+* ``rounded`` (add, mul, div, sqrt, casts, ...): IEEE 754 asks for the correctly rounded result,
+  0.5 ULP. diag allows `ROUNDED_ULP` = 2 ULP of the output dtype: XLA rewrites a division by a
+  broadcast value as a multiplication by its reciprocal (two roundings, up to 1.5 ULP; 1.41
+  measured on XLA CPU), and a bf16/fp16 op computed in float32 and rounded once more can land
+  one neighbour away (double rounding).
+* ``library`` (exp, log, tanh, erf, GELU, ...): no library documents a ULP bound; diag allows
+  `LIBRARY_ULP` (16) ULPs, four times the exp allowance of its softmax bound
+  (`diag.tolerance.SOFTMAX_EXP_ULP`), after measuring XLA's float32 erf at 4.9 ULP.
+
+Every class also allows an absolute error of the dtype's smallest normal number: XLA's CPU and
+GPU backends flush subnormal inputs and outputs to zero (FTZ/DAZ), an error below every normal
+value that is not a loss of precision of the op.
+* ``reduction`` (sums, dot products, matmuls, convolutions): Higham's gamma_n * sum|terms| in
+  the output dtype (any summation order), plus the final rounding. The sum of magnitudes is
+  the same op evaluated in float64 on |inputs|, and n per element is the op on ones (a sum of
+  n ones is n), so one rule covers every reduction without knowing its layout. Both cost an
+  evaluation of the op, so they are computed only for an op that the cheaper bound
+  gamma_n * |result| (n from the shapes) does not already clear.
+* ``structural`` (reshape, slice, gather, concatenate, max, ...): moves or selects values; it
+  adds no error (bound 1 ULP, to be safe) and cannot be where a divergence starts.
+* ``composite`` (anything else: a fused softmax or layer norm): no per-element textbook bound is
+  known to diag; it allows gamma_m * max|r| + 1 ULP, normwise, with m the longest input axis
+  plus 4 (the longest reduction the op could do plus the elementwise steps around it).
+
+The own-error ratio is max |y - r| / B: above 1 the op computed with less precision than its
+dtype claims (a bf16 accumulator where float32 was claimed, a fast-math approximation).
+
+Carried error: the normwise relative error of the value against its float64 shadow,
+``max|y - s| / max|s|``. The normwise form is the textbook one for tensors (Higham, ch. 6): an
+element that is nearly zero in a centred tensor (x - mean) does not make the whole tensor
+"wrong". The threshold is `carried_threshold`: sqrt(u) of the value's dtype (float32 2.4e-4,
+float16 2.2e-2, bfloat16 6.25e-2): the value has lost half of its significand bits. A
+well-conditioned chain of k correctly rounded ops carries at most about k*u (worst case; the
+usual random-walk growth is sqrt(k)*u), so the threshold allows u^(-1/2) such ops from the
+inputs on in the worst case (4096 in float32, 16 in bfloat16, 45 in float16) and their square
+in the usual case; only an ill-conditioned step (cancellation, overflow, a lost small addend) or
+a long chain of lost bits crosses it. (A benign cancellation such as Adam's bias correction
+1 - 0.999^t, which loses 9 bits in float32 at step 1, stays below it.)
+
+Two implementations compared tap by tap (`tap_allowance`) may differ by u^(2/3) (float32
+1.5e-5): each is within about k*u of the truth, so the two within 2k*u, which allows
+u^(-1/3)/2 worst-case ops between them (128 in float32); a port of the same math agrees far
+more closely (3.5e-7 measured on examples/diverge_port.py), a different formula (GELU's tanh
+approximation: 1.8e-4) does not. An output that is non-finite where its shadow is finite carries an
+infinite error (fp16 exp overflowing to inf).
+
+`first` is the earliest op whose own error exceeds its bound, or whose output carries an error
+past the threshold while none of its float inputs did (the op where the value left the true
+result; structural ops only pass errors on and are never it). A composite op's own error is
+shown but never decides: its bound is a guess, and a fused kernel that cancels internally (a
+layer norm's backward) is better judged by what it did to the carried error.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from diag import numerics
+from diag.tolerance import SOFTMAX_EXP_ULP
+
+ROUNDED_ULP = 2.0
+#: Measured on jax 0.10.2 (XLA CPU), float32, 1e5 N(0, 3^2) inputs: erf 4.9 ULP, tanh 4.0,
+#: logistic 2.0, log 1.1, exp 1.0 (bf16/fp16 are computed in float32 and rounded: <= 0.5). No
+#: library documents a bound; 16 ULP covers these with room for other CPUs and libraries.
+LIBRARY_ULP = max(16.0, 4.0 * SOFTMAX_EXP_ULP)
+COMPOSITE_EXTRA_STEPS = 4
+
+# Op classes by primitive name: JAX jaxpr primitives and aten op names (without the overload).
+_ROUNDED = """
+add sub mul div neg abs sqrt sign floor ceil round convert_element_type square add_any
+nextafter rem clamp copysign sub_ rsub add_ mul_ div_ _to_copy to copy_ addcmul addcdiv lerp
+reciprocal fill_ where fmod remainder trunc
+"""
+_LIBRARY = """
+exp exp2 expm1 log log1p tanh logistic erf erfc erf_inv sin cos tan asin acos atan atan2 sinh
+cosh asinh acosh atanh pow rsqrt cbrt integer_pow lgamma digamma igamma igammac sigmoid gelu
+gelu_backward silu silu_backward softplus softplus_backward tanh_backward sigmoid_backward
+erfinv elu elu_backward mish mish_backward log_sigmoid_forward log_sigmoid_backward
+"""
+_REDUCTION = """
+reduce_sum dot_general cumsum cumlogsumexp conv_general_dilated sum mean mm bmm addmm matmul
+mv dot addmv baddbmm addbmm convolution convolution_backward cumsum_ linear
+"""
+_STRUCTURAL = """
+reshape broadcast_in_dim transpose squeeze expand_dims slice dynamic_slice dynamic_update_slice
+gather scatter scatter-add scatter_add concatenate pad rev copy copy_p select_n reduce_max
+reduce_min max min argmax argmin sort iota stop_gradient reduce_precision cond while scan pjit
+clone contiguous cat stack index index_select select slice_scatter select_scatter
+slice_backward select_backward index_put index_put_ expand permute view t unsqueeze
+maximum minimum amax amin zeros_like ones_like zeros ones full fill new_zeros new_ones
+new_empty empty empty_like scalar_tensor lift_fresh detach alias masked_fill constant_pad_nd
+_unsafe_view unbind split split_with_sizes narrow flip roll repeat tile expand_copy
+masked_fill_ zero_ relu threshold_backward eq ne gt lt ge le isnan isfinite logical_not
+"""
+
+CLASSES: dict[str, str] = {}
+for _cls, _names in (("rounded", _ROUNDED), ("library", _LIBRARY), ("reduction", _REDUCTION),
+                     ("structural", _STRUCTURAL)):
+    for _n in _names.split():
+        CLASSES[_n] = _cls
+
+
+def op_class(name: str) -> str:
+    """`rounded`, `library`, `reduction`, `structural` or `composite` for a primitive name."""
+    return CLASSES.get(name, "composite")
+
+
+def carried_threshold(dtype) -> float:
+    """sqrt(u) of `dtype`: past it a value has lost half of its significand bits."""
+    return math.sqrt(numerics.unit_roundoff(dtype))
+
+
+def tap_allowance(dtype) -> float:
+    """u^(2/3) of `dtype`: what two correct implementations of one tap may differ by."""
+    return numerics.unit_roundoff(dtype) ** (2.0 / 3.0)
+
+
+def _smallest_normal(dtype) -> float:
+    return _format(dtype)[1]
+
+
+def ulp_of(x: np.ndarray, dtype) -> np.ndarray:
+    """Size of one ULP of `dtype` at float64 values `x` (subnormal spacing below the normals)."""
+    p, tiny, big = _format(dtype)
+    ax = np.abs(x)
+    ax = np.where(np.isfinite(ax), np.maximum(ax, tiny), big)
+    # frexp: ax = m 2^e with m in [0.5, 1), so one ULP is 2^(e - p)
+    return np.ldexp(1.0, np.frexp(ax)[1] - p)
+
+
+_FORMATS: dict = {}
+
+
+def _format(dtype) -> tuple[int, float, float]:
+    """(significand bits, smallest normal, largest finite) of `dtype`, cached per dtype."""
+    got = _FORMATS.get(dtype)
+    if got is None:
+        import ml_dtypes
+
+        fi = ml_dtypes.finfo(numerics.as_dtype(dtype))
+        got = _FORMATS[dtype] = (numerics.precision_bits(dtype), float(fi.smallest_normal),
+                                 float(fi.max))
+    return got
+
+
+def _absdiff(y: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """|y - r|, 0 where both are the same infinity or both NaN, inf where only one is finite."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(y - r)
+    if np.isfinite(d).all():
+        return d
+    same = (y == r) | (np.isnan(y) & np.isnan(r))
+    d = np.where(same, 0.0, d)
+    return np.where(np.isnan(d), np.inf, d)
+
+
+def own_error(y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, terms: float = 1,
+              longest: int = 1) -> tuple[float, float]:
+    """(max error in ULPs of `dtype`, ratio of the error to the op's own bound).
+
+    Args:
+        y: the op's output, as float64.
+        r: the op evaluated in float64 on the same inputs.
+        dtype: the output's dtype.
+        cls: the op's class (`op_class`).
+        facts: for reductions, a callable returning (the op in float64 on |inputs|, the op on
+            ones): the sum of |terms| and the number of terms per element. It costs two more
+            evaluations of the op, so it is called only when the cheap bound below does not
+            already clear the op.
+        terms: for reductions, a first count of terms (the longest input axis or the input to
+            output size ratio, whichever is larger).
+        longest: for composite ops, the longest axis of any input.
+    """
+    if y.size == 0:
+        return 0.0, 0.0
+    r_ulp = ulp_of(r, dtype)
+    err = _absdiff(y, r)
+    if np.isinf(y).any():
+        # The float64 reference rounded to the dtype is what a correctly rounded op returns:
+        # an overflow to inf there is the correct answer (the carried error says what it cost).
+        with np.errstate(over="ignore", invalid="ignore"):
+            rr = numerics.round_to_dtype(r, dtype).astype(np.float64)
+        err = np.where(np.isinf(rr) & (rr == y), 0.0, err)
+    ulps = float(np.max(err / r_ulp))
+    floor = ROUNDED_ULP * r_ulp + _smallest_normal(dtype)
+    if cls == "reduction":
+        # |r| <= sum|terms|: gamma_n |r| is a lower bound of the textbook bound. An op within
+        # it is within the bound; only one beyond it pays for sum|terms| (the reported ratio
+        # is then exact; below 1 it may overstate the true ratio, never understate it).
+        ratio = _ratio(err, numerics.gamma(max(terms, 1.0), dtype) * np.abs(r) + floor)
+        if ratio <= 1.0 or facts is None:
+            return ulps, ratio
+        mag, cnt = facts()
+        n = np.maximum(np.maximum(np.asarray(cnt, dtype=np.float64), terms), 1.0)
+        return ulps, _ratio(err, numerics.gamma(n, dtype) * np.abs(mag) + floor)
+    if cls == "library":
+        bound = LIBRARY_ULP * r_ulp + _smallest_normal(dtype)
+    elif cls == "composite":
+        scale = float(np.max(np.abs(np.where(np.isfinite(r), r, 0.0)))) if r.size else 0.0
+        bound = numerics.gamma(longest + COMPOSITE_EXTRA_STEPS, dtype) * scale + floor
+    else:
+        bound = floor
+    return ulps, _ratio(err, bound)
+
+
+def _ratio(err: np.ndarray, bound: np.ndarray) -> float:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return float(np.max(np.where(err == 0, 0.0, err / bound)))
+
+
+def carried_error(y: np.ndarray, s: np.ndarray, dtype) -> tuple[float, float]:
+    """(normwise relative error of `y` against its shadow `s`, the same in ULPs of `dtype`)."""
+    if y.size == 0:
+        return 0.0, 0.0
+    err = _absdiff(y, s)
+    num = float(np.max(err))
+    fin = np.abs(s[np.isfinite(s)])
+    den = float(np.max(fin)) if fin.size else 0.0
+    if num == 0.0:
+        return 0.0, 0.0
+    if den == 0.0 or not math.isfinite(num):
+        return math.inf, math.inf
+    return num / den, num / float(ulp_of(np.asarray(den), dtype))

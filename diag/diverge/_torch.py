@@ -1,0 +1,245 @@
+"""PyTorch shadow execution: every aten op, forward and backward, in its dtype and in float64.
+
+A `TorchDispatchMode` sees each aten op below autograd, the backward pass's included
+(`diag.nan`'s hunt works the same way and lends its helpers: what an op writes, which user line
+called it, the tag on each autograd node that names its forward line). Per op three calls run:
+the op as the program called it, the op on the float64 shadows of its inputs (float dtypes in
+its arguments widened to float64), and the op in float64 on the actual inputs (the reference
+for its own error). Shadows are kept per tensor object; a view's shadow is the same view of its
+base's shadow, so a write through a view reaches the shadow too.
+
+Ops that draw random numbers (dropout) run once: running them again would move the generator
+the user's program depends on; their shadow is their output. A tensor the shadow has not seen
+(a saved tensor autograd rebuilt, a parameter) starts with a shadow equal to itself.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Any, Callable
+
+import ml_dtypes
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from diag.diverge import DivergeError, ShadowReport
+from diag.diverge._report import Ledger
+from diag.diverge._rules import carried_threshold, op_class
+from diag.nan._torch_ops import _KIND, _VIEW, _flat, _is_float, _op_kind, _writes, _written
+from diag.nan._torch_source import _Lines, _source_from_node, _source_from_stack
+
+_NP = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
+       torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16)}
+_REAL = frozenset(_NP)
+_SEEDED = torch.Tag.nondeterministic_seeded
+
+
+def _real(t: Any) -> bool:
+    return _is_float(t) and t.dtype in _REAL
+
+
+def _map(x: Any, fn: Callable) -> Any:
+    """`x` (an aten call's args/kwargs) with every tensor and float dtype passed through fn."""
+    if isinstance(x, (torch.Tensor, torch.dtype)):
+        return fn(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map(y, fn) for y in x)
+    if isinstance(x, dict):
+        return {k: _map(v, fn) for k, v in x.items()}
+    return x
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(torch.float64).cpu().numpy()
+
+
+def _wide(x: Any) -> Any:
+    if isinstance(x, torch.dtype):
+        return torch.float64 if x in _REAL else x
+    if _real(x):
+        return x.detach().to(torch.float64, copy=True)
+    return x
+
+
+class _Mode(TorchDispatchMode):
+    """Runs each op three ways and hands the figures to a `Ledger`."""
+
+    def __init__(self, key: object):
+        super().__init__()
+        self.key = key
+        self.ledger = Ledger()
+        self.modules: list[str] = []
+        self.unfollowed: set[str] = set()
+        self._sh: dict[int, tuple[weakref.ref, torch.Tensor, float, float]] = {}
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # as in diag.nan: the mode does not run under torch.compile
+
+    def shadow_of(self, t: torch.Tensor) -> tuple[torch.Tensor, float, float]:
+        """(shadow, carried error, threshold); a tensor never seen is its own shadow."""
+        got = self._sh.get(id(t))
+        if got is not None and got[0]() is t:
+            return got[1], got[2], got[3]
+        return (t.detach().to(torch.float64, copy=True), 0.0,
+                carried_threshold(_NP[t.dtype]))
+
+    def _keep(self, t: torch.Tensor, sh: torch.Tensor, err: float, thr: float) -> None:
+        key, table = id(t), self._sh
+
+        def drop(ref: weakref.ref) -> None:  # a shadow lives as long as its tensor
+            got = table.get(key)
+            if got is not None and got[0] is ref:
+                del table[key]
+
+        table[key] = (weakref.ref(t, drop), sh, err, thr)
+
+    def _sh_arg(self, x: Any) -> Any:
+        if isinstance(x, torch.dtype):
+            return _wide(x)
+        if _real(x):
+            return self.shadow_of(x)[0]
+        return x
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        writes = _writes(func)
+        if writes is _VIEW:
+            out = func(*args, **kwargs)
+            base = args[0] if args else None
+            if _real(base) and isinstance(out, torch.Tensor):
+                sh, err, thr = self.shadow_of(base)
+                try:
+                    self._keep(out, func(sh, *args[1:], **kwargs), err, thr)
+                except Exception:  # noqa: BLE001
+                    pass
+            return out
+        ins = [x for x in _flat((args, kwargs), []) if _real(x)]
+        kind = _KIND.get(func)
+        if kind is None:
+            kind = _KIND[func] = _op_kind(func)
+        # Nothing to shadow; a random draw (run once: the user's generator must not move);
+        # a fill or uninitialised memory (`empty_like`): values that come from no arithmetic.
+        if not ins or _SEEDED in func.tags or kind in ("fill", "garbage"):
+            return self._plain(func, args, kwargs)
+        before = [self.shadow_of(t) for t in ins]
+        # float64 copies of the actual inputs: taken before an op that writes its inputs,
+        # after (and only when needed) for the others
+        own = (_map(args, _wide), _map(kwargs, _wide)) if writes else None
+        sh_args, sh_kwargs = _map(args, self._sh_arg), _map(kwargs, self._sh_arg)
+        out = func(*args, **kwargs)
+        name = func._schema.name.split("::", 1)[-1]
+        try:
+            sh_out = func(*sh_args, **sh_kwargs)
+        except Exception:  # noqa: BLE001 - no float64 form: follow the program's values
+            self.unfollowed.add(f"aten.{name}")
+            return self._plain(func, args, kwargs, ran=out)
+        if all(err == 0.0 for _, err, _ in before) and not writes:
+            ref = sh_out  # the shadows are the inputs: the float64 op on them is the reference
+        else:
+            own = own or (_map(args, _wide), _map(kwargs, _wide))
+            try:
+                ref = func(*own[0], **own[1])
+            except Exception:  # noqa: BLE001
+                ref = None
+        if writes:  # what the op wrote, paired with its shadow and reference copies
+            lows = [t for g in _written(writes, args, kwargs) for t in g]
+            shs = [t for g in _written(writes, sh_args, sh_kwargs) for t in g]
+            refs = [t for g in _written(writes, *own) for t in g]
+        else:
+            lows, shs = _flat(out, []), _flat(sh_out, [])
+            refs = _flat(ref, []) if ref is not None else [None] * len(lows)
+        carried_in = [(err, thr) for _, err, thr in before]
+        inherited = max(thr for _, _, thr in before)
+        node = torch._C._current_autograd_node()
+        if node is None:
+            src, phase, path = _source_from_stack(), "forward", "/".join(self.modules)
+        else:
+            src, phase, path = _source_from_node(node, self.key), "backward", type(node).__name__
+        where = _where(src)
+        longest = max((max(t.shape, default=1) for t in ins), default=1)
+        for k, (y, s) in enumerate(zip(lows, shs)):
+            if not _real(y) or not isinstance(s, torch.Tensor):
+                continue
+            r = refs[k] if k < len(refs) else None
+            facts = None
+            if op_class(name) == "reduction" and not writes:
+                facts = _facts(func, args, kwargs, k)
+            terms = max([t.numel() / max(y.numel(), 1) for t in ins] + [longest])
+            dtype = _NP[y.dtype]
+            thr = max(inherited, carried_threshold(dtype))
+            err = self.ledger.measure(
+                f"aten.{name}", name, _host(y), _host(r) if isinstance(r, torch.Tensor)
+                else None, _host(s), dtype, carried_in, thr, where, path, phase,
+                facts=facts, terms=terms, longest=int(longest))
+            self._keep(y, s, err, thr)
+        return out
+
+    def _plain(self, func, args, kwargs, ran: Any = None):
+        """Run an op once; its outputs are their own shadows."""
+        out = func(*args, **kwargs) if ran is None else ran
+        for t in _flat(out, []):
+            if _real(t):
+                self._keep(t, t.detach().to(torch.float64, copy=True), 0.0,
+                           carried_threshold(_NP[t.dtype]))
+        return out
+
+
+def _facts(func, args, kwargs, k: int) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+    """(sum of |terms|, number of terms) of output k of a reduction, on demand."""
+
+    def get():
+        args_, kwargs_ = _map(args, _wide), _map(kwargs, _wide)
+        mag = _flat(func(*_map(args_, _abs), **_map(kwargs_, _abs)), [])[k]
+        cnt = _flat(func(*_map(args_, _ones), **_map(kwargs_, _ones)), [])[k]
+        return _host(mag), _host(cnt)
+
+    return get
+
+
+def _abs(x: Any) -> Any:
+    return x.abs() if isinstance(x, torch.Tensor) and x.dtype == torch.float64 else x
+
+
+def _ones(x: Any) -> Any:
+    return torch.ones_like(x) if isinstance(x, torch.Tensor) and x.dtype == torch.float64 else x
+
+
+def _where(src: tuple[str, int, str]) -> Callable[[], tuple[str, str]]:
+    file, line, fn = src
+    text = f"{os.path.basename(file)}:{line} ({fn})" if file else ""
+    return lambda: (text, "")
+
+
+def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
+    """See `diag.diverge.shadow`."""
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    mode = _Mode(key=object())
+
+    def enter(module, inputs):
+        mode.modules.append(type(module).__name__)
+
+    def leave(module, inputs, output):
+        if mode.modules:
+            mode.modules.pop()
+
+    hooks = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
+             torch.nn.modules.module.register_module_forward_hook(leave)]
+    try:
+        with (np.errstate(all="ignore"), torch.autograd.set_multithreading_enabled(False),
+              _Lines(mode.key), mode):
+            result = fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the user's function may raise anything
+        raise DivergeError(f"{name} raised {type(e).__name__}: {e}") from e
+    finally:
+        for h in hooks:
+            h.remove()
+    first = next((t for t in _flat(result, []) if _real(t)), None)
+    result_error = mode.shadow_of(first)[1] if first is not None else 0.0
+    note = ""
+    if mode.unfollowed:
+        note = (f"no float64 form for {', '.join(sorted(mode.unfollowed))}: the shadow "
+                f"restarts from their outputs")
+    return mode.ledger.report("torch", name, result_error, note)
