@@ -119,8 +119,14 @@ get = _torch.get
 
 
 def block(x) -> None:
-    """Trace, compile and run every pending graph, and wait for it."""
-    torch_xla.sync(wait=True)
+    """Trace, compile and run every pending graph, and wait until it has run.
+
+    `torch_xla.sync(wait=True)` alone returns before an asynchronous execution ends
+    (measured, torch_xla 2.9 on CPU: a 1024^3 bf16 product "took" 0.1 ms); the device wait
+    is what makes run times real.
+    """
+    torch_xla.sync()
+    xm.wait_device_ops()
 
 
 def _dumped() -> set[str]:
