@@ -80,7 +80,7 @@ _TORCH = dict(framework="torch", module="diag.backends.torch_backend",
               precision_via=("config",),
               precisions=("default", "high", "highest", "medium"),
               # torch has no approximate top-k.
-              ops=("matmul", "softmax", "top_k", "greedy_token", "train_step"),
+              ops=("matmul", "softmax", "gelu", "top_k", "greedy_token", "train_step"),
               install_hint="pip install 'diag[torch]'")
 _TORCH_XLA = dict(framework="torch_xla", module="diag.backends.torch_xla_backend",
                   precision_via=("config",), precisions=("default", "high", "highest"),

@@ -57,7 +57,8 @@ import torch_xla.runtime as xr  # noqa: E402
 
 from diag.backends import torch_backend as _torch  # noqa: E402
 # The torch math, one place for it: every op but matmul is torch_backend's own builder.
-from diag.backends.torch_backend import greedy_token, softmax, top_k, train_step  # noqa: E402,F401
+from diag.backends.torch_backend import (gelu, greedy_token, softmax, top_k,  # noqa: E402,F401
+                                         train_step)
 
 FRAMEWORK = "torch_xla"
 # PJRT device types diag names as platforms (torch_xla's PJRT_DEVICE values, lower case).
