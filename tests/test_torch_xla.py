@@ -222,3 +222,16 @@ def test_excess_precision_ab_on_a_bf16_chain_shows_the_difference_and_its_hlo(tm
     assert "convert" in hlo["ops"] and hlo["ops"]["convert"][1] > hlo["ops"]["convert"][0]
     assert "+" in diff and "bf16" in diff and hlo["changed_lines"] > 0
     assert proc.returncode == 0 and data["counts"]["fail"] == 0 == data["counts"]["error"]
+
+
+@pytest.mark.torch_xla
+@needs_env
+def test_flag_xla_refuses_is_named_before_the_run_for_torch_xla_alone(tmp_path):
+    """No JAX backend planned: torch_xla's own discovery starts its runtime, so XLA reads
+    XLA_FLAGS there and the bad flag is a usage error (exit 2), not a crashed worker."""
+    proc = run_diag("run", "--suite", _suite(tmp_path), "--backend", "torch-xla-cpu",
+                    "--python", f"torch-xla={XLA_PYTHON}", "--out", str(tmp_path / "runs"),
+                    env={"XLA_FLAGS": "--xla_no_such_flag_for_diag=1"}, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "--xla_no_such_flag_for_diag=1" in proc.stderr and proc.stderr.startswith("diag: ")
+    assert not (tmp_path / "runs").exists()

@@ -73,8 +73,13 @@ _before_case: set[str] = set()
 
 
 def discover() -> list[str]:
-    """CPU always (a worker of its own can open it), and the device torch_xla would pick."""
+    """CPU always (a worker of its own can open it), and the device torch_xla would pick.
+
+    Starting the runtime here makes XLA read XLA_FLAGS in the discovery process, so a flag it
+    refuses is named before any run folder exists (`diag.workers`), as for JAX.
+    """
     found = ["cpu"]
+    xr.global_runtime_device_count()
     chosen = (xr.device_type() or "").lower()
     if chosen in _PLATFORMS and chosen not in found:
         found.append(chosen)
