@@ -114,18 +114,19 @@ def env_report(*, fingerprints: bool = True, timeout: float = _flags.ENV_TIMEOUT
     Raises:
       BadFlag: XLA_FLAGS or LIBTPU_INIT_ARGS holds a flag XLA refuses (exit 2).
     """
-    from diag.backends import framework_installed
+    from diag.backends import BACKENDS
     from diag.flags import FLAG_VARS, findings, host_flags, parse_flags, validate_xla_flags
-    from diag.workers import run_env_worker
+    from diag.workers import _available, run_env_worker
 
     environ = dict(os.environ if environ is None else environ)
     for var in FLAG_VARS:
         parse_flags(environ.get(var), var)  # malformed -> BadFlag before anything starts
     check = validate_xla_flags(environ)
     frameworks: dict[str, Any] = {}
-    for fw in ("jax", "torch"):
-        if not framework_installed(fw):
-            frameworks[fw] = {"backends": {}, "error": f"{fw} is not installed"}
+    for fw in ("jax", "torch", "torch_xla"):
+        if not _available(fw, environ):
+            hint = next(s.install_hint for s in BACKENDS.values() if s.framework == fw)
+            frameworks[fw] = {"backends": {}, "error": f"{fw} is not installed ({hint})"}
             continue
         frameworks[fw] = run_env_worker(fw, environ, fingerprints, timeout, deep=deep)
     present = {name for fw in frameworks.values() for name in fw["backends"]}
@@ -146,5 +147,6 @@ def env_report(*, fingerprints: bool = True, timeout: float = _flags.ENV_TIMEOUT
         "xla_flags_check": check,
         "frameworks": frameworks,
         "findings": findings({"env": environ, "flags": flags, "jax": settings("jax"),
-                              "torch": settings("torch"), "backends": present}),
+                              "torch": settings("torch"), "torch_xla": settings("torch_xla"),
+                              "backends": present}),
     }

@@ -189,8 +189,8 @@ class Rule:
     Attributes:
       id: a stable name for the rule.
       source: `env` (an environment variable), `xla` (a flag in XLA_FLAGS or
-        LIBTPU_INIT_ARGS), `jax` (a jax.config value) or `torch` (a torch setting), as the
-        workers report them; `jax`/`torch` rules apply only where that worker ran.
+        LIBTPU_INIT_ARGS), `jax` (a jax.config value), `torch` or `torch_xla` (a setting
+        that framework's worker reported); framework rules apply only where its worker ran.
       key: the variable, flag or setting name.
       risky: value (None when unset) -> whether to flag it.
       severity: `risk` (changes results) or `note` (worth knowing).
@@ -230,6 +230,17 @@ RULES: tuple[Rule, ...] = (
     Rule("xla-downcast-bf16", "env", "XLA_DOWNCAST_BF16", _truthy, "risk",
          "torch_xla computes float32 as bf16 (and float64 as float32) on the device",
          "unset XLA_DOWNCAST_BF16; cast explicitly where bf16 is wanted"),
+    # torch_xla 2.9 still reads both variables (it only warns that XLA_USE_BF16 "will be
+    # deprecated"); its worker measures whether float32 really was computed in bf16.
+    Rule("torch-xla-float32-as-bf16", "torch_xla", "float32_computed_as_bf16", _truthy, "risk",
+         "measured: torch_xla computed a float32 tensor in bf16 (1 + 2^-12 came back as 1), "
+         "so every float32 result on the XLA device has bf16's 8-bit significand",
+         "unset XLA_USE_BF16 and XLA_DOWNCAST_BF16; cast to torch.bfloat16 explicitly"),
+    Rule("torch-xla-matmul-precision", "torch_xla", "mat_mul_precision",
+         lambda v: v is not None and v != "highest", "risk",
+         "torch_xla's 'default' float32 matmul is one bf16 pass on TPU ('high': three)",
+         "torch_xla.backends.set_mat_mul_precision('highest') where float32 matmuls matter",
+         needs=("torch-xla-tpu", "torch-xla-cuda")),
     Rule("nvidia-tf32-override", "env", "NVIDIA_TF32_OVERRIDE", lambda v: _set(v) and v != "0",
          "note",
          "only NVIDIA_TF32_OVERRIDE=0 forbids TF32; any other value leaves each library's "
@@ -292,13 +303,14 @@ def findings(facts: Mapping[str, Any], rules: tuple[Rule, ...] = RULES) -> list[
     """The rules that fire on these facts, as dicts a report shows.
 
     Args:
-      facts: {"env": {VAR: value}, "flags": host_flags(), "jax": settings or None,
-        "torch": settings or None, "backends": names of the backends present}. A `jax` or
-        `torch` rule is skipped when that framework's settings are None (not examined), a
+      facts: {"env": {VAR: value}, "flags": host_flags(), "jax", "torch", "torch_xla":
+        settings or None, "backends": names of the backends present}. A framework's
+        rule is skipped when that framework's settings are None (not examined), a
         rule with `needs` when none of those backends is present.
     """
     sources = {"env": facts.get("env") or {}, "xla": _merged_xla(facts.get("flags") or {}),
-               "jax": facts.get("jax"), "torch": facts.get("torch")}
+               "jax": facts.get("jax"), "torch": facts.get("torch"),
+               "torch_xla": facts.get("torch_xla")}
     present = set(facts.get("backends") or ())
     out = []
     for rule in rules:
@@ -308,8 +320,8 @@ def findings(facts: Mapping[str, Any], rules: tuple[Rule, ...] = RULES) -> list[
         value = values.get(rule.key)
         if not rule.risky(value):
             continue
-        setting = {"env": rule.key, "xla": f"--{rule.key}",
-                   "jax": f"jax.config.{rule.key}", "torch": f"torch {rule.key}"}[rule.source]
+        setting = {"env": rule.key, "xla": f"--{rule.key}", "jax": f"jax.config.{rule.key}",
+                   "torch": f"torch {rule.key}", "torch_xla": f"torch_xla {rule.key}"}[rule.source]
         out.append({"rule": rule.id, "severity": rule.severity, "setting": setting,
                     "value": (rule.unset or "unset") if value is None else str(value),
                     "why": rule.why, "instead": rule.instead})

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from diag.compare import gelu as _gelu
 from diag.compare import greedy as _greedy, matmul as _matmul, softmax as _softmax
 from diag.compare import topk as _topk, train as _train, train_run as _train_run
 from diag.compare.outcome import Evaluation, MalformedOutput, Outcome
@@ -47,6 +48,7 @@ def _rows_shapes(params: dict) -> list[tuple[int, ...]]:
 
 _matmul_evaluate, _matmul_agree = _matmul.evaluate, _matmul.agree
 _softmax_evaluate, _softmax_agree = _softmax.evaluate, _softmax.agree
+_gelu_evaluate, _gelu_agree = _gelu.evaluate, _gelu.agree
 _top_k_evaluate, _top_k_agree = _topk.evaluate, _topk.agree
 _greedy_evaluate, _greedy_agree = _greedy.evaluate, _greedy.agree
 _train_evaluate, _train_agree = _train.evaluate, _train.agree
@@ -323,6 +325,16 @@ PROBES: dict[str, Probe] = {
             input_shapes=_rows_shapes, truth=_oracle("softmax"),
             evaluate=_softmax_evaluate, agree=_softmax_agree, label=_rows_label(),
             input_family="rows", claim="softmax over the last axis, float32 arithmetic",
+            host_bytes=_rows_bytes,
+        ),
+        # A bf16 elementwise chain (a transformer MLP's activation): where XLA may keep
+        # intermediates in float32 or round each one (--xla_allow_excess_precision).
+        Probe(
+            op="gelu", dims=("rows", "n"), params={},
+            op_args=(), dtypes=_FLOATS, inputs=("normal", "normal5", "uniform"),
+            input_shapes=_rows_shapes, truth=_oracle("gelu"),
+            evaluate=_gelu_evaluate, agree=_gelu_agree, label=_rows_label(),
+            input_family="rows", claim="tanh-approximate GELU, float32 arithmetic",
             host_bytes=_rows_bytes,
         ),
         Probe(

@@ -14,6 +14,8 @@ The table, one line per op (details in the functions and in docs/oracle.md):
   output's and the truth's roundings.
 * softmax: `softmax_error_bound` (worst case of float32 arithmetic in any summation order,
   exp within `SOFTMAX_EXP_ULP`), and its ULP form `softmax_ulp_tolerance` for agreement.
+* gelu (tanh approximation): `gelu_error_bound`, the chain's roundings in float32 with tanh
+  within `GELU_TANH_ULP` ulp; its bf16-intermediates form is the loose bound (a warn).
 * top_k: recall `TOPK_EXACT_RECALL` (1, by value) in every row; approx_max_k: the recall the
   caller promised, as a mean over rows (rows below it are a warn).
 * greedy_token: the exact argmax, except where the correctly rounded probabilities of the top
@@ -38,10 +40,10 @@ from diag import numerics
 from diag.errors import UsageError
 from diag.numerics import DTypeLike, gamma
 
-__all__ = ["AGREEMENT_FACTOR", "SOFTMAX_EXP_ULP", "TOPK_EXACT_RECALL", "TRAIN_LOSS_ULP_SCREEN",
-           "TRAIN_RUN_RTOL",
+__all__ = ["AGREEMENT_FACTOR", "GELU_TANH_ULP", "SOFTMAX_EXP_ULP", "TOPK_EXACT_RECALL",
+           "TRAIN_LOSS_ULP_SCREEN", "TRAIN_RUN_RTOL",
            "Tolerance", "tolerance", "matmul_error_bound", "matmul_bound",
-           "softmax_error_bound", "softmax_ulp_tolerance"]
+           "softmax_error_bound", "softmax_ulp_tolerance", "gelu_error_bound"]
 
 #: Two backends that each keep a bound b of the same truth differ by at most 2 b (triangle
 #: inequality: |x - y| <= |x - t| + |t - y|). Agreement checks allow this factor, never more.
@@ -221,6 +223,56 @@ def softmax_ulp_tolerance(dtype, n: int, *, spread: float = 64.0,
     return float(math.ceil(rel / _u(dt)) + final)
 
 
+#: Assumed worst error of a backend's tanh in its compute dtype, in ulp (Sleef's and XLA's
+#: vectorised float32 tanh are about 1 ulp; as for exp, 4 leaves room without hiding a defect).
+GELU_TANH_ULP = 4
+
+
+def gelu_error_bound(x: np.ndarray, truth: np.ndarray, *, compute_dtype="float32",
+                     elementwise_dtype=None) -> np.ndarray:
+    """Per-element bound on |gelu(x) - truth| for any implementation of the tanh-approximate
+    GELU ``0.5 x (1 + tanh(z))``, z = k (x + a x^3), in the claimed arithmetic.
+
+    Every op of the chain rounds in the compute dtype (unit roundoff u; `elementwise_dtype`,
+    when given, is a narrower dtype every intermediate is stored in, as XLA does for a bf16
+    chain with --xla_allow_excess_precision=false). First order, worst case:
+
+    * z: x^2, x^3, a x^3, the sum, k (...), and the constants k and a: relative error
+      th <= gamma_8(u);
+    * t = tanh(z): `GELU_TANH_ULP` ulp (2 GELU_TANH_ULP u |t|), plus the error of z carried
+      through: |z| th sech^2(|z| (1 - th)) (sech^2 is decreasing, so its value at the smaller
+      end bounds the derivative over the interval);
+    * s = 1 + t: u |s| more (no cancellation matters: the absolute error is what counts);
+    * g = 0.5 x s: 0.5 |x| |error of s| + u |g|.
+
+    The bound is 1.25 times that, plus the output's and the truth's roundings (one ulp of the
+    output dtype at |truth| + bound), plus the compute dtype's smallest normal (flushed
+    subnormals) and half the output dtype's subnormal step.
+
+    Returns:
+        float64 array of truth's shape.
+    """
+    x64 = np.abs(np.asarray(x).astype(np.float64))
+    u = max(_u(compute_dtype), _u(elementwise_dtype) if elementwise_dtype is not None else 0.0)
+    out_dt = numerics.as_dtype(truth.dtype)
+    th = 8 * u / (1 - 8 * u)  # gamma_8(u)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        z = 0.7978845608028654 * (x64 + 0.044715 * x64 ** 3)
+        t = np.tanh(z)
+        sech2 = 1.0 / np.cosh(z * (1 - th)) ** 2
+        e_t = 2 * GELU_TANH_ULP * u * t + z * th * sech2
+        e_s = e_t + u * (1 + t + e_t)
+        g = np.abs(truth.astype(np.float64))
+        chain = 1.25 * (0.5 * x64 * e_s * (1 + u) + u * g)
+        chain = np.where(np.isfinite(chain), chain, np.inf)
+        top = np.where(np.isfinite(g), g, 0.0) + chain
+        fi = ml_dtypes.finfo(out_dt)
+        exponent = np.floor(np.log2(np.maximum(top, float(fi.smallest_normal))))
+        ulp_out = np.exp2(exponent - int(fi.nmant))
+        return (chain + ulp_out + _smallest_normal(compute_dtype)
+                + 2 * _half_subnormal_step(out_dt))
+
+
 #: A screen, not a bound: no textbook bound covers a whole step (tanh, exp, log of sums of
 #: sums). Measured on CPU (64x256x16 MLP), jax and torch land 0 ULP from the float64
 #: reference's loss in fp32, bf16 and fp16; 64 ULP is far outside that and far inside a broken
@@ -311,6 +363,15 @@ def _softmax(dtype: str, claim: str) -> Tolerance:
         ulp=lambda params: softmax_ulp_tolerance(dtype, params["n"], compute_dtype=claim))
 
 
+def _gelu(dtype: str, claim: str) -> Tolerance:
+    return Tolerance(
+        "gelu", dtype, claim,
+        why=(f"worst case of the chain's roundings in {claim}, tanh within {GELU_TANH_ULP} "
+             f"ulp, carried through tanh's slope; + the output's and the truth's roundings"),
+        bound=partial(gelu_error_bound, compute_dtype=claim),
+        loose_bound=partial(gelu_error_bound, compute_dtype=claim, elementwise_dtype=dtype))
+
+
 def _top_k(dtype: str, claim: str) -> Tolerance:
     return Tolerance("top_k", dtype, claim, recall=TOPK_EXACT_RECALL,
                      why="exact: the k largest values in every row (ties by value)")
@@ -346,7 +407,8 @@ def _train_run(dtype: str, claim: str) -> Tolerance:
 
 
 _TABLE: dict[str, Callable[[str, str], Tolerance]] = {
-    "matmul": _matmul, "softmax": _softmax, "top_k": _top_k, "approx_max_k": _approx_max_k,
+    "matmul": _matmul, "softmax": _softmax, "gelu": _gelu, "top_k": _top_k,
+    "approx_max_k": _approx_max_k,
     "greedy_token": _greedy, "train_step": _train, "train": _train_run,
 }
 

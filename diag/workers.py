@@ -21,19 +21,78 @@ import numpy as np
 
 from diag import numerics
 from diag.backends import BACKENDS, BackendSpec, framework_installed, get_spec
+from diag.errors import UsageError
 
 __all__ = ["worker_env", "candidate_backends", "resolve_backends", "run_env_worker",
-           "DISCOVERY_TIMEOUT"]
+           "parse_python", "python_var", "DISCOVERY_TIMEOUT"]
 
 DISCOVERY_TIMEOUT = 180.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-framework Python (issue 17): a framework's workers may run under another interpreter,
+# e.g. torch_xla, which needs its own torch. The mapping travels in the workers' environment
+# as DIAG_PYTHON_<FRAMEWORK> (`--python torch-xla=PATH` sets DIAG_PYTHON_TORCH_XLA), so a
+# user can also set it once in their shell, and every worker start (runs, discovery, `diag
+# env`) reads it from the one place. diag's own checkout reaches that Python through
+# PYTHONPATH (`worker_env`); the host never imports the framework.
+
+
+def python_var(framework: str) -> str:
+    """The environment variable naming `framework`'s Python: DIAG_PYTHON_TORCH_XLA."""
+    return "DIAG_PYTHON_" + framework.upper().replace("-", "_")
+
+
+def _frameworks() -> list[str]:
+    return list(dict.fromkeys(s.framework for s in BACKENDS.values() if s.framework != "numpy"))
+
+
+def _checked_python(path: str, where: str) -> str:
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise UsageError(f"{where}: '{path}' is not an executable file; give the path of a "
+                         f"Python, e.g. scripts/torch-xla-env.sh DEST creates DEST/bin/python")
+    return path
+
+
+def parse_python(assignments: list[str] | None) -> dict[str, str]:
+    """`--python FRAMEWORK=PATH` options as the workers' environment variables.
+
+    Raises:
+      UsageError: not FRAMEWORK=PATH, an unknown framework, or a path that is not an
+        executable file.
+    """
+    env: dict[str, str] = {}
+    known = {f.replace("_", "-"): f for f in _frameworks()}
+    for item in assignments or []:
+        name, sep, path = item.partition("=")
+        framework = known.get(name.strip().replace("_", "-"))
+        if not sep or not path:
+            raise UsageError(f"--python expects FRAMEWORK=PATH (e.g. torch-xla=/venv/bin/python),"
+                             f" got {item!r}")
+        if framework is None:
+            raise UsageError(f"--python {item}: unknown framework '{name}'; known: "
+                             f"{', '.join(known)}")
+        env[python_var(framework)] = _checked_python(os.path.expanduser(path), f"--python {item}")
+    return env
+
+
+def _python(framework: str, env: Mapping[str, str]) -> str:
+    """The Python `framework`'s workers run under: its DIAG_PYTHON_* or diag's own."""
+    var = python_var(framework)
+    return _checked_python(env[var], var) if env.get(var) else sys.executable
+
+
+def _available(framework: str, env: Mapping[str, str]) -> bool:
+    """Whether a worker could import `framework`: it has its own Python, or diag's has it."""
+    return bool(env.get(python_var(framework))) or framework_installed(framework)
 
 
 # ---------------------------------------------------------------------------------------------
 # Backend discovery
 
 
-def _worker_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "diag.backends.worker", *args]
+def _worker_cmd(framework: str, env: Mapping[str, str], *args: str) -> list[str]:
+    return [_python(framework, env), "-m", "diag.backends.worker", *args]
 
 
 def worker_env(extra: Mapping[str, str] | None = None,
@@ -74,7 +133,8 @@ def _discover(framework: str, env: dict[str, str]) -> tuple[list[str], str | Non
     from diag.flags import flag_error
 
     try:
-        proc = subprocess.run(_worker_cmd("--discover", framework), capture_output=True,
+        proc = subprocess.run(_worker_cmd(framework, env, "--discover", framework),
+                              capture_output=True,
                               text=True, timeout=DISCOVERY_TIMEOUT, env=env)
     except subprocess.TimeoutExpired:
         return [], f"{framework} did not list its devices within {DISCOVERY_TIMEOUT:.0f} s"
@@ -120,7 +180,7 @@ def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
     # Each framework lists its devices in its own throwaway process; they run side by side
     # (mostly import time: ~2 s for jax, ~3 s for torch here), not one after the other.
     frameworks = list(dict.fromkeys(s.framework for s in specs
-                                    if framework_installed(s.framework)))
+                                    if _available(s.framework, env)))
     with ThreadPoolExecutor(max_workers=max(1, len(frameworks))) as pool:
         pending = {fw: pool.submit(_discover, fw, env) for fw in frameworks}
         seen = {fw: job.result() for fw, job in pending.items()}  # re-raises BadFlag
@@ -151,14 +211,14 @@ def run_env_worker(framework: str, environ: Mapping[str, str], fingerprints: boo
     """
     from diag.flags import flag_error
 
-    cmd = _worker_cmd("--env", framework)
+    env = worker_env(base=environ)
+    cmd = _worker_cmd(framework, env, "--env", framework)
     if not fingerprints:
         cmd.append("--no-fingerprints")
     if deep:  # the matmul's arithmetic features (diag.features)
         cmd.append("--deep")
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=worker_env(base=environ))
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"backends": {}, "error": f"{framework} did not report within {timeout:g} s"}
     result: dict[str, Any] = {"backends": {}}
@@ -201,7 +261,8 @@ class _Worker:
         self.spec = spec
         self.log_path = log_path
         self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(_worker_cmd(str(job_path)), stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(_worker_cmd(spec.framework, env, str(job_path)),
+                                     stdout=subprocess.PIPE,
                                      stderr=self._log, env=env, start_new_session=True)
         self._events: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

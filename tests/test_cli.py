@@ -39,7 +39,8 @@ def test_unknown_backend_exits_2_and_writes_nothing(tmp_path):
     out = diag("run", "--backend", "jax-cpu,tpu-v9", "--out", str(tmp_path / "runs"))
     assert out.returncode == 2
     assert out.stderr.strip() == ("diag: unknown backend 'tpu-v9'; known backends: jax-cpu, "
-                                  "jax-gpu, jax-tpu, torch-cpu, torch-cuda, emu-bf16x1, "
+                                  "jax-gpu, jax-tpu, torch-cpu, torch-cuda, torch-xla-cpu, "
+                                  "torch-xla-tpu, torch-xla-cuda, emu-bf16x1, "
                                   "emu-bf16x3, emu-bf16x6, emu-tf32, emu-tf32x3, emu-f16")
     assert not (tmp_path / "runs").exists()
 

@@ -105,7 +105,8 @@ def test_framework_rules_need_the_framework_and_the_hardware():
 def test_every_rule_says_why_and_what_instead():
     assert len({r.id for r in RULES}) == len(RULES)
     for r in RULES:
-        assert r.severity in ("risk", "note") and r.source in ("env", "xla", "jax", "torch")
+        assert r.severity in ("risk", "note") and r.source in ("env", "xla", "jax", "torch",
+                                                                "torch_xla")
         assert r.why and r.instead and not r.why.endswith(".")
 
 

@@ -6,7 +6,7 @@ protocol (`diag.backends.base`) and defines the SAME op names (`matmul`, ...); i
 only inside its worker subprocess (see `diag.backends.worker`).
 
 A backend is `<framework>-<platform>`; the platform is what the framework calls its device
-type (JAX: cpu/gpu/tpu from `jax.devices()`; torch: cpu/cuda).
+type (JAX: cpu/gpu/tpu from `jax.devices()`; torch: cpu/cuda; torch_xla: its PJRT_DEVICE).
 """
 
 from __future__ import annotations
@@ -80,8 +80,13 @@ _TORCH = dict(framework="torch", module="diag.backends.torch_backend",
               precision_via=("config",),
               precisions=("default", "high", "highest", "medium"),
               # torch has no approximate top-k.
-              ops=("matmul", "softmax", "top_k", "greedy_token", "train_step", "train"),
+              ops=("matmul", "softmax", "gelu", "top_k", "greedy_token", "train_step", "train"),
               install_hint="pip install 'diag[torch]'")
+_TORCH_XLA = dict(framework="torch_xla", module="diag.backends.torch_xla_backend",
+                  precision_via=("config",), precisions=("default", "high", "highest"),
+                  ops=_TORCH["ops"],
+                  install_hint="create its environment with scripts/torch-xla-env.sh DEST, then "
+                               "pass --python torch-xla=DEST/bin/python")
 
 BACKENDS: dict[str, BackendSpec] = {
     s.name: s
@@ -104,6 +109,16 @@ BACKENDS: dict[str, BackendSpec] = {
         # allow_fp16/bf16_reduced_precision_reduction default to True for narrow inputs.
         BackendSpec(name="torch-cuda", platform="cuda", promised=("default", "highest"),
                     narrow_promised=False, **_TORCH),
+        # PyTorch/XLA: torch_backend's ops on torch_xla's lazy device, in a worker that usually
+        # runs under another Python (torch_xla needs its own torch: diag.workers). Its matmul
+        # precision is torch_xla's own set_mat_mul_precision (no 'medium'). Verified on CPU
+        # only; TPU/CUDA are the same code with another PJRT_DEVICE, promising float32 only at
+        # 'highest' as JAX's do.
+        BackendSpec(name="torch-xla-cpu", platform="cpu", **_TORCH_XLA),
+        BackendSpec(name="torch-xla-tpu", platform="tpu", promised=("highest",),
+                    narrow_promised=False, **_TORCH_XLA),
+        BackendSpec(name="torch-xla-cuda", platform="cuda", promised=("highest",),
+                    narrow_promised=False, **_TORCH_XLA),
         # numpy emulations of dot algorithms (diag.precision): opt-in, never hardware, and
         # promising nothing, so every verdict is `warn` at worst. The platform is the
         # algorithm.

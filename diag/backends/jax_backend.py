@@ -128,6 +128,11 @@ def softmax():
     return lambda x: jax.nn.softmax(x, axis=-1)
 
 
+def gelu():
+    """`jax.nn.gelu(approximate=True)`: the tanh approximation, in the input dtype."""
+    return lambda x: jax.nn.gelu(x, approximate=True)
+
+
 def top_k(k: int):
     """`jax.lax.top_k`: the k largest along the last axis, values and indices."""
     def f(x):

@@ -6,6 +6,7 @@ compile step: `prepare` runs the op once as warm-up and reports that time as com
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -110,6 +111,16 @@ def matmul(precision: str = "default", precision_via: str = "none"):
 def softmax():
     """`torch.softmax` over the last axis, in the input dtype."""
     return lambda x: torch.softmax(x, dim=-1)
+
+
+def gelu():
+    """The tanh-approximate GELU written out op by op, as models write it (Hugging Face's
+    `NewGELUActivation`, GPT-2's MLP), in the input dtype: eager torch rounds each op's result
+    to it; a compiler (torch_xla) may keep the chain in float32. (torch's fused
+    `F.gelu(approximate='tanh')` computes in float32 on CPU and, under torch_xla 2.9 on CPU,
+    is unchanged by --xla_allow_excess_precision=false: measured.)"""
+    k = math.sqrt(2.0 / math.pi)
+    return lambda x: 0.5 * x * (1.0 + torch.tanh(k * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
 def top_k(k: int):

@@ -115,6 +115,10 @@ def env_cmd(
         help="Measure which arithmetic each backend's matmul uses at each precision setting."),
     timeout: float = typer.Option(300.0, "--timeout", min=1.0,
                                   help="Seconds each framework's worker may take."),
+    python: Optional[List[str]] = typer.Option(
+        None, "--python",
+        help="Ask a framework's worker under another Python, FRAMEWORK=PATH (e.g. "
+             "torch-xla=/venv/bin/python); same as DIAG_PYTHON_TORCH_XLA=PATH. Repeatable."),
     deep: bool = typer.Option(
         False, "--deep",
         help="Also measure each matmul's arithmetic features (rounding, extra bits, block "
@@ -125,9 +129,14 @@ def env_cmd(
     Exits 2 when XLA_FLAGS or LIBTPU_INIT_ARGS holds a flag XLA refuses (named in the
     message), 4 when a framework's worker failed, else 0.
     """
-    from diag import environment, render
+    import os
 
-    report = environment.env_report(fingerprints=fingerprints, timeout=timeout, deep=deep)
+    from diag import environment, render
+    from diag.workers import parse_python
+
+    environ = {**os.environ, **parse_python(split(python))}
+    report = environment.env_report(fingerprints=fingerprints, timeout=timeout, deep=deep,
+                                    environ=environ)
     code = 4 if any(fw.get("error") and "not installed" not in fw["error"]
                     for fw in report["frameworks"].values()) else 0
     if as_json:

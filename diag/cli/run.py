@@ -20,7 +20,7 @@ def run(
     backend: Optional[List[str]] = typer.Option(
         None, "--backend", "-b",
         help="Backend(s) to run, repeatable or comma-separated (jax-cpu, jax-gpu, jax-tpu, "
-             "torch-cpu, torch-cuda; numpy emulations of accelerator matmul arithmetic, never "
+             "torch-cpu, torch-cuda, torch-xla-cpu, torch-xla-tpu, torch-xla-cuda; numpy emulations of accelerator matmul arithmetic, never "
              "run by default: emu-bf16x1, emu-bf16x3, emu-bf16x6, emu-tf32, emu-tf32x3, "
              "emu-f16). Default: every hardware backend present."),
     out: Path = typer.Option(Path("reports"), "--out", "-o",
@@ -40,6 +40,12 @@ def run(
              "environment variable, an XLA_FLAGS addition such as "
              "'XLA_FLAGS=--xla_allow_excess_precision=false', or a JAX config option) and "
              "report what it changes. Repeatable."),
+    python: Optional[List[str]] = typer.Option(
+        None, "--python",
+        help="Run a framework's workers under another Python, FRAMEWORK=PATH (e.g. "
+             "torch-xla=/venv/bin/python, since torch_xla needs its own torch; create one with "
+             "scripts/torch-xla-env.sh DEST). Same as setting DIAG_PYTHON_TORCH_XLA=PATH. "
+             "Repeatable."),
     max_memory: Optional[float] = typer.Option(
         None, "--max-memory", min=0.001,
         help="Host memory one case may need, in GiB; a suite with a larger case is refused "
@@ -51,10 +57,12 @@ def run(
 ) -> None:
     """Run a probe suite on every backend present and judge each result against exact math."""
     from diag import render, runner
+    from diag.workers import parse_python
 
+    pythons = parse_python(split(python))  # bad usage exits 2 before anything starts
     progress = render.RunProgress(enabled=not as_json)
     try:
-        result = runner.run(suite, split(backend), out=out, repeats=repeats,
+        result = runner.run(suite, split(backend), out=out, repeats=repeats, env=pythons or None,
                             case_timeout=timeout, cache_dir=str(cache_dir) if cache_dir else None,
                             ab=ab, max_memory=max_memory, argv=["diag"] + sys.argv[1:],
                             trace=trace,

@@ -22,6 +22,7 @@ from diag.oracle._args import check_matmul_args
 from diag.errors import UsageError
 from diag.numerics import as_dtype, dtype_name
 from diag.oracle._matmul import _INPUT_DTYPES, matmul_core
+from diag.oracle._gelu import GELU_DTYPES, gelu_core
 from diag.oracle._softmax import SOFTMAX_INPUT_DTYPES, SOFTMAX_OUTPUT_DTYPES, softmax_core
 from diag.oracle._topk import check_k, rank_key, top_k_core
 from diag.oracle.cache import ORACLE_VERSION, CachedTruth, GroundTruthCache, default_cache_dir
@@ -32,6 +33,8 @@ __all__ = [
     "GroundTruthCache",
     "OracleResult",
     "default_cache_dir",
+    "gelu",
+    "gelu_result",
     "matmul",
     "matmul_result",
     "mp",
@@ -228,6 +231,47 @@ def softmax_result(x, out_dtype=None, *, cache: Optional[GroundTruthCache] = Non
 def softmax(x, out_dtype=None) -> np.ndarray:
     """Correctly rounded softmax over the last axis: `softmax_result(x, out_dtype).value`."""
     return softmax_result(x, out_dtype).value
+
+
+def gelu_result(x, out_dtype=None, *, cache: Optional[GroundTruthCache] = None,
+                _slack: float = 1.0) -> OracleResult:
+    """Correctly rounded tanh-approximate GELU, element by element, with its provenance.
+
+    The exact ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` of each input, rounded once
+    (nearest-even) to `out_dtype`; NaN -> NaN, +inf -> +inf, -inf -> -0. How it is proven:
+    diag/oracle/_gelu.py.
+
+    Returns:
+        `OracleResult` with method "f64-exp-bound"; `fallbacks` counts elements settled by
+        mpmath.
+
+    Raises:
+        UsageError: an input or output dtype other than float32, bfloat16, float16.
+    """
+    t0 = time.perf_counter()
+    x = np.asarray(x)
+    out_dt = as_dtype(out_dtype if out_dtype is not None else x.dtype)
+    if x.dtype not in GELU_DTYPES or out_dt not in GELU_DTYPES:
+        raise UsageError(f"oracle.gelu: dtypes {dtype_name(x.dtype)} -> {dtype_name(out_dt)} "
+                         f"are not supported; expected float32, bfloat16 or float16")
+    key = None
+    if cache is not None:
+        key = cache.key("gelu", [x], out_dt)
+        hit = cache.get(key)
+        if hit is not None:
+            return _cached(hit, t0)
+    value, fallbacks = gelu_core(x, out_dt, _slack)
+    method = "f64-exp-bound" if value.size else "empty"
+    if cache is not None:
+        cache.put(key, value, {"op": "gelu", "method": method, "fallbacks": fallbacks})
+    return OracleResult(value=value, method=method, fallbacks=fallbacks,
+                        elements=int(value.size), cache_hit=False,
+                        seconds=time.perf_counter() - t0)
+
+
+def gelu(x, out_dtype=None) -> np.ndarray:
+    """Correctly rounded tanh-approximate GELU: `gelu_result(x, out_dtype).value`."""
+    return gelu_result(x, out_dtype).value
 
 
 def top_k_result(x, k: int, *, cache: Optional[GroundTruthCache] = None) -> OracleResult:

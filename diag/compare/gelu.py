@@ -1,0 +1,48 @@
+"""GELU (tanh approximation): one backend's output against the bound of float32 arithmetic
+(`tolerance.gelu_error_bound`), and two backends against `AGREEMENT_FACTOR` times it.
+
+Between the float32 bound and the same bound with every intermediate stored in the input
+dtype (`Tolerance.loose_bound`) a result is a `warn`: what a bf16 chain computes when each op
+is rounded to bf16 (XLA with --xla_allow_excess_precision=false), less precise than claimed
+but not broken. Beyond both it is a `fail`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from diag.compare.elementwise import agreement, compare, judge, judge_agreement, mismatch
+from diag.compare.outcome import Evaluation, Outcome, _only_output
+from diag.tolerance import tolerance
+
+CLAIM = "float32 arithmetic"
+
+
+def evaluate(o: Outcome) -> Evaluation:
+    """One backend's GELU against the correctly rounded truth; the bound is the context the
+    agreement check reuses."""
+    expected = o.truth.value
+    output = _only_output(o, expected)
+    tol = tolerance("gelu", expected.dtype)
+    bound = tol.bound(o.inputs[0], expected)
+    metrics = compare(output, expected, bound)
+    status, reason = judge(metrics, claim=CLAIM, setting=o.setting, promised=o.promised)
+    if status == "fail" and not metrics["unexpected_nonfinite"]:
+        loose = tol.loose_bound(o.inputs[0], expected)
+        narrow = np.dtype(expected.dtype).name
+        loose_ratio = float(np.max(np.abs(output.astype(np.float64)
+                                          - expected.astype(np.float64)) / loose))
+        metrics["narrow_bound_ratio"] = loose_ratio
+        if loose_ratio <= 1.0:
+            status, reason = "warn", (f"{reason}; consistent with every intermediate rounded "
+                                      f"to {narrow} (worst {loose_ratio:.2g}x that bound): less "
+                                      f"precise than {CLAIM}")
+    return Evaluation(status, reason, metrics, context=bound, mismatch=mismatch(metrics))
+
+
+def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
+    """Two backends' GELU of one case, against what two backends keeping the bound may differ
+    by. Returns (status, reason, metrics)."""
+    metrics = agreement(a.outputs[0], b.outputs[0], context)
+    status, reason = judge_agreement(metrics, *names, CLAIM)
+    return status, reason, metrics
