@@ -156,8 +156,28 @@ INPUT_MAKERS: dict[str, Callable] = {
 }
 
 
+#: Arrays larger than this are kept by the host as files in the work folder and memory-mapped
+#: when used, not held: a run's memory stays that of one case, not of the whole suite.
+SPILL_BYTES = 1 << 20
+
+
+def _spill(path: Path, a: np.ndarray) -> np.ndarray:
+    """Write `a`'s raw bits to `path` once; return a read-only map of them as `a`'s dtype
+    (or `a` itself when it is small enough to keep)."""
+    np.save(path, numerics.bits_view(a) if numerics.is_supported(a.dtype) else a)
+    if a.nbytes <= SPILL_BYTES:
+        return a
+    return _mapped(str(path), a.dtype)
+
+
+def _mapped(path: str, dtype) -> np.ndarray:
+    data = np.load(path, mmap_mode="r")
+    return numerics.from_bits(data, dtype) if numerics.is_supported(dtype) else data
+
+
 class _Inputs:
-    """Input arrays per input key: drawn once on the host, written once as raw bits."""
+    """Input arrays per input key: drawn once on the host, written once as raw bits, which
+    the workers and the host both map (large ones are not kept in the host's memory)."""
 
     def __init__(self, work: Path):
         self.work = work
@@ -180,13 +200,9 @@ class _Inputs:
             dtype = numerics.as_dtype(case.dtype)
             arrays = [INPUT_MAKERS[case.inputs](rng, shape, dtype)
                       for shape in probe.input_shapes(case.params)]
-            paths = []
-            for i, a in enumerate(arrays):
-                path = self.work / f"in-{case.input_key}-{i}.npy"
-                np.save(path, numerics.bits_view(a))
-                paths.append(str(path))
-            self._arrays[case.input_key] = arrays
-            self._paths[case.input_key] = paths
+            paths = [self.work / f"in-{case.input_key}-{i}.npy" for i in range(len(arrays))]
+            self._arrays[case.input_key] = [_spill(p, a) for p, a in zip(paths, arrays)]
+            self._paths[case.input_key] = [str(p) for p in paths]
         return self._arrays[case.input_key]
 
     def paths(self, case: Case) -> list[str]:
@@ -196,7 +212,8 @@ class _Inputs:
 
 class _Truth:
     """Ground truth per case from the probe's oracle (disk-cached by input hash), computed
-    once per input set and truth parameters (top_k and approx_max_k with the same k share)."""
+    once per input set and truth parameters (top_k and approx_max_k with the same k share).
+    A large value is kept as a file in the work folder and mapped on each `get`."""
 
     def __init__(self, inputs: _Inputs, cache_dir: str | None):
         from diag.oracle.cache import GroundTruthCache, default_cache_dir
@@ -204,13 +221,34 @@ class _Truth:
         self._cache = GroundTruthCache(cache_dir or default_cache_dir())
         self._inputs = inputs
         self._memo: dict[str, Any] = {}
+        self._files: dict[str, tuple[str, Any]] = {}
 
-    def get(self, case: Case):
+    def key(self, case: Case) -> str:
+        """What identifies a case's truth: the oracle, the inputs and the truth's parameters."""
         from diag.probes import PROBES
 
         probe = PROBES[case.op]
-        key = json.dumps([probe.truth.__name__, case.input_key,
-                          [case.params[a] for a in probe.truth_args]])
+        return json.dumps([probe.truth.__name__, case.input_key,
+                           [case.params[a] for a in probe.truth_args]])
+
+    def get(self, case: Case):
+        import dataclasses
+
+        from diag.probes import PROBES
+
+        key = self.key(case)
+        if key in self._files:
+            path, result = self._files[key]
+            return dataclasses.replace(result, value=_mapped(path, result.value.dtype))
         if key not in self._memo:
-            self._memo[key] = probe.truth(self._inputs.get(case), case.params, self._cache)
+            result = PROBES[case.op].truth(self._inputs.get(case), case.params, self._cache)
+            value = getattr(result, "value", None)
+            if isinstance(value, np.ndarray) and value.nbytes > SPILL_BYTES:
+                path = self._inputs.work / f"truth-{len(self._files)}.npy"
+                _spill(path, value)
+                # Only the dtype and shape of the held value are kept (a 0-d stand-in).
+                self._files[key] = (str(path), dataclasses.replace(
+                    result, value=np.zeros((), value.dtype)))
+                return result
+            self._memo[key] = result
         return self._memo[key]

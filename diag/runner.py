@@ -17,7 +17,6 @@ memory than the limit.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import queue
@@ -32,14 +31,12 @@ from typing import Any, Callable
 from diag import environment, numerics
 from diag.ab import Experiment, parse_ab, with_b_sides
 from diag.backends import BackendSpec, framework_installed, not_applicable
-from diag.backends import promises_full_precision
 from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, UsageError
-from diag.inputs import _Inputs, _Truth
-from diag.probes import PROBES, REPORT_SECTIONS, Evaluation, Outcome, expected_outcome
+from diag.judge import Judge
+from diag.probes import PROBES, REPORT_SECTIONS, Outcome
 from diag.results import Record, RunDir, new_run_id, worst_status
 from diag.suite import Case, Suite, check_memory, load_suite
-from diag.workers import (_load_output, _Worker, candidate_backends, resolve_backends,
-                          worker_env)
+from diag.workers import _Worker, candidate_backends, resolve_backends, worker_env
 
 __all__ = ["run", "RunResult", "resolve_backends", "candidate_backends", "check_applicable",
            "check_flags", "parse_ab", "DEFAULT_CASE_TIMEOUT"]
@@ -75,24 +72,6 @@ class Interrupted(KeyboardInterrupt):
 
 
 # ---------------------------------------------------------------------------------------------
-# Verdicts
-
-
-def _as_emulation(ev: Evaluation) -> Evaluation:
-    """An emulated backend's verdict: `warn` at worst.
-
-    An emulation is a model of an algorithm, not a device under test, and it promises
-    nothing: a bound breach, or an overflow to Inf where the truth is finite, shows what that
-    algorithm does to the case (worth a warning), never a broken machine or library.
-    """
-    if ev.status != "fail":
-        return ev
-    return dataclasses.replace(ev, status="warn", reason=(
-        f"{ev.reason}; an emulation promises nothing, so this is what the emulated algorithm "
-        f"does here, not a failure"))
-
-
-# ---------------------------------------------------------------------------------------------
 # The run
 
 
@@ -107,12 +86,12 @@ class _Run:
         self.repeats, self.case_timeout, self.startup_timeout = repeats, case_timeout, startup_timeout
         self.env = env
         self.on_record = on_record
-        self.inputs = _Inputs(work)
-        self.truth = _Truth(self.inputs, cache_dir)
+        self.judge = Judge(work, cache_dir)
+        self.inputs = self.judge.inputs
         self.records: list[dict[str, Any]] = []
-        # case id -> backend label -> (its spec, what it returned); outputs are small next to
-        # the inputs
-        self.outcomes: dict[str, dict[str, tuple[BackendSpec, Outcome]]] = {}
+        # case id -> backend label -> (its spec, its result event): the outputs stay files in
+        # the work folder, mapped again when a later backend's output is compared with them
+        self.outcomes: dict[str, dict[str, tuple[BackendSpec, dict]]] = {}
         self.backend_info: dict[str, Any] = {}
         self.worker: _Worker | None = None
         self.ab = Experiment(ab_env, run_dir.path) if ab_env else None
@@ -143,27 +122,19 @@ class _Run:
         self.emit(self._record(case, spec, "error", reason))
 
     def judge_result(self, case: Case, spec: BackendSpec, event: dict) -> None:
-        probe = PROBES[case.op]
+        judge, label = self.judge, spec.label
         if event.get("input_digests") != self.inputs.digests(case):
             self.error(case, spec, f"{spec.label}: the inputs on the device are not bit-identical "
                                    f"to the host's (a transfer or conversion changed them)")
             return
-        truth = self.truth.get(case)
-        oracle_info = {}
-        if truth is not None:
-            oracle_info = {"method": truth.method, "fallbacks": truth.fallbacks,
-                           "cache_hit": truth.cache_hit, "seconds": round(truth.seconds, 4)}
-        precision = case.params.get("precision", "default")
+        t0 = time.perf_counter()
+        oracle_info = judge.oracle_info(case)
+        t0 = judge.clock(label, "truth", t0)
         shapes = ", ".join(f"{o.get('name')} {o.get('dtype')}{o.get('shape')}"
                            for o in event.get("outputs") or []) or "no outputs"
         try:
-            outcome = Outcome(
-                inputs=self.inputs.get(case),
-                outputs=[_load_output(o) for o in event["outputs"]],
-                names=[o["name"] for o in event["outputs"]], truth=truth, params=case.params,
-                promised=promises_full_precision(spec, case.dtype, precision),
-                setting=f"precision={precision}", nan_report=event.get("nan_report"))
-            ev = expected_outcome(case.expect, probe.evaluate(outcome), outcome)
+            outcome = judge.outcome(case, spec, event)
+            ev = judge.evaluate(case, spec, outcome)
         except Exception as e:  # an output diag cannot judge is this case's error, not the run's
             self.emit(self._record(
                 case, spec, "error", f"{spec.label}: cannot judge the output ({shapes}): "
@@ -171,25 +142,27 @@ class _Run:
                 metrics={"traceback": traceback.format_exc()[-2000:]},
                 timings=event.get("timings", {}), oracle=oracle_info))
             return
-        if spec.emulated:
-            ev = _as_emulation(ev)
         # sha256 of each output's bits: what `diag check --bitwise` compares.
         digests = [numerics.bits_digest(o) for o in outcome.outputs]
+        t0 = judge.clock(label, "judge", t0)
         self.emit(self._record(case, spec, ev.status, ev.reason,
                                metrics={**ev.metrics, "output_digests": digests},
                                timings=event.get("timings", {}), oracle=oracle_info))
+        t0 = judge.clock(label, "write", t0)
         self.verdicts.setdefault(case.id, {})[spec.label] = self.records[-1]
         if event.get("hlo") and self.ab is not None:
             self.ab.hlo[case.id, spec.label] = event["hlo"]
         self.agree(case, spec, outcome, ev.context)
-        self.outcomes.setdefault(case.id, {})[spec.label] = (spec, outcome)
+        self.outcomes.setdefault(case.id, {})[spec.label] = (spec, event)
+        judge.clock(label, "judge", t0)
 
     def agree(self, case: Case, spec: BackendSpec, outcome: Outcome, context: Any) -> None:
         """Agreement records of this output with every earlier backend's for the same case,
         judged with what this output was just judged by (`context`, e.g. its bound)."""
         probe = PROBES[case.op]
         name = spec.label
-        for earlier, (espec, other) in self.outcomes.get(case.id, {}).items():
+        for earlier, (espec, event) in self.outcomes.get(case.id, {}).items():
+            other = self.judge.outcome(case, espec, event)
             if espec.variant or spec.variant:
                 # An A/B side is compared with its own backend's other side only.
                 if self.ab is not None and espec.name == spec.name and not espec.variant:
