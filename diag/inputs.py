@@ -210,18 +210,53 @@ class _Inputs:
         return self._paths[case.input_key]
 
 
+class CostMemo:
+    """Values kept by what they would cost to get again, within a byte budget.
+
+    A value that took long to compute for its size (a long-K matmul's bound: seconds for
+    half a MB) is kept before one that is cheap (a 16.7M-element bound: 0.1 s for 134 MB):
+    when the budget is full the value with the fewest seconds per byte goes first, the new
+    one included. What is not kept is computed again when asked for (a ground truth then
+    comes from the on-disk cache), so the memo bounds memory without changing any value.
+    """
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self._items: dict[str, tuple[Any, float, int]] = {}  # key -> (value, seconds, bytes)
+
+    def get(self, key: str, compute: Callable[[], Any], nbytes: Callable[[Any], int]) -> Any:
+        import time
+
+        if key in self._items:
+            return self._items[key][0]
+        t0 = time.perf_counter()
+        value = compute()
+        self._items[key] = (value, time.perf_counter() - t0, nbytes(value))
+        while sum(size for _, _, size in self._items.values()) > self.budget:
+            cheapest = min(self._items, key=lambda k: self._items[k][1] / max(1, self._items[k][2]))
+            del self._items[cheapest]
+        return value
+
+
+#: Host memory the memos of one run may hold (ground truths, arrays shared by backends).
+MEMO_BYTES = 256 << 20
+
+
+def _value_bytes(result: Any) -> int:
+    return int(getattr(getattr(result, "value", None), "nbytes", 0))
+
+
 class _Truth:
     """Ground truth per case from the probe's oracle (disk-cached by input hash), computed
-    once per input set and truth parameters (top_k and approx_max_k with the same k share).
-    A large value is kept as a file in the work folder and mapped on each `get`."""
+    once per input set and truth parameters (top_k and approx_max_k with the same k share),
+    and kept in memory while `CostMemo`'s budget allows (else read again from the cache)."""
 
     def __init__(self, inputs: _Inputs, cache_dir: str | None):
         from diag.oracle.cache import GroundTruthCache, default_cache_dir
 
         self._cache = GroundTruthCache(cache_dir or default_cache_dir())
         self._inputs = inputs
-        self._memo: dict[str, Any] = {}
-        self._files: dict[str, tuple[str, Any]] = {}
+        self._memo = CostMemo(MEMO_BYTES)
 
     def key(self, case: Case) -> str:
         """What identifies a case's truth: the oracle, the inputs and the truth's parameters."""
@@ -232,23 +267,9 @@ class _Truth:
                            [case.params[a] for a in probe.truth_args]])
 
     def get(self, case: Case):
-        import dataclasses
-
         from diag.probes import PROBES
 
-        key = self.key(case)
-        if key in self._files:
-            path, result = self._files[key]
-            return dataclasses.replace(result, value=_mapped(path, result.value.dtype))
-        if key not in self._memo:
-            result = PROBES[case.op].truth(self._inputs.get(case), case.params, self._cache)
-            value = getattr(result, "value", None)
-            if isinstance(value, np.ndarray) and value.nbytes > SPILL_BYTES:
-                path = self._inputs.work / f"truth-{len(self._files)}.npy"
-                _spill(path, value)
-                # Only the dtype and shape of the held value are kept (a 0-d stand-in).
-                self._files[key] = (str(path), dataclasses.replace(
-                    result, value=np.zeros((), value.dtype)))
-                return result
-            self._memo[key] = result
-        return self._memo[key]
+        return self._memo.get(
+            self.key(case),
+            lambda: PROBES[case.op].truth(self._inputs.get(case), case.params, self._cache),
+            _value_bytes)

@@ -4,16 +4,16 @@ The runner hands every result event here; this module builds the `Outcome` the p
 judges (`diag.probes`), applies the run-level rules (inputs must arrive bit-identical, an
 emulation promises nothing), and keeps the time each host-side phase took per backend.
 
-What the host holds between cases are file paths, not arrays: inputs, outputs, ground truths
-and per-case arrays shared by every backend (a matmul's error bound) live as .npy files in
-the run's work folder and are memory-mapped while a case is judged, then let go. A suite of
-16.7M-element products is judged in a few hundred MB however many cases and backends it has.
+What the host holds between cases is bounded: inputs and outputs are the .npy files in the
+run's work folder, memory-mapped while a case is judged; ground truths and arrays shared by
+every backend (a matmul's error bound, computed once per case) are kept within a byte budget,
+the costliest to recompute first (`diag.inputs.CostMemo`). A suite of 16.7M-element products
+is judged in a few hundred MB however many cases and backends it has.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import time
 from collections import defaultdict
@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from diag.backends import BackendSpec, promises_full_precision
-from diag.inputs import _Inputs, _Truth
+from diag.inputs import MEMO_BYTES, CostMemo, _Inputs, _Truth
 from diag.probes import PROBES, Evaluation, Outcome, expected_outcome
 from diag.suite import Case
 from diag.workers import _load_output
@@ -57,7 +57,7 @@ class Judge:
         self.work = work
         self.inputs = _Inputs(work)
         self.truth = _Truth(self.inputs, cache_dir)
-        self._shared: dict[str, str] = {}
+        self._shared = CostMemo(MEMO_BYTES)
         #: backend label -> phase -> seconds spent on the host (truth, judge, write).
         self.seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
@@ -69,20 +69,12 @@ class Judge:
 
     def shared(self, case: Case) -> Callable[[str, Callable[[], np.ndarray]], np.ndarray]:
         """A memo for arrays that depend on the case alone (its inputs and truth), not on the
-        backend: `memo(name, compute)` computes once per run, keeps the array as a file and
-        hands every later backend (and every case with the same inputs) a read-only map."""
+        backend: `memo(name, compute)` computes once and hands every later backend (and every
+        case with the same inputs) the same array, while `CostMemo`'s budget keeps it."""
         base = self.truth.key(case)
 
         def memo(name: str, compute: Callable[[], np.ndarray]) -> np.ndarray:
-            key = hashlib.sha256(json.dumps([base, name]).encode()).hexdigest()[:24]
-            path = self._shared.get(key)
-            if path is not None:
-                return np.load(path, mmap_mode="r")
-            value = np.ascontiguousarray(compute())
-            path = str(self.work / f"shared-{key}.npy")
-            np.save(path, value)
-            self._shared[key] = path
-            return value
+            return self._shared.get(json.dumps([base, name]), compute, lambda a: a.nbytes)
 
         return memo
 

@@ -42,6 +42,12 @@ __all__ = ["run", "RunResult", "resolve_backends", "candidate_backends", "check_
            "check_flags", "parse_ab", "DEFAULT_CASE_TIMEOUT"]
 
 DEFAULT_CASE_TIMEOUT = 600.0
+
+#: Where a backend's time goes, in run.json's `phases`: its worker's start (import, device,
+#: fingerprints), compile, the timed runs and the transfers of inputs and outputs (measured in
+#: the worker), then on the host the ground truth, judging and writing records; `wall` is
+#: the whole, so wall minus the rest is what the protocol itself cost.
+PHASES = ("start", "compile", "run", "transfer", "truth", "judge", "write", "wall")
 DEFAULT_STARTUP_TIMEOUT = 300.0
 MAX_RESTARTS = 3
 
@@ -52,6 +58,8 @@ class RunResult:
     records: list[dict[str, Any]]
     state: str  # finished | interrupted
     counts: dict[str, int] = field(default_factory=dict)
+    #: backend label -> seconds per phase (`PHASES`): where the run's time went.
+    phases: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -189,6 +197,18 @@ class _Run:
                       metrics=metrics, status=status, reason=reason, kind=kind)
 
     def run_backend(self, spec: BackendSpec) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._run_backend(spec)
+        finally:
+            self.judge.clock(spec.label, "wall", t0)
+
+    def phases(self) -> dict[str, dict[str, float]]:
+        """Seconds per phase (`PHASES`) per backend label, rounded for run.json."""
+        return {label: {p: round(seconds.get(p, 0.0), 3) for p in PHASES}
+                for label, seconds in self.judge.seconds.items()}
+
+    def _run_backend(self, spec: BackendSpec) -> None:
         pending = self.plan(spec)
         for case in pending:  # write inputs before the worker starts
             self.inputs.paths(case)
@@ -237,7 +257,9 @@ class _Run:
         logs = self.run_dir.path / "logs"
         logs.mkdir(exist_ok=True)
         env = self.ab.worker_env(spec, self.env) if self.ab is not None else self.env
+        spawned = time.perf_counter()
         self.worker = worker = _Worker(spec, job_path, logs / f"{spec.label}.stderr", env)
+        seconds = self.judge.seconds[spec.label]
         by_id = {c.id: c for c in cases}
         index = 0
         started = False
@@ -261,10 +283,17 @@ class _Run:
                 kind = event.get("event")
                 if kind == "ready":
                     started = True
+                    self.judge.clock(spec.label, "start", spawned)
                     self.backend_info[spec.label] = {
                         k: event[k] for k in ("device", "framework", "settings",
                                               "fingerprints", "features") if k in event}
                 elif kind == "result":
+                    t = event.get("timings") or {}
+                    seconds["compile"] += t.get("compile_s", 0.0)
+                    seconds["run"] += sum(t.get("run_s_samples", ()))
+                    seconds["transfer"] += t.get("transfer_s", 0.0)
+                    if t.get("compile_shared_with") in by_id:  # the worker names ids
+                        t["compile_shared_with"] = by_id[t["compile_shared_with"]].label
                     self.judge_result(by_id[event["case"]], spec, event)
                     index += 1
                 elif kind == "case_error":
@@ -427,10 +456,11 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
             r.records = run_dir.records()
         statuses = [rec["status"] for rec in r.records]
         counts = {s: statuses.count(s) for s in ("pass", "warn", "fail", "error", "skip")}
-        run_dir.update_meta(state=state, finished=time.time(), counts=counts,
+        run_dir.update_meta(state=state, finished=time.time(), counts=counts, phases=r.phases(),
                             verdict=worst_status(statuses), backends=r.backend_info)
         shutil.rmtree(work, ignore_errors=True)
-    result = RunResult(run_dir=run_dir.path, records=r.records, state=state, counts=counts)
+    result = RunResult(run_dir=run_dir.path, records=r.records, state=state, counts=counts,
+                       phases=r.phases())
     if state == "interrupted":
         raise Interrupted(result)
     return result

@@ -151,3 +151,40 @@ def test_streaming_comparisons_match_on_hostile_arrays(dtype):
     got = agree_values(out, truth, ("a", "b"), allowed_ulp=4)
     want = legacy_judge.agree_values(out, truth, ("a", "b"), allowed_ulp=4)
     assert got[:2] == want[:2] and _canon(got[2]) == _canon(want[2])
+
+
+def test_the_memo_keeps_what_is_costly_to_recompute_within_its_budget():
+    import time
+
+    from diag.inputs import CostMemo
+
+    memo = CostMemo(budget=1000)
+    calls = []
+
+    def make(size, seconds, tag):
+        def compute():
+            calls.append(tag)
+            time.sleep(seconds)
+            return np.zeros(size, np.uint8)
+        return compute
+
+    slow_small = memo.get("a", make(100, 0.05, "a"), lambda v: v.nbytes)
+    memo.get("b", make(800, 0.0, "b"), lambda v: v.nbytes)
+    memo.get("c", make(800, 0.0, "c"), lambda v: v.nbytes)  # over budget: b or c goes, not a
+    assert memo.get("a", make(100, 0.05, "a"), lambda v: v.nbytes) is slow_small
+    assert calls == ["a", "b", "c"]
+
+
+def test_a_matmul_bound_is_computed_once_per_case_for_every_backend(tmp_path, monkeypatch):
+    from diag import tolerance
+
+    counted = []
+    real = tolerance.matmul_bound
+    monkeypatch.setattr(tolerance, "matmul_bound",
+                        lambda *a, **k: counted.append(1) or real(*a, **k))
+    cases = [c for c in load_suite("matmul").cases if c.probe == "precision"
+             and c.params["m"] == 512]
+    assert len(cases) >= 4  # one input set, several precision settings
+    assert _check(cases, tmp_path, str(tmp_path / "cache")) >= 2 * len(cases)
+    # Once for diag's judging of every case on both backends (the legacy code has its own).
+    assert len(counted) == 1
