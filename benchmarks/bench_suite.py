@@ -154,6 +154,7 @@ def _sample(checkout: Path, suite: str, cache: Path, out: Path) -> dict:
 
 
 def _series(checkout: Path, suite: str, state: str, repeats: int, tmp: Path) -> list[dict]:
+    tmp.mkdir(parents=True, exist_ok=True)
     samples = []
     warm_cache = tmp / f"cache-{suite}"
     if state == "warm" and not warm_cache.exists():

@@ -188,3 +188,23 @@ def test_a_matmul_bound_is_computed_once_per_case_for_every_backend(tmp_path, mo
     assert _check(cases, tmp_path, str(tmp_path / "cache")) >= 2 * len(cases)
     # Once for diag's judging of every case on both backends (the legacy code has its own).
     assert len(counted) == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_the_sum_to_one_error_is_fsums_bit_for_bit(dtype):
+    # Rows a softmax might return, and rows it should not: subnormals, negatives, zeros of
+    # both signs, values that cancel, a huge one.
+    import math
+
+    from diag import numerics
+    from diag.compare.softmax import _sum_minus_one
+
+    rng = np.random.default_rng(11)
+    dt = numerics.as_dtype(dtype)
+    tiny = float(np.finfo(np.float32).smallest_subnormal) if dtype == "float32" else 2.0**-20
+    rows = [rng.dirichlet(np.ones(4096)).astype(dt), np.zeros(0, dt),
+            np.array([1.0, -1.0, -0.0, 0.0, tiny, -tiny, 3.0], dt),
+            (rng.standard_normal(5000) * np.exp2(rng.integers(-30, 10, 5000))).astype(dt)]
+    for row in rows:
+        want = math.fsum(row.astype(np.float64).tolist() + [-1.0])
+        assert np.float64(_sum_minus_one(row)).tobytes() == np.float64(want).tobytes()
