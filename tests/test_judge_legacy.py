@@ -93,9 +93,10 @@ def test_mid_size_matmul_and_sampling_cases_judge_as_before(tmp_path):
               if c.params.get("d") == 512 or c.probe == "wide_range"]
     sampling = [c for c in load_suite("sampling").cases
                 if c.params.get("n") == 32768 and c.probe == "softmax_vocab"
+                or c.probe == "softmax_hazards" and c.dtype == "bfloat16"
                 or c.probe == "greedy_token" and c.dtype == "bfloat16"]
-    assert len(matmul) == 6 and len(sampling) == 7
-    assert _check(matmul + sampling, tmp_path, str(tmp_path / "cache")) >= 2 * 13
+    assert len(matmul) == 6 and len(sampling) == 10
+    assert _check(matmul + sampling, tmp_path, str(tmp_path / "cache")) >= 2 * 16
 
 
 def test_a_planted_wrong_element_is_judged_as_before(tmp_path, monkeypatch):
@@ -208,3 +209,21 @@ def test_the_sum_to_one_error_is_fsums_bit_for_bit(dtype):
     for row in rows:
         want = math.fsum(row.astype(np.float64).tolist() + [-1.0])
         assert np.float64(_sum_minus_one(row)).tobytes() == np.float64(want).tobytes()
+
+
+def test_histogram_quantiles_equal_numpys_percentile():
+    # Small and large counts, values below and above the histogram's cap, every split of
+    # the interpolation weight (t below, at and above 0.5).
+    from diag.compare.elementwise import _HIST_CAP, _UlpStats
+
+    rng = np.random.default_rng(5)
+    for n in [1, 2, 3, 99, 100, 101, 1000, 4097]:
+        for high in (3, _HIST_CAP + 5, 2**33):
+            values = rng.integers(0, high, n).astype(np.int64)
+            stats = _UlpStats()
+            for part in np.array_split(values, 3):
+                stats.add(part)
+            for q in (0, 50, 99, 100):
+                want = float(np.percentile(values, q))
+                assert np.float64(stats.percentile(q)).tobytes() == np.float64(want).tobytes()
+            assert stats.mean() == float(values.mean()) and stats.max == int(values.max())

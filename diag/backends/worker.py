@@ -21,7 +21,11 @@ framework prints is redirected to stderr so it cannot corrupt the stream):
   {"event": "done"}
 Inputs and float outputs travel as .npy files of the raw bits (`numerics.bits_view`), so every
 backend receives bit-identical inputs whatever the dtype; integer outputs (top-k indices,
-chosen tokens) as themselves. An op may return one array, a tuple, or a dict of named arrays.
+chosen tokens) as themselves. The host writes each input set once and every worker maps it;
+a worker writes each output once and the host maps it. One job carries all of a backend's
+cases, so a case costs no round trip; cases that run the same program (op, arguments, input
+shapes and dtypes) share one compiled program, and each later one's timings name the first
+(`compile_shared_with`). `timings.transfer_s` is the case's input and output traffic. An op may return one array, a tuple, or a dict of named arrays.
 A job's case carries the probe row's quirks: `op_args` (its fixed arguments included, e.g. a
 sampler's batch sizes) and `hunt_nans` (a non-finite output is hunted to its op, `diag.nan`).
 
