@@ -161,13 +161,11 @@ INPUT_MAKERS: dict[str, Callable] = {
 SPILL_BYTES = 1 << 20
 
 
-def _spill(path: Path, a: np.ndarray) -> np.ndarray:
-    """Write `a`'s raw bits to `path` once; return a read-only map of them as `a`'s dtype
-    (or `a` itself when it is small enough to keep)."""
+def _spill(path: Path, a: np.ndarray) -> np.ndarray | None:
+    """Write `a`'s raw bits to `path` once; return `a` when it is small enough to keep, else
+    None (it is mapped from the file when used, `_mapped`)."""
     np.save(path, numerics.bits_view(a) if numerics.is_supported(a.dtype) else a)
-    if a.nbytes <= SPILL_BYTES:
-        return a
-    return _mapped(str(path), a.dtype)
+    return a if a.nbytes <= SPILL_BYTES else None
 
 
 def _mapped(path: str, dtype) -> np.ndarray:
@@ -181,7 +179,8 @@ class _Inputs:
 
     def __init__(self, work: Path):
         self.work = work
-        self._arrays: dict[str, list[np.ndarray]] = {}
+        self._arrays: dict[str, list[np.ndarray | None]] = {}
+        self._dtypes: dict[str, np.dtype] = {}
         self._paths: dict[str, list[str]] = {}
         self._digests: dict[str, list[str]] = {}
 
@@ -194,16 +193,22 @@ class _Inputs:
     def get(self, case: Case) -> list[np.ndarray]:
         from diag.probes import PROBES  # the table imports the makers above
 
-        if case.input_key not in self._arrays:
-            probe = PROBES[case.op]
-            rng = np.random.default_rng(case.seed)
-            dtype = numerics.as_dtype(case.dtype)
-            arrays = [INPUT_MAKERS[case.inputs](rng, shape, dtype)
-                      for shape in probe.input_shapes(case.params)]
-            paths = [self.work / f"in-{case.input_key}-{i}.npy" for i in range(len(arrays))]
-            self._arrays[case.input_key] = [_spill(p, a) for p, a in zip(paths, arrays)]
-            self._paths[case.input_key] = [str(p) for p in paths]
-        return self._arrays[case.input_key]
+        key = case.input_key
+        if key in self._arrays:
+            # A large input is mapped afresh for each use and let go after it: a map held
+            # for the whole run would keep every page it touched resident.
+            return [a if a is not None else _mapped(p, self._dtypes[key])
+                    for a, p in zip(self._arrays[key], self._paths[key])]
+        probe = PROBES[case.op]
+        rng = np.random.default_rng(case.seed)
+        dtype = numerics.as_dtype(case.dtype)
+        arrays = [INPUT_MAKERS[case.inputs](rng, shape, dtype)
+                  for shape in probe.input_shapes(case.params)]
+        paths = [self.work / f"in-{case.input_key}-{i}.npy" for i in range(len(arrays))]
+        self._arrays[key] = [_spill(p, a) for p, a in zip(paths, arrays)]
+        self._paths[key] = [str(p) for p in paths]
+        self._dtypes[key] = dtype
+        return arrays
 
     def paths(self, case: Case) -> list[str]:
         self.get(case)
@@ -251,12 +256,12 @@ class _Truth:
     once per input set and truth parameters (top_k and approx_max_k with the same k share),
     and kept in memory while `CostMemo`'s budget allows (else read again from the cache)."""
 
-    def __init__(self, inputs: _Inputs, cache_dir: str | None):
+    def __init__(self, inputs: _Inputs, cache_dir: str | None, memo: CostMemo | None = None):
         from diag.oracle.cache import GroundTruthCache, default_cache_dir
 
         self._cache = GroundTruthCache(cache_dir or default_cache_dir())
         self._inputs = inputs
-        self._memo = CostMemo(MEMO_BYTES)
+        self._memo = memo if memo is not None else CostMemo(MEMO_BYTES)
 
     def key(self, case: Case) -> str:
         """What identifies a case's truth: the oracle, the inputs and the truth's parameters."""

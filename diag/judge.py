@@ -56,8 +56,9 @@ class Judge:
     def __init__(self, work: Path, cache_dir: str | None):
         self.work = work
         self.inputs = _Inputs(work)
-        self.truth = _Truth(self.inputs, cache_dir)
+        # One budget for the truths and the shared arrays: the costliest to recompute stay.
         self._shared = CostMemo(MEMO_BYTES)
+        self.truth = _Truth(self.inputs, cache_dir, memo=self._shared)
         #: backend label -> phase -> seconds spent on the host (truth, judge, write).
         self.seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
