@@ -12,7 +12,9 @@ worker are included:
 
 Per suite and cache state it prints the median wall time and every sample; the phase split of
 the median sample (run.json's `phases`: start, compile, run, transfer, truth, judge, write);
-the peak RSS of the host process (its VmHWM) and of the largest worker (RUSAGE_CHILDREN); and
+the peak RSS of the host process (its VmHWM) and of the largest worker (RUSAGE_CHILDREN's
+ru_maxrss, which on Linux also counts the host's pages at the moment it started the worker, so
+it reads high and never below what the host held then); and
 the ratio of the wall time to the backends' own work: the records' compile and timed-run
 seconds plus the ground truth's seconds (once per input set). With `--before`, the same
 commands run with PYTHONPATH on that checkout (e.g. a git worktree of the commit before the
