@@ -156,12 +156,31 @@ INPUT_MAKERS: dict[str, Callable] = {
 }
 
 
+#: Arrays larger than this are kept by the host as files in the work folder and memory-mapped
+#: when used, not held: a run's memory stays that of one case, not of the whole suite.
+SPILL_BYTES = 1 << 20
+
+
+def _spill(path: Path, a: np.ndarray) -> np.ndarray | None:
+    """Write `a`'s raw bits to `path` once; return `a` when it is small enough to keep, else
+    None (it is mapped from the file when used, `_mapped`)."""
+    np.save(path, numerics.bits_view(a) if numerics.is_supported(a.dtype) else a)
+    return a if a.nbytes <= SPILL_BYTES else None
+
+
+def _mapped(path: str, dtype) -> np.ndarray:
+    data = np.load(path, mmap_mode="r")
+    return numerics.from_bits(data, dtype) if numerics.is_supported(dtype) else data
+
+
 class _Inputs:
-    """Input arrays per input key: drawn once on the host, written once as raw bits."""
+    """Input arrays per input key: drawn once on the host, written once as raw bits, which
+    the workers and the host both map (large ones are not kept in the host's memory)."""
 
     def __init__(self, work: Path):
         self.work = work
-        self._arrays: dict[str, list[np.ndarray]] = {}
+        self._arrays: dict[str, list[np.ndarray | None]] = {}
+        self._dtypes: dict[str, np.dtype] = {}
         self._paths: dict[str, list[str]] = {}
         self._digests: dict[str, list[str]] = {}
 
@@ -174,46 +193,91 @@ class _Inputs:
     def get(self, case: Case) -> list[np.ndarray]:
         from diag.probes import PROBES  # the table imports the makers above
 
-        if case.input_key not in self._arrays:
-            probe = PROBES[case.op]
-            rng = np.random.default_rng(case.seed)
-            dtype = numerics.as_dtype(case.dtype)
-            if probe.make_inputs is not None:  # inputs made as a set (a model's weights)
-                arrays = probe.make_inputs(rng, case.params, dtype)
-            else:
-                arrays = [INPUT_MAKERS[case.inputs](rng, shape, dtype)
-                          for shape in probe.input_shapes(case.params)]
-            paths = []
-            for i, a in enumerate(arrays):
-                path = self.work / f"in-{case.input_key}-{i}.npy"
-                np.save(path, numerics.bits_view(a))
-                paths.append(str(path))
-            self._arrays[case.input_key] = arrays
-            self._paths[case.input_key] = paths
-        return self._arrays[case.input_key]
+        key = case.input_key
+        if key in self._arrays:
+            # A large input is mapped afresh for each use and let go after it: a map held
+            # for the whole run would keep every page it touched resident.
+            return [a if a is not None else _mapped(p, self._dtypes[key])
+                    for a, p in zip(self._arrays[key], self._paths[key])]
+        probe = PROBES[case.op]
+        rng = np.random.default_rng(case.seed)
+        dtype = numerics.as_dtype(case.dtype)
+        if probe.make_inputs is not None:  # inputs made as a set (a model's weights)
+            arrays = probe.make_inputs(rng, case.params, dtype)
+        else:
+            arrays = [INPUT_MAKERS[case.inputs](rng, shape, dtype)
+                      for shape in probe.input_shapes(case.params)]
+        paths = [self.work / f"in-{case.input_key}-{i}.npy" for i in range(len(arrays))]
+        self._arrays[key] = [_spill(p, a) for p, a in zip(paths, arrays)]
+        self._paths[key] = [str(p) for p in paths]
+        self._dtypes[key] = dtype
+        return arrays
 
     def paths(self, case: Case) -> list[str]:
         self.get(case)
         return self._paths[case.input_key]
 
 
+class CostMemo:
+    """Values kept by what they would cost to get again, within a byte budget.
+
+    A value that took long to compute for its size (a long-K matmul's bound: seconds for
+    half a MB) is kept before one that is cheap (a 16.7M-element bound: 0.1 s for 134 MB):
+    when the budget is full the value with the fewest seconds per byte goes first, the new
+    one included. What is not kept is computed again when asked for (a ground truth then
+    comes from the on-disk cache), so the memo bounds memory without changing any value.
+    """
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self._items: dict[str, tuple[Any, float, int]] = {}  # key -> (value, seconds, bytes)
+
+    def get(self, key: str, compute: Callable[[], Any], nbytes: Callable[[Any], int]) -> Any:
+        import time
+
+        if key in self._items:
+            return self._items[key][0]
+        t0 = time.perf_counter()
+        value = compute()
+        self._items[key] = (value, time.perf_counter() - t0, nbytes(value))
+        while sum(size for _, _, size in self._items.values()) > self.budget:
+            cheapest = min(self._items, key=lambda k: self._items[k][1] / max(1, self._items[k][2]))
+            del self._items[cheapest]
+        return value
+
+
+#: Host memory the memos of one run may hold (ground truths, arrays shared by backends).
+MEMO_BYTES = 256 << 20
+
+
+def _value_bytes(result: Any) -> int:
+    return int(getattr(getattr(result, "value", None), "nbytes", 0))
+
+
 class _Truth:
     """Ground truth per case from the probe's oracle (disk-cached by input hash), computed
-    once per input set and truth parameters (top_k and approx_max_k with the same k share)."""
+    once per input set and truth parameters (top_k and approx_max_k with the same k share),
+    and kept in memory while `CostMemo`'s budget allows (else read again from the cache)."""
 
-    def __init__(self, inputs: _Inputs, cache_dir: str | None):
+    def __init__(self, inputs: _Inputs, cache_dir: str | None, memo: CostMemo | None = None):
         from diag.oracle.cache import GroundTruthCache, default_cache_dir
 
         self._cache = GroundTruthCache(cache_dir or default_cache_dir())
         self._inputs = inputs
-        self._memo: dict[str, Any] = {}
+        self._memo = memo if memo is not None else CostMemo(MEMO_BYTES)
+
+    def key(self, case: Case) -> str:
+        """What identifies a case's truth: the oracle, the inputs and the truth's parameters."""
+        from diag.probes import PROBES
+
+        probe = PROBES[case.op]
+        return json.dumps([probe.truth.__name__, case.input_key,
+                           [case.params[a] for a in probe.truth_args]])
 
     def get(self, case: Case):
         from diag.probes import PROBES
 
-        probe = PROBES[case.op]
-        key = json.dumps([probe.truth.__name__, case.input_key,
-                          [case.params[a] for a in probe.truth_args]])
-        if key not in self._memo:
-            self._memo[key] = probe.truth(self._inputs.get(case), case.params, self._cache)
-        return self._memo[key]
+        return self._memo.get(
+            self.key(case),
+            lambda: PROBES[case.op].truth(self._inputs.get(case), case.params, self._cache),
+            _value_bytes)

@@ -146,6 +146,8 @@ class RunMeta:
       report_sections: op -> the report section that shows its records (from the probe
         table, `Probe.report_section`).
       counts: records per status.
+      phases: backend label -> seconds per phase (`diag.runner.PHASES`: start, compile, run,
+        transfer, truth, judge, write, wall): where the run's time went.
       verdict: the worst status among records that checked something (`worst_status`).
       error: what stopped an `aborted` run.
       command: the diag verb that wrote the folder when it is not `run` (`nodes`).
@@ -166,6 +168,7 @@ class RunMeta:
     ab: dict[str, Any] | None = None
     report_sections: dict[str, str] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    phases: dict[str, dict[str, float]] = field(default_factory=dict)
     verdict: str | None = None
     error: str | None = None
     command: str | None = None
@@ -204,7 +207,8 @@ _RUN_FIELDS: dict[str, tuple[type, ...]] = {
     "run_id": (str,), "state": (str,), "started": (int, float), "finished": (int, float),
     "environment": (dict,), "suite": (dict,), "backends_planned": (list,),
     "backends_skipped": (dict,), "backends": (dict,), "ab": (dict,),
-    "report_sections": (dict,), "counts": (dict,), "verdict": (str,), "error": (str,),
+    "report_sections": (dict,), "counts": (dict,), "phases": (dict,), "verdict": (str,),
+    "error": (str,),
     "command": (str,), "exit_code": (int,), "nodes": (dict,), "schema": (str,),
 }
 

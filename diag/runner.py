@@ -17,7 +17,6 @@ memory than the limit.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import queue
@@ -32,20 +31,24 @@ from typing import Any, Callable
 from diag import environment, numerics
 from diag.ab import Experiment, parse_ab, with_b_sides
 from diag.backends import BackendSpec, framework_installed, not_applicable
-from diag.backends import promises_full_precision
 from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, UsageError
-from diag.inputs import _Inputs, _Truth
-from diag.probes import PROBES, REPORT_SECTIONS, Evaluation, Outcome, expected_outcome
+from diag.judge import Judge
+from diag.probes import PROBES, REPORT_SECTIONS, Outcome
 from diag.results import Record, RunDir, new_run_id, worst_status
 from diag.suite import Case, Suite, check_memory, load_suite
 from diag.trace import capture as trace_capture, passes as trace_passes
-from diag.workers import (_load_output, _Worker, candidate_backends, resolve_backends,
-                          worker_env)
+from diag.workers import _Worker, candidate_backends, resolve_backends, worker_env
 
 __all__ = ["run", "RunResult", "resolve_backends", "candidate_backends", "check_applicable",
            "check_flags", "parse_ab", "DEFAULT_CASE_TIMEOUT"]
 
 DEFAULT_CASE_TIMEOUT = 600.0
+
+#: Where a backend's time goes, in run.json's `phases`: its worker's start (import, device,
+#: fingerprints), compile, the timed runs and the transfers of inputs and outputs (measured in
+#: the worker), then on the host the ground truth, judging and writing records; `wall` is
+#: the whole, so wall minus the rest is what the protocol itself cost.
+PHASES = ("start", "compile", "run", "transfer", "truth", "judge", "write", "wall")
 DEFAULT_STARTUP_TIMEOUT = 300.0
 MAX_RESTARTS = 3
 
@@ -56,6 +59,8 @@ class RunResult:
     records: list[dict[str, Any]]
     state: str  # finished | interrupted
     counts: dict[str, int] = field(default_factory=dict)
+    #: backend label -> seconds per phase (`PHASES`): where the run's time went.
+    phases: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -76,24 +81,6 @@ class Interrupted(KeyboardInterrupt):
 
 
 # ---------------------------------------------------------------------------------------------
-# Verdicts
-
-
-def _as_emulation(ev: Evaluation) -> Evaluation:
-    """An emulated backend's verdict: `warn` at worst.
-
-    An emulation is a model of an algorithm, not a device under test, and it promises
-    nothing: a bound breach, or an overflow to Inf where the truth is finite, shows what that
-    algorithm does to the case (worth a warning), never a broken machine or library.
-    """
-    if ev.status != "fail":
-        return ev
-    return dataclasses.replace(ev, status="warn", reason=(
-        f"{ev.reason}; an emulation promises nothing, so this is what the emulated algorithm "
-        f"does here, not a failure"))
-
-
-# ---------------------------------------------------------------------------------------------
 # The run
 
 
@@ -108,12 +95,12 @@ class _Run:
         self.repeats, self.case_timeout, self.startup_timeout = repeats, case_timeout, startup_timeout
         self.env = env
         self.on_record = on_record
-        self.inputs = _Inputs(work)
-        self.truth = _Truth(self.inputs, cache_dir)
+        self.judge = Judge(work, cache_dir)
+        self.inputs = self.judge.inputs
         self.records: list[dict[str, Any]] = []
-        # case id -> backend label -> (its spec, what it returned); outputs are small next to
-        # the inputs
-        self.outcomes: dict[str, dict[str, tuple[BackendSpec, Outcome]]] = {}
+        # case id -> backend label -> (its spec, its result event): the outputs stay files in
+        # the work folder, mapped again when a later backend's output is compared with them
+        self.outcomes: dict[str, dict[str, tuple[BackendSpec, dict]]] = {}
         self.backend_info: dict[str, Any] = {}
         self.worker: _Worker | None = None
         self.ab = Experiment(ab_env, run_dir.path) if ab_env else None
@@ -145,27 +132,19 @@ class _Run:
         self.emit(self._record(case, spec, "error", reason))
 
     def judge_result(self, case: Case, spec: BackendSpec, event: dict) -> None:
-        probe = PROBES[case.op]
+        judge, label = self.judge, spec.label
         if event.get("input_digests") != self.inputs.digests(case):
             self.error(case, spec, f"{spec.label}: the inputs on the device are not bit-identical "
                                    f"to the host's (a transfer or conversion changed them)")
             return
-        truth = self.truth.get(case)
-        oracle_info = {}
-        if truth is not None:
-            oracle_info = {"method": truth.method, "fallbacks": truth.fallbacks,
-                           "cache_hit": truth.cache_hit, "seconds": round(truth.seconds, 4)}
-        precision = case.params.get("precision", "default")
+        t0 = time.perf_counter()
+        oracle_info = judge.oracle_info(case)
+        t0 = judge.clock(label, "truth", t0)
         shapes = ", ".join(f"{o.get('name')} {o.get('dtype')}{o.get('shape')}"
                            for o in event.get("outputs") or []) or "no outputs"
         try:
-            outcome = Outcome(
-                inputs=self.inputs.get(case),
-                outputs=[_load_output(o) for o in event["outputs"]],
-                names=[o["name"] for o in event["outputs"]], truth=truth, params=case.params,
-                promised=promises_full_precision(spec, case.dtype, precision),
-                setting=f"precision={precision}", nan_report=event.get("nan_report"))
-            ev = expected_outcome(case.expect, probe.evaluate(outcome), outcome)
+            outcome = judge.outcome(case, spec, event)
+            ev = judge.evaluate(case, spec, outcome)
         except Exception as e:  # an output diag cannot judge is this case's error, not the run's
             self.emit(self._record(
                 case, spec, "error", f"{spec.label}: cannot judge the output ({shapes}): "
@@ -173,25 +152,27 @@ class _Run:
                 metrics={"traceback": traceback.format_exc()[-2000:]},
                 timings=event.get("timings", {}), oracle=oracle_info))
             return
-        if spec.emulated:
-            ev = _as_emulation(ev)
         # sha256 of each output's bits: what `diag check --bitwise` compares.
         digests = [numerics.bits_digest(o) for o in outcome.outputs]
+        t0 = judge.clock(label, "judge", t0)
         self.emit(self._record(case, spec, ev.status, ev.reason,
                                metrics={**ev.metrics, "output_digests": digests},
                                timings=event.get("timings", {}), oracle=oracle_info))
+        t0 = judge.clock(label, "write", t0)
         self.verdicts.setdefault(case.id, {})[spec.label] = self.records[-1]
         if event.get("hlo") and self.ab is not None:
             self.ab.hlo[case.id, spec.label] = event["hlo"]
         self.agree(case, spec, outcome, ev.context)
-        self.outcomes.setdefault(case.id, {})[spec.label] = (spec, outcome)
+        self.outcomes.setdefault(case.id, {})[spec.label] = (spec, event)
+        judge.clock(label, "judge", t0)
 
     def agree(self, case: Case, spec: BackendSpec, outcome: Outcome, context: Any) -> None:
         """Agreement records of this output with every earlier backend's for the same case,
         judged with what this output was just judged by (`context`, e.g. its bound)."""
         probe = PROBES[case.op]
         name = spec.label
-        for earlier, (espec, other) in self.outcomes.get(case.id, {}).items():
+        for earlier, (espec, event) in self.outcomes.get(case.id, {}).items():
+            other = self.judge.outcome(case, espec, event)
             if espec.variant or spec.variant:
                 # An A/B side is compared with its own backend's other side only.
                 if self.ab is not None and espec.name == spec.name and not espec.variant:
@@ -218,6 +199,18 @@ class _Run:
                       metrics=metrics, status=status, reason=reason, kind=kind)
 
     def run_backend(self, spec: BackendSpec) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._run_backend(spec)
+        finally:
+            self.judge.clock(spec.label, "wall", t0)
+
+    def phases(self) -> dict[str, dict[str, float]]:
+        """Seconds per phase (`PHASES`) per backend label, rounded for run.json."""
+        return {label: {p: round(seconds.get(p, 0.0), 3) for p in PHASES}
+                for label, seconds in self.judge.seconds.items()}
+
+    def _run_backend(self, spec: BackendSpec) -> None:
         pending = self.plan(spec)
         for case in pending:  # write inputs before the worker starts
             self.inputs.paths(case)
@@ -267,7 +260,9 @@ class _Run:
         logs = self.run_dir.path / "logs"
         logs.mkdir(exist_ok=True)
         env = self.ab.worker_env(spec, self.env) if self.ab is not None else self.env
+        spawned = time.perf_counter()
         self.worker = worker = _Worker(spec, job_path, logs / f"{spec.label}.stderr", env)
+        seconds = self.judge.seconds[spec.label]
         by_id = {c.id: c for c in cases}
         index = 0
         started = False
@@ -291,10 +286,17 @@ class _Run:
                 kind = event.get("event")
                 if kind == "ready":
                     started = True
+                    self.judge.clock(spec.label, "start", spawned)
                     self.backend_info[spec.label] = {
                         k: event[k] for k in ("device", "framework", "settings",
                                               "fingerprints", "features") if k in event}
                 elif kind == "result":
+                    t = event.get("timings") or {}
+                    seconds["compile"] += t.get("compile_s", 0.0)
+                    seconds["run"] += sum(t.get("run_s_samples", ()))
+                    seconds["transfer"] += t.get("transfer_s", 0.0)
+                    if t.get("compile_shared_with") in by_id:  # the worker names ids
+                        t["compile_shared_with"] = by_id[t["compile_shared_with"]].label
                     self.judge_result(by_id[event["case"]], spec, event)
                     index += 1
                 elif kind == "case_error":
@@ -462,10 +464,11 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
             r.records = run_dir.records()
         statuses = [rec["status"] for rec in r.records]
         counts = {s: statuses.count(s) for s in ("pass", "warn", "fail", "error", "skip")}
-        run_dir.update_meta(state=state, finished=time.time(), counts=counts,
+        run_dir.update_meta(state=state, finished=time.time(), counts=counts, phases=r.phases(),
                             verdict=worst_status(statuses), backends=r.backend_info)
         shutil.rmtree(work, ignore_errors=True)
-    result = RunResult(run_dir=run_dir.path, records=r.records, state=state, counts=counts)
+    result = RunResult(run_dir=run_dir.path, records=r.records, state=state, counts=counts,
+                       phases=r.phases())
     if state == "interrupted":
         raise Interrupted(result)
     return result

@@ -76,7 +76,9 @@ def matmul_error_bound(a, b, compute_dtype: DTypeLike) -> np.ndarray:
         raise UsageError(f"matmul_error_bound: shapes {a64.shape} and {b64.shape} do not "
                          "multiply; expected [..., M, K] and [..., K, N]")
     k = a64.shape[-1]
-    return (a64 @ b64) * (gamma(k, compute_dtype) * (1.0 + gamma(k + 1, np.float64)))
+    bound = a64 @ b64
+    bound *= gamma(k, compute_dtype) * (1.0 + gamma(k + 1, np.float64))  # in place: no copy
+    return bound
 
 
 def matmul_bound(inputs: list[np.ndarray], truth: np.ndarray, params: Optional[dict] = None,
@@ -106,15 +108,27 @@ def matmul_bound(inputs: list[np.ndarray], truth: np.ndarray, params: Optional[d
     k = np.shape(a)[-1]
     with np.errstate(invalid="ignore"):  # inf * 0: the truth is NaN there and not judged
         bound = matmul_error_bound(a, b, compute_dtype)
-    bound = bound + k * float(ml_dtypes.finfo(numerics.as_dtype(compute_dtype)).smallest_subnormal)
+    floor = k * float(ml_dtypes.finfo(numerics.as_dtype(compute_dtype)).smallest_subnormal)
     out = truth.dtype
     u = numerics.unit_roundoff(out)
     eta_out = float(ml_dtypes.finfo(out).smallest_subnormal)
-    exact_mag = np.abs(truth.astype(np.float64)) / (1 - u)
-    if u > numerics.unit_roundoff(compute_dtype):  # a final rounding to a narrower output
-        bound *= 1 + u
-        bound += u * exact_mag + eta_out / 2
-    bound += u * exact_mag + eta_out / 2  # the truth's own rounding
+    narrow = u > numerics.unit_roundoff(compute_dtype)  # a final rounding to a narrower output
+    # The same operations, in the same order, as on whole arrays, a cache-sized chunk at a
+    # time and in place: the bound of a 16.7M-element product is one float64 array, not five.
+    flat, t_flat = bound.reshape(-1), np.asarray(truth).reshape(-1)
+    step = 1 << 15
+    with np.errstate(invalid="ignore"):
+        for start in range(0, flat.size, step):
+            chunk = flat[start:start + step]
+            chunk += floor
+            exact_mag = np.abs(t_flat[start:start + step].astype(np.float64))
+            exact_mag /= 1 - u
+            exact_mag *= u
+            exact_mag += eta_out / 2
+            if narrow:
+                chunk *= 1 + u
+                chunk += exact_mag
+            chunk += exact_mag  # the truth's own rounding
     return bound
 
 

@@ -77,7 +77,7 @@ PENDING: dict[str, str] = {}
 
 # The pipeline and the report: here not even a call may name an op (`records_of(rs, "top_k")`
 # selects by name as surely as `==` does); what they need to know comes from the probe row.
-PIPELINE = ["runner.py", "workers.py", "ab.py", "backends/worker.py", "report"]
+PIPELINE = ["runner.py", "judge.py", "workers.py", "ab.py", "backends/worker.py", "report"]
 
 
 def op_names_passed(path: Path, root: Path = DIAG.parent) -> list[str]:

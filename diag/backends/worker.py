@@ -21,7 +21,11 @@ framework prints is redirected to stderr so it cannot corrupt the stream):
   {"event": "done"}
 Inputs and float outputs travel as .npy files of the raw bits (`numerics.bits_view`), so every
 backend receives bit-identical inputs whatever the dtype; integer outputs (top-k indices,
-chosen tokens) as themselves. An op may return one array, a tuple, or a dict of named arrays.
+chosen tokens) as themselves. The host writes each input set once and every worker maps it;
+a worker writes each output once and the host maps it. One job carries all of a backend's
+cases, so a case costs no round trip; cases that run the same program (op, arguments, input
+shapes and dtypes) share one compiled program, and each later one's timings name the first
+(`compile_shared_with`). `timings.transfer_s` is the case's input and output traffic. An op may return one array, a tuple, or a dict of named arrays.
 A job's case carries the probe row's quirks: `op_args` (its fixed arguments included, e.g. a
 sampler's batch sizes) and `hunt_nans` (a non-finite output is hunted to its op, `diag.nan`).
 
@@ -39,6 +43,7 @@ those two into an `error` record for the case and go on.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -141,47 +146,46 @@ def run_job(job: dict, stream) -> None:
 
     out_dir = job["out_dir"]
     repeats = max(1, int(job.get("repeats", 3)))
+    programs: dict[str, tuple[Any, str]] = {}  # program key -> (the op's function, first case)
     for case in job["cases"]:
         fault = _fault(label, case["id"])
         _inject_fault(fault, case["id"])
         try:
+            t0 = time.perf_counter()
             host_inputs = [
                 numerics.from_bits(np.load(path, mmap_mode="r"), dtype)
                 for path, dtype in zip(case["inputs"], case["input_dtypes"])
             ]
-            fn = getattr(backend, case["op"])(**case.get("op_args", {}))
+            # One function per distinct program (op, its arguments, input shapes and dtypes):
+            # the backend compiles it once (`prepare` caches by function and signature) and
+            # the record says which earlier case it shares its compiled program with.
+            key = json.dumps([case["op"], case.get("op_args", {}),
+                              [[list(x.shape), str(x.dtype)] for x in host_inputs]],
+                             sort_keys=True, default=str)
+            fn, shared_with = programs.get(key, (None, None))
+            if fn is None:
+                fn = getattr(backend, case["op"])(**case.get("op_args", {}))
+                programs[key] = (fn, case["id"])
             if fault == "corrupt_input":
                 host_inputs[0] = faults.corrupt(host_inputs[0], "double")
             args = [backend.put(x) for x in host_inputs]
             # What the device holds, read back: proves the inputs arrived bit-identical.
             received = [numerics.bits_digest(backend.get(x)) for x in args]
+            transfer_s = time.perf_counter() - t0
             thunk, compile_s = backend.prepare(fn, args)
             samples = []
             out = None
             for _ in range(repeats):
-                t0 = time.perf_counter()
-                out = thunk()
-                backend.block(out)
-                samples.append(time.perf_counter() - t0)
+                with _timed_call(case):
+                    t0 = time.perf_counter()
+                    out = thunk()
+                    backend.block(out)
+                    samples.append(time.perf_counter() - t0)
             # --trace: the same calls again inside a profiler session (diag.trace; else nothing).
             trace_case(job, backend, label, case, fn, args, thunk)
-            outputs = []
-            finite = True
-            named = _named_outputs(out)
-            if fault == "drop_output":
-                named = named[:-1]
-            for i, (name, value) in enumerate(named):
-                host = np.array(backend.get(value))
-                if fault in faults.WORKER_OUTPUT_FAULTS and i == 0:
-                    host = faults.corrupt(host, faults.WORKER_OUTPUT_FAULTS[fault])
-                path = os.path.join(out_dir, f"{case['id']}.{label}.{i}.npy")
-                is_float = numerics.is_supported(host.dtype)  # float dtypes diag handles
-                if is_float:
-                    finite &= bool(np.isfinite(host.astype(np.float64)).all())
-                np.save(path, numerics.bits_view(host) if is_float else host)
-                outputs.append({"name": name, "path": path, "shape": list(host.shape),
-                                "dtype": (numerics.dtype_name(host.dtype) if is_float
-                                          else host.dtype.name)})
+            t0 = time.perf_counter()
+            outputs, finite = _write_outputs(backend, out, fault, label, case["id"], out_dir)
+            transfer_s += time.perf_counter() - t0
             nan_report = None
             if case.get("hunt_nans") and not finite:
                 nan_report = _hunt(fn, args)
@@ -192,14 +196,47 @@ def run_job(job: dict, stream) -> None:
                     hlo = os.path.join(out_dir, f"{case['id']}.{label}.hlo.txt")
                     with open(hlo, "w") as f:
                         f.write(text)
+            timings = {**_timings(compile_s, samples), "transfer_s": transfer_s}
+            if shared_with is not None:
+                timings["compile_shared_with"] = shared_with
             _emit(stream, event="result", case=case["id"], outputs=outputs, hlo=hlo,
-                  nan_report=nan_report,
-                  timings=_timings(compile_s, samples), input_digests=received)
+                  nan_report=nan_report, timings=timings, input_digests=received)
         except Exception as e:  # a failing op is a record, not the end of the worker
             _emit(stream, event="case_error", case=case["id"],
                   error=f"{type(e).__name__}: {e}".splitlines()[0][:500],
                   traceback=traceback.format_exc()[-4000:])
     _emit(stream, event="done")
+
+
+def _timed_call(case: dict):
+    """The context every timed call of a case runs in (one place to wrap it, e.g. a trace)."""
+    return contextlib.nullcontext()
+
+
+def _write_outputs(backend, out, fault: str | None, label: str, case_id: str,
+                   out_dir: str) -> tuple[list[dict], bool]:
+    """Each output as one .npy file the host maps (float bits, integers as themselves), with
+    no copy of its own on the way; (the outputs' protocol entries, whether all are finite)."""
+    from diag import faults, numerics
+
+    outputs = []
+    finite = True
+    named = _named_outputs(out)
+    if fault == "drop_output":
+        named = named[:-1]
+    for i, (name, value) in enumerate(named):
+        host = np.asarray(backend.get(value))
+        if fault in faults.WORKER_OUTPUT_FAULTS and i == 0:
+            host = faults.corrupt(host, faults.WORKER_OUTPUT_FAULTS[fault])
+        path = os.path.join(out_dir, f"{case_id}.{label}.{i}.npy")
+        is_float = numerics.is_supported(host.dtype)  # float dtypes diag handles
+        if is_float:
+            finite &= bool(np.isfinite(host).all())
+        np.save(path, numerics.bits_view(host) if is_float else host)
+        outputs.append({"name": name, "path": path, "shape": list(host.shape),
+                        "dtype": (numerics.dtype_name(host.dtype) if is_float
+                                  else host.dtype.name)})
+    return outputs, finite
 
 
 def discover(framework: str, stream) -> None:

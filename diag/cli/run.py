@@ -92,6 +92,8 @@ def run(
         if problems is not None:
             render.out.print(problems)
         counts = ", ".join(f"{v} {k}" for k, v in result.counts.items() if v)
+        if (line := render.phases_line(result.phases)) is not None:
+            render.print_line(line)
         render.print_line(f"diag: {counts or 'no records'}; run folder: {result.run_dir}")
         if report_path:
             render.print_line(f"diag: report: {report_path}")

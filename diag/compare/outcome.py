@@ -5,7 +5,7 @@ the shape and dtype of the truth before any number is judged (`MalformedOutput`)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -26,6 +26,9 @@ class Outcome:
       setting: the setting in words, for reasons (`precision=default`).
       nan_report: where a non-finite output was born (`diag.nan`), when the op asked the
         worker to hunt it.
+      shared: `memo(name, compute)`, the run's store of arrays that depend on the case alone
+        (`diag.judge.Judge.shared`): what one backend's verdict computed from the inputs
+        and the truth, every other backend's reuses. None: compute every time.
     """
 
     inputs: list
@@ -36,6 +39,7 @@ class Outcome:
     promised: bool = True
     setting: str = ""
     nan_report: Optional[dict] = None
+    shared: Optional[Callable[[str, Callable[[], np.ndarray]], np.ndarray]] = None
 
     @property
     def named(self) -> dict:

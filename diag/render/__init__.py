@@ -170,6 +170,16 @@ def summary_table(records: Iterable[dict[str, Any]]) -> Table:
     return table
 
 
+def phases_line(phases: dict[str, dict[str, float]]) -> str | None:
+    """Where a run's time went, per backend, in one line (run.json's `phases`), or None."""
+    parts = []
+    for label, p in phases.items():
+        split = ", ".join(f"{k} {p[k]:.1f}" for k in ("start", "compile", "run", "transfer",
+                                                     "truth", "judge", "write") if k in p)
+        parts.append(f"{label} {p.get('wall', 0.0):.1f} s ({split})")
+    return "diag: time: " + "; ".join(parts) if parts else None
+
+
 def problems_table(records: Iterable[dict[str, Any]], limit: int = 20) -> Table | None:
     """The error/fail/warn/skip records with their reasons, worst first (first `limit`)."""
     order = ("error", "fail", "warn", "skip")

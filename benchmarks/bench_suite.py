@@ -1,0 +1,273 @@
+"""Wall time, phase split and peak memory of `diag run` on the shipped suites (issue 14).
+
+    PYTHONPATH=$PWD python benchmarks/bench_suite.py [--repeats 3] [--cold-repeats 1]
+        [--suites matmul,sampling] [--before /path/to/a/checkout/of/an/older/diag]
+
+Runs the real command (`diag run --suite S --backend jax-cpu,torch-cpu --no-report`) in a
+subprocess per sample, as a user would, so interpreter start-up, framework imports and every
+worker are included:
+
+* warm: one ground-truth cache folder, filled by a first run that is not counted;
+* cold: an empty `--cache-dir` for every sample (every ground truth computed).
+
+Per suite and cache state it prints the median wall time and every sample; the phase split of
+the median sample (run.json's `phases`: start, compile, run, transfer, truth, judge, write);
+the peak RSS of the host process (its VmHWM) and of the largest worker (RUSAGE_CHILDREN's
+ru_maxrss, which on Linux also counts the host's pages at the moment it started the worker, so
+it reads high and never below what the host held then); and
+the ratio of the wall time to the backends' own work: the records' compile and timed-run
+seconds plus the ground truth's seconds (once per input set). With `--before`, the same
+commands run with PYTHONPATH on that checkout (e.g. a git worktree of the commit before the
+change) and every figure is printed side by side with the ratio after / before.
+
+It also times one 16.7M-element float32 [4096,4]x[4,4096] record being judged (bound and
+comparison, as the first backend; the comparison alone, as every later backend, which
+shares the bound) against a float64 matmul of the same shape in the same process.
+
+Finally every target of the issue is printed with its measured value. Other load on the
+machine inflates every wall time: the load average is printed with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BACKENDS = "jax-cpu,torch-cpu"
+TARGETS = {"record_s": 0.4, "record_vs_f64_matmul": 2.5, "matmul_warm_s": 15.0,
+           "sampling_warm_s": 45.0, "matmul_host_rss_gb": 1.0, "wall_vs_own": 1.5}
+
+# Runs diag's CLI in this interpreter and, at exit, writes the host's peak RSS (VmHWM: it
+# starts afresh at exec, unlike ru_maxrss) and the largest worker's (RUSAGE_CHILDREN).
+_WRAPPER = r"""
+import atexit, json, os, re, resource, sys
+def _peak():
+    status = open("/proc/self/status").read()
+    host = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024
+    worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    with open(os.environ["DIAG_BENCH_PEAK"], "w") as f:
+        json.dump({"host": host, "worker": worker}, f)
+atexit.register(_peak)
+sys.argv = ["diag", *sys.argv[1:]]
+from diag.cli import main
+main()
+"""
+
+# Times one 16.7M-element record being judged, with whatever diag PYTHONPATH selects.
+_RECORD = r"""
+import json, sys, tempfile, time
+from pathlib import Path
+import numpy as np
+from diag.compare.outcome import Outcome
+from diag.inputs import _Inputs, _Truth
+from diag.probes import PROBES
+from diag.suite import load_suite
+
+case = next(c for c in load_suite("matmul").cases
+            if c.params.get("d") == 4096 and c.dtype == "float32")
+inputs = _Inputs(Path(tempfile.mkdtemp()))
+truth = _Truth(inputs, sys.argv[1]).get(case)
+a, b = (np.asarray(x) for x in inputs.get(case))
+output = np.matmul(a, b)  # a float32 product, as a CPU backend returns it
+fields = Outcome.__dataclass_fields__
+shared = {}
+
+def memo(name, compute):
+    if name not in shared:
+        shared[name] = compute()
+    return shared[name]
+
+def judge(first):
+    extra = {"shared": memo} if "shared" in fields else {}
+    if first:
+        shared.clear()
+    o = Outcome(inputs=[a, b], outputs=[output], names=["output"], truth=truth,
+                params=case.params, setting="precision=default", **extra)
+    t0 = time.perf_counter()
+    PROBES["matmul"].evaluate(o)
+    return time.perf_counter() - t0
+
+def f64_matmul():
+    t0 = time.perf_counter()
+    a.astype(np.float64) @ b.astype(np.float64)
+    return time.perf_counter() - t0
+
+samples = {"first": [], "later": [], "f64_matmul": []}
+for _ in range(int(sys.argv[2])):
+    samples["first"].append(judge(True))
+    samples["later"].append(judge(False))
+    samples["f64_matmul"].append(f64_matmul())
+print(json.dumps({k: sorted(v) for k, v in samples.items()}))
+"""
+
+
+def _load() -> str:
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def _env(checkout: Path, extra: dict | None = None) -> dict:
+    # Subprocesses run `python -c` in a folder outside any checkout: -c puts the working
+    # folder first on sys.path, which would import the diag found there instead.
+    env = {**os.environ, **(extra or {})}
+    env["PYTHONPATH"] = str(checkout)
+    return env
+
+
+def _own_seconds(records: list[dict]) -> float:
+    """The backends' own work in a run: compile + timed runs per record, plus the ground
+    truth's seconds once per input set (as both backends' records report the same truth)."""
+    own, truths = 0.0, {}
+    for r in records:
+        if r.get("kind", "probe") != "probe":
+            continue
+        t = r.get("timings") or {}
+        own += t.get("compile_s", 0.0) + sum(t.get("run_s_samples", ()))
+        truths.setdefault((r.get("probe"), r.get("case")),
+                          (r.get("oracle") or {}).get("seconds", 0.0))
+    return own + sum(truths.values())
+
+
+def _sample(checkout: Path, suite: str, cache: Path, out: Path) -> dict:
+    peak_file = out / "peak.json"
+    cmd = [sys.executable, "-c", _WRAPPER, "run", "--suite", suite, "--backend", BACKENDS,
+           "--no-report", "--json", "--cache-dir", str(cache), "--out", str(out)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out,
+                          env=_env(checkout, {"DIAG_BENCH_PEAK": str(peak_file)}))
+    wall = time.perf_counter() - t0
+    if proc.returncode not in (0, 1):  # 1: a numerical failure is a result, not a crash
+        sys.exit(f"bench_suite: diag run exited {proc.returncode} ({checkout}): "
+                 f"{proc.stderr.strip().splitlines()[-1:]}")
+    summary = json.loads(proc.stdout)
+    meta = json.loads((Path(summary["run_dir"]) / "run.json").read_text())
+    peak = json.loads(peak_file.read_text())
+    return {"wall": wall, "own": _own_seconds(summary["records"]), "host_rss": peak["host"],
+            "worker_rss": peak["worker"], "phases": meta.get("phases") or {},
+            "counts": summary["counts"]}
+
+
+def _series(checkout: Path, suite: str, state: str, repeats: int, tmp: Path) -> list[dict]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    samples = []
+    warm_cache = tmp / f"cache-{suite}"
+    if state == "warm" and not warm_cache.exists():
+        _sample(checkout, suite, warm_cache, Path(tempfile.mkdtemp(dir=tmp)))  # fills it
+    for _ in range(repeats):
+        cache = warm_cache if state == "warm" else Path(tempfile.mkdtemp(dir=tmp))
+        samples.append(_sample(checkout, suite, cache, Path(tempfile.mkdtemp(dir=tmp))))
+        if state == "cold":
+            shutil.rmtree(cache, ignore_errors=True)
+    return samples
+
+
+def _median(samples: list[dict]) -> dict:
+    """The sample with the median wall time (its phases and memory go with it)."""
+    return sorted(samples, key=lambda s: s["wall"])[(len(samples) - 1) // 2]
+
+
+def _phases(phases: dict) -> str:
+    keys = ("start", "compile", "run", "transfer", "truth", "judge", "write")
+    return "; ".join(f"{label}: wall {p.get('wall', 0):.1f} = " + " + ".join(
+        f"{k} {p.get(k, 0):.1f}" for k in keys) for label, p in phases.items()) or "—"
+
+
+def _record(checkout: Path, cache: Path, repeats: int) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _RECORD, str(cache), str(repeats)],
+                          capture_output=True, text=True, env=_env(checkout),
+                          cwd=tempfile.gettempdir())
+    if proc.returncode != 0:
+        sys.exit(f"bench_suite: timing one record failed ({checkout}): "
+                 f"{proc.stderr.strip().splitlines()[-1:]}")
+    return {k: statistics.median(v) for k, v in json.loads(proc.stdout).items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=3, help="warm samples per suite")
+    ap.add_argument("--cold-repeats", type=int, default=1, help="cold samples per suite")
+    ap.add_argument("--suites", default="matmul,sampling")
+    ap.add_argument("--before", type=Path, help="a checkout of diag to compare with")
+    args = ap.parse_args()
+    checkouts = {"after": ROOT}
+    if args.before:
+        checkouts["before"] = args.before.resolve()
+    tmp = Path(tempfile.mkdtemp(prefix="diag-bench-suite-"))
+    print(f"bench_suite: {os.cpu_count()} CPUs; load average at start {_load()}")
+    results: dict = {}
+    try:
+        for name, checkout in checkouts.items():
+            rec_cache = tmp / f"cache-record-{name}"
+            results[name, "record"] = _record(checkout, rec_cache, max(3, args.repeats))
+            for suite in args.suites.split(","):
+                for state, n in (("warm", args.repeats), ("cold", args.cold_repeats)):
+                    if n < 1:
+                        continue
+                    results[name, suite, state] = _series(checkout, suite, state, n,
+                                                          tmp / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"bench_suite: load average at end {_load()}\n")
+
+    for suite in args.suites.split(","):
+        for state in ("warm", "cold"):
+            runs = {n: results.get((n, suite, state)) for n in checkouts}
+            if not runs["after"]:
+                continue
+            print(f"{suite}, {state} cache ({BACKENDS}):")
+            for n, samples in runs.items():
+                m = _median(samples)
+                walls = ", ".join(f"{s['wall']:.1f}" for s in samples)
+                print(f"  {n:6}: wall {m['wall']:.1f} s (samples {walls}); own compile+run+"
+                      f"oracle {m['own']:.1f} s; wall/own {m['wall'] / max(m['own'], 1e-9):.2f}; "
+                      f"peak RSS host {m['host_rss'] / 2**30:.2f} GB, largest worker "
+                      f"{m['worker_rss'] / 2**30:.2f} GB; records {m['counts']}")
+                print(f"          phases: {_phases(m['phases'])}")
+            if runs.get("before"):
+                a, b = _median(runs["after"]), _median(runs["before"])
+                print(f"  after/before: wall {a['wall'] / b['wall']:.2f}x, host RSS "
+                      f"{a['host_rss'] / b['host_rss']:.2f}x, wall/own "
+                      f"{(a['wall'] / a['own']) / (b['wall'] / b['own']):.2f}x")
+    for n in checkouts:
+        r = results[n, "record"]
+        print(f"one 16.7M-element fp32 record, {n}: judged {r['first']:.3f} s as the first "
+              f"backend, {r['later']:.3f} s as a later one (shared bound); float64 matmul "
+              f"{r['f64_matmul']:.3f} s")
+
+    print("\ntargets (the issue's figures are for a 2-core machine and a warm cache):")
+
+    def figures(n: str) -> list[tuple[str, float, float]]:
+        rec = results[n, "record"]
+        rows = [("one 16.7M-element record judged (s)", rec["first"], TARGETS["record_s"]),
+                ("  the same / float64 matmul", rec["first"] / rec["f64_matmul"],
+                 TARGETS["record_vs_f64_matmul"])]
+        for suite, key in (("matmul", "matmul_warm_s"), ("sampling", "sampling_warm_s")):
+            if (n, suite, "warm") in results:
+                m = _median(results[n, suite, "warm"])
+                rows.append((f"{suite} suite, warm, wall (s)", m["wall"], TARGETS[key]))
+                rows.append((f"{suite} suite, wall / own compile+run+oracle",
+                             m["wall"] / m["own"], TARGETS["wall_vs_own"]))
+                if suite == "matmul":
+                    rows.append(("matmul suite, host peak RSS (GB)", m["host_rss"] / 2**30,
+                                 TARGETS["matmul_host_rss_gb"]))
+        return rows
+
+    before = {what: value for what, value, _ in figures("before")} if args.before else {}
+    for what, value, target in figures("after"):
+        was = (f"  (before {before[what]:.3f}: {value / before[what]:.2f}x)"
+               if what in before and before[what] else "")
+        print(f"  {what:50} {value:8.3f}  target <= {target:<5g} "
+              f"{'met' if value <= target else 'NOT met'}{was}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

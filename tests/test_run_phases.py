@@ -1,0 +1,64 @@
+"""Where a run's time went: run.json's `phases` per backend, the one-line summary of them, and
+compiled programs shared by the cases that run the same program.
+
+Claims, through the real `diag` script: every planned backend has every phase, the worker's
+compile and run seconds add up to what its records say, the terminal prints one `diag: time:`
+line naming each backend's wall time; cases that differ only in their input values run one
+compiled program, and the record of each later one names the case it shares it with.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from diag.runner import PHASES
+from tests.conftest import needs_jax, needs_torch, run_diag
+
+pytestmark = [needs_jax, needs_torch]
+
+SHARED_SUITE = """
+[suite]
+name = "shared"
+seed = 3
+
+[[probe]]
+name = "same_program"
+op = "softmax"
+inputs = ["normal", "normal5", "near_1e4"]
+dtypes = ["float32"]
+shapes = [[4, 1024]]
+"""
+
+
+def test_run_json_says_where_the_time_went_and_cases_share_a_compiled_program(tmp_path):
+    suite = tmp_path / "shared.toml"
+    suite.write_text(SHARED_SUITE)
+    out = run_diag("run", "--suite", str(suite), "--backend", "jax-cpu,torch-cpu",
+                   "--no-report", "--out", str(tmp_path / "runs"), "--cache-dir",
+                   str(tmp_path / "cache"))
+    assert out.returncode == 0, out.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    meta = json.loads((run_dir / "run.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    phases = meta["phases"]
+    assert set(phases) == {"jax-cpu", "torch-cpu"}
+    for label, p in phases.items():
+        assert set(p) == set(PHASES)
+        assert all(v >= 0 for v in p.values())
+        assert p["wall"] >= max(p["start"], p["compile"], p["run"]) > 0
+        mine = [r for r in records if r["backend"] == label]
+        assert len(mine) == 3
+        assert abs(p["compile"] - sum(r["timings"]["compile_s"] for r in mine)) < 0.002
+        assert abs(p["run"] - sum(sum(r["timings"]["run_s_samples"]) for r in mine)) < 0.002
+        assert all(r["timings"]["transfer_s"] > 0 for r in mine)
+        # Three input sets, one program: the first case compiles it, the others share it.
+        first, *later = mine
+        assert "compile_shared_with" not in first["timings"]
+        assert [r["timings"]["compile_shared_with"] for r in later] == [first["case"]] * 2
+        assert all(r["status"] == "pass" for r in mine)
+    jax_later = [r for r in records if r["backend"] == "jax-cpu"][1:]
+    assert all(r["timings"]["compile_s"] == 0.0 for r in jax_later)  # compiled once
+    (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("diag: time:")]
+    for label in ("jax-cpu", "torch-cpu"):
+        assert f"{label} {phases[label]['wall']:.1f} s (start" in line
