@@ -283,7 +283,9 @@ def _facts_ratio(err: np.ndarray, facts, terms: float, dtype, floor: np.ndarray,
     g = numerics.gamma(n, dtype)
     if out is not None and isinstance(g, float) and math.isfinite(g):
         # r is finite here, so mag = sum|terms| is finite or +inf: the bound is positive
-        return _max_ratio(err, _scaled(np.abs(mag, out=out), g, floor, out))
+        ratio = _max_ratio(err, _scaled(np.abs(mag, out=out), g, floor, out))
+        if not math.isnan(ratio):  # a NaN in mag: only `_ratio` says what it means
+            return ratio
     return _ratio(err, g * np.abs(mag) + floor)
 
 
