@@ -362,4 +362,12 @@ def carried_error(y: np.ndarray, s: np.ndarray, dtype) -> tuple[float, float]:
         return 0.0, 0.0
     if den == 0.0 or not math.isfinite(num):
         return math.inf, math.inf
-    return num / den, num / float(ulp_of(np.asarray(den), dtype))
+    return num / den, num / _ulp_scalar(den, dtype)
+
+
+def _ulp_scalar(x: float, dtype) -> float:
+    """`ulp_of` of one float, without numpy's per-call cost."""
+    p, tiny, big = _format(dtype)
+    ax = abs(x)
+    ax = max(ax, tiny) if math.isfinite(ax) else big
+    return math.ldexp(1.0, math.frexp(ax)[1] - p)
