@@ -191,7 +191,7 @@ def own_error(y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, term
     if y.size == 0:
         return 0.0, 0.0
     exact = (y, r, dtype, cls), {"facts": facts, "terms": terms, "longest": longest}
-    buf = _scratch(np.shape(y), 4)
+    buf = _scratch(np.shape(y), 4)  # err, |r|, scratch, ulp
     err = buf[0]
     with np.errstate(invalid="ignore", over="ignore"):
         np.subtract(y, r, out=err, dtype=np.float64)
@@ -203,8 +203,8 @@ def own_error(y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, term
         return 0.0, 0.0
     # Here y and r are finite, so every bound below is positive and err / bound needs no
     # guard for 0 / 0 (a scaling coefficient that is inf goes the exact way).
-    mag_r, tmp = np.abs(r, out=buf[1]), buf[2]
-    r_ulp = _ulp_finite(mag_r, dtype, out=buf[3])
+    tmp = buf[2]
+    r_ulp = _ulp_finite(r, dtype, out=buf[3])
     ulps = float(np.divide(err, r_ulp, out=tmp).max())
     floor = np.multiply(r_ulp, ROUNDED_ULP, out=r_ulp)  # r_ulp is not needed after this
     if cls == "reduction":
@@ -214,7 +214,7 @@ def own_error(y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, term
             return _own_error_exact(*exact[0], **exact[1])
         # |r| <= sum|terms|: gamma_n |r| is a lower bound of the textbook bound (see
         # `_own_error_exact`); only an op beyond it pays for sum|terms|.
-        ratio = _max_ratio(err, _scaled(mag_r, g, floor, tmp))
+        ratio = _max_ratio(err, _scaled(np.abs(r, out=buf[1]), g, floor, tmp))
         if ratio <= 1.0 or facts is None:
             return ulps, ratio
         return ulps, _facts_ratio(err, facts, terms, dtype, floor, tmp)
@@ -226,7 +226,7 @@ def own_error(y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, term
         g = numerics.gamma(longest + COMPOSITE_EXTRA_STEPS, dtype)
         if not math.isfinite(g):
             return _own_error_exact(*exact[0], **exact[1])
-        floor += g * float(mag_r.max())
+        floor += g * max(float(r.max()), -float(r.min()))  # max |r|
         bound = floor
     else:
         floor += _smallest_normal(dtype)
@@ -289,17 +289,20 @@ def _facts_ratio(err: np.ndarray, facts, terms: float, dtype, floor: np.ndarray,
     return _ratio(err, g * np.abs(mag) + floor)
 
 
-def _ulp_finite(ax: np.ndarray, dtype, out: np.ndarray) -> np.ndarray:
-    """`ulp_of` for finite |x| (`ax`), from the float64 exponent bits: frexp and ldexp cost
-    ten times more. One ULP of max(ax, tiny) = m 2^e (m in [0.5, 1)) is 2^(e - p): the float64
-    with the same biased exponent less p - 1 and a zero significand, a normal float64 whenever
-    the dtype's smallest normal is at least 2^(p - 1022) (every dtype but float64 itself)."""
+def _ulp_finite(x: np.ndarray, dtype, out: np.ndarray) -> np.ndarray:
+    """`ulp_of` for finite float64 `x`, from its exponent bits (frexp and ldexp cost ten
+    times more). One ULP of a = max(|x|, tiny) = m 2^e (m in [0.5, 1)) is 2^(e - p): the
+    float64 with the biased exponent of a less p - 1 and a zero significand. The exponent
+    field of a is the larger of those of |x| and tiny (a power of two), read as integers
+    without the sign; the result is a normal float64 whenever the dtype's smallest normal is
+    at least 2^(p - 1022) (every dtype but float64 itself)."""
     p, tiny, _ = _format(dtype)
-    if tiny < 2.0 ** (p - 1022):
-        out[...] = ulp_of(ax, dtype)
+    if tiny < 2.0 ** (p - 1022) or x.dtype != np.float64:
+        out[...] = ulp_of(x, dtype)
         return out
-    bits = np.maximum(ax, tiny, out=out).view(np.int64)
-    bits &= 0x7FF0000000000000
+    bits = out.view(np.int64)
+    np.bitwise_and(x.view(np.int64), 0x7FF0000000000000, out=bits)
+    np.maximum(bits, np.float64(tiny).view(np.int64), out=bits)
     bits -= (p - 1) << 52
     return out
 
