@@ -209,7 +209,7 @@ def own_error(y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, term
     floor = np.multiply(r_ulp, ROUNDED_ULP, out=r_ulp)  # r_ulp is not needed after this
     if cls == "reduction":
         floor += _smallest_normal(dtype)
-        g = numerics.gamma(max(terms, 1.0), dtype)
+        g = _gamma1(max(terms, 1.0), dtype)
         if not math.isfinite(g):
             return _own_error_exact(*exact[0], **exact[1])
         # |r| <= sum|terms|: gamma_n |r| is a lower bound of the textbook bound (see
@@ -223,7 +223,7 @@ def own_error(y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, term
         bound += _smallest_normal(dtype)
     elif cls == "composite":
         floor += _smallest_normal(dtype)
-        g = numerics.gamma(longest + COMPOSITE_EXTRA_STEPS, dtype)
+        g = _gamma1(longest + COMPOSITE_EXTRA_STEPS, dtype)
         if not math.isfinite(g):
             return _own_error_exact(*exact[0], **exact[1])
         floor += g * max(float(r.max()), -float(r.min()))  # max |r|
@@ -261,6 +261,12 @@ def release_scratch() -> None:
     _POOL.bufs = None
 
 
+def _gamma1(k: float, dtype) -> float:
+    """`numerics.gamma` of one count, in Python floats (the same IEEE double operations)."""
+    ku = float(k) * 2.0 ** -_format(dtype)[0]
+    return ku / (1.0 - ku) if ku < 1.0 else math.inf
+
+
 def _scaled(mag: np.ndarray, g: float, floor: np.ndarray, out: np.ndarray) -> np.ndarray:
     """g * mag + floor with the roundings of the exact path, into `out`."""
     np.multiply(mag, g, out=out)
@@ -280,7 +286,7 @@ def _facts_ratio(err: np.ndarray, facts, terms: float, dtype, floor: np.ndarray,
     """A reduction's ratio against gamma_n * sum|terms| (`facts`), n per element or one n."""
     mag, cnt = facts()
     n = np.maximum(np.maximum(np.asarray(cnt, dtype=np.float64), terms), 1.0)
-    g = numerics.gamma(n, dtype)
+    g = _gamma1(float(n), dtype) if n.ndim == 0 else numerics.gamma(n, dtype)
     if out is not None and isinstance(g, float) and math.isfinite(g):
         # r is finite here, so mag = sum|terms| is finite or +inf: the bound is positive
         ratio = _max_ratio(err, _scaled(np.abs(mag, out=out), g, floor, out))
