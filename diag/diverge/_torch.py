@@ -5,7 +5,9 @@ A `TorchDispatchMode` sees each aten op below autograd, the backward pass's incl
 called it, the tag on each autograd node that names its forward line). Per op three calls run:
 the op as the program called it, the op on the float64 shadows of its inputs (float dtypes in
 its arguments widened to float64), and the op in float64 on the actual inputs (the reference
-for its own error). Shadows are kept per tensor object; a view's shadow is the same view of its
+for its own error; an input that carries no error lends its shadow as its float64 copy, and
+when every input does, the shadow output is the reference and the third call is skipped).
+Shadows are kept per tensor object; a view's shadow is the same view of its
 base's shadow, so a write through a view reaches the shadow too.
 
 Ops that draw random numbers (dropout) run once: running them again would move the generator
