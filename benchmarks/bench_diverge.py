@@ -4,7 +4,8 @@ Prints, per workload (warm: each variant runs once first so compilation is not c
 of interleaved repeats with min/max):
   eager    one plain run: PyTorch eager; JAX under `jax.disable_jit()` (op by op)
   shadow   `diag.diverge.shadow(fn, *args)`: every op run three ways (as written, on the
-           float64 shadows, in float64 on its actual inputs) plus the figures per op
+           float64 shadows, in float64 on its actual inputs: skipped when they equal their
+           shadows) plus the figures per op
 and the ratio shadow/eager (target <= 5x), of the medians and of the fastest samples. For the JAX-vs-PyTorch port of
 examples/diverge_port.py:
   runs     run_jax() + run_torch() (the jitted JAX block and the eager PyTorch block, at

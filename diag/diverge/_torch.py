@@ -5,7 +5,9 @@ A `TorchDispatchMode` sees each aten op below autograd, the backward pass's incl
 called it, the tag on each autograd node that names its forward line). Per op three calls run:
 the op as the program called it, the op on the float64 shadows of its inputs (float dtypes in
 its arguments widened to float64), and the op in float64 on the actual inputs (the reference
-for its own error). Shadows are kept per tensor object; a view's shadow is the same view of its
+for its own error; an input that carries no error lends its shadow as its float64 copy, and
+when every input does, the shadow output is the reference and the third call is skipped).
+Shadows are kept per tensor object; a view's shadow is the same view of its
 base's shadow, so a write through a view reaches the shadow too.
 
 Ops that draw random numbers (dropout) run once: running them again would move the generator
@@ -26,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from diag.diverge import DivergeError, ShadowReport
 from diag.diverge._report import Ledger
-from diag.diverge._rules import carried_threshold, op_class
+from diag.diverge._rules import carried_threshold, op_class, release_scratch
 from diag.nan._torch_ops import _KIND, _VIEW, _flat, _is_float, _op_kind, _writes, _written
 from diag.nan._torch_source import _Lines, _source_from_node, _source_from_stack
 
@@ -53,6 +55,15 @@ def _map(x: Any, fn: Callable) -> Any:
 
 def _host(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(torch.float64).cpu().numpy()
+
+
+def _low(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's values as numpy, without a float64 copy: the rules widen float32 and
+    float16 exactly as they subtract (bfloat16, which numpy lacks, becomes float32, exactly)."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.float()
+    return t.numpy() if t.is_cpu else t.cpu().numpy()
 
 
 def _wide(x: Any) -> Any:
@@ -138,8 +149,12 @@ class _Mode(TorchDispatchMode):
             return self._plain(func, args, kwargs, ran=out)
         if all(err == 0.0 for _, err, _ in before) and not writes:
             ref = sh_out  # the shadows are the inputs: the float64 op on them is the reference
+            own = (sh_args, sh_kwargs)
         else:
-            own = own or (_map(args, _wide), _map(kwargs, _wide))
+            if own is None:  # an input equal to its shadow lends it as its float64 copy
+                exact = {id(t): sh for t, (sh, err, _) in zip(ins, before) if err == 0.0}
+                own = (_map(args, lambda x: _wide_or(x, exact)),
+                       _map(kwargs, lambda x: _wide_or(x, exact)))
             try:
                 ref = func(*own[0], **own[1])
             except Exception:  # noqa: BLE001
@@ -166,12 +181,12 @@ class _Mode(TorchDispatchMode):
             r = refs[k] if k < len(refs) else None
             facts = None
             if op_class(name) == "reduction" and not writes:
-                facts = _facts(func, args, kwargs, k)
+                facts = _facts(func, own[0], own[1], k)
             terms = max([t.numel() / max(y.numel(), 1) for t in ins] + [longest])
             dtype = _NP[y.dtype]
             thr = max(inherited, carried_threshold(dtype))
             err = self.ledger.measure(
-                f"aten.{name}", name, _host(y), _host(r) if isinstance(r, torch.Tensor)
+                f"aten.{name}", name, _low(y), _host(r) if isinstance(r, torch.Tensor)
                 else None, _host(s), dtype, carried_in, thr, where, path, phase,
                 facts=facts, terms=terms, longest=int(longest))
             self._keep(y, s, err, thr)
@@ -187,16 +202,62 @@ class _Mode(TorchDispatchMode):
         return out
 
 
-def _facts(func, args, kwargs, k: int) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
-    """(sum of |terms|, number of terms) of output k of a reduction, on demand."""
+def _facts(func, args, kwargs, k: int) -> Callable[[], tuple[np.ndarray, Any]]:
+    """(sum of |terms|, number of terms) of output k of a reduction, on demand; `args` and
+    `kwargs` are the float64 ones the reference ran on (they are not written)."""
 
     def get():
-        args_, kwargs_ = _map(args, _wide), _map(kwargs, _wide)
-        mag = _flat(func(*_map(args_, _abs), **_map(kwargs_, _abs)), [])[k]
-        cnt = _flat(func(*_map(args_, _ones), **_map(kwargs_, _ones)), [])[k]
-        return _host(mag), _host(cnt)
+        mag = _flat(func(*_map(args, _abs), **_map(kwargs, _abs)), [])[k]
+        return _host(mag), _count(func, args, kwargs, k)
 
     return get
+
+
+#: Terms per element of a reduction's output, by op and argument shapes: the op on ones does
+#: not depend on the values, and the same layer's ops repeat (every step, every layer of a
+#: width). Only counts that are one number for every element are kept.
+_COUNTS: dict = {}
+
+
+def _count(func, args, kwargs, k: int) -> Any:
+    """The op on ones: how many terms each element of output k sums (a number or an array)."""
+    try:
+        key = (func, k, _signature(args), _signature(kwargs))
+        got = _COUNTS.get(key)
+    except TypeError:  # an argument that is not hashable: no cache
+        key = got = None
+    if got is not None:
+        return got
+    cnt = _host(_flat(func(*_map(args, _ones), **_map(kwargs, _ones)), [])[k])
+    if key is not None and cnt.size and cnt.min() == cnt.max():
+        if len(_COUNTS) > 4096:
+            _COUNTS.clear()
+        cnt = _COUNTS[key] = float(cnt.flat[0])
+    return cnt
+
+
+def _signature(x: Any) -> Any:
+    """What the op on ones depends on: shapes of float64 tensors, and every other value; a
+    tensor of another dtype (indices) holds values the count may depend on: not hashable."""
+    if isinstance(x, torch.Tensor):
+        if x.dtype != torch.float64:
+            raise TypeError("a non-float tensor")
+        return ("tensor", tuple(x.shape))
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__,) + tuple(_signature(y) for y in x)
+    if isinstance(x, dict):
+        return tuple((k, _signature(v)) for k, v in x.items())
+    hash(x)
+    return (type(x).__name__, x)
+
+
+def _wide_or(x: Any, exact: dict) -> Any:
+    """`_wide`, except that a tensor equal to its float64 shadow is given that shadow."""
+    if isinstance(x, torch.Tensor):
+        got = exact.get(id(x))
+        if got is not None:
+            return got
+    return _wide(x)
 
 
 def _abs(x: Any) -> Any:
@@ -236,6 +297,7 @@ def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
     finally:
         for h in hooks:
             h.remove()
+        release_scratch()
     first = next((t for t in _flat(result, []) if _real(t)), None)
     result_error = mode.shadow_of(first)[1] if first is not None else 0.0
     note = ""
