@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from diag.diverge import DivergeError, ShadowReport
 from diag.diverge._report import Ledger
-from diag.diverge._rules import carried_threshold
+from diag.diverge._rules import carried_threshold, release_scratch
 from diag.nan._jax_eval import _Hunt, _is_inexact, _V
 from diag.nan._jax_source import _MACHINERY, _inner_source, _library_line, _source
 from diag.nan._jax_state import _Program
@@ -232,6 +232,8 @@ def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
         except Exception as e:  # noqa: BLE001
             raise DivergeError(f"evaluating {name} equation by equation raised "
                                f"{type(e).__name__}: {e}") from e
+        finally:
+            release_scratch()  # the figures' per-thread buffers (diag.diverge._rules)
     result = next((o.err for o in outs if _is_float(getattr(o.val, "dtype", None))), 0.0)
     note = ""
     if h.unfollowed:
