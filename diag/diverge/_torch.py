@@ -30,7 +30,8 @@ from diag.diverge import DivergeError, ShadowReport
 from diag.diverge._report import Ledger
 from diag.diverge._rules import carried_threshold, op_class, release_scratch
 from diag.nan._torch_ops import _KIND, _VIEW, _flat, _is_float, _op_kind, _writes, _written
-from diag.nan._torch_source import _Lines, _source_from_node, _source_from_stack
+from diag.nan._torch_source import (_Lines, _source_from_node, _source_from_stack,
+                                     module_stack)
 
 _NP = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
        torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16)}
@@ -278,25 +279,13 @@ def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
     """See `diag.diverge.shadow`."""
     name = getattr(fn, "__name__", None) or type(fn).__name__
     mode = _Mode(key=object())
-
-    def enter(module, inputs):
-        mode.modules.append(type(module).__name__)
-
-    def leave(module, inputs, output):
-        if mode.modules:
-            mode.modules.pop()
-
-    hooks = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
-             torch.nn.modules.module.register_module_forward_hook(leave)]
     try:
-        with (np.errstate(all="ignore"), torch.autograd.set_multithreading_enabled(False),
-              _Lines(mode.key), mode):
+        with (module_stack(mode.modules), np.errstate(all="ignore"),
+              torch.autograd.set_multithreading_enabled(False), _Lines(mode.key), mode):
             result = fn(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
         raise DivergeError(f"{name} raised {type(e).__name__}: {e}") from e
     finally:
-        for h in hooks:
-            h.remove()
         release_scratch()
     first = next((t for t in _flat(result, []) if _real(t)), None)
     result_error = mode.shadow_of(first)[1] if first is not None else 0.0

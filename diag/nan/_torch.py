@@ -31,7 +31,7 @@ from diag.nan._torch_inputs import _arrived, _named_inputs, _sinks
 from diag.nan._torch_ops import (_KIND, _VIEW, _all_finite, _flags, _flat, _flat_nonlist,
                                  _host, _is_float, _list_args, _op_kind, _op_name,
                                  _per_index, _pointwise_birth, _written, _writes)
-from diag.nan._torch_source import _Lines, _source_from_node, _source_from_stack
+from diag.nan._torch_source import _Lines, _source_from_node, _source_from_stack, module_stack
 
 
 class _Birth:
@@ -293,24 +293,12 @@ def _locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     hunter = _Hunter(key=object())
     named = _named_inputs(fn, args, kwargs)
     arrived = _arrived(named, hunter)
-
-    def enter(module, inputs):
-        hunter.modules.append(type(module).__name__)
-
-    def leave(module, inputs, output):
-        if hunter.modules:
-            hunter.modules.pop()
-
-    hooks = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
-             torch.nn.modules.module.register_module_forward_hook(leave)]
     try:
-        with torch.autograd.set_multithreading_enabled(False), _Lines(hunter.key), hunter:
+        with (module_stack(hunter.modules), torch.autograd.set_multithreading_enabled(False),
+              _Lines(hunter.key), hunter):
             result = fn(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
         return _raised(hunter, name, e, arrived)
-    finally:
-        for h in hooks:
-            h.remove()
     # Gradients may have been made after `named` was built: name them too.
     named.update({k: v for k, v in _named_inputs(fn, args, kwargs).items() if k not in named})
     bad = []

@@ -6,6 +6,7 @@ the autograd node that runs them (or anomaly mode's traceback).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -98,3 +99,26 @@ def _source_from_node(node, key: object) -> tuple[str, int, str]:
         if m and _user_file(m["file"]):
             return m["file"], int(m["line"]), m["func"]
     return "", 0, ""
+
+
+@contextlib.contextmanager
+def module_stack(stack: list[str]):
+    """Keep `stack` holding the class names of the nn.Modules being called, outermost first.
+
+    Global module hooks, removed on the way out: the NaN hunt and the diverge shadow both name
+    the module an op ran in (`path`) from this stack.
+    """
+    def enter(module, inputs):
+        stack.append(type(module).__name__)
+
+    def leave(module, inputs, output):
+        if stack:
+            stack.pop()
+
+    hooks = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
+             torch.nn.modules.module.register_module_forward_hook(leave)]
+    try:
+        yield stack
+    finally:
+        for h in hooks:
+            h.remove()
