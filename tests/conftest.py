@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import ml_dtypes
 import numpy as np
@@ -12,6 +13,31 @@ from diag.numerics import bits_view
 
 HAS_JAX = importlib.util.find_spec("jax") is not None
 HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+# The report tests drive Debian's headless Chromium through chromedriver (CI installs both).
+CHROMIUM = os.environ.get("DIAG_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("DIAG_CHROMEDRIVER", "/usr/bin/chromedriver")
+HAS_CHROMIUM = os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)
+NO_CHROMIUM = f"needs {CHROMIUM} and {CHROMEDRIVER} (apt-get install chromium chromium-driver)"
+
+
+def headless_chromium(profile_dir, window: str = "1500,1100"):
+    """A headless Chromium session (selenium) with its own profile and the browser console
+    log kept, so a test can assert the page logged no SEVERE entry. The caller quits it."""
+    from selenium import webdriver
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--no-first-run", "--disable-quic",
+                f"--window-size={window}", f"--user-data-dir={profile_dir}"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    drv = webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER),
+                           options=opts)
+    drv.set_page_load_timeout(15)
+    return drv
 
 needs_jax = pytest.mark.skipif(not HAS_JAX, reason="jax is not installed")
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")

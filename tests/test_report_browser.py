@@ -20,14 +20,11 @@ try:  # tests/ is on sys.path as a rootdir (no __init__.py) ...
 except ImportError:  # ... or is a package
     from tests.test_report import make_run
 
+from conftest import HAS_CHROMIUM, NO_CHROMIUM, headless_chromium
 from diag.report import write_report
 
-CHROMIUM = os.environ.get("DIAG_CHROMIUM", "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("DIAG_CHROMEDRIVER", "/usr/bin/chromedriver")
-
-if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-    pytest.skip(f"needs {CHROMIUM} and {CHROMEDRIVER} (apt-get install chromium chromium-driver)",
-                allow_module_level=True)
+if not HAS_CHROMIUM:
+    pytest.skip(NO_CHROMIUM, allow_module_level=True)
 webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install "
                                 "'diag[test]')")
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -43,18 +40,7 @@ def run_and_report(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", "--no-first-run", "--disable-quic",
-                "--window-size=1500,1100",
-                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
-    drv = webdriver.Chrome(service=service, options=opts)
-    drv.set_page_load_timeout(15)
+    drv = headless_chromium(tmp_path_factory.mktemp("chromium-profile"))
     yield drv
     drv.quit()
 

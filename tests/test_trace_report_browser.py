@@ -13,22 +13,17 @@ in test_trace_passes.py, whose run has one.)
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-from conftest import HAS_JAX, HAS_TORCH, run_diag
+from conftest import HAS_CHROMIUM, HAS_JAX, HAS_TORCH, NO_CHROMIUM, headless_chromium, run_diag
 from diag.report.html import fmt_num
 from diag.results import RunDir
 from diag.trace import read_summaries
 
-CHROMIUM = os.environ.get("DIAG_CHROMIUM", "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("DIAG_CHROMEDRIVER", "/usr/bin/chromedriver")
-
-if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-    pytest.skip(f"needs {CHROMIUM} and {CHROMEDRIVER} (apt-get install chromium chromium-driver)",
-                allow_module_level=True)
+if not HAS_CHROMIUM:
+    pytest.skip(NO_CHROMIUM, allow_module_level=True)
 if not (HAS_JAX and HAS_TORCH):
     pytest.skip("needs jax and torch", allow_module_level=True)
 pytest.importorskip("xprof", reason="needs xprof (pip install 'diag[trace]')")
@@ -70,16 +65,7 @@ def traced_report(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--no-first-run", "--window-size=1400,1000",
-                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    drv = webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER),
-                           options=opts)
-    drv.set_page_load_timeout(15)
+    drv = headless_chromium(tmp_path_factory.mktemp("chromium-profile"), window="1400,1000")
     yield drv
     drv.quit()
 
