@@ -78,6 +78,18 @@ def _time(fn, repeats: int) -> list[float]:
     return out
 
 
+def _interleaved(variants: dict, repeats: int) -> dict[str, list[float]]:
+    """Each variant run once to warm up, then `repeats` rounds of one call of each in turn,
+    so that load on a shared machine falls on every variant alike."""
+    for v in variants.values():
+        v()
+    samples: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(repeats):
+        for k, v in variants.items():
+            samples[k] += _time(v, 1)
+    return samples
+
+
 def _row(name: str, samples: dict[str, list[float]], num: str, den: str, target: float):
     med = {k: statistics.median(v) for k, v in samples.items()}
     cells = "  ".join(f"{k} {med[k] * 1e3:8.2f} ms [{min(v) * 1e3:.2f}-{max(v) * 1e3:.2f}]"
@@ -110,12 +122,7 @@ def main() -> None:
 
     fn, args = torch_step(a.size)
     variants = {"eager": lambda: fn(*args), "shadow": lambda: diag.diverge.shadow(fn, *args)}
-    for v in variants.values():
-        v()
-    samples = {k: [] for k in variants}
-    for _ in range(a.repeats):
-        for k, v in variants.items():
-            samples[k] += _time(v, 1)
+    samples = _interleaved(variants, a.repeats)
     _row("torch mlp fwd+bwd", samples, "shadow", "eager", 5)
 
     fn, args = jax_step(a.size)
@@ -125,12 +132,7 @@ def main() -> None:
             jax.block_until_ready(fn(*args))
 
     variants = {"eager": eager, "shadow": lambda: diag.diverge.shadow(fn, *args)}
-    for v in variants.values():
-        v()
-    samples = {k: [] for k in variants}
-    for _ in range(a.repeats):
-        for k, v in variants.items():
-            samples[k] += _time(v, 1)
+    samples = _interleaved(variants, a.repeats)
     _row("jax mlp value_and_grad", samples, "shadow", "eager", 5)
 
     def runs():
@@ -139,12 +141,7 @@ def main() -> None:
 
     variants = {"runs": runs,
                 "compare": lambda: diag.diverge.compare(port.run_jax, port.run_torch)}
-    for v in variants.values():
-        v()
-    samples = {k: [] for k in variants}
-    for _ in range(a.repeats):
-        for k, v in variants.items():
-            samples[k] += _time(v, 1)
+    samples = _interleaved(variants, a.repeats)
     _row("port compare (jax/torch)", samples, "compare", "runs", 2)
 
 
