@@ -244,6 +244,14 @@ def sweep_svg(sweep: Sweep, fig_id: str) -> str:
     # Explicit labels: legend() would silently drop auto-collected labels starting with "_".
     fig.legend(handles, [_mpl_text(s.label) for s in sweep.series], loc="outside lower center",
                ncol=min(len(handles), 4) or 1, fontsize=8, frameon=False)
+    return figure_svg(fig, fig_id)
+
+
+def figure_svg(fig: Any, fig_id: str) -> str:
+    """A matplotlib figure as SVG markup to inline in the report (text kept as text, ids
+    prefixed with `fig_id`)."""
+    import matplotlib
+
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none", "font.size": 9}):
         # No metadata: it would carry a creation date and a creator URL into the report.

@@ -10,10 +10,9 @@ records only (their `metrics`: `diag.train.compare.summarize`).
 
 from __future__ import annotations
 
-import io
 from typing import Any, Iterable, Mapping
 
-from diag.report.charts import _inline_svg, _mpl_text, to_float
+from diag.report.charts import _mpl_text, figure_svg, to_float
 
 __all__ = ["train_context", "curves_svg"]
 
@@ -63,11 +62,7 @@ def curves_svg(series: list[dict], allowed: Mapping[str, Any], fig_id: str) -> s
                  fontsize=10)
     fig.legend(handles, [_mpl_text(s["label"]) for s in series], loc="outside lower center",
                ncol=min(len(handles), 4) or 1, fontsize=8, frameon=False)
-    buf = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "font.size": 9}):
-        fig.savefig(buf, format="svg",
-                    metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
-    return _inline_svg(buf.getvalue(), fig_id)
+    return figure_svg(fig, fig_id)
 
 
 def train_context(records: Iterable[Mapping[str, Any]],
