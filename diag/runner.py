@@ -44,6 +44,9 @@ __all__ = ["run", "RunResult", "resolve_backends", "candidate_backends", "check_
 
 DEFAULT_CASE_TIMEOUT = 600.0
 
+#: Seconds of timed runs after which a case stops repeating (`run(repeat_budget=...)`).
+DEFAULT_REPEAT_BUDGET = 1.0
+
 #: Where a backend's time goes, in run.json's `phases`: its worker's start (import, device,
 #: fingerprints), compile, the timed runs and the transfers of inputs and outputs (measured in
 #: the worker), then on the host the ground truth, judging and writing records; `wall` is
@@ -86,13 +89,14 @@ class Interrupted(KeyboardInterrupt):
 
 class _Run:
     def __init__(self, suite: Suite, skipped: dict[str, str], run_dir: RunDir, work: Path, *,
-                 repeats: int, case_timeout: float, startup_timeout: float,
+                 repeats: int, repeat_budget: float, case_timeout: float, startup_timeout: float,
                  cache_dir: str | None, env: dict[str, str],
                  ab_env: dict[str, str] | None = None,
                  on_record: Callable[[dict], None] | None):
         self.suite, self.skipped = suite, skipped
         self.run_dir, self.work = run_dir, work
         self.repeats, self.case_timeout, self.startup_timeout = repeats, case_timeout, startup_timeout
+        self.repeat_budget = repeat_budget
         self.env = env
         self.on_record = on_record
         self.judge = Judge(work, cache_dir)
@@ -103,6 +107,8 @@ class _Run:
         self.outcomes: dict[str, dict[str, tuple[BackendSpec, dict]]] = {}
         self.backend_info: dict[str, Any] = {}
         self.worker: _Worker | None = None
+        #: framework -> the worker that listed its devices, parked for its first backend
+        self.parked: dict[str, _Worker] = {}
         self.ab = Experiment(ab_env, run_dir.path) if ab_env else None
         self.verdicts: dict[str, dict[str, dict]] = {}  # case id -> backend label -> its record
         self.trace: Path | None = None  # the run folder when traced (diag.trace)
@@ -245,7 +251,8 @@ class _Run:
             (c.params.get("precision", "default"), c.params.get("precision_via", "none"))
             for c in fingerprinted}
         job = {"backend": spec.name, "label": spec.label, "out_dir": str(self.work),
-               "repeats": self.repeats, "hlo": self.ab is not None,
+               "repeats": self.repeats, "repeat_budget_s": self.repeat_budget,
+               "hlo": self.ab is not None,
                "trace": trace_capture.job_field(self.trace, cases),  # --trace (diag.trace)
                "fingerprint": sorted(settings, key=lambda p: (p != ("default", "none"), p))
                if fingerprinted else [],
@@ -261,7 +268,13 @@ class _Run:
         logs.mkdir(exist_ok=True)
         env = self.ab.worker_env(spec, self.env) if self.ab is not None else self.env
         spawned = time.perf_counter()
-        self.worker = worker = _Worker(spec, job_path, logs / f"{spec.label}.stderr", env)
+        log = logs / f"{spec.label}.stderr"
+        parked = self.parked.pop(spec.framework, None) if env == self.env else None
+        if parked is not None:  # its framework is imported already: it starts the job now
+            parked.adopt(spec, job_path, log)
+            self.worker = worker = parked
+        else:
+            self.worker = worker = _Worker.for_job(spec, job_path, log, env)
         seconds = self.judge.seconds[spec.label]
         by_id = {c.id: c for c in cases}
         index = 0
@@ -369,6 +382,7 @@ def check_flags(specs: list[BackendSpec], env: dict[str, str],
 
 def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         out: str | os.PathLike = "reports", repeats: int = 3,
+        repeat_budget: float = DEFAULT_REPEAT_BUDGET,
         case_timeout: float = DEFAULT_CASE_TIMEOUT,
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT, cache_dir: str | None = None,
         env: dict[str, str] | None = None, ab: list[str] | None = None,
@@ -381,7 +395,10 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
       suite: a shipped suite name, a path to a suite file, or a loaded `Suite`.
       backends: backend names, or None for every backend present.
       out: the folder run folders are created in.
-      repeats: timed repeats per case (the median is reported, samples kept).
+      repeats: timed runs per case, at most (the median is reported, samples kept).
+      repeat_budget: seconds of timed runs after which a case stops repeating (at least one
+        run always): a slow case is timed once, a fast one `repeats` times. `math.inf`
+        times every case `repeats` times.
       case_timeout: seconds a worker may take for one case before it is killed.
       startup_timeout: seconds a worker may take to import its framework and open its device.
       cache_dir: ground-truth cache folder (default: `DIAG_CACHE_DIR` or ~/.cache/diag).
@@ -409,6 +426,8 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
     """
     if repeats < 1:
         raise UsageError(f"repeats must be >= 1, got {repeats}")
+    if not repeat_budget >= 0:
+        raise UsageError(f"repeat_budget must be a number of seconds >= 0, got {repeat_budget}")
     if max_memory is not None and not max_memory > 0:
         raise UsageError(f"max_memory must be a positive number of GiB, got {max_memory}")
     if isinstance(suite, Suite):
@@ -421,13 +440,15 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
     candidates = candidate_backends(backends)
     check_applicable(loaded, candidates)
     check_flags(candidates, workers_env, ab_env)
-    specs, skipped = resolve_backends(backends, workers_env)
+    specs, skipped, parked = resolve_backends(backends, workers_env)
     if ab_env:
         specs = with_b_sides(specs)
     run_id = new_run_id()
     try:
         run_dir = RunDir.create(out, run_id, environment.collect(argv))
     except OSError as e:
+        for worker in parked.values():
+            worker.kill()
         raise UsageError(f"cannot create a run folder under '{out}': {e.strerror or e}; "
                          f"pass --out with a writable folder") from None
     run_dir.update_meta(suite={"name": loaded.name, "path": loaded.path,
@@ -437,10 +458,12 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
                         report_sections=REPORT_SECTIONS)
     work = Path(tempfile.mkdtemp(prefix=f"diag-{run_id}-"))
     state = "finished"
-    r = _Run(loaded, skipped, run_dir, work, repeats=repeats, case_timeout=case_timeout,
+    r = _Run(loaded, skipped, run_dir, work, repeats=repeats, repeat_budget=repeat_budget,
+             case_timeout=case_timeout,
              startup_timeout=startup_timeout, cache_dir=cache_dir, ab_env=ab_env,
              env=workers_env, on_record=on_record)
     r.trace = run_dir.path if trace else None
+    r.parked = parked
     try:
         if on_start:
             on_start(total_planned(loaded, specs) + len(skipped), [s.label for s in specs])
@@ -456,8 +479,9 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         run_dir.update_meta(error=f"{type(e).__name__}: {e}")
         raise
     finally:
-        if r.worker is not None:
-            r.worker.kill()
+        for worker in [r.worker, *r.parked.values()]:
+            if worker is not None:
+                worker.kill()
         if state != "finished":
             # A signal can land between a record's write to results.jsonl and its bookkeeping
             # here: what the run folder holds is what the counts and the caller are told.

@@ -122,9 +122,15 @@ def _events(stdout: str):
             continue
 
 
-def _discover(framework: str, env: dict[str, str]) -> tuple[list[str], str | None]:
-    """Platforms a framework sees, from a throwaway worker started with the workers'
-    environment; (platforms, error).
+def _discover(framework: str, env: dict[str, str]
+              ) -> tuple[list[str], str | None, "_Worker | None"]:
+    """Platforms a framework sees, from a worker started with the workers' environment;
+    (platforms, error, the worker parked for a job).
+
+    The worker that listed the devices stays up with its framework imported, parked, and
+    runs the first of that framework's backends the runner hands it (`_Worker.adopt`):
+    a run pays for one import per framework, not two, and the second framework's worker is
+    ready while the first backend runs.
 
     Raises:
       BadFlag: the framework aborted on a flag in XLA_FLAGS/LIBTPU_INIT_ARGS (JAX reads them
@@ -132,20 +138,21 @@ def _discover(framework: str, env: dict[str, str]) -> tuple[list[str], str | Non
     """
     from diag.flags import flag_error
 
+    worker = _Worker(framework, ["--discover", framework, "--then-job"], env, park=True)
     try:
-        proc = subprocess.run(_worker_cmd(framework, env, "--discover", framework),
-                              capture_output=True,
-                              text=True, timeout=DISCOVERY_TIMEOUT, env=env)
-    except subprocess.TimeoutExpired:
-        return [], f"{framework} did not list its devices within {DISCOVERY_TIMEOUT:.0f} s"
-    for event in _events(proc.stdout):
-        if event.get("event") == "platforms":
-            return event["platforms"], None
-    bad = flag_error(proc.stderr)
+        event = worker.next_event(DISCOVERY_TIMEOUT)
+    except queue.Empty:
+        worker.kill()
+        return [], f"{framework} did not list its devices within {DISCOVERY_TIMEOUT:.0f} s", None
+    if event is not None and event.get("event") == "platforms":
+        return event["platforms"], None, worker
+    worker.kill()
+    stderr = worker.stderr_text()
+    bad = flag_error(stderr)
     if bad is not None:
         raise bad
-    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    return [], f"importing {framework} failed (exit {proc.returncode}): {tail}"
+    tail = (stderr.strip().splitlines() or ["no output"])[-1]
+    return [], f"importing {framework} failed (exit {worker.proc.returncode}): {tail}", None
 
 
 def candidate_backends(names: list[str] | None) -> list[BackendSpec]:
@@ -159,13 +166,25 @@ def candidate_backends(names: list[str] | None) -> list[BackendSpec]:
     return [s for s in BACKENDS.values() if s.default]
 
 
+def _result_or_error(job):
+    try:
+        return job.result()
+    except BaseException as e:
+        return e
+
+
 def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
-                     ) -> tuple[list[BackendSpec], dict[str, str]]:
+                     ) -> tuple[list[BackendSpec], dict[str, str], dict[str, "_Worker"]]:
     """Which backends can run and which cannot (with the reason).
 
     Args:
       names: backend names the user asked for, or None for every backend present.
       env: the workers' environment (default: this process's, as workers get it).
+
+    Returns:
+      (backends that can run, {backend: why not} for the rest, {framework: its discovery
+      worker, parked for the first of its backends to run}); the caller owns the parked
+      workers (`_Worker.adopt` one, `kill` the rest).
 
     Raises:
       UsageError: an unknown backend name.
@@ -177,13 +196,20 @@ def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
     specs = candidate_backends(names)
     run: list[BackendSpec] = []
     skipped: dict[str, str] = {}
-    # Each framework lists its devices in its own throwaway process; they run side by side
-    # (mostly import time: ~2 s for jax, ~3 s for torch here), not one after the other.
+    # Each framework lists its devices in its own process; they start side by side (mostly
+    # import time: ~2 s for jax, ~3 s for torch here), not one after the other.
     frameworks = list(dict.fromkeys(s.framework for s in specs
                                     if _available(s.framework, env)))
     with ThreadPoolExecutor(max_workers=max(1, len(frameworks))) as pool:
         pending = {fw: pool.submit(_discover, fw, env) for fw in frameworks}
-        seen = {fw: job.result() for fw, job in pending.items()}  # re-raises BadFlag
+        results = {fw: _result_or_error(job) for fw, job in pending.items()}
+    parked = {fw: r[2] for fw, r in results.items() if not isinstance(r, BaseException) and r[2]}
+    for r in results.values():
+        if isinstance(r, BaseException):  # BadFlag: no parked worker outlives it
+            for worker in parked.values():
+                worker.kill()
+            raise r
+    seen = {fw: r[:2] for fw, r in results.items()}
     for spec in specs:
         if spec.framework not in seen:
             skipped[spec.name] = f"{spec.framework} is not installed ({spec.install_hint})"
@@ -196,7 +222,9 @@ def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
                                   f"(it sees: {', '.join(platforms) or 'none'})")
         else:
             run.append(spec)
-    return run, skipped
+    for fw in [fw for fw in parked if not any(s.framework == fw for s in run)]:
+        parked.pop(fw).kill()
+    return run, skipped, parked
 
 
 def run_env_worker(framework: str, environ: Mapping[str, str], fingerprints: bool,
@@ -254,18 +282,73 @@ def _load_output(meta: dict) -> np.ndarray:
 
 
 class _Worker:
-    """A backend worker process and its event stream, read with a timeout."""
+    """A backend worker process and its event stream, read with a timeout.
 
-    def __init__(self, spec: BackendSpec, job_path: Path, log_path: Path,
-                 env: dict[str, str]):
-        self.spec = spec
+    Started either for a job (`for_job`), or parked (`park=True`, by `_discover`): it lists
+    its framework's platforms, then waits on stdin for the job `adopt` gives it. Its stderr
+    goes to the backend's log file; until it has one (a parked worker), it is kept here.
+    """
+
+    def __init__(self, framework: str, args: list[str], env: dict[str, str], *,
+                 log_path: Path | None = None, park: bool = False):
+        self.spec: BackendSpec | None = None
         self.log_path = log_path
-        self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(_worker_cmd(spec.framework, env, str(job_path)),
-                                     stdout=subprocess.PIPE,
-                                     stderr=self._log, env=env, start_new_session=True)
+        self._log = open(log_path, "ab") if log_path else None
+        self._early: list[bytes] = []  # stderr before there is a log file
+        self._lock = threading.Lock()
+        self.proc = subprocess.Popen(_worker_cmd(framework, env, *args),
+                                     stdin=subprocess.PIPE if park else subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                     start_new_session=True)
         self._events: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
+        self._stderr = threading.Thread(target=self._pump_stderr, daemon=True)
+        self._stderr.start()
+
+    @classmethod
+    def for_job(cls, spec: BackendSpec, job_path: Path, log_path: Path,
+                env: dict[str, str]) -> "_Worker":
+        worker = cls(spec.framework, [str(job_path)], env, log_path=log_path)
+        worker.spec = spec
+        return worker
+
+    def adopt(self, spec: BackendSpec, job_path: Path, log_path: Path) -> None:
+        """Hand a parked worker its job; what it wrote to stderr so far goes first in the
+        backend's log."""
+        with self._lock:
+            self.spec, self.log_path = spec, log_path
+            self._log = open(log_path, "ab")
+            self._log.write(b"".join(self._early))
+            self._log.flush()
+            self._early.clear()
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(f"{job_path}\n".encode())
+            self.proc.stdin.close()
+        except OSError:  # it died while parked: its death is read from the event stream
+            pass
+
+    def _pump_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            with self._lock:
+                if self._log is None or self._log.closed:
+                    self._early.append(line)
+                else:
+                    self._log.write(line)
+                    self._log.flush()
+
+    def stderr_text(self) -> str:
+        """Everything the worker wrote to stderr (once it has exited)."""
+        self._stderr.join(timeout=10)
+        with self._lock:
+            early = b"".join(self._early).decode(errors="replace")
+        if self.log_path is None:
+            return early
+        try:
+            return self.log_path.read_text(errors="replace") + early
+        except OSError:
+            return early
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -287,7 +370,10 @@ class _Worker:
             except ProcessLookupError:
                 pass
         self.proc.wait()
-        self._log.close()
+        self._stderr.join(timeout=10)
+        with self._lock:
+            if self._log is not None:
+                self._log.close()
 
     def death(self) -> str:
         """Why the worker stopped, for an error record."""
@@ -309,8 +395,5 @@ class _Worker:
         return f"{cause}; last stderr: {tail}" if tail else cause
 
     def stderr_tail(self) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return ""
+        lines = self.stderr_text().strip().splitlines()
         return lines[-1][:300] if lines else ""

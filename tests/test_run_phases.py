@@ -62,3 +62,32 @@ def test_run_json_says_where_the_time_went_and_cases_share_a_compiled_program(tm
     (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("diag: time:")]
     for label in ("jax-cpu", "torch-cpu"):
         assert f"{label} {phases[label]['wall']:.1f} s (start" in line
+
+
+def test_repeat_budget_stops_slow_cases_and_inf_times_every_case_repeats_times(tmp_path):
+    """`--repeat-budget 0`: one timed run per case, whatever `--repeats` says; `inf`: every
+    case `--repeats` times; in between, a case stops once its runs add up to the budget."""
+    suite = tmp_path / "shared.toml"
+    suite.write_text(SHARED_SUITE)
+    samples = {}
+    for budget in ("0", "inf", "0.0005"):
+        runs = tmp_path / f"runs-{budget}"
+        out = run_diag("run", "--suite", str(suite), "--backend", "jax-cpu", "--repeats", "4",
+                       "--repeat-budget", budget, "--no-report", "--out", str(runs),
+                       "--cache-dir", str(tmp_path / "cache"))
+        assert out.returncode == 0, out.stderr
+        (run_dir,) = runs.iterdir()
+        records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+        samples[budget] = [r["timings"]["run_s_samples"] for r in records]
+    assert [len(s) for s in samples["0"]] == [1, 1, 1]
+    assert [len(s) for s in samples["inf"]] == [4, 4, 4]
+    for s in samples["0.0005"]:  # stopped at the first run that reached the budget, or at 4
+        assert 1 <= len(s) <= 4
+        assert all(sum(s[:i]) < 0.0005 for i in range(1, len(s)))
+        assert len(s) == 4 or sum(s) >= 0.0005
+
+
+def test_bad_repeat_budget_is_a_usage_error():
+    out = run_diag("run", "--repeat-budget", "-1", "--no-report")
+    assert out.returncode == 2
+    assert "--repeat-budget" in out.stderr

@@ -207,3 +207,48 @@ def test_report_of_a_real_run_has_a_row_per_record_and_the_sweep_chart(tiny_run)
     assert html.count('<tr class="row-warn"') == tiny_run.counts["warn"]
     (sweeps,) = [m for m in html.split('<section id="')[1:] if m.startswith("sweeps")]
     assert sweeps.count("<svg") == 1 and "tiny.sweep" in sweeps
+
+
+def test_discovery_worker_is_parked_and_runs_the_first_backends_job(tmp_path):
+    """The process that listed a framework's devices runs that framework's first backend
+    (one import per framework per run): adopted, it reads its job from stdin."""
+    import numpy as np
+
+    from diag import numerics
+    from diag.workers import resolve_backends, worker_env
+
+    specs, skipped, parked = resolve_backends(["emu-bf16x1"], worker_env())
+    assert [s.name for s in specs] == ["emu-bf16x1"] and set(parked) == {"numpy"}
+    worker = parked["numpy"]
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, shape in enumerate([(8, 4), (4, 8)]):
+        paths.append(str(tmp_path / f"in{i}.npy"))
+        np.save(paths[-1], numerics.bits_view(rng.standard_normal(shape).astype(np.float32)))
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"backend": "emu-bf16x1", "out_dir": str(tmp_path), "repeats": 1,
+                               "cases": [{"id": "c0000", "op": "matmul", "inputs": paths,
+                                          "input_dtypes": ["float32", "float32"]}]}))
+    log = tmp_path / "emu.stderr"
+    worker.adopt(specs[0], job, log)
+    events = []
+    while (event := worker.next_event(60)) is not None:
+        events.append(event)
+    assert worker.proc.wait(timeout=60) == 0
+    worker.kill()
+    assert [e["event"] for e in events] == ["ready", "result", "done"]
+    (output,) = events[1]["outputs"]
+    assert output["shape"] == [8, 8] and np.load(output["path"]).shape == (8, 8)
+    assert log.exists()
+
+
+def test_parked_worker_not_needed_exits_when_its_stdin_closes():
+    """A parked worker whose host goes away (its stdin closes) exits on its own: no
+    orphan waits forever for a job."""
+    from diag.workers import resolve_backends, worker_env
+
+    _, _, parked = resolve_backends(["emu-bf16x1"], worker_env())
+    worker = parked["numpy"]
+    worker.proc.stdin.close()
+    assert worker.proc.wait(timeout=60) == 0
+    worker.kill()

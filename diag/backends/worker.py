@@ -2,6 +2,9 @@
 
     python -m diag.backends.worker JOB.json        # run the cases of one backend
     python -m diag.backends.worker --discover jax   # print the platforms a framework sees
+    python -m diag.backends.worker --discover jax --then-job   # ... then run the job whose
+                                                    # path arrives on stdin (the run's parked
+                                                    # worker: one framework import per run)
     python -m diag.backends.worker --env jax        # `diag env`: devices, settings, fingerprints
 
 Why a subprocess per backend: a TPU can be opened by one process at a time, JAX and torch_xla
@@ -146,6 +149,10 @@ def run_job(job: dict, stream) -> None:
 
     out_dir = job["out_dir"]
     repeats = max(1, int(job.get("repeats", 3)))
+    # A case stops repeating once its timed runs add up to this many seconds: a second's
+    # worth of runs already gives a steady time, and a slow case (a float16 matmul without
+    # float16 hardware, a sampler's op-by-op paths) is not run three times over for it.
+    budget = float(job.get("repeat_budget_s", float("inf")))
     programs: dict[str, tuple[Any, str]] = {}  # program key -> (the op's function, first case)
     for case in job["cases"]:
         fault = _fault(label, case["id"])
@@ -175,14 +182,14 @@ def run_job(job: dict, stream) -> None:
             thunk, compile_s = backend.prepare(fn, args)
             samples = []
             out = None
-            for _ in range(repeats):
+            while not samples or (len(samples) < repeats and sum(samples) < budget):
                 with _timed_call(case):
                     t0 = time.perf_counter()
                     out = thunk()
                     backend.block(out)
                     samples.append(time.perf_counter() - t0)
             # --trace: the same calls again inside a profiler session (diag.trace; else nothing).
-            trace_case(job, backend, label, case, fn, args, thunk)
+            trace_case(job, backend, label, case, fn, args, thunk, calls=len(samples))
             t0 = time.perf_counter()
             outputs, finite = _write_outputs(backend, out, fault, label, case["id"], out_dir)
             transfer_s += time.perf_counter() - t0
@@ -357,15 +364,21 @@ def worker_env(framework: str, emit: Callable[..., None], fingerprints: bool = T
 
 def main(argv: list[str]) -> int:
     stream = _protocol_stream()
-    if len(argv) == 2 and argv[0] == "--discover":
+    if len(argv) in (2, 3) and argv[0] == "--discover" and argv[2:] in ([], ["--then-job"]):
         discover(argv[1], stream)
-        return 0
+        if not argv[2:]:
+            return 0
+        job_path = sys.stdin.readline().strip()  # parked until the host hands it a job
+        if not job_path:  # the host needed no backend of this framework
+            return 0
+        argv = [job_path]
     if 2 <= len(argv) <= 4 and argv[0] == "--env":  # `diag env`: devices, settings, ...
         worker_env(argv[1], lambda **event: _emit(stream, **event),
                    fingerprints="--no-fingerprints" not in argv[2:], deep="--deep" in argv[2:])
         return 0
     if len(argv) != 1:
-        print("usage: python -m diag.backends.worker JOB.json | --discover FRAMEWORK",
+        print("usage: python -m diag.backends.worker JOB.json | --discover FRAMEWORK "
+              "[--then-job]",
               file=sys.stderr)
         return 2
     with open(argv[0]) as f:

@@ -29,7 +29,12 @@ def run(
                                  help="Print the run summary and records as JSON on stdout."),
     report: bool = typer.Option(True, "--report/--no-report",
                                 help="Write report.html into the run folder."),
-    repeats: int = typer.Option(3, "--repeats", min=1, help="Timed repeats per case."),
+    repeats: int = typer.Option(3, "--repeats", min=1,
+                                help="Timed runs per case, at most (the median is reported)."),
+    repeat_budget: float = typer.Option(
+        1.0, "--repeat-budget", min=0.0,  # runner.DEFAULT_REPEAT_BUDGET (not imported at start-up)
+        help="Seconds of timed runs after which a case stops repeating (at least one run): "
+             "a slow case is timed once. 'inf' runs every case --repeats times."),
     timeout: float = typer.Option(600.0, "--timeout", min=0.1,
                                   help="Seconds one case may take before its worker is killed."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir",
@@ -62,7 +67,8 @@ def run(
     pythons = parse_python(split(python))  # bad usage exits 2 before anything starts
     progress = render.RunProgress(enabled=not as_json)
     try:
-        result = runner.run(suite, split(backend), out=out, repeats=repeats, env=pythons or None,
+        result = runner.run(suite, split(backend), out=out, repeats=repeats,
+                            repeat_budget=repeat_budget, env=pythons or None,
                             case_timeout=timeout, cache_dir=str(cache_dir) if cache_dir else None,
                             ab=ab, max_memory=max_memory, argv=["diag"] + sys.argv[1:],
                             trace=trace,

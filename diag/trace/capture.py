@@ -53,14 +53,16 @@ def job_field(run_dir: str | os.PathLike | None, cases) -> dict | None:
     return {"dir": str(run_dir), "labels": {c.id: c.label for c in cases}}
 
 
-def trace_case(job: dict, backend, label: str, case: dict, fn, args, thunk) -> None:
-    """Profile one case's compiled call (`thunk`) when the job asks for traces
-    (`job["trace"]`); nothing otherwise. Never raises for a profiler or converter failure."""
+def trace_case(job: dict, backend, label: str, case: dict, fn, args, thunk,
+               calls: int | None = None) -> None:
+    """Profile one case's compiled call (`thunk`), `calls` times (default: the job's repeats),
+    when the job asks for traces (`job["trace"]`); nothing otherwise. Never raises for a
+    profiler or converter failure."""
     field = job.get("trace")
     framework = getattr(backend, "FRAMEWORK", None)
     if not field or framework not in _SESSIONS:
         return
-    calls = max(1, int(job.get("repeats", 3)))
+    calls = max(1, calls or int(job.get("repeats", 3)))
     try:
         _trace(field, framework, backend, job, label, case, fn, args, thunk, calls)
     except Exception as e:  # the trace is evidence; its failure must not lose the result
