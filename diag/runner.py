@@ -44,8 +44,9 @@ __all__ = ["run", "RunResult", "resolve_backends", "candidate_backends", "check_
 
 DEFAULT_CASE_TIMEOUT = 600.0
 
-#: Seconds of timed runs after which a case stops repeating (`run(repeat_budget=...)`).
-DEFAULT_REPEAT_BUDGET = 1.0
+#: Seconds of timed runs after which a case stops repeating (`run(repeat_budget=...)`): about
+#: what `timeit.Timer.autorange` aims for; a case slower than this is timed once.
+DEFAULT_REPEAT_BUDGET = 0.25
 
 #: Where a backend's time goes, in run.json's `phases`: its worker's start (import, device,
 #: fingerprints), compile, the timed runs and the transfers of inputs and outputs (measured in

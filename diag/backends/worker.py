@@ -149,8 +149,8 @@ def run_job(job: dict, stream) -> None:
 
     out_dir = job["out_dir"]
     repeats = max(1, int(job.get("repeats", 3)))
-    # A case stops repeating once its timed runs add up to this many seconds: a second's
-    # worth of runs already gives a steady time, and a slow case (a float16 matmul without
+    # A case stops repeating once its timed runs add up to this many seconds: a quarter
+    # second of runs already gives a steady time, and a slow case (a float16 matmul without
     # float16 hardware, a sampler's op-by-op paths) is not run three times over for it.
     budget = float(job.get("repeat_budget_s", float("inf")))
     programs: dict[str, tuple[Any, str]] = {}  # program key -> (the op's function, first case)

@@ -32,7 +32,7 @@ def run(
     repeats: int = typer.Option(3, "--repeats", min=1,
                                 help="Timed runs per case, at most (the median is reported)."),
     repeat_budget: float = typer.Option(
-        1.0, "--repeat-budget", min=0.0,  # runner.DEFAULT_REPEAT_BUDGET (not imported at start-up)
+        0.25, "--repeat-budget", min=0.0,  # runner.DEFAULT_REPEAT_BUDGET (not imported at start-up)
         help="Seconds of timed runs after which a case stops repeating (at least one run): "
              "a slow case is timed once. 'inf' runs every case --repeats times."),
     timeout: float = typer.Option(600.0, "--timeout", min=0.1,
