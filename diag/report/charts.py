@@ -163,6 +163,44 @@ def _mpl_text(text: str) -> str:
     return text.replace("$", r"\$")
 
 
+_SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
+def _plain_tick(label: str) -> str:
+    r"""A log-axis tick label as plain text: ``$\mathdefault{2\times10^{-3}}$`` -> ``2×10⁻³``.
+
+    matplotlib's log formatters write mathtext, and typesetting it (a pyparsing grammar run
+    per label) took most of the time a report spent drawing its charts; Unicode superscripts
+    say the same and are drawn as plain ``<text>``. Labels of another form are kept as they are.
+    """
+    m = re.fullmatch(r"\$\\mathdefault\{(-?)(?:([0-9.]+)\\times)?"
+                     r"(?:(\d+)\^\{(-?\d+)\}|([0-9.]+))\}\$", label)
+    if m is None:
+        return label
+    sign, coeff, base, exponent, number = m.groups()
+    text = number if number is not None else (
+        (f"{coeff}×" if coeff else "") + base + exponent.translate(_SUPERSCRIPT))
+    return ("−" if sign else "") + text
+
+
+def _plain_log_formatters(fig: Any) -> None:
+    """Give every log axis of `fig` tick labels in plain text (`_plain_tick`) instead of
+    mathtext, with the same choice of which ticks get a label."""
+    from matplotlib.ticker import LogFormatterSciNotation
+
+    class PlainLogFormatter(LogFormatterSciNotation):
+        def __call__(self, x, pos=None):
+            return _plain_tick(super().__call__(x, pos))
+
+    for axis in (a for ax in fig.axes for a in (ax.xaxis, ax.yaxis)):
+        base = getattr(axis.get_transform(), "base", None)
+        for fmt, setter in ((axis.get_major_formatter(), axis.set_major_formatter),
+                            (axis.get_minor_formatter(), axis.set_minor_formatter)):
+            if type(fmt) is LogFormatterSciNotation and base is not None:
+                setter(PlainLogFormatter(base, labelOnlyBase=fmt.labelOnlyBase,
+                                         minor_thresholds=fmt.minor_thresholds))
+
+
 def _set_scale(ax, axis: str, values: list[float], base: float = 10) -> None:
     """Log scale where every value is > 0; symlog when zeros are present (0 ULP is the
     common, good case and must stay visible); linear when nothing is positive."""
@@ -248,10 +286,11 @@ def sweep_svg(sweep: Sweep, fig_id: str) -> str:
 
 
 def figure_svg(fig: Any, fig_id: str) -> str:
-    """A matplotlib figure as SVG markup to inline in the report (text kept as text, ids
-    prefixed with `fig_id`)."""
+    """A matplotlib figure as SVG markup to inline in the report (text kept as text, log-axis
+    tick labels in plain text, ids prefixed with `fig_id`)."""
     import matplotlib
 
+    _plain_log_formatters(fig)
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none", "font.size": 9}):
         # No metadata: it would carry a creation date and a creator URL into the report.

@@ -1,0 +1,108 @@
+"""The report's charts say what matplotlib placed, in plain text, without typesetting math.
+
+Claims under test: a log-axis tick label reads as the value matplotlib put the tick at
+(``2×10⁻³`` for 0.002, in base 10 and base 2, zero and negatives included); the sweep charts
+and the training curves draw no mathtext at all (typesetting it took most of a report's
+drawing time) yet label their log axes with the decades their data spans.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from diag.report import charts
+from diag.report.training import curves_svg
+
+try:  # tests/ is on sys.path as a rootdir (no __init__.py) ...
+    from test_report import sample_records
+except ImportError:  # ... or is a package
+    from tests.test_report import sample_records
+
+_DIGITS = {c: str(i) for i, c in enumerate("⁰¹²³⁴⁵⁶⁷⁸⁹")}
+
+
+def _read(label: str) -> float:
+    """The number a plain tick label shows: ``−1.5×10⁻⁷`` -> -1.5e-07."""
+    m = re.fullmatch(r"(−?)(?:([0-9.]+)×)?(?:(\d+)([⁻⁰¹²³⁴⁵⁶⁷⁸⁹]+)|([0-9.]+))", label)
+    assert m, f"not a plain number: {label!r}"
+    sign, coeff, base, exponent, number = m.groups()
+    if number is not None:
+        value = float(number)
+    else:
+        power = int("".join("-" if c == "⁻" else _DIGITS[c] for c in exponent))
+        value = float(coeff or 1) * float(base) ** power
+    return -value if sign else value
+
+
+@pytest.mark.parametrize("base, values", [
+    (10, [0.0, 1e-12, 1e-3, 2e-3, 0.5, 1.0, 10.0, 3e5, 1.5e-7, -1e-3, -3e5, 1e-300]),
+    (2, [1.0, 2.0, 4.0, 1024.0, 0.5, 2.0**-24, 3 * 2.0**10]),
+])
+def test_log_tick_labels_read_as_the_value_matplotlib_formatted(base, values):
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import LogFormatterSciNotation
+
+    ax = Figure().subplots()
+    ax.set_yscale("symlog", base=base, linthresh=1e-300)
+    fmt = LogFormatterSciNotation(base=base, labelOnlyBase=False)
+    fmt.set_axis(ax.yaxis)
+    for x in values:
+        math_label = fmt(x)
+        assert math_label.startswith("$"), math_label  # what matplotlib would typeset
+        plain = charts._plain_tick(math_label)
+        assert "$" not in plain and "\\" not in plain
+        assert _read(plain) == pytest.approx(x, rel=1e-9, abs=0), (x, math_label, plain)
+
+
+def test_labels_of_another_form_are_kept():
+    for label in ("", "1024", r"$\mathdefault{2^{1.50}}$", "d=64"):
+        assert charts._plain_tick(label) == label
+
+
+@pytest.fixture()
+def no_mathtext(monkeypatch):
+    """Make any mathtext typesetting fail the test."""
+    from matplotlib import mathtext
+
+    def refuse(self, s, *args, **kwargs):
+        raise AssertionError(f"mathtext typeset {s!r}")
+
+    monkeypatch.setattr(mathtext.MathTextParser, "parse", refuse)
+
+
+def _texts(svg: str) -> list[str]:
+    return [re.sub(r"\s+", " ", t).strip()
+            for t in re.findall(r"<text[^>]*>(.*?)</text>", svg, re.DOTALL)]
+
+
+def test_sweep_chart_labels_log_axes_in_plain_text(no_mathtext):
+    records = [r.to_json() for r in sample_records()]
+    sweep = charts.sweep_groups(records)[0]
+    svg = charts.sweep_svg(sweep, "sweep-0")
+    texts = _texts(svg)
+    assert not any("<tspan" in t or "$" in t for t in texts)
+    decades = [_read(t) for t in texts if re.fullmatch(r"−?(?:[0-9.]+×)?10[⁻⁰¹²³⁴⁵⁶⁷⁸⁹]+", t)]
+    # Each panel's largest and smallest positive values sit within a decade of a label.
+    for metric, _, _ in charts.PANELS:
+        ys = [y for s in sweep.series for y in s.xy(metric)[1] if y > 0]
+        for y in (min(ys), max(ys)):
+            assert any(y / 10 <= d <= y * 10 for d in decades), (metric, y, decades)
+    # The exact-zero points (jax-cpu float32 has 0 ULP) keep their "0" label on the symlog axis.
+    assert "0" in texts
+
+
+def test_training_curves_label_log_axes_in_plain_text(no_mathtext):
+    metrics = {"curve": {"loss_err": [0.0, 1e-7, 3e-6, 2e-5],
+                         "grad_err": [1e-6, 1e-5, 1e-4, 1e-3],
+                         "update_err": [1e-4, 1e-3, 1e-2, 1e-1]}}
+    svg = curves_svg([{"label": "jax-cpu vs float64", "metrics": metrics}],
+                     {"loss": 1e-5, "grad": 1e-4, "update": 1e-2}, "train-0")
+    texts = _texts(svg)
+    values = {_read(t) for t in texts if "10" in t and re.fullmatch(r"[0-9⁻⁰¹²³⁴⁵⁶⁷⁸⁹×.−]+", t)}
+    # The loss panel's zero is drawn at the 1e-12 floor: its axis spans 1e-12 .. 1e-5.
+    for decade in (1e-12, 1e-6, 1e-3, 1e-1):
+        assert any(math.isclose(v, decade) for v in values), (decade, sorted(values))
+    assert "jax-cpu vs float64" in texts
