@@ -14,7 +14,7 @@ import re
 import pytest
 
 from diag.report import charts
-from diag.report.training import curves_svg
+from diag.report.training import curves_figure, curves_svg
 
 try:  # tests/ is on sys.path as a rootdir (no __init__.py) ...
     from test_report import sample_records
@@ -106,3 +106,76 @@ def test_training_curves_label_log_axes_in_plain_text(no_mathtext):
     for decade in (1e-12, 1e-6, 1e-3, 1e-1):
         assert any(math.isclose(v, decade) for v in values), (decade, sorted(values))
     assert "jax-cpu vs float64" in texts
+
+
+def _crowded_sweep() -> charts.Sweep:
+    """The widest labels a sweep chart writes: 8 long legend entries (two rows), a panel with
+    zeros (symlog), one spanning under a decade (minor labels such as 2×10⁻³), one spanning
+    twelve decades, and power-of-two swept values up to 2²⁰."""
+    records = []
+    xs = [2**k for k in range(8, 21, 2)]
+    for i in range(8):
+        for j, x in enumerate(xs):
+            records.append({
+                "kind": "probe", "probe": "matmul.a_rather_long_probe_name_for_a_sweep",
+                "op": "matmul", "backend": f"torch-cpu-on-a-long-host-name-{i}",
+                "dtype": "bfloat16", "params": {"sweep": "d", "d": x, "precision": "highest"},
+                "metrics": {"max_ulp": 0.0 if i == 0 else 10.0**(j + i),
+                            "max_abs_err": 2e-3 + 3e-4 * j + 1e-5 * i,
+                            "bound_ratio": 10.0**(-12 + j + i / 4)}})
+    (sweep,) = charts.sweep_groups(records)
+    return sweep
+
+
+def _boxes(fig) -> list[tuple[str, object]]:
+    """(group, window extent) of every visible non-empty text of a drawn figure; texts of one
+    group (one axis's tick labels) may touch each other, texts of two groups must not."""
+    renderer = fig.canvas.get_renderer()  # an Agg canvas: its text metrics are FreeType's
+    out = []
+    for n, ax in enumerate(fig.axes):
+        frame = ax.get_window_extent(renderer)
+        for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+            for t in axis.get_ticklabels(which="both"):
+                box = t.get_window_extent(renderer)
+                # Ticks outside the view limits keep a label that is not drawn.
+                inside = (frame.x0 - 1 <= (box.x0 + box.x1) / 2 <= frame.x1 + 1 if name == "x"
+                          else frame.y0 - 1 <= (box.y0 + box.y1) / 2 <= frame.y1 + 1)
+                if t.get_visible() and t.get_text() and inside:
+                    out.append((f"{n}{name}ticks", box))
+            out.append((f"{n}{name}label", axis.label.get_window_extent(renderer)))
+        out.append((f"{n}title", ax.title.get_window_extent(renderer)))
+    for n, t in enumerate(fig.legends[0].get_texts()):
+        out.append((f"legend{n}", t.get_window_extent(renderer)))
+    out.append(("suptitle", fig._suptitle.get_window_extent(renderer)))
+    return [(g, b) for g, b in out if b.width > 0]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: charts.sweep_figure(_crowded_sweep()),
+    lambda: curves_figure(
+        [{"label": f"torch-cpu-on-a-long-host-name-{i}|jax-cpu vs each other",
+          "metrics": {"curve": {"loss_err": [0.0, 1e-9 * (i + 1), 3e-3],
+                                "grad_err": [2e-3, 3e-3, 4e-3], "update_err": [1e-1, 1e2, 1e4]}}}
+         for i in range(6)], {"loss": 1e-5, "grad": 1e-4, "update": 1e-2}),
+], ids=["sweep", "training"])
+def test_chart_text_stays_inside_the_figure_and_apart(make):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = make()
+    charts._plain_log_formatters(fig)  # what figure_svg does before it draws
+    FigureCanvasAgg(fig).draw()
+    frame = fig.bbox
+    boxes = _boxes(fig)
+    assert len({g for g, _ in boxes}) > 15
+    for group, box in boxes:
+        assert (box.x0 >= frame.x0 - 0.5 and box.x1 <= frame.x1 + 0.5
+                and box.y0 >= frame.y0 - 0.5 and box.y1 <= frame.y1 + 0.5), (group, box, frame)
+    for i, (g1, b1) in enumerate(boxes):
+        for g2, b2 in boxes[i + 1:]:
+            if g1 != g2:
+                assert not b1.overlaps(b2), (g1, b1, g2, b2)
+    # Tick labels keep off the neighbouring panel.
+    for n, ax in enumerate(fig.axes):
+        for group, box in boxes:
+            if not group.startswith(str(n)):
+                assert not box.overlaps(ax.get_window_extent()), (group, n)
