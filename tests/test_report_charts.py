@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +182,19 @@ def test_chart_text_stays_inside_the_figure_and_apart(make):
         for group, box in boxes:
             if not group.startswith(str(n)):
                 assert not box.overlaps(ax.get_window_extent()), (group, n)
+
+
+def test_preload_imports_matplotlib_in_a_background_thread():
+    # `diag run` calls preload() before its workers start; the import must happen off the
+    # main thread (which returns at once) and leave the charts' modules loaded.
+    code = ("import sys, threading, diag.report\n"
+            "assert 'matplotlib' not in sys.modules\n"
+            "diag.report.preload()\n"
+            "(t,) = [t for t in threading.enumerate() if t.name == 'diag-report-preload']\n"
+            "assert t.daemon\n"
+            "t.join(120)\n"
+            "print(sorted(m for m in ('matplotlib.figure', 'matplotlib.backends.backend_svg')"
+            " if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.strip() == "['matplotlib.backends.backend_svg', 'matplotlib.figure']"

@@ -61,6 +61,10 @@ def run(
 
     pythons = parse_python(split(python))  # bad usage exits 2 before anything starts
     progress = render.RunProgress(enabled=not as_json)
+    if report:
+        from diag.report import preload
+
+        preload()  # matplotlib's import overlaps the run instead of following it
     try:
         result = runner.run(suite, split(backend), out=out, repeats=repeats, env=pythons or None,
                             case_timeout=timeout, cache_dir=str(cache_dir) if cache_dir else None,

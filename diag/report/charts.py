@@ -158,6 +158,18 @@ def sweep_groups(records: Iterable[Mapping[str, Any]]) -> list[Sweep]:
     return list(sweeps.values())
 
 
+def import_matplotlib() -> None:
+    """Import the matplotlib modules the charts use (`diag.report.preload` runs this in a
+    thread); an import that fails is left for the drawing code to raise."""
+    try:
+        import matplotlib.backends.backend_svg  # noqa: F401
+        import matplotlib.figure  # noqa: F401
+        import matplotlib.textpath  # noqa: F401
+        import matplotlib.ticker  # noqa: F401
+    except Exception:  # noqa: BLE001 - raised again, with its traceback, where it is used
+        pass
+
+
 def _mpl_text(text: str) -> str:
     # matplotlib parses text between two `$` as mathtext: a backend or case name with two
     # dollars would be typeset (or raise). Escaped dollars are drawn literally.
