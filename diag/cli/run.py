@@ -66,6 +66,10 @@ def run(
 
     pythons = parse_python(split(python))  # bad usage exits 2 before anything starts
     progress = render.RunProgress(enabled=not as_json)
+    if report:
+        from diag.report import preload
+
+        preload()  # matplotlib's import overlaps the run instead of following it
     try:
         result = runner.run(suite, split(backend), out=out, repeats=repeats,
                             repeat_budget=repeat_budget, env=pythons or None,

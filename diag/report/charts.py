@@ -22,7 +22,8 @@ from typing import Any, Iterable, Mapping
 
 from diag import numerics
 
-__all__ = ["Series", "Sweep", "sweep_groups", "sweep_svg", "to_float"]
+__all__ = ["Series", "Sweep", "figure_svg", "panels", "sweep_figure", "sweep_groups", "sweep_svg",
+           "title_and_legend", "to_float"]
 
 # The panels of a sweep figure: (metric key, panel title, a reference line or None).
 # ULP and abs error show how error grows; the bound ratio is what decides the verdict:
@@ -157,10 +158,60 @@ def sweep_groups(records: Iterable[Mapping[str, Any]]) -> list[Sweep]:
     return list(sweeps.values())
 
 
+def import_matplotlib() -> None:
+    """Import the matplotlib modules the charts use (`diag.report.preload` runs this in a
+    thread); an import that fails is left for the drawing code to raise."""
+    try:
+        import matplotlib.backends.backend_svg  # noqa: F401
+        import matplotlib.figure  # noqa: F401
+        import matplotlib.textpath  # noqa: F401
+        import matplotlib.ticker  # noqa: F401
+    except Exception:  # noqa: BLE001 - raised again, with its traceback, where it is used
+        pass
+
+
 def _mpl_text(text: str) -> str:
     # matplotlib parses text between two `$` as mathtext: a backend or case name with two
     # dollars would be typeset (or raise). Escaped dollars are drawn literally.
     return text.replace("$", r"\$")
+
+
+_SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
+def _plain_tick(label: str) -> str:
+    r"""A log-axis tick label as plain text: ``$\mathdefault{2\times10^{-3}}$`` -> ``2×10⁻³``.
+
+    matplotlib's log formatters write mathtext, and typesetting it (a pyparsing grammar run
+    per label) took most of the time a report spent drawing its charts; Unicode superscripts
+    say the same and are drawn as plain ``<text>``. Labels of another form are kept as they are.
+    """
+    m = re.fullmatch(r"\$\\mathdefault\{(-?)(?:([0-9.]+)\\times)?"
+                     r"(?:(\d+)\^\{(-?\d+)\}|([0-9.]+))\}\$", label)
+    if m is None:
+        return label
+    sign, coeff, base, exponent, number = m.groups()
+    text = number if number is not None else (
+        (f"{coeff}×" if coeff else "") + base + exponent.translate(_SUPERSCRIPT))
+    return ("−" if sign else "") + text
+
+
+def _plain_log_formatters(fig: Any) -> None:
+    """Give every log axis of `fig` tick labels in plain text (`_plain_tick`) instead of
+    mathtext, with the same choice of which ticks get a label."""
+    from matplotlib.ticker import LogFormatterSciNotation
+
+    class PlainLogFormatter(LogFormatterSciNotation):
+        def __call__(self, x, pos=None):
+            return _plain_tick(super().__call__(x, pos))
+
+    for axis in (a for ax in fig.axes for a in (ax.xaxis, ax.yaxis)):
+        base = getattr(axis.get_transform(), "base", None)
+        for fmt, setter in ((axis.get_major_formatter(), axis.set_major_formatter),
+                            (axis.get_minor_formatter(), axis.set_minor_formatter)):
+            if type(fmt) is LogFormatterSciNotation and base is not None:
+                setter(PlainLogFormatter(base, labelOnlyBase=fmt.labelOnlyBase,
+                                         minor_thresholds=fmt.minor_thresholds))
 
 
 def _set_scale(ax, axis: str, values: list[float], base: float = 10) -> None:
@@ -184,6 +235,76 @@ def _is_power_of_two(x: float) -> bool:
     return x > 0 and float(x).is_integer() and (int(x) & (int(x) - 1)) == 0
 
 
+# The panel layout, in inches. Fixed margins instead of matplotlib's constrained layout: that
+# draws the whole figure once more to measure it, which tripled the time a chart took. The
+# margins hold the widest tick label a log axis writes ("2×10⁻¹²") and the axis label; the
+# legend's columns and rows, and the room for a last x tick label that sticks out on the
+# right, are measured from their text (FreeType metrics, without drawing).
+PANEL_WIDTH, LEGEND_COLUMNS, TICK_SIZE, LEGEND_SIZE = 4.4, 4, 10, 8
+_LEFT, _GAP, _RIGHT, _TOP, _BELOW_AXES, _LEGEND_ROW = 0.72, 0.72, 0.15, 0.62, 0.55, 0.2
+
+
+def _text_width(text: str, size: float) -> float:
+    """The width in inches matplotlib gives `text` at `size` points in the default font."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    width, _, _ = TextToPath().get_text_width_height_descent(text, FontProperties(size=size),
+                                                             ismath=False)
+    return width / 72
+
+
+def _legend_columns(labels: list[str], width: float) -> int:
+    """As many legend columns (at most `LEGEND_COLUMNS`) as fit the figure's `width`."""
+    # A column: the line sample, the gap to its text, the text, the gap to the next column
+    # (2 + 0.8 + 2 font sizes: matplotlib's defaults).
+    column = max((_text_width(label, LEGEND_SIZE) for label in labels), default=0)
+    column += 4.8 * LEGEND_SIZE / 72
+    fit = int((width - 0.2) // column) if column else LEGEND_COLUMNS
+    return max(1, min(LEGEND_COLUMNS, len(labels), fit))
+
+
+def panels(n_panels: int, axes_height: float, legend_labels: list[str],
+           last_xtick: str = "") -> tuple[Any, list[Any]]:
+    """A figure with `n_panels` axes side by side, room above them for a title and below
+    them for the x axes and a legend of `legend_labels` (`title_and_legend`).
+
+    Args:
+      n_panels: how many axes, left to right.
+      axes_height: their height in inches.
+      legend_labels: the legend's entries, to size its rows.
+      last_xtick: the label of the rightmost x tick when the caller sets labels itself (it
+        is centred on the right edge of the last panel: half of it needs room there).
+
+    Returns:
+      The `matplotlib.figure.Figure` (no pyplot: the caller's backend and figure registry
+      are untouched) and its axes, left to right.
+    """
+    from matplotlib.figure import Figure
+
+    width = PANEL_WIDTH * n_panels
+    right = max(_RIGHT, _text_width(last_xtick, TICK_SIZE) / 2 + 0.05)
+    rows = max(1, math.ceil(len(legend_labels) / _legend_columns(legend_labels, width)))
+    bottom = _BELOW_AXES + rows * _LEGEND_ROW + 0.1
+    height = _TOP + axes_height + bottom
+    axes_width = (width - _LEFT - right - (n_panels - 1) * _GAP) / n_panels
+    fig = Figure(figsize=(width, height))
+    fig.subplots_adjust(left=_LEFT / width, right=1 - right / width, top=1 - _TOP / height,
+                        bottom=bottom / height, wspace=_GAP / axes_width)
+    return fig, list(fig.subplots(1, n_panels, squeeze=False)[0])
+
+
+def title_and_legend(fig: Any, title: str, handles: list[Any], labels: list[str]) -> None:
+    """The figure's title on top and one legend for all its panels below them, in the
+    columns `panels` made room for."""
+    height = fig.get_figheight()
+    fig.suptitle(_mpl_text(title), fontsize=11, y=1 - 0.08 / height, va="top")
+    # Explicit labels: legend() would silently drop auto-collected labels starting with "_".
+    fig.legend(handles, [_mpl_text(label) for label in labels], loc="lower center",
+               bbox_to_anchor=(0.5, 0.05 / height), borderaxespad=0, frameon=False,
+               ncol=_legend_columns(labels, fig.get_figwidth()), fontsize=LEGEND_SIZE)
+
+
 def sweep_svg(sweep: Sweep, fig_id: str) -> str:
     """Draw one probe's sweep as an inline-ready SVG string (one panel per metric, shared legend).
 
@@ -196,17 +317,24 @@ def sweep_svg(sweep: Sweep, fig_id: str) -> str:
     Returns:
       ``<svg ...>...</svg>`` without the XML prolog and doctype, sized by its viewBox.
     """
-    import matplotlib
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import NullLocator
-
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", fig_id):
         raise ValueError(f"fig_id must be id-safe, got {fig_id!r}")
-    fig = Figure(figsize=(4.4 * len(PANELS), 3.9), layout="constrained")
-    axes = fig.subplots(1, len(PANELS))
+    return figure_svg(sweep_figure(sweep), fig_id)
+
+
+def sweep_figure(sweep: Sweep) -> Any:
+    """The matplotlib figure `sweep_svg` writes: a panel per `PANELS` metric, a line per series
+    (gid ``{metric}-s{i}``), log axes where the values allow."""
+    import matplotlib
+    from matplotlib.ticker import NullLocator
+
     colors = matplotlib.colormaps["tab10"].colors
     markers = "osD^v<>ph*"
     xs_all = sorted({x for s in sweep.series for x in s.points})
+    # Up to 12 swept values are each a labelled tick; more get a log axis's own ticks.
+    xticks = [numerics.fmt(x, 6, compact=False) for x in xs_all] if len(xs_all) <= 12 else []
+    fig, axes = panels(len(PANELS), 2.6, [s.label for s in sweep.series],
+                       last_xtick=xticks[-1] if xticks else "")
     handles = []
     for ax, (metric, title, reference) in zip(axes, PANELS):
         ys_all: list[float] = []
@@ -227,31 +355,32 @@ def sweep_svg(sweep: Sweep, fig_id: str) -> str:
         if reference is not None:
             ax.axhline(reference, color="#c0392b", linewidth=0.9, linestyle=":")
             ys_all.append(reference)
-        ax.set_title(title, fontsize=10)
+        # y given: the title sits above the frame; left to matplotlib, placing it measures
+        # every tick label once more per draw (no ticks are on top here).
+        ax.set_title(title, fontsize=10, y=1.0)
         ax.set_xlabel(_mpl_text(sweep.param))
         ax.grid(True, which="major", linewidth=0.5, alpha=0.5)
         if xs_all:
             _set_scale(ax, "x", xs_all, base=2 if all(map(_is_power_of_two, xs_all)) else 10)
-            if len(xs_all) <= 12:
-                ax.set_xticks(xs_all, [numerics.fmt(x, 6, compact=False) for x in xs_all])
+            if xticks:
+                ax.set_xticks(xs_all, xticks)
                 ax.xaxis.set_minor_locator(NullLocator())
         if ys_all:
             _set_scale(ax, "y", ys_all)
         else:
             ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center",
                     va="center", color="#777")
-    fig.suptitle(_mpl_text(f"{sweep.probe}  ({sweep.op})"), fontsize=11)
-    # Explicit labels: legend() would silently drop auto-collected labels starting with "_".
-    fig.legend(handles, [_mpl_text(s.label) for s in sweep.series], loc="outside lower center",
-               ncol=min(len(handles), 4) or 1, fontsize=8, frameon=False)
-    return figure_svg(fig, fig_id)
+    title_and_legend(fig, f"{sweep.probe}  ({sweep.op})", handles,
+                     [s.label for s in sweep.series])
+    return fig
 
 
 def figure_svg(fig: Any, fig_id: str) -> str:
-    """A matplotlib figure as SVG markup to inline in the report (text kept as text, ids
-    prefixed with `fig_id`)."""
+    """A matplotlib figure as SVG markup to inline in the report (text kept as text, log-axis
+    tick labels in plain text, ids prefixed with `fig_id`)."""
     import matplotlib
 
+    _plain_log_formatters(fig)
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none", "font.size": 9}):
         # No metadata: it would carry a creation date and a creator URL into the report.

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from diag.report.charts import _mpl_text, figure_svg, to_float
+from diag.report.charts import figure_svg, panels, title_and_legend, to_float
 
-__all__ = ["train_context", "curves_svg"]
+__all__ = ["train_context", "curves_figure", "curves_svg"]
 
 _RANK = {"pass": 0, "skip": 1, "warn": 2, "fail": 3, "error": 4}
 # Panels: (curve key, title, tolerance key in `allowed`).
@@ -35,12 +35,16 @@ def _curve(metrics: Mapping[str, Any], key: str) -> list[float]:
 
 
 def curves_svg(series: list[dict], allowed: Mapping[str, Any], fig_id: str) -> str:
-    """One figure: a panel per `PANELS` entry, a line per series (`label`, `metrics`)."""
-    import matplotlib
-    from matplotlib.figure import Figure
+    """One figure as inline SVG: a panel per `PANELS` entry, a line per series (`label`,
+    `metrics`), the tolerances of `allowed` drawn in."""
+    return figure_svg(curves_figure(series, allowed), fig_id)
 
-    fig = Figure(figsize=(4.4 * len(PANELS), 3.6), layout="constrained")
-    axes = fig.subplots(1, len(PANELS))
+
+def curves_figure(series: list[dict], allowed: Mapping[str, Any]) -> Any:
+    """The matplotlib figure `curves_svg` writes."""
+    import matplotlib
+
+    fig, axes = panels(len(PANELS), 2.6, [s["label"] for s in series])
     colors = matplotlib.colormaps["tab10"].colors
     handles = []
     for ax, (key, title, tol_key) in zip(axes, PANELS):
@@ -55,14 +59,14 @@ def curves_svg(series: list[dict], allowed: Mapping[str, Any], fig_id: str) -> s
         if tol:
             ax.axhline(tol, color="#c0392b", linewidth=0.9, linestyle=":")
         ax.set_yscale("log")
-        ax.set_title(title, fontsize=10)
+        # y given: the title sits above the frame; left to matplotlib, placing it measures
+        # every tick label once more per draw (no ticks are on top here).
+        ax.set_title(title, fontsize=10, y=1.0)
         ax.set_xlabel("step")
         ax.grid(True, linewidth=0.5, alpha=0.5)
-    fig.suptitle("divergence over steps (dotted: the tolerance; 0 drawn at 1e-12)",
-                 fontsize=10)
-    fig.legend(handles, [_mpl_text(s["label"]) for s in series], loc="outside lower center",
-               ncol=min(len(handles), 4) or 1, fontsize=8, frameon=False)
-    return figure_svg(fig, fig_id)
+    title_and_legend(fig, "divergence over steps (dotted: the tolerance; 0 drawn at 1e-12)",
+                     handles, [s["label"] for s in series])
+    return fig
 
 
 def train_context(records: Iterable[Mapping[str, Any]],
