@@ -38,15 +38,18 @@ from diag.workers import _load_output
 
 __all__ = ["STORE_MIN_SECONDS", "STORE_RATE", "Judge", "as_emulation"]
 
-#: A shared array goes to the on-disk cache only when computing it took at least this long
-#: (a file per cheap array is clutter, not a saving) ...
+#: A shared array goes to the on-disk cache only when computing it took at least this much
+#: CPU time (a file per cheap array is clutter, not a saving) ...
 STORE_MIN_SECONDS = 0.02
-#: ... and ran slower than this many bytes a second. Mapping a stored array and checking its
-#: sha256 runs at about 1 GB/s here, so what is stored is at least twice as cheap to get back.
-#: Measured on the shipped matmul suite (2-core host): long-K bounds (64x16384x64,
-#: 256x65536x256) run at under 1 MB/s, a [4096,4]x[4,4096] product's at 250-400 MB/s (0.3-0.5 s
-#: for 134 MB): all of those are stored; small K=4 bounds take milliseconds and are not.
-STORE_RATE = 500e6
+#: ... and more than 5 ms of CPU time per MB. CPU time, not wall time: other processes on
+#: the host then do not change the decision. Mapping a stored array and checking its sha256
+#: costs about 1 ms per MB here. Measured on the shipped suites (2-core host): long-K matmul
+#: bounds (64x16384x64, 256x65536x256: seconds for under 1 MB), the 1024^3 products' bounds
+#: (~15 ms/MB) and the long softmax rows' (8x131072 and 8x262144: 10-60 ms/MB) are stored
+#: (~30 MB for the matmul suite, ~250 MB for sampling); K=4 products' bounds (~2-4 ms/MB:
+#: a [4096,4]x[4,4096] bound is 134 MB for 0.3-0.5 s) are computed again, as storing them
+#: would take ~540 MB more disk for ~0.25 s each.
+STORE_RATE = 200e6
 
 
 def as_emulation(ev: Evaluation) -> Evaluation:
@@ -134,9 +137,9 @@ class Judge:
         if hit is not None:
             self.stored["hit"] += 1
             return hit.value
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         value = compute()
-        seconds = time.perf_counter() - t0
+        seconds = time.process_time() - t0
         if (seconds >= self.store_min_seconds and value.nbytes <= seconds * self.store_rate
                 and self.cache.put_mapped(key, value, {"kind": "shared", "name": name,
                                                        "case": case.label,

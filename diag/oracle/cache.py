@@ -1,5 +1,11 @@
 """On-disk cache of ground truth, keyed by what determines it, so CI does not pay twice.
 
+Beside the truths it keeps two kinds of derived entry (`derived_key`, `put_mapped`,
+`get_mapped`): arrays every backend's verdict shares that were slow to compute (a long-K
+matmul's error bound, `diag.judge.Judge.shared`) and large seeded input sets
+(`diag.inputs.STORE_INPUT_BYTES`). Their keys name everything the value depends on, source
+code included, and a run memory-maps them read-only: the workers map cached inputs in place.
+
 The key hashes the op name, every input's dtype, shape and bytes, the output dtype, any op
 parameters and `ORACLE_VERSION`; a change to any of them is a different entry, and bumping the
 version when the oracle's arithmetic changes invalidates everything computed before. Values are
@@ -209,7 +215,10 @@ class GroundTruthCache:
         npy, meta_path = self._paths(key)
         try:
             meta = json.loads(meta_path.read_text())
-            bits = np.load(npy, allow_pickle=False)
+            # Mapped, not read: the checksum pass and the caller's use read the page cache,
+            # and a truth the run's memo lets go of costs it no memory.
+            bits = np.load(npy, mmap_mode="r" if math.prod(meta.get("shape") or [1]) else None,
+                           allow_pickle=False)
             stored = meta.get("sha256")
             if stored is None:
                 return None
