@@ -213,6 +213,31 @@ def test_cli_runs_keep_inputs_in_the_cache_dir_they_are_given(tmp_path):
         [(r["status"], r["metrics"]) for r in recs[1]]
 
 
+def test_a_corrupt_input_entry_is_drawn_again_and_replaced(tmp_path, caplog):
+    (big,) = _suite(tmp_path, [[4096, 1024, 1]])
+    cache = GroundTruthCache(tmp_path / "cache")
+    for work in ("w1", "w2", "w3"):
+        (tmp_path / work).mkdir()
+    want = _Inputs(tmp_path / "w1", cache).get(big)
+    first = max(_entries(cache.root, "inputs"), key=lambda p: p.with_suffix(".npy").stat().st_size)
+    npy = first.with_suffix(".npy")
+    raw = bytearray(npy.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    npy.write_bytes(bytes(raw))
+    caplog.set_level(logging.WARNING, logger="diag.oracle.cache")
+    again = _Inputs(tmp_path / "w2", cache)
+    got = again.get(big)
+    assert "failed its checksum" in caplog.text
+    assert all(_same_bits(g, w) for g, w in zip(got, want))
+    assert again.digests(big) == [numerics.bits_digest(w) for w in want]
+    # Rewritten whole: the next run maps it without a warning.
+    caplog.clear()
+    third = _Inputs(tmp_path / "w3", cache)
+    assert all(_same_bits(g, w) for g, w in zip(third.get(big), want))
+    assert "failed its checksum" not in caplog.text
+    assert all(p.startswith(str(cache.root)) for p in third.paths(big))
+
+
 def _write_and_read(root, key: str, times: int) -> int:
     """One 'run' storing and reading back the same entry `times` times; returns how many
     reads gave the whole, verified value."""
