@@ -41,15 +41,16 @@ __all__ = ["STORE_MIN_SECONDS", "STORE_RATE", "Judge", "as_emulation"]
 #: A shared array goes to the on-disk cache only when computing it took at least this much
 #: CPU time (a file per cheap array is clutter, not a saving) ...
 STORE_MIN_SECONDS = 0.02
-#: ... and more than 5 ms of CPU time per MB. CPU time, not wall time: other processes on
-#: the host then do not change the decision. Mapping a stored array and checking its sha256
-#: costs about 1 ms per MB here. Measured on the shipped suites (2-core host): long-K matmul
-#: bounds (64x16384x64, 256x65536x256: seconds for under 1 MB), the 1024^3 products' bounds
-#: (~15 ms/MB) and the long softmax rows' (8x131072 and 8x262144: 10-60 ms/MB) are stored
-#: (~30 MB for the matmul suite, ~250 MB for sampling); K=4 products' bounds (~2-4 ms/MB:
-#: a [4096,4]x[4,4096] bound is 134 MB for 0.3-0.5 s) are computed again, as storing them
-#: would take ~540 MB more disk for ~0.25 s each.
-STORE_RATE = 200e6
+#: ... and more than 10 ms of CPU time per MB: mapping a stored array and checking its sha256
+#: costs about 1 ms per MB here, so what is stored is at least 10x cheaper to get back. CPU
+#: time, not wall time, so that other processes on the host sway the decision less; an
+#: array near the line may be stored by one run and not by another (never both ways: once
+#: stored it is read). Measured on the shipped suites (2-core host, CPU time): long-K matmul
+#: bounds (64x16384x64, 256x65536x256) take seconds for under 1 MB and the 1024^3 products'
+#: ~10-25 ms/MB: stored, ~27 MB for the matmul suite. K=4 products' bounds (a
+#: [4096,4]x[4,4096] one: 134 MB for 0.3-0.5 s) and long softmax rows' (5-20 ms/MB, ~16 MB
+#: each) mostly are not: storing all the matmul suite's bounds would take ~570 MB.
+STORE_RATE = 100e6
 
 
 def as_emulation(ev: Evaluation) -> Evaluation:
