@@ -3,12 +3,15 @@
 The makers (`INPUT_MAKERS`, named by suite files' `inputs`) draw seeded arrays with numpy.
 Every backend receives the same input bits (written once as raw-bit .npy files the workers
 read), and the truth is computed once per input set, on the host, never on the device under
-test (`diag.oracle`, disk-cached by input hash).
+test (`diag.oracle`, disk-cached by input hash). Large seeded inputs are kept in that cache
+too (`STORE_INPUT_BYTES`): a later run maps them, and so do its workers, instead of drawing
+them again.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -173,12 +176,29 @@ def _mapped(path: str, dtype) -> np.ndarray:
     return numerics.from_bits(data, dtype) if numerics.is_supported(dtype) else data
 
 
+#: An input set of at least this many bytes, drawn by one of `INPUT_MAKERS`, is stored in the
+#: ground-truth cache and mapped from there by later runs and their workers. numpy draws
+#: normals at ~150 MB/s here (a [256, 65536] float32 pair: ~1 s), while a stored set costs a
+#: map and the sha256 every run takes of its inputs anyway; smaller sets take milliseconds
+#: to draw and stay out of the cache. The shipped matmul suite stores its two largest
+#: long-K sets (192 MB).
+STORE_INPUT_BYTES = 16 << 20
+
+
 class _Inputs:
     """Input arrays per input key: drawn once on the host, written once as raw bits, which
-    the workers and the host both map (large ones are not kept in the host's memory)."""
+    the workers and the host both map (large ones are not kept in the host's memory).
 
-    def __init__(self, work: Path):
+    Args:
+      work: the run's work folder, where inputs not kept in the cache are written.
+      cache: where large seeded input sets are kept between runs (`STORE_INPUT_BYTES`);
+        None: always draw them. Files in the cache are only ever mapped read-only, by the
+        host and the workers; the run's work folder, deleted after the run, holds none.
+    """
+
+    def __init__(self, work: Path, cache=None):
         self.work = work
+        self.cache = cache
         self._arrays: dict[str, list[np.ndarray | None]] = {}
         self._dtypes: dict[str, np.dtype] = {}
         self._paths: dict[str, list[str]] = {}
@@ -200,18 +220,57 @@ class _Inputs:
             return [a if a is not None else _mapped(p, self._dtypes[key])
                     for a, p in zip(self._arrays[key], self._paths[key])]
         probe = PROBES[case.op]
-        rng = np.random.default_rng(case.seed)
         dtype = numerics.as_dtype(case.dtype)
+        self._dtypes[key] = dtype
+        keys = self._store_keys(case, probe, dtype)
+        stored = [self.cache.get_mapped(k) for k in keys]
+        if keys and all(e is not None for e in stored):
+            self._keep(key, stored)
+            return [e.value for e in stored]
+        rng = np.random.default_rng(case.seed)
         if probe.make_inputs is not None:  # inputs made as a set (a model's weights)
             arrays = probe.make_inputs(rng, case.params, dtype)
         else:
             arrays = [INPUT_MAKERS[case.inputs](rng, shape, dtype)
                       for shape in probe.input_shapes(case.params)]
+        stored = [self.cache.put_mapped(k, a, {"kind": "inputs", "case": case.label})
+                  for k, a in zip(keys, arrays)]
+        if keys and all(e is not None for e in stored):
+            self._keep(key, stored)
+            return arrays
         paths = [self.work / f"in-{case.input_key}-{i}.npy" for i in range(len(arrays))]
         self._arrays[key] = [_spill(p, a) for p, a in zip(paths, arrays)]
         self._paths[key] = [str(p) for p in paths]
-        self._dtypes[key] = dtype
         return arrays
+
+    def _store_keys(self, case: Case, probe, dtype) -> list[str]:
+        """The cache keys of `case`'s input arrays, or [] when they are not kept there.
+
+        A key holds what the bits depend on: the maker's name and the source of the module
+        it lives in, the shapes, dtype and seed, the array's place in the set, and numpy's
+        and ml_dtypes' versions (numpy does not promise the same stream from a seed across
+        versions). Sets made by a probe's own `make_inputs` (a model's weights, small) are not
+        kept.
+        """
+        if self.cache is None or probe.make_inputs is not None:
+            return []
+        from diag.oracle.cache import source_digest
+
+        shapes = [list(s) for s in probe.input_shapes(case.params)]
+        if sum(math.prod(s) for s in shapes) * dtype.itemsize < STORE_INPUT_BYTES:
+            return []
+        maker = INPUT_MAKERS[case.inputs]
+        recipe = {"maker": case.inputs, "code": source_digest(maker), "shapes": shapes,
+                  "dtype": numerics.dtype_name(dtype), "seed": case.seed,
+                  "numpy": np.__version__, "ml_dtypes": ml_dtypes.__version__}
+        return [self.cache.derived_key("inputs", {**recipe, "index": i})
+                for i in range(len(shapes))]
+
+    def _keep(self, key: str, stored: list) -> None:
+        """Use verified cache entries as the input set `key`: mapped, never copied."""
+        self._arrays[key] = [None] * len(stored)
+        self._paths[key] = [str(e.path) for e in stored]
+        self._digests[key] = [e.digest for e in stored]
 
     def paths(self, case: Case) -> list[str]:
         self.get(case)
@@ -259,10 +318,12 @@ class _Truth:
     once per input set and truth parameters (top_k and approx_max_k with the same k share),
     and kept in memory while `CostMemo`'s budget allows (else read again from the cache)."""
 
-    def __init__(self, inputs: _Inputs, cache_dir: str | None, memo: CostMemo | None = None):
+    def __init__(self, inputs: _Inputs, cache_dir, memo: CostMemo | None = None):
         from diag.oracle.cache import GroundTruthCache, default_cache_dir
 
-        self._cache = GroundTruthCache(cache_dir or default_cache_dir())
+        #: The ground-truth cache (`cache_dir` may be one already, shared with the inputs).
+        self.cache = (cache_dir if isinstance(cache_dir, GroundTruthCache)
+                      else GroundTruthCache(cache_dir or default_cache_dir()))
         self._inputs = inputs
         self._memo = memo if memo is not None else CostMemo(MEMO_BYTES)
 
@@ -279,5 +340,5 @@ class _Truth:
 
         return self._memo.get(
             self.key(case),
-            lambda: PROBES[case.op].truth(self._inputs.get(case), case.params, self._cache),
+            lambda: PROBES[case.op].truth(self._inputs.get(case), case.params, self.cache),
             _value_bytes)

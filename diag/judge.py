@@ -4,11 +4,16 @@ The runner hands every result event here; this module builds the `Outcome` the p
 judges (`diag.probes`), applies the run-level rules (inputs must arrive bit-identical, an
 emulation promises nothing), and keeps the time each host-side phase took per backend.
 
-What the host holds between cases is bounded: inputs and outputs are the .npy files in the
-run's work folder, memory-mapped while a case is judged; ground truths and arrays shared by
-every backend (a matmul's error bound, computed once per case) are kept within a byte budget,
-the costliest to recompute first (`diag.inputs.CostMemo`). A suite of 16.7M-element products
-is judged in a few hundred MB however many cases and backends it has.
+What the host holds between cases is bounded: inputs and outputs are .npy files (in the
+run's work folder, or the cache's for large seeded inputs), memory-mapped while a case is
+judged; ground truths and arrays shared by every backend (a matmul's error bound, computed
+once per case) are kept within a byte budget, the costliest to recompute first
+(`diag.inputs.CostMemo`). A suite of 16.7M-element products is judged in a few hundred MB
+however many cases and backends it has.
+
+A shared array that was slow to compute for its size (a long-K matmul's bound: seconds for
+half a MB) is also stored in the ground-truth cache, keyed by everything it depends on, and a
+later run maps the verified file instead of computing it again (`Judge.shared`).
 """
 
 from __future__ import annotations
@@ -20,15 +25,32 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
+import ml_dtypes
 import numpy as np
 
+from diag import numerics, tolerance
 from diag.backends import BackendSpec, promises_full_precision
 from diag.inputs import MEMO_BYTES, CostMemo, _Inputs, _Truth
+from diag.oracle.cache import GroundTruthCache, default_cache_dir, source_digest
 from diag.probes import PROBES, Evaluation, Outcome, expected_outcome
 from diag.suite import Case
 from diag.workers import _load_output
 
-__all__ = ["Judge", "as_emulation"]
+__all__ = ["STORE_MIN_SECONDS", "STORE_RATE", "Judge", "as_emulation"]
+
+#: A shared array goes to the on-disk cache only when computing it took at least this much
+#: CPU time (a file per cheap array is clutter, not a saving) ...
+STORE_MIN_SECONDS = 0.02
+#: ... and more than 10 ms of CPU time per MB: mapping a stored array and checking its sha256
+#: costs about 1 ms per MB here, so what is stored is at least 10x cheaper to get back. CPU
+#: time, not wall time, so that other processes on the host sway the decision less; an
+#: array near the line may be stored by one run and not by another (never both ways: once
+#: stored it is read). Measured on the shipped suites (2-core host, CPU time): long-K matmul
+#: bounds (64x16384x64, 256x65536x256) take seconds for under 1 MB and the 1024^3 products'
+#: ~10-25 ms/MB: stored, ~27 MB for the matmul suite. K=4 products' bounds (a
+#: [4096,4]x[4,4096] one: 134 MB for 0.3-0.5 s) and long softmax rows' (5-20 ms/MB, ~16 MB
+#: each) mostly are not: storing all the matmul suite's bounds would take ~570 MB.
+STORE_RATE = 100e6
 
 
 def as_emulation(ev: Evaluation) -> Evaluation:
@@ -51,14 +73,22 @@ class Judge:
     Args:
       work: the run's work folder (deleted with the run).
       cache_dir: the ground-truth cache folder (None: the default).
+      store_min_seconds, store_rate: which shared arrays are stored in that cache
+        (`STORE_MIN_SECONDS`, `STORE_RATE`).
     """
 
-    def __init__(self, work: Path, cache_dir: str | None):
+    def __init__(self, work: Path, cache_dir: str | None, *,
+                 store_min_seconds: float = STORE_MIN_SECONDS, store_rate: float = STORE_RATE):
         self.work = work
-        self.inputs = _Inputs(work)
+        self.store_min_seconds, self.store_rate = store_min_seconds, store_rate
+        self.cache = GroundTruthCache(cache_dir or default_cache_dir())
+        self.inputs = _Inputs(work, self.cache)
         # One budget for the truths and the shared arrays: the costliest to recompute stay.
         self._shared = CostMemo(MEMO_BYTES)
-        self.truth = _Truth(self.inputs, cache_dir, memo=self._shared)
+        self.truth = _Truth(self.inputs, self.cache, memo=self._shared)
+        #: What became of shared arrays the memo did not hold: read from the on-disk cache
+        #: (`hit`), computed and stored (`stored`), computed only (`computed`).
+        self.stored: dict[str, int] = {"hit": 0, "stored": 0, "computed": 0}
         #: backend label -> phase -> seconds spent on the host (truth, judge, write).
         self.seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
@@ -71,13 +101,54 @@ class Judge:
     def shared(self, case: Case) -> Callable[[str, Callable[[], np.ndarray]], np.ndarray]:
         """A memo for arrays that depend on the case alone (its inputs and truth), not on the
         backend: `memo(name, compute)` computes once and hands every later backend (and every
-        case with the same inputs) the same array, while `CostMemo`'s budget keeps it."""
+        case with the same inputs) the same array, while `CostMemo`'s budget keeps it.
+
+        `name` must say everything else the array depends on (the claimed arithmetic:
+        ``bound-float32``), as it keys the on-disk copy too (`stored`).
+        """
         base = self.truth.key(case)
 
         def memo(name: str, compute: Callable[[], np.ndarray]) -> np.ndarray:
-            return self._shared.get(json.dumps([base, name]), compute, lambda a: a.nbytes)
+            # A mapped array counts its full size: pages it touched stay resident while the
+            # memo holds it, and it took only a map and a digest to get, so it goes first.
+            return self._shared.get(json.dumps([base, name]),
+                                    lambda: self._stored(case, name, compute),
+                                    lambda a: a.nbytes)
 
         return memo
+
+    def shared_key(self, case: Case, name: str, compute: Callable) -> str:
+        """The on-disk key of `case`'s shared array `name`: the truth's key (its oracle, the
+        input recipe and the truth's parameters; `ORACLE_VERSION`), each input's dtype, shape
+        and bit digest, the name (the claimed arithmetic), the source of the code that
+        computes it (tolerance.py, numerics.py, the caller's module) and numpy's and
+        ml_dtypes' versions (the float64 BLAS and the casts)."""
+        inputs = [[numerics.dtype_name(a.dtype), list(a.shape), d]
+                  for a, d in zip(self.inputs.get(case), self.inputs.digests(case))]
+        return self.cache.derived_key("shared", {
+            "truth": self.truth.key(case), "inputs": inputs, "name": name,
+            "code": source_digest(tolerance, numerics, compute),
+            "numpy": np.__version__, "ml_dtypes": ml_dtypes.__version__})
+
+    def _stored(self, case: Case, name: str, compute: Callable[[], np.ndarray]) -> np.ndarray:
+        """`compute()`, or the same bytes mapped from the on-disk cache where an earlier run
+        stored them; stores what was slow to compute (`store_min_seconds`, `store_rate`)."""
+        key = self.shared_key(case, name, compute)
+        hit = self.cache.get_mapped(key)
+        if hit is not None:
+            self.stored["hit"] += 1
+            return hit.value
+        t0 = time.process_time()
+        value = compute()
+        seconds = time.process_time() - t0
+        if (seconds >= self.store_min_seconds and value.nbytes <= seconds * self.store_rate
+                and self.cache.put_mapped(key, value, {"kind": "shared", "name": name,
+                                                       "case": case.label,
+                                                       "seconds": round(seconds, 4)})):
+            self.stored["stored"] += 1
+        else:
+            self.stored["computed"] += 1
+        return value
 
     def outcome(self, case: Case, spec: BackendSpec, event: dict) -> Outcome:
         """What `spec` returned for `case` (its outputs memory-mapped), ready to be judged."""

@@ -22,8 +22,9 @@ def evaluate(o: Outcome) -> Evaluation:
     def bound_of_case():
         return tol.bound(o.inputs, expected, o.params)
 
-    # The bound depends on the case alone (inputs, truth, claim): once per case, not per backend.
-    bound = o.shared("bound", bound_of_case) if o.shared else bound_of_case()
+    # The bound depends on the case alone (inputs, truth, claim): once per case, not per backend
+    # (and, where it is slow to compute, once per cache: the name keys the stored copy).
+    bound = o.shared(f"bound-{tol.claim}", bound_of_case) if o.shared else bound_of_case()
     metrics = compare(output, expected, bound)
     status, reason = judge(metrics, claim=CLAIM, setting=o.setting,
                            promised=o.promised)

@@ -1,5 +1,11 @@
 """On-disk cache of ground truth, keyed by what determines it, so CI does not pay twice.
 
+Beside the truths it keeps two kinds of derived entry (`derived_key`, `put_mapped`,
+`get_mapped`): arrays every backend's verdict shares that were slow to compute (a long-K
+matmul's error bound, `diag.judge.Judge.shared`) and large seeded input sets
+(`diag.inputs.STORE_INPUT_BYTES`). Their keys name everything the value depends on, source
+code included, and a run memory-maps them read-only: the workers map cached inputs in place.
+
 The key hashes the op name, every input's dtype, shape and bytes, the output dtype, any op
 parameters and `ORACLE_VERSION`; a change to any of them is a different entry, and bumping the
 version when the oracle's arithmetic changes invalidates everything computed before. Values are
@@ -27,9 +33,12 @@ What the cache promises, because a wrong or missing cache must never change a ve
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -41,10 +50,10 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 
 from diag.errors import DiagError, UsageError
-from diag.numerics import as_dtype, bits_view, dtype_name, from_bits
+from diag.numerics import as_dtype, bits_digest, bits_view, dtype_name, from_bits
 
-__all__ = ["MARKER", "ORACLE_VERSION", "CachedTruth", "GroundTruthCache", "NotACache",
-           "default_cache_dir"]
+__all__ = ["MARKER", "ORACLE_VERSION", "CachedTruth", "GroundTruthCache", "MappedEntry",
+           "NotACache", "default_cache_dir", "source_digest"]
 
 #: Bump when any oracle's arithmetic changes: old entries then stop matching.
 ORACLE_VERSION = "1"
@@ -74,6 +83,25 @@ class NotACache(UsageError):
     """`clear` was pointed at a folder diag did not create as its cache."""
 
 
+def source_digest(*code: Any) -> str:
+    """sha256 over the source files that define `code` (functions, classes or modules).
+
+    Part of the key of an entry computed by diag's own code (a bound, a seeded input): any
+    edit to a file its arithmetic lives in makes a new key, so no version number has to be
+    remembered for it to be bumped.
+    """
+    files = sorted({inspect.getsourcefile(inspect.unwrap(c)) or "" for c in code})
+    return hashlib.sha256("".join(_file_digest(f) for f in files).encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _file_digest(path: str) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:  # no source to read (a frozen build): the library versions still key it
+        return ""
+
+
 def default_cache_dir() -> Path:
     """`$DIAG_CACHE_DIR` if set, else ``~/.cache/diag/oracle``."""
     env = os.environ.get("DIAG_CACHE_DIR")
@@ -88,15 +116,40 @@ class CachedTruth:
     meta: dict
 
 
+@dataclass(frozen=True)
+class MappedEntry:
+    """A verified entry memory-mapped read-only from the cache (`GroundTruthCache.get_mapped`).
+
+    Attributes:
+      value: the array, a read-only view of the file: pages are read as they are used and
+        belong to the page cache, not to the process that maps them.
+      meta: the metadata it was stored with.
+      path: the .npy file (a worker may map it too; nothing may write to it).
+      digest: sha256 of the value's bits (`diag.numerics.bits_digest`), checked on the way in.
+    """
+
+    value: np.ndarray
+    meta: dict
+    path: Path
+    digest: str
+
+
 def _checksum(meta: dict, bits: np.ndarray) -> str:
     """sha256 over the metadata (without its own checksum) and the value's bits."""
-    h = hashlib.sha256()
-    h.update(json.dumps({k: v for k, v in meta.items() if k != "sha256"},
-                        sort_keys=True).encode())
+    h = _meta_hash(meta)
     bits = np.ascontiguousarray(bits)
     h.update(f"|{bits.dtype.str}{bits.shape}|".encode())
-    h.update(bits.tobytes())
+    h.update(memoryview(bits).cast("B"))  # the buffer itself: no copy of a large value
     return h.hexdigest()
+
+
+def _meta_hash(meta: dict):
+    return hashlib.sha256(json.dumps({k: v for k, v in meta.items() if k != "sha256"},
+                                     sort_keys=True).encode())
+
+
+class _Corrupt(Exception):
+    """An entry whose bits or metadata do not match its checksum (the path says which)."""
 
 
 def _is_entry(path: Path) -> bool:
@@ -125,7 +178,20 @@ class GroundTruthCache:
         for x in inputs:
             x = np.ascontiguousarray(x)
             h.update(f"|{dtype_name(x.dtype)}{x.shape}|".encode())
-            h.update(bits_view(x).tobytes())
+            h.update(memoryview(bits_view(x)).cast("B"))
+        return h.hexdigest()
+
+    @staticmethod
+    def derived_key(kind: str, parts: Any) -> str:
+        """Hex sha256 of an entry that is not a ground truth (a bound, a seeded input).
+
+        Args:
+          kind: what the entry is (`shared`, `inputs`): entries of two kinds never collide.
+          parts: JSON-able data naming everything the value depends on (the caller's
+            contract: leave one out and a stale value could be read back).
+        """
+        h = hashlib.sha256(f"diag-{kind}/{ORACLE_VERSION}/".encode())
+        h.update(json.dumps(parts, sort_keys=True, default=str).encode())
         return h.hexdigest()
 
     def _paths(self, key: str) -> tuple[Path, Path]:
@@ -149,7 +215,10 @@ class GroundTruthCache:
         npy, meta_path = self._paths(key)
         try:
             meta = json.loads(meta_path.read_text())
-            bits = np.load(npy, allow_pickle=False)
+            # Mapped, not read: the checksum pass and the caller's use read the page cache,
+            # and a truth the run's memo lets go of costs it no memory.
+            bits = np.load(npy, mmap_mode="r" if math.prod(meta.get("shape") or [1]) else None,
+                           allow_pickle=False)
             stored = meta.get("sha256")
             if stored is None:
                 return None
@@ -162,21 +231,78 @@ class GroundTruthCache:
             return None
         return CachedTruth(value=value, meta=meta)
 
+    def get_mapped(self, key: str) -> Optional[MappedEntry]:
+        """The entry for `key` written by `put_mapped`, memory-mapped read-only, or None.
+
+        Verified as `get` verifies, without reading the value into the process's memory: the
+        metadata's own checksum, then sha256 over the mapped bits against the digest it
+        holds. An entry that fails (a flipped bit, a truncated file) is a miss with a warning,
+        so the caller recomputes it and `put_mapped` overwrites it; one that is absent or
+        unreadable is a silent miss.
+        """
+        npy, meta_path = self._paths(key)
+        try:
+            meta = json.loads(meta_path.read_text())
+            if meta.get("sha256") is None or "bits_sha256" not in meta:
+                return None
+            if meta["sha256"] != _meta_hash(meta).hexdigest():
+                raise _Corrupt(meta_path)
+            try:  # (an empty array has no bytes to map)
+                bits = np.load(npy, mmap_mode="r" if math.prod(meta["shape"]) else None,
+                               allow_pickle=False)
+            except ValueError as e:  # shorter than its header says: torn or truncated
+                raise _Corrupt(npy) from e
+            if list(bits.shape) != meta["shape"] or bits_digest(bits) != meta["bits_sha256"]:
+                raise _Corrupt(npy)
+            value = from_bits(bits, meta["dtype"])
+        except _Corrupt as bad:
+            log.warning("diag: ground-truth cache entry %s failed its checksum (corrupted on "
+                        "disk); recomputing it", bad.args[0])
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, DiagError):
+            return None
+        return MappedEntry(value=value, meta=meta, path=npy, digest=meta["bits_sha256"])
+
+    def put_mapped(self, key: str, value: np.ndarray,
+                   meta: Optional[dict] = None) -> Optional[MappedEntry]:
+        """Store `value` as `put` does, for `get_mapped`; returns the stored entry, mapped.
+
+        The checksum is the bits' sha256 (the digest diag checks inputs with) plus one over
+        the metadata, so a reader verifies the value in one pass over the map.
+
+        Returns None, without raising, when the cache cannot be written (as `put`).
+        """
+        value = np.ascontiguousarray(value)
+        bits = bits_view(value)
+        full = dict(meta or {})
+        full.update(dtype=dtype_name(as_dtype(value.dtype)), shape=list(value.shape),
+                    oracle_version=ORACLE_VERSION, bits_sha256=bits_digest(bits))
+        full["sha256"] = _meta_hash(full).hexdigest()
+        npy = self._write(key, bits, full)
+        if npy is None:
+            return None
+        mapped = np.load(npy, mmap_mode="r", allow_pickle=False) if value.size else bits
+        return MappedEntry(value=from_bits(mapped, full["dtype"]), meta=full, path=npy,
+                           digest=full["bits_sha256"])
+
     def put(self, key: str, value: np.ndarray, meta: Optional[dict] = None) -> Optional[Path]:
         """Store `value` (bit view) and `meta` atomically; returns the .npy path.
 
         Returns None, without raising, when the cache cannot be written: the first such failure
         per folder and process is logged, and this cache object stops trying.
         """
-        if not self._writable:
-            return None
-        npy, meta_path = self._paths(key)
         value = np.ascontiguousarray(value)
         bits = bits_view(value)
         full = dict(meta or {})
         full.update(dtype=dtype_name(as_dtype(value.dtype)), shape=list(value.shape),
                     oracle_version=ORACLE_VERSION)
         full["sha256"] = _checksum(full, bits)
+        return self._write(key, bits, full)
+
+    def _write(self, key: str, bits: np.ndarray, full: dict) -> Optional[Path]:
+        if not self._writable:
+            return None
+        npy, meta_path = self._paths(key)
         try:
             self._ensure_root()
             npy.parent.mkdir(exist_ok=True)
