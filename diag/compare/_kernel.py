@@ -51,18 +51,26 @@ def _value(bits, vals, table, i):
 
 @njit(inline="always")
 def _ulp(bx, by, shift, x_nan, y_nan):
-    """`diag.numerics.ulp_distance` of one pair from its bits: |mx - my| for equal signs,
-    mx + my across zero (both < 2**63, so the uint64 sum does not wrap), saturated below
-    NAN_ULP (float64 only: narrower distances are below 2**33); NaN as documented there.
-    Written without data-dependent branches (max - min): which of two neighbours is larger
-    is a coin toss the processor would mispredict half the time."""
+    """`diag.numerics.ulp_distance` of one pair from its bits; NaN as documented there.
+
+    Up to 32 bits: the distance of the ordered integers (the magnitude bits, negated for a
+    negative sign; below 2**33 apart). float64: |mx - my| for equal signs, mx + my across zero
+    (both < 2**63, so the uint64 sum does not wrap), saturated below NAN_ULP. No branch
+    depends on the data (which of two neighbours is larger is a coin toss the processor would
+    mispredict half the time); the width's is the same for every element.
+    """
     bx, by = np.uint64(bx), np.uint64(by)
     mask = (np.uint64(1) << np.uint64(shift)) - np.uint64(1)
     mx, my = bx & mask, by & mask
-    d = max(mx, my) - min(mx, my)
-    if (bx ^ by) >> np.uint64(shift):  # opposite signs: the path crosses zero
-        d = mx + my
-    d = np.int64(min(d, np.uint64(NAN_ULP - 1)))
+    if shift < 63:
+        ox = -np.int64(mx) if bx >> np.uint64(shift) else np.int64(mx)
+        oy = -np.int64(my) if by >> np.uint64(shift) else np.int64(my)
+        d = abs(ox - oy)
+    else:
+        w = max(mx, my) - min(mx, my)
+        if (bx ^ by) >> np.uint64(shift):  # opposite signs: the path crosses zero
+            w = mx + my
+        d = np.int64(min(w, np.uint64(NAN_ULP - 1)))
     if x_nan or y_nan:
         d = 0 if x_nan and y_nan else NAN_ULP
     return d
