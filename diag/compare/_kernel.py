@@ -9,15 +9,17 @@ tests/test_judge_legacy.py and tests/test_compare_kernel.py check bit for bit), 
   * values are widened to float64 exactly (a table of every bit pattern for 8- and 16-bit
     dtypes, built by numpy's own `astype`), and each error is the same IEEE operations in the
     same order as the numpy formula (numba keeps strict IEEE semantics without `fastmath`);
-  * the loop runs in blocks (`BLOCK` elements, in parallel where numba has threads); every
-    block writes its own partial results, and `elementwise` merges them in block order: counts
+  * `compare_blocks` and `agree_blocks` run in blocks (`BLOCK` elements, in parallel where
+    numba has threads); every block writes its own partial results, and `elementwise` merges them in block order: counts
     and integer sums are exact whatever the order, a max keeps its earliest index, and a NaN
     wins as in `ndarray.max` / `argmax` (the first NaN's index). No float is ever summed.
 
 Imported on first use only (`diag.compare.elementwise`, `diag.numerics.ulp_distance`): numba
 takes a good part of a second to import, which `import diag` must not pay. Compiled code is
-cached on disk (`cache=True`); where the package directory is read-only numba falls back to
-its user-wide cache directory (or NUMBA_CACHE_DIR).
+cached on disk (`cache=True`: next to this file, or where the package directory is read-only
+in numba's user-wide cache directory; NUMBA_CACHE_DIR overrides both). A process pays the
+import and loading the cache (benchmarks/bench_judge.py prints both); the first process after
+an install or a change of this file compiles, a few seconds per kernel and dtype width.
 """
 
 from __future__ import annotations
@@ -91,18 +93,15 @@ def _below(num, limit, den):
     return num < bar and bar >= 2.0**-1000
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def ulp_into(xb, xv, yb, yv, table, shift, out):
-    """`out[i]` = the ULP distance of element i (all arrays 1-d, of one length)."""
-    n = out.size
-    for b in prange((n + BLOCK - 1) // BLOCK):
-        # Slices indexed from 0: LLVM then knows no index is negative (numba wraps those).
-        lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
-        xbs, xvs, ybs, yvs, o = _part(xb, lo, hi), _part(xv, lo, hi), _part(yb, lo, hi), \
-            _part(yv, lo, hi), out[lo:hi]
-        for i in range(hi - lo):
-            x, y = _value(xbs, xvs, table, i), _value(ybs, yvs, table, i)
-            o[i] = _ulp(xbs[i], ybs[i], shift, x != x, y != y)
+    """`out[i]` = the ULP distance of element i (all arrays 1-d, of one length, indexed from
+    0, so that LLVM knows no index is negative: numba wraps those). One thread: its callers
+    pass small arrays (a worst element, a training step's tensors), for which waking numba's
+    threads would cost more than the loop."""
+    for i in range(out.size):
+        x, y = _value(xb, xv, table, i), _value(yb, yv, table, i)
+        out[i] = _ulp(xb[i], yb[i], shift, x != x, y != y)
 
 
 @njit(inline="always")
@@ -118,6 +117,7 @@ def compare_blocks(ob, ov, tb, tv, table, shift, bound, hist_cap, counts, peaks,
     `hist_cap`; larger ones are counted in ULP_TAIL)."""
     n = bound.size
     for b in prange(counts.shape[0]):
+        # Slices indexed from 0: LLVM then knows no index is negative (numba wraps those).
         lo, hi = b * BLOCK, min(n, (b + 1) * BLOCK)
         obs, ovs, tbs, tvs, bnd, h = _part(ob, lo, hi), _part(ov, lo, hi), _part(tb, lo, hi), \
             _part(tv, lo, hi), bound[lo:hi], hist[b]
