@@ -10,10 +10,6 @@ outputs against each other), diag's code now beside the whole-array numpy code i
 (tests/legacy_judge.py), and a float64 matmul of the same shape, all interleaved in one
 process so that they see the same machine load; medians of `--repeats` samples, each printed.
 
-The fused loops are compiled by numba, so it also prints what a fresh `diag` process pays
-before its first judgement, each in a subprocess, medians of `--repeats`: `import numba`,
-the first judgement with an empty compile cache (compiling), and with a filled one (loading).
-
 Target (issue 14): judging <= 2.5x the float64 matmul. Other load on the machine inflates
 every figure (the load average is printed); the ratio is the figure to read.
 """
@@ -23,9 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,22 +27,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 2.5
-
-# A fresh process's first judgement of a small record: seconds to import numba, then for
-# the first compare + agreement (compiling or loading the cached kernels).
-_FIRST = r"""
-import time
-t0 = time.perf_counter()
-import numba
-t1 = time.perf_counter()
-import numpy as np
-from diag.compare.elementwise import agreement, compare
-x = np.ones(1000, np.float32)
-compare(x, x, np.ones(1000))
-agreement(x, x, np.ones(1000))
-print(t1 - t0, time.perf_counter() - t1)
-"""
-
 
 def record():
     """(a, b, output, other output, truth, bound) of the suite's 16.7M-element f32 case."""
@@ -82,23 +60,6 @@ def describe(samples: list[float]) -> str:
     return f"median {med:.4f} s  [{', '.join(f'{s:.4f}' for s in samples)}]{warn}"
 
 
-def first_judgement(repeats: int) -> dict[str, list[float]]:
-    """Seconds a fresh process spends on numba before its first judgement."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out: dict[str, list[float]] = {"import numba": [], "first judgement, empty cache": [],
-                                   "first judgement, cache filled": []}
-    for _ in range(repeats):
-        with tempfile.TemporaryDirectory() as cache:
-            env["NUMBA_CACHE_DIR"] = cache  # numba's first choice of cache folder
-            for key in ("first judgement, empty cache", "first judgement, cache filled"):
-                res = subprocess.run([sys.executable, "-c", _FIRST], env=env, cwd=cache,
-                                     capture_output=True, text=True, check=True)
-                imp, first = map(float, res.stdout.split())
-                out[key].append(first)
-            out["import numba"].append(imp)
-    return out
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
@@ -115,7 +76,7 @@ def main():
         from tests import legacy_judge
 
         judges["whole-array numpy (before)"] = (legacy_judge.compare, legacy_judge.agreement)
-    for cmp, agr in judges.values():  # compile or load the kernels, fault the pages in
+    for cmp, agr in judges.values():  # fault every page in before timing
         cmp(out[:2], truth[:2], bound[:2])
         agr(out[:2], other[:2], bound[:2])
     samples: dict[str, list[float]] = {"float64 matmul": []}
@@ -138,9 +99,6 @@ def main():
     if len(judged) == 2:
         print(f"  speed-up over the whole-array code: "
               f"{judged['whole-array numpy (before)'] / judged['diag']:.1f}x")
-    print("what a fresh process pays for numba before its first judgement:")
-    for name, s in first_judgement(args.repeats).items():
-        print(f"  {name:<42} {describe(s)}")
     ratio = judged["diag"] / f64
     print(f"target: compare + agreement <= {TARGET}x the float64 matmul: {ratio:.2f}x, "
           f"{'met' if ratio <= TARGET else 'NOT met'}")

@@ -34,7 +34,6 @@ __all__ = [
     "precision_bits",
     "unit_roundoff",
     "gamma",
-    "check_same_dtype",
     "ulp_distance",
     "round_to_dtype",
     "bits_view",
@@ -169,16 +168,11 @@ def from_bits(bits, dtype: DTypeLike) -> np.ndarray:
     return bits.view(dt)
 
 
-def check_same_dtype(x: np.ndarray, y: np.ndarray) -> None:
-    """Raise unless x and y have one dtype diag handles: ULPs are counted in one format.
-
-    Raises:
-        UsageError: the dtypes differ or are not supported.
-    """
-    if x.dtype != y.dtype:
-        raise UsageError(f"ulp_distance: dtypes differ ({x.dtype} vs {y.dtype}); cast one side "
-                         "to the other's dtype first")
-    as_dtype(x.dtype)
+def _magnitude_and_sign(x: np.ndarray):
+    bits = bits_view(x).astype(np.uint64)
+    width = 8 * x.dtype.itemsize
+    sign_mask = np.uint64(1) << np.uint64(width - 1)
+    return bits & (sign_mask - np.uint64(1)), (bits & sign_mask) != 0
 
 
 def ulp_distance(x, y) -> np.ndarray:
@@ -186,8 +180,7 @@ def ulp_distance(x, y) -> np.ndarray:
 
     Works on the ordered-integer view of the bits: +0 and -0 are the same point, neighbours are 1
     apart, the distance across zero adds both sides, +-inf sit one step beyond the largest
-    finite value. Both NaN -> 0 (agree); exactly one NaN -> `NAN_ULP`. One compiled pass
-    (`diag.compare._kernel.ulp_into`, the loop every element-wise comparison shares).
+    finite value. Both NaN -> 0 (agree); exactly one NaN -> `NAN_ULP`.
 
     Args:
         x: array of float32, bfloat16, float16, float8_* or float64.
@@ -199,15 +192,62 @@ def ulp_distance(x, y) -> np.ndarray:
     Raises:
         UsageError: the dtypes differ or are not supported.
     """
-    from diag.compare import _kernel  # numba: imported on first use, not by `import diag`
-
     x, y = np.asarray(x), np.asarray(y)
-    check_same_dtype(x, y)
+    if x.dtype != y.dtype:
+        raise UsageError(f"ulp_distance: dtypes differ ({x.dtype} vs {y.dtype}); cast one side "
+                         "to the other's dtype first")
+    as_dtype(x.dtype)
     x, y = np.broadcast_arrays(x, y)
-    dist = np.empty(x.shape, np.int64)
-    with np.errstate(invalid="ignore"):  # the NaN patterns of the 8- and 16-bit tables
-        operands = _kernel.pair(x, y)
-    _kernel.ulp_into(*operands, dist.reshape(-1))
+    shape = x.shape
+    # 1-d views: numpy scalars (0-d inputs) would warn on the uint64 wrap-around that
+    # np.where's unused branch computes, and cannot take item assignment.
+    x, y = x.reshape(-1), y.reshape(-1)
+    if x.dtype.itemsize <= 4:
+        return _ulp_distance_narrow(x, y).reshape(shape)
+    mx, sx = _magnitude_and_sign(x)
+    my, sy = _magnitude_and_sign(y)
+    same = sx == sy
+    # Same sign: |mx - my|. Opposite signs: the path crosses zero, mx + my (< 2**64 in uint64).
+    dist = np.where(same, np.where(mx > my, mx - my, my - mx), mx + my)
+    dist = np.minimum(dist, np.uint64(NAN_ULP - 1)).astype(np.int64)
+    with np.errstate(invalid="ignore"):
+        xn, yn = np.isnan(x.astype(np.float64)), np.isnan(y.astype(np.float64))
+    dist[xn & yn] = 0
+    dist[xn ^ yn] = NAN_ULP
+    return dist.reshape(shape)
+
+
+_INT = {1: np.int8, 2: np.int16, 4: np.int32}
+
+
+def _ordered(x: np.ndarray) -> np.ndarray:
+    """The ordered-integer view of a float of at most 32 bits, in a signed integer of its
+    width: the magnitude bits, negated for a negative sign, so +0 and -0 are both 0 and
+    neighbours differ by 1. With s = bits >> (width - 1) (0, or -1 for a negative sign),
+    (bits ^ (s & magnitude mask)) - s is -magnitude for a negative value and bits otherwise."""
+    bits = x.view(_INT[x.dtype.itemsize])
+    s = bits >> (8 * x.dtype.itemsize - 1)
+    mask = np.array(np.iinfo(bits.dtype).max, bits.dtype)
+    out = np.bitwise_and(s, mask)
+    np.bitwise_xor(bits, out, out=out)
+    np.subtract(out, s, out=out)
+    return out
+
+
+def _ulp_distance_narrow(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """`ulp_distance` of 1-d arrays of a dtype of at most 32 bits, in int64 throughout.
+
+    The same numbers as the uint64 path of float64 (|ordered x - ordered y| is |mx - my| for
+    equal signs and mx + my across zero, below 2**33, so never saturated), in a third of its
+    passes and without float64 copies: it is the inner loop of every comparison diag makes.
+    """
+    dist = np.subtract(_ordered(x), _ordered(y), dtype=np.int64)
+    np.abs(dist, out=dist)
+    with np.errstate(invalid="ignore"):
+        xn, yn = np.isnan(x), np.isnan(y)
+    if xn.any() or yn.any():
+        dist[xn & yn] = 0
+        dist[xn ^ yn] = NAN_ULP
     return dist
 
 

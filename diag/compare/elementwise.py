@@ -17,55 +17,66 @@ from diag.compare.verdict import Mismatch, format_index, format_mismatch
 from diag.tolerance import AGREEMENT_FACTOR
 
 
-#: ULP distances below this are counted in a histogram; the (rare) larger ones are counted, and
-#: gathered only when an order statistic falls among them. Together they give exact order
-#: statistics without sorting the distances.
+#: Elements per pass of the streaming comparisons: a few float64 and int64 temporaries of this
+#: length stay in the core's cache, where whole-array temporaries (hundreds of MB for a 16.7M
+#: element product) would stream through memory once per operation.
+CHUNK = 1 << 15
+
+#: ULP distances below this are counted in a histogram; the (rare) larger ones are kept as
+#: values. Together they give exact order statistics without sorting the distances.
 _HIST_CAP = 1 << 12
 
-#: Elements per pass where distances are gathered again (`_comparable_ulps`): a chunk's int64
-#: distances stay in cache instead of one whole-array copy.
-CHUNK = 1 << 18
+
+def _chunks(n: int):
+    for start in range(0, n, CHUNK):
+        yield start, slice(start, min(n, start + CHUNK))
 
 
-def _kernels():
-    """The compiled loops (`diag.compare._kernel`), imported on first use: numba is not
-    imported by `import diag`."""
-    from diag.compare import _kernel
+class _Max:
+    """Running max and first argmax over chunks, as `ndarray.max` / `argmax` of the whole
+    array give them: NaN wins (the first NaN's index), ties keep the earliest index."""
 
-    return _kernel
+    def __init__(self):
+        self.value, self.index, self._nan = 0.0, 0, False
 
-
-def _flat(x) -> np.ndarray:
-    return np.asarray(x).reshape(-1)
-
-
-def _first_max(values: np.ndarray, at: np.ndarray, nan: np.ndarray) -> tuple[float, int]:
-    """The max of blocks' maxima and its index as `ndarray.max` / `argmax` of the whole array
-    give them: the first block's NaN wins, ties keep the earliest block (and index)."""
-    if nan.any():
-        b = int(np.argmax(nan))
-    else:
-        b = int(np.argmax(values))  # the first block holding the largest value
-    return float(values[b]), int(at[b])
-
-
-def _comparable_ulps(x: np.ndarray, y: np.ndarray, keep) -> np.ndarray:
-    """The ULP distances of x and y that are not NaN mismatches and that `keep` selects,
-    in element order, gathered a chunk at a time."""
-    parts = []
-    for start in range(0, x.size, CHUNK):
-        u = numerics.ulp_distance(x[start:start + CHUNK], y[start:start + CHUNK])
-        parts.append(u[keep(u) & (u < numerics.NAN_ULP)])
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    def add(self, start: int, chunk: np.ndarray) -> None:
+        if self._nan or not chunk.size:
+            return
+        i = int(chunk.argmax())
+        v = chunk[i]
+        if np.isnan(v):
+            self._nan, self.value, self.index = True, float(v), start + i
+        elif start == 0 or v > self.value:
+            self.value, self.index = v.item(), start + i
 
 
 class _UlpStats:
-    """Count, exact sum, max and exact order statistics of non-negative integer ULP distances:
-    a histogram of those below `_HIST_CAP`, and the larger ones from `tail()` when needed."""
+    """Count, exact sum, max and exact order statistics of non-negative integer ULP distances
+    fed chunk by chunk: a histogram below `_HIST_CAP`, the values themselves above it."""
 
-    def __init__(self, hist: np.ndarray, count: int, total: int, top: int, tail):
-        self.hist, self.count, self.total, self.max = hist, count, total, top
-        self._tail = tail
+    def __init__(self):
+        self.hist = np.zeros(_HIST_CAP, np.int64)
+        self.tail: list[np.ndarray] = []
+        self.count, self.max = 0, 0
+        self.total: int | None = 0
+
+    def add(self, ulp: np.ndarray) -> None:
+        if not ulp.size:
+            return
+        top = int(ulp.max())
+        self.count += int(ulp.size)
+        # Exact while the distances stay below 2**40 (a chunk then sums to < 2**55); float64
+        # distances reach 2**62, whose int64 sum wraps: then the total is not known.
+        if top >= 2**40:
+            self.total = None
+        elif self.total is not None:
+            self.total += int(ulp.sum())
+        self.max = max(self.max, top)
+        if top >= _HIST_CAP:
+            big = ulp >= _HIST_CAP
+            self.tail.append(ulp[big])
+            ulp = ulp[~big]
+        self.hist += np.bincount(ulp, minlength=_HIST_CAP)
 
     def kth(self, k: int) -> int:
         """The k-th smallest value (0-based; negative counts from the end, as indexing)."""
@@ -73,10 +84,9 @@ class _UlpStats:
         cum = np.cumsum(self.hist)
         if k < cum[-1]:
             return int(np.searchsorted(cum, k, side="right"))
-        if callable(self._tail):
-            self._tail = self._tail()
+        tail = np.concatenate(self.tail)
         j = k - int(cum[-1])
-        return int(np.partition(self._tail, j)[j])
+        return int(np.partition(tail, j)[j])
 
     def mean(self) -> float | None:
         """`ndarray.mean` of the values, or None when it cannot be had without them: numpy
@@ -104,9 +114,9 @@ class _UlpStats:
 def compare(output: np.ndarray, truth: np.ndarray, bound: np.ndarray) -> dict[str, Any]:
     """Element-wise metrics of `output` against the correctly rounded `truth`.
 
-    One fused pass (`diag.compare._kernel.compare_blocks`): no float64 copy of the output,
-    the truth or the errors, and the ULP quantile from a histogram (exact) instead of a
-    partition of every distance. The metrics are those of the whole-array formulas (kept in
+    One streaming pass in chunks of `CHUNK` elements: no whole-array float64 copy of the
+    output, the truth or the errors, and the ULP quantile from a histogram (exact) instead of
+    a partition of every distance. The metrics are those of the whole-array formulas (kept in
     tests/legacy_judge.py, which tests/test_judge_legacy.py checks them against bit for bit).
 
     Args:
@@ -119,43 +129,68 @@ def compare(output: np.ndarray, truth: np.ndarray, bound: np.ndarray) -> dict[st
       frac_not_correctly_rounded, max_abs_err, max_rel_err, bound_ratio, bound_exceeded, and
       `worst` (index, got, truth, allowed) for the element with the largest bound ratio.
     """
-    k = _kernels()
     n = int(truth.size)
-    out_f, tru_f = _flat(output), _flat(truth)
-    bnd_f = np.ascontiguousarray(bound, dtype=np.float64).reshape(-1)
-    blocks = k.blocks(n)
-    counts = np.zeros((blocks, k.RATIO_NAN + 1), np.int64)
-    peaks = np.zeros((blocks, k.RATIO + 1))
-    hist = np.zeros((blocks, _HIST_CAP), np.int64)
-    with np.errstate(invalid="ignore"):  # the NaN patterns of the 8- and 16-bit tables
-        operands = k.pair(out_f, tru_f)
-    k.compare_blocks(*operands, bnd_f, _HIST_CAP, counts, peaks, hist)
-    summed = counts.sum(axis=0)  # exact: every column is a count, or small block sums
-    top = int(counts[:, k.ULP_MAX].max()) if n else 0
-    # A block's total is exact while its distances stay below 2**40 (float64 only).
-    total = sum(int(t) for t in counts[:, k.ULP_TOTAL]) if top < 2**40 else None
-    stats = _UlpStats(hist.sum(axis=0), int(summed[k.ULP_COUNT]), total, top,
-                      lambda: _comparable_ulps(out_f, tru_f, lambda u: u >= _HIST_CAP))
+    out_f, tru_f = np.asarray(output).reshape(-1), np.asarray(truth).reshape(-1)
+    bnd_f = np.asarray(bound).reshape(-1)
+    nan_count = inf_count = unexpected = not_rounded = exceeded = 0
+    stats = _UlpStats()
+    max_err = max_rel = 0.0
+    ratio_max = _Max()
+    for start, sl in _chunks(n):
+        o64, t64 = out_f[sl].astype(np.float64), tru_f[sl].astype(np.float64)
+        finite = np.isfinite(o64)
+        finite &= np.isfinite(t64)
+        all_finite = bool(finite.all())
+        if not all_finite:
+            o_nan, t_nan = np.isnan(o64), np.isnan(t64)
+            o_inf, t_inf = np.isinf(o64), np.isinf(t64)
+            nan_count += int(np.count_nonzero(o_nan))
+            inf_count += int(np.count_nonzero(o_inf))
+            # Non-finite where the truth is finite, or not the same non-finite value.
+            same = (o_nan & t_nan) | (o_inf & t_inf & (o64 == t64))
+            unexpected += int(np.count_nonzero(~finite & ~same))
+        ulp = numerics.ulp_distance(out_f[sl], tru_f[sl])
+        not_rounded += int(np.count_nonzero(ulp))
+        stats.add(ulp if all_finite else ulp[ulp < numerics.NAN_ULP])
+        if all_finite:  # the common case: no masks (the masked forms give the same numbers)
+            err = np.subtract(o64, t64)
+            np.abs(err, out=err)
+            abs_t = np.abs(t64, out=t64)
+            rel = np.divide(err, abs_t, out=np.zeros(err.size), where=abs_t > 0)
+            ratio = np.divide(err, bnd_f[sl])
+        else:
+            err = np.zeros(o64.size)
+            np.subtract(o64, t64, out=err, where=finite)
+            np.abs(err, out=err)
+            abs_t = np.abs(t64)
+            rel = np.divide(err, abs_t, out=np.zeros(o64.size), where=finite & (abs_t > 0))
+            ratio = np.divide(err, bnd_f[sl], out=np.zeros(o64.size), where=finite)
+        max_err = max(max_err, float(err.max()))  # no NaN in err or rel: masked above
+        max_rel = max(max_rel, float(rel.max()))
+        ratio_max.add(start, ratio)
+        exceeded += int(np.count_nonzero(ratio > 1.0))
     mean = stats.mean() if stats.count else 0.0
     if mean is None:  # a total past 2**53: numpy's own float64 sum of every distance
-        mean = float(_comparable_ulps(out_f, tru_f, lambda u: True).mean())
-    ratio, w = (_first_max(peaks[:, k.RATIO], counts[:, k.RATIO_AT], counts[:, k.RATIO_NAN])
-                if n else (0.0, 0))
+        every = np.concatenate([u[u < numerics.NAN_ULP] for u in
+                                (numerics.ulp_distance(out_f[sl], tru_f[sl])
+                                 for _, sl in _chunks(n))])
+        mean = float(every.mean())
     metrics: dict[str, Any] = {
         "elements": n,
-        "nan_count": int(summed[k.NAN]),
-        "inf_count": int(summed[k.INF]),
-        "unexpected_nonfinite": int(summed[k.UNEXPECTED]),
+        "nan_count": nan_count,
+        "inf_count": inf_count,
+        "unexpected_nonfinite": unexpected,
         "max_ulp": stats.max,
         "mean_ulp": mean,
         "p99_ulp": stats.percentile(99) if stats.count else 0.0,
-        "frac_not_correctly_rounded": float(int(summed[k.NOT_ROUNDED])) / max(n, 1),
-        "max_abs_err": float(peaks[:, k.MAX_ERR].max()) if n else 0.0,
-        "max_rel_err": float(peaks[:, k.MAX_REL].max()) if n else 0.0,
-        "bound_ratio": ratio,
-        "bound_exceeded": int(summed[k.EXCEEDED]),
+        "frac_not_correctly_rounded": float(not_rounded) / max(n, 1),
+        "max_abs_err": max_err,
+        "max_rel_err": max_rel,
+        "bound_ratio": float(ratio_max.value),
+        "bound_exceeded": exceeded,
     }
     if n:
+        w = ratio_max.index
         at = slice(w, w + 1)
         metrics["worst"] = {"index": format_index(w, truth.shape),
                             "got": float(out_f[at].astype(np.float64)[0]),
@@ -163,31 +198,6 @@ def compare(output: np.ndarray, truth: np.ndarray, bound: np.ndarray) -> dict[st
                             "allowed": float(bnd_f[w]),
                             "ulp": int(numerics.ulp_distance(out_f[at], tru_f[at])[0])}
     return metrics
-
-
-def _agree(x: np.ndarray, y: np.ndarray, bound: np.ndarray | None) -> tuple:
-    """`_kernel.agree_blocks` over two flat arrays, merged: (mismatched, max ULP, its first
-    index, max |x - y| over finite pairs, max ratio to AGREEMENT_FACTOR * bound or None)."""
-    k = _kernels()
-    n = int(x.size)
-    blocks = k.blocks(n)
-    counts = np.zeros((blocks, k.AGREE_RATIO_NAN + 1), np.int64)
-    ulp_max = np.zeros(blocks, np.int64)
-    peaks = np.zeros((blocks, k.AGREE_RATIO + 1))
-    bnd = (np.ascontiguousarray(bound, dtype=np.float64).reshape(-1) if bound is not None
-           else k.EMPTY)
-    with np.errstate(invalid="ignore"):
-        operands = k.pair(x, y)
-    k.agree_blocks(*operands, bnd, float(AGREEMENT_FACTOR), counts, ulp_max, peaks)
-    if not n:
-        return 0, 0, 0, 0.0, 0.0
-    b = int(np.argmax(ulp_max))  # the first block with the largest distance
-    ratio = None
-    if bound is not None:
-        ratio, _ = _first_max(peaks[:, k.AGREE_RATIO], counts[:, k.ULP_AT],
-                              counts[:, k.AGREE_RATIO_NAN])
-    return (int(counts[:, k.MISMATCHED].sum()), int(ulp_max[b]), int(counts[b, k.ULP_AT]),
-            float(peaks[:, k.DIFF].max()), ratio)
 
 
 def mismatch(metrics: dict[str, Any], *, nonfinite_unit: str = "elements"
@@ -236,7 +246,7 @@ def judge(metrics: dict[str, Any], *, promised: bool, claim: str, setting: str) 
 
 
 def agreement(x: np.ndarray, y: np.ndarray, bound: np.ndarray) -> dict[str, Any]:
-    """How far two backends' outputs for the same case are apart (one fused pass).
+    """How far two backends' outputs for the same case are apart (streamed in chunks).
 
     Args:
       x, y: the two outputs (same shape and dtype).
@@ -244,12 +254,27 @@ def agreement(x: np.ndarray, y: np.ndarray, bound: np.ndarray) -> dict[str, Any]
         it can differ by up to `AGREEMENT_FACTOR` times it, so `bound_ratio` =
         max |x - y| / (AGREEMENT_FACTOR * bound).
     """
-    xf, yf = _flat(x), _flat(y)
-    mismatched, top, w, diff, ratio = _agree(xf, yf, bound)
-    metrics: dict[str, Any] = {"elements": int(xf.size), "mismatched": mismatched,
-                               "max_ulp_between": top, "max_abs_diff": diff,
-                               "bound_ratio": ratio}
+    xf, yf, bf = np.asarray(x).reshape(-1), np.asarray(y).reshape(-1), np.asarray(bound).reshape(-1)
+    n = int(xf.size)
+    mismatched = 0
+    ulp_max, diff_max, ratio_max = _Max(), _Max(), _Max()
+    for start, sl in _chunks(n):
+        ulp = numerics.ulp_distance(xf[sl], yf[sl])
+        mismatched += int(np.count_nonzero(ulp))
+        ulp_max.add(start, ulp)
+        x64, y64 = xf[sl].astype(np.float64), yf[sl].astype(np.float64)
+        finite = np.isfinite(x64) & np.isfinite(y64)
+        diff = np.abs(np.subtract(x64, y64, out=np.zeros(x64.size), where=finite))
+        ratio = np.divide(diff, AGREEMENT_FACTOR * bf[sl], out=np.zeros(x64.size),
+                          where=finite)
+        diff_max.add(start, diff)
+        ratio_max.add(start, ratio)
+    metrics: dict[str, Any] = {"elements": n, "mismatched": mismatched,
+                               "max_ulp_between": int(ulp_max.value),
+                               "max_abs_diff": float(diff_max.value),
+                               "bound_ratio": float(ratio_max.value)}
     if mismatched:
+        w = ulp_max.index
         metrics["worst"] = {"index": format_index(w, np.shape(x)),
                             "a": float(xf[w:w + 1].astype(np.float64)[0]),
                             "b": float(yf[w:w + 1].astype(np.float64)[0])}
@@ -282,11 +307,19 @@ def agree_values(x: np.ndarray, y: np.ndarray, names: tuple[str, str], *,
     correct implementations may differ by), warn beyond. Returns (status, reason, metrics)."""
     x, y = np.asarray(x), np.asarray(y)
     xf, yf = x.reshape(-1), y.reshape(-1)
-    mism, top, w, _, _ = _agree(xf, yf, None)
-    metrics: dict[str, Any] = {"elements": int(xf.size), "mismatched": mism,
-                               "max_ulp_between": top, "allowed_ulp": float(allowed_ulp)}
+    n = int(xf.size)
+    mism = 0
+    ulp_max = _Max()
+    for start, sl in _chunks(n):
+        ulp = numerics.ulp_distance(xf[sl], yf[sl])
+        mism += int(np.count_nonzero(ulp))
+        ulp_max.add(start, ulp)
+    metrics: dict[str, Any] = {"elements": n, "mismatched": mism,
+                               "max_ulp_between": int(ulp_max.value),
+                               "allowed_ulp": float(allowed_ulp)}
     if not mism:
         return "pass", f"{names[0]} and {names[1]} agree bit for bit", metrics
+    w = ulp_max.index
     metrics["worst"] = {"index": format_index(w, x.shape), "a": float(xf[w]),
                         "b": float(yf[w])}
     detail = f"{names[0]} and {names[1]} differ in {format_mismatch(agreement_mismatch(metrics))}"
