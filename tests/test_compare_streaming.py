@@ -3,7 +3,7 @@ whole-array code's numbers, bit for bit, on the arrays where chunking is most li
 
 Each test builds outputs, truths and bounds with the hazard named in its title (NaN, which
 must win a max at its first index; infinities; zero, subnormal and infinite bounds; ratios
-that round to exactly 1; ties across blocks; empty arrays; every dtype diag handles; float64
+that round to exactly 1; ties across chunks; empty arrays; every dtype diag handles; float64
 distances too large to sum) and asserts that `compare`, `agreement`, `agree_values` and
 `ulp_distance` return exactly what tests/legacy_judge.py (numpy over whole arrays) returns:
 floats through JSON text, so NaN, -0.0 and every last bit count.
@@ -60,14 +60,14 @@ def _noisy(dtype, n, seed=3):
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16", "float16",
                                    "float8_e4m3fn", "float8_e5m2"])
 def test_every_dtype_judges_as_the_whole_array_code(dtype):
-    # More than two blocks, the last one partial.
+    # More than two chunks, the last one partial.
     out, truth, bound = _noisy(dtype, 2 * CHUNK + 5)
     metrics = _assert_as_legacy(out, truth, bound)
     assert metrics["unexpected_nonfinite"] > 0 and metrics["frac_not_correctly_rounded"] > 0
 
 
-def test_the_first_nan_ratio_wins_across_blocks():
-    # 0 / 0 ratios (exact element, zero bound) in the second and third block, and a larger
+def test_the_first_nan_ratio_wins_across_chunks():
+    # 0 / 0 ratios (exact element, zero bound) in the second and third chunk, and a larger
     # finite ratio before them: numpy's max is NaN, its argmax the first NaN.
     out, truth, _ = _noisy("float32", 3 * CHUNK, seed=5)
     out, truth = np.nan_to_num(out), np.nan_to_num(truth)
@@ -81,9 +81,9 @@ def test_the_first_nan_ratio_wins_across_blocks():
     assert metrics["worst"]["index"] == format_index(first_nan, out.shape)
 
 
-def test_ties_keep_the_earliest_element_across_blocks():
+def test_ties_keep_the_earliest_element_across_chunks():
     # Every element is the same error of the same bound: the worst is element 0; the
-    # largest ULP distance between two outputs first occurs in the second block.
+    # largest ULP distance between two outputs first occurs in the second chunk.
     n = 2 * CHUNK + 9
     truth = np.full(n, 1.0, np.float32)
     out = np.full(n, np.nextafter(np.float32(1), np.float32(2)))
