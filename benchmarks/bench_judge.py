@@ -10,6 +10,11 @@ outputs against each other), diag's code now beside the whole-array numpy code i
 (tests/legacy_judge.py), and a float64 matmul of the same shape, all interleaved in one
 process so that they see the same machine load; medians of `--repeats` samples, each printed.
 
+Tried and measured here: fused numba loops (commits 417bef8..e729124) judged this record 2.4x
+faster than the numpy passes (quiet machine), but `diag run --suite matmul` no faster (the
+bound, not the comparison, dominates its judge phase), at ~0.8-1.6 s of numba import and cache
+loading per process and 14-35 s of compiling per fresh install: not adopted.
+
 Target (issue 14): judging <= 2.5x the float64 matmul. Other load on the machine inflates
 every figure (the load average is printed); the ratio is the figure to read.
 """
