@@ -57,14 +57,20 @@ class _UlpStats:
     def __init__(self):
         self.hist = np.zeros(_HIST_CAP, np.int64)
         self.tail: list[np.ndarray] = []
-        self.count, self.total, self.max = 0, 0, 0
+        self.count, self.max = 0, 0
+        self.total: int | None = 0
 
     def add(self, ulp: np.ndarray) -> None:
         if not ulp.size:
             return
         top = int(ulp.max())
         self.count += int(ulp.size)
-        self.total += int(ulp.sum())  # exact: a chunk sums to < 2**15 * 2**33
+        # Exact while the distances stay below 2**40 (a chunk then sums to < 2**55); float64
+        # distances reach 2**62, whose int64 sum wraps: then the total is not known.
+        if top >= 2**40:
+            self.total = None
+        elif self.total is not None:
+            self.total += int(ulp.sum())
         self.max = max(self.max, top)
         if top >= _HIST_CAP:
             big = ulp >= _HIST_CAP
@@ -85,7 +91,7 @@ class _UlpStats:
     def mean(self) -> float | None:
         """`ndarray.mean` of the values, or None when it cannot be had without them: numpy
         sums int64 as float64, exact (whatever the order) while the total is below 2**53."""
-        if self.total >= 2**53:
+        if self.total is None or self.total >= 2**53:
             return None
         return float(self.total) / self.count
 
