@@ -67,6 +67,11 @@ def as_emulation(ev: Evaluation) -> Evaluation:
         f"does here, not a failure"))
 
 
+#: A shared array this large that the cache on disk does not keep is kept in the run's work
+#: folder for the later backends (`Judge._stored`).
+SPILL_BYTES = 1 << 20
+
+
 class Judge:
     """Inputs, truths and shared per-case arrays of one run, and the host's phase clock.
 
@@ -88,7 +93,7 @@ class Judge:
         self.truth = _Truth(self.inputs, self.cache, memo=self._shared)
         #: What became of shared arrays the memo did not hold: read from the on-disk cache
         #: (`hit`), computed and stored (`stored`), computed only (`computed`).
-        self.stored: dict[str, int] = {"hit": 0, "stored": 0, "computed": 0}
+        self.stored: dict[str, int] = {"hit": 0, "stored": 0, "computed": 0, "spilled": 0}
         #: backend label -> phase -> seconds spent on the host (truth, judge, write).
         self.seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
@@ -138,6 +143,10 @@ class Judge:
         if hit is not None:
             self.stored["hit"] += 1
             return hit.value
+        spilled = self.work / f"shared-{key}.npy"
+        if spilled.exists():  # computed for an earlier backend of this run, let go since
+            self.stored["spilled"] += 1
+            return np.load(spilled, mmap_mode="r")
         t0 = time.process_time()
         value = compute()
         seconds = time.process_time() - t0
@@ -148,6 +157,11 @@ class Judge:
             self.stored["stored"] += 1
         else:
             self.stored["computed"] += 1
+            if value.nbytes >= SPILL_BYTES:
+                # Too cheap for the cache on disk, too big for the memo between backends
+                # (a K=4 product's bound, 134 MB, 0.3 s): the run's work folder keeps it for
+                # the later backends, which map it instead of computing it again.
+                np.save(spilled, value)
         return value
 
     def outcome(self, case: Case, spec: BackendSpec, event: dict) -> Outcome:
