@@ -252,10 +252,14 @@ def _write_and_read(root, key: str, times: int) -> int:
 
 
 def test_runs_storing_the_same_entry_at_once_never_read_half_of_one(tmp_path):
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     key = GroundTruthCache.derived_key("shared", {"test": "concurrent"})
-    with ProcessPoolExecutor(4) as pool:
+    # Separate processes started afresh, as runs are: a fork of this process could inherit
+    # the threads of a framework another test imported, and deadlock.
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(4, mp_context=spawn) as pool:
         reads = list(pool.map(_write_and_read, [tmp_path] * 4, [key] * 4, [25] * 4))
     assert reads == [25] * 4
     assert not list(tmp_path.glob("??/.tmp-*"))  # every temporary name was moved into place
