@@ -68,6 +68,19 @@ def test_clear_removes_files_and_counts_them(tmp_path):
     assert not oracle.matmul_result(a, b, cache=cache).cache_hit
 
 
+def test_clear_and_info_see_both_arrays_of_a_top_k_result(tmp_path):
+    """top-k's truth is two entries (values, and the key with `-indices`): `info` counts
+    both and `diag cache clear` removes both, leaving nothing of diag's behind."""
+    cache = GroundTruthCache(tmp_path)
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    oracle.top_k_result(x, 3, cache=cache)
+    assert len(list(tmp_path.rglob("*-indices.npy"))) == 1
+    assert cache.info()["entries"] == 2
+    assert cache.clear() == 4
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".npy", ".json")]
+    assert not oracle.top_k_result(x, 3, cache=cache).cache_hit
+
+
 def test_corrupt_entry_is_a_miss(tmp_path):
     cache = GroundTruthCache(tmp_path)
     a, b = inputs()

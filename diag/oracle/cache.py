@@ -65,8 +65,9 @@ _MARKER_TEXT = (f"{_MARKER_SIGNATURE}\n"
                 "# This folder is a diag ground-truth cache (diag.oracle.cache).\n"
                 "# `diag cache clear` deletes diag's entries here and nothing else.\n")
 _MARKER_LINE = "# This folder is a diag ground-truth cache"
-#: An entry file: ``<2 hex>/<64 hex>.npy`` or ``.json``, the 2 hex being the key's first two.
-_ENTRY = re.compile(r"^([0-9a-f]{2})[0-9a-f]{62}\.(npy|json)$")
+#: An entry file: ``<2 hex>/<64 hex>.npy`` or ``.json``, the 2 hex being the key's first two;
+#: a second array of the same result has a suffix to its key (top-k's ``-indices``).
+_ENTRY = re.compile(r"^([0-9a-f]{2})[0-9a-f]{62}(-[a-z]+)?\.(npy|json)$")
 _HEX2 = re.compile(r"[0-9a-f]{2}")
 #: diag's own folders that may sit beside the entries (`diag.nodes` keeps golden digests in
 #: ``$DIAG_CACHE_DIR/golden``); `clear` never enters them.
