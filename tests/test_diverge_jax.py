@@ -8,6 +8,7 @@ is correctly rounded, so a sequential bf16 sum of ones stops at 256; (a + b) - a
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 import math
@@ -21,6 +22,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import diag  # noqa: E402
 from diag.diverge._rules import carried_threshold  # noqa: E402
+from tests.conftest import REPO_ROOT  # noqa: E402
 
 
 def line_of(fn, text: str) -> str:
@@ -110,25 +112,22 @@ def test_fp16_softmax_without_max_subtraction_overflows_in_exp():
     assert rep.ops[0].path.startswith("jit[softmax_stable]")
 
 
-def layer_norm_one_pass(x):
-    mean = x.mean(-1, keepdims=True)
-    var = (x * x).mean(-1, keepdims=True) - mean * mean
-    return (x - mean) / jnp.sqrt(var + 1e-5)
-
-
-def layer_norm_two_pass(x):
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / jnp.sqrt(var + 1e-5)
+def _example(name: str):
+    """A module of examples/ loaded from its file (the README's example, not a copy)."""
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_layer_norm_one_pass_variance_is_the_subtraction():
+    example = _example("diverge_layer_norm")
     x = jnp.asarray(np.random.default_rng(2).normal(100.0, 1.0, (16, 256)), jnp.float32)
-    rep = diag.diverge.shadow(layer_norm_one_pass, x)
+    rep = diag.diverge.shadow(example.layer_norm_one_pass, x)
     f = rep.first
-    assert f.primitive == "sub" and f.source == line_of(layer_norm_one_pass, "var =")
+    assert f.primitive == "sub" and f.source == line_of(example.layer_norm_one_pass, "var =")
     assert f.carried > f.threshold >= f.carried_in and f.own_ratio <= 1
-    assert diag.diverge.shadow(layer_norm_two_pass, x).first is None
+    assert diag.diverge.shadow(example.layer_norm_two_pass, x).first is None
 
 
 def test_gradient_ops_are_backward_and_keep_the_forward_line():
