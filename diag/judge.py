@@ -92,7 +92,8 @@ class Judge:
         self._shared = CostMemo(MEMO_BYTES)
         self.truth = _Truth(self.inputs, self.cache, memo=self._shared)
         #: What became of shared arrays the memo did not hold: read from the on-disk cache
-        #: (`hit`), computed and stored (`stored`), computed only (`computed`).
+        #: (`hit`), computed and stored (`stored`), computed only (`computed`), mapped from
+        #: the copy an earlier backend of this run left in the work folder (`spilled`).
         self.stored: dict[str, int] = {"hit": 0, "stored": 0, "computed": 0, "spilled": 0}
         #: backend label -> phase -> seconds spent on the host (truth, judge, write).
         self.seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
