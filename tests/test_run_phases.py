@@ -91,3 +91,37 @@ def test_bad_repeat_budget_is_a_usage_error():
     out = run_diag("run", "--repeat-budget", "-1", "--no-report")
     assert out.returncode == 2
     assert "--repeat-budget" in out.stderr
+
+
+def test_an_eager_call_that_takes_the_budget_is_the_one_timed_run(tmp_path):
+    """torch-cpu's ops are eager: the warm-up call is a call of the op. With a budget that
+    call alone reaches (0), it is the case's one timed run (`first_call`, no compile time),
+    and its output is the one judged, the same bits as a later call's; with `inf` the
+    warm-up stays a warm-up. JAX compiles ahead of time, so its records never say so."""
+    suite = tmp_path / "shared.toml"
+    suite.write_text(SHARED_SUITE)
+    records = {}
+    for budget in ("0", "inf"):
+        runs = tmp_path / f"runs-{budget}"
+        out = run_diag("run", "--suite", str(suite), "--backend", "jax-cpu,torch-cpu",
+                       "--repeats", "3", "--repeat-budget", budget, "--no-report",
+                       "--out", str(runs), "--cache-dir", str(tmp_path / "cache"))
+        assert out.returncode == 0, out.stderr
+        (run_dir,) = runs.iterdir()
+        records[budget] = {(r["backend"], r["case"]): r for r in map(
+            json.loads, (run_dir / "results.jsonl").read_text().splitlines())
+            if r["kind"] == "probe"}
+    assert len(records["0"]) == len(records["inf"]) == 6
+    for (backend, case), first in records["0"].items():
+        later = records["inf"][backend, case]
+        t = first["timings"]
+        if backend == "torch-cpu":
+            assert t["first_call"] is True and t["compile_s"] == 0.0
+            assert len(t["run_s_samples"]) == 1
+        else:
+            assert "first_call" not in t and len(t["run_s_samples"]) == 1
+        assert "first_call" not in later["timings"]
+        assert len(later["timings"]["run_s_samples"]) == 3
+        assert later["timings"]["compile_s"] > 0 or backend == "jax-cpu"
+        assert first["metrics"]["output_digests"] == later["metrics"]["output_digests"]
+        assert first["status"] == later["status"]

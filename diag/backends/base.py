@@ -14,11 +14,30 @@ members exist, a type checker checks their signatures.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, NamedTuple, Optional, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "Prepared"]
+
+
+class Prepared(NamedTuple):
+    """What `Backend.prepare` returns.
+
+    Attributes:
+      run: a thunk that runs the op on its arguments (what the worker times).
+      compile_s: seconds preparing took (compiling it, or an eager op's warm-up call).
+      first: (result, seconds) when preparing was one plain call of the op, an eager op's
+        warm-up; None when it compiled without running (`jax.jit` ahead of time) or when the
+        call was mostly compilation (torch_xla's lazy graph). A worker may take that call as
+        the op's one timed run when it alone took the repeat budget (`first_call` in the
+        record's timings): it then includes what a first call costs, which for a 0.25 s call
+        is a small part (an op that jits its parts compiles them on the way).
+    """
+
+    run: Callable[[], Any]
+    compile_s: float
+    first: Optional[tuple[Any, float]] = None
 
 
 @runtime_checkable
@@ -49,7 +68,6 @@ class Backend(Protocol):
         """Wait until `x` (an op's result, any pytree the op returns) is computed."""
         ...
 
-    def prepare(self, fn: Callable[..., Any],
-                args: list[Any]) -> tuple[Callable[[], Any], float]:
-        """Compile or warm up `fn` for `args`: (a thunk that runs it, compile seconds)."""
+    def prepare(self, fn: Callable[..., Any], args: list[Any]) -> Prepared:
+        """Compile or warm up `fn` for `args` (`Prepared`)."""
         ...

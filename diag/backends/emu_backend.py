@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from diag.backends.base import Prepared
 from diag.precision import ALGORITHMS, emulate
 
 FRAMEWORK = "numpy"
@@ -62,8 +63,9 @@ def block(x) -> None:
 def prepare(fn, args):
     """Nothing to compile: run once as warm-up and report that time."""
     t0 = time.perf_counter()
-    fn(*args)
-    return (lambda: fn(*args)), time.perf_counter() - t0
+    out = fn(*args)
+    seconds = time.perf_counter() - t0
+    return Prepared(lambda: fn(*args), seconds, first=(out, seconds))
 
 
 def matmul(precision: str = "default", precision_via: str = "none"):

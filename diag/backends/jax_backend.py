@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from diag.backends.base import Prepared
+
 FRAMEWORK = "jax"
 _PLATFORMS = ("cpu", "gpu", "tpu")
 _device = None
@@ -84,23 +86,24 @@ def block(x) -> None:
 
 
 def prepare(fn, args):
-    """Jit, lower and compile `fn` for `args`; return (thunk, compile seconds).
+    """Jit, lower and compile `fn` for `args` (`diag.backends.base.Prepared`).
 
     An op that compiles its own parts (`fn.eager`, e.g. a sampler that runs both jitted and
-    op by op) is run once as warm-up instead, and that time is reported.
+    op by op) is run once as warm-up instead, and that call is reported (`Prepared.first`).
     """
     if getattr(fn, "eager", False):
         t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        return (lambda: fn(*args)), time.perf_counter() - t0
+        out = jax.block_until_ready(fn(*args))
+        seconds = time.perf_counter() - t0
+        return Prepared(lambda: fn(*args), seconds, first=(out, seconds))
     key = (fn, tuple((x.shape, x.dtype) for x in args))
     if key in _compiled:  # the same program for other inputs: compiled once per worker
         compiled = _compiled[key]
-        return (lambda: compiled(*args)), 0.0
+        return Prepared(lambda: compiled(*args), 0.0)
     t0 = time.perf_counter()
     compiled = _compiled[key] = jax.jit(fn).lower(*args).compile()
     compile_s = time.perf_counter() - t0
-    return (lambda: compiled(*args)), compile_s
+    return Prepared(lambda: compiled(*args), compile_s)
 
 
 #: (function, input signature) -> its compiled executable (`prepare`).

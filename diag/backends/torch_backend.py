@@ -13,6 +13,8 @@ import time
 import numpy as np
 import torch
 
+from diag.backends.base import Prepared
+
 FRAMEWORK = "torch"
 _device = None
 
@@ -86,9 +88,10 @@ def block(x) -> None:
 def prepare(fn, args):
     """Eager ops compile nothing: run once as warm-up and report that time."""
     t0 = time.perf_counter()
-    block(fn(*args))
+    out = fn(*args)
+    block(out)
     warmup_s = time.perf_counter() - t0
-    return (lambda: fn(*args)), warmup_s
+    return Prepared(lambda: fn(*args), warmup_s, first=(out, warmup_s))
 
 
 def matmul(precision: str = "default", precision_via: str = "none"):

@@ -56,6 +56,7 @@ import torch_xla.core.xla_model as xm  # noqa: E402
 import torch_xla.runtime as xr  # noqa: E402
 
 from diag.backends import torch_backend as _torch  # noqa: E402
+from diag.backends.base import Prepared  # noqa: E402
 # The torch math, one place for it: every op but matmul is torch_backend's own builder.
 from diag.backends.torch_backend import (gelu, greedy_token, softmax, top_k,  # noqa: E402,F401
                                          train_step)
@@ -146,7 +147,7 @@ def prepare(fn, args):
     _before_case = _dumped()
     t0 = time.perf_counter()
     block(fn(*args))
-    return (lambda: fn(*args)), time.perf_counter() - t0
+    return Prepared(lambda: fn(*args), time.perf_counter() - t0)
 
 
 def hlo_text(fn, args) -> str | None:

@@ -179,9 +179,17 @@ def run_job(job: dict, stream) -> None:
             # What the device holds, read back: proves the inputs arrived bit-identical.
             received = [numerics.bits_digest(backend.get(x)) for x in args]
             transfer_s = time.perf_counter() - t0
-            thunk, compile_s = backend.prepare(fn, args)
+            prepared = backend.prepare(fn, args)
+            thunk, compile_s = prepared.run, prepared.compile_s
             samples = []
             out = None
+            first_call = prepared.first is not None and prepared.first[1] >= budget
+            if first_call:
+                # An eager op whose warm-up call alone took the budget is not called again:
+                # that call is its one timed run (and includes what a first call costs).
+                out, seconds = prepared.first
+                samples.append(seconds)
+                compile_s = 0.0
             while not samples or (len(samples) < repeats and sum(samples) < budget):
                 with _timed_call(case):
                     t0 = time.perf_counter()
@@ -204,6 +212,8 @@ def run_job(job: dict, stream) -> None:
                     with open(hlo, "w") as f:
                         f.write(text)
             timings = {**_timings(compile_s, samples), "transfer_s": transfer_s}
+            if first_call:
+                timings["first_call"] = True
             if shared_with is not None:
                 timings["compile_shared_with"] = shared_with
             _emit(stream, event="result", case=case["id"], outputs=outputs, hlo=hlo,

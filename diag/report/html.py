@@ -184,9 +184,10 @@ def _verdict_row(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
                        bad=bool(nonfinite)))
     run_s = timings.get("run_s_median")
     compile_s = timings.get("compile_s")
-    cells.append(_cell(fmt_seconds(run_s), sort_key(run_s),
-                       title=f"compile: {fmt_seconds(compile_s)}" if compile_s is not None
-                       else ""))
+    title = f"compile: {fmt_seconds(compile_s)}" if compile_s is not None else ""
+    if timings.get("first_call"):
+        title = "the op's first call (an eager op's warm-up that took the repeat budget)"
+    cells.append(_cell(fmt_seconds(run_s), sort_key(run_s), title=title))
     device, device_full = _device_text(rec.get("device"))
     return {
         **_row_identity(rec, index),

@@ -178,7 +178,7 @@ def _compare_highest(framework: str, backend, case: dict, op_args: dict, args, r
     folder = run_dir / SESSIONS_DIR / name
     try:
         fn = getattr(backend, case["op"])(**op_args)
-        thunk, _ = backend.prepare(fn, args)
+        thunk = backend.prepare(fn, args).run
         with _SESSIONS[framework](folder, name):
             for _ in range(calls):
                 backend.block(thunk())
