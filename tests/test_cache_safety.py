@@ -280,3 +280,37 @@ def test_run_writes_cache_files_by_the_umask(tmp_path, suite):
     files = [p for p in (tmp_path / "gt").rglob("*") if p.is_file()]
     assert len(files) == 9, proc.stderr
     assert {stat.S_IMODE(p.stat().st_mode) for p in files} == {0o664}
+
+
+def test_an_unchanged_entry_is_hashed_once_per_cache_object_and_a_changed_one_again(
+        tmp_path, monkeypatch, caplog):
+    """A run reads each truth once per backend: the second read of an entry whose files are
+    unchanged skips the sha256 pass; an entry rewritten in place since is verified again and
+    its flipped byte caught."""
+    import time
+
+    import diag.oracle.cache as cache_module
+
+    rng = np.random.default_rng(2)
+    a, b = (rng.standard_normal((6, 5)).astype(np.float32),
+            rng.standard_normal((5, 7)).astype(np.float32))
+    first = oracle.matmul_result(a, b, cache=GroundTruthCache(tmp_path))
+    hashed = []
+    real = cache_module._checksum
+    monkeypatch.setattr(cache_module, "_checksum",
+                        lambda meta, bits: hashed.append(1) or real(meta, bits))
+    cache = GroundTruthCache(tmp_path)  # a new run's cache object
+    for _ in range(3):
+        again = oracle.matmul_result(a, b, cache=cache)
+        assert again.cache_hit
+        assert_bits_equal(again.value, first.value, "cached truth")
+    assert len(hashed) == 1
+    time.sleep(0.05)  # file times move in clock ticks: a later write gets a later mtime
+    (npy,) = tmp_path.rglob("*.npy")
+    _flip_last_byte(npy)
+    caplog.set_level(logging.WARNING, logger="diag.oracle.cache")
+    fourth = oracle.matmul_result(a, b, cache=cache)
+    assert not fourth.cache_hit
+    assert len(hashed) == 3  # verified again (and failed), then the rewritten entry's sum
+    assert_bits_equal(fourth.value, first.value, "recomputed truth")
+    assert any("failed its checksum" in r.getMessage() for r in caplog.records)
