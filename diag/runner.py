@@ -49,9 +49,9 @@ DEFAULT_CASE_TIMEOUT = 600.0
 DEFAULT_REPEAT_BUDGET = 0.25
 
 #: Where a backend's time goes, in run.json's `phases`: its worker's start (import, device,
-#: fingerprints), compile, the timed runs and the transfers of inputs and outputs (measured in
-#: the worker), then on the host the ground truth, judging and writing records; `wall` is
-#: the whole, so wall minus the rest is what the protocol itself cost.
+#: and the fingerprints it measures after the cases), compile, the timed runs and the transfers
+#: of inputs and outputs (measured in the worker), then on the host the ground truth, judging
+#: and writing records; `wall` is the whole, wall minus the rest the protocol's own cost.
 PHASES = ("start", "compile", "run", "transfer", "truth", "judge", "write", "wall")
 DEFAULT_STARTUP_TIMEOUT = 300.0
 MAX_RESTARTS = 3
@@ -251,9 +251,8 @@ class _Run:
         settings = {("default", "none")} | {
             (c.params.get("precision", "default"), c.params.get("precision_via", "none"))
             for c in fingerprinted}
-        job = {"backend": spec.name, "label": spec.label, "out_dir": str(self.work),
-               "repeats": self.repeats, "repeat_budget_s": self.repeat_budget,
-               "hlo": self.ab is not None,
+        job = {"backend": spec.name, "label": spec.label, "out_dir": str(self.work), "hlo":
+               self.ab is not None, "repeats": self.repeats, "repeat_budget_s": self.repeat_budget,
                "trace": trace_capture.job_field(self.trace, cases),  # --trace (diag.trace)
                "fingerprint": sorted(settings, key=lambda p: (p != ("default", "none"), p))
                if fingerprinted else [],
@@ -302,8 +301,11 @@ class _Run:
                     started = True
                     self.judge.clock(spec.label, "start", spawned)
                     self.backend_info[spec.label] = {
-                        k: event[k] for k in ("device", "framework", "settings",
-                                              "fingerprints", "features") if k in event}
+                        k: event[k] for k in ("device", "framework", "settings") if k in event}
+                elif kind == "arithmetic":  # measured after the cases; part of its start
+                    seconds["start"] += event.pop("seconds", 0.0)
+                    self.backend_info.setdefault(spec.label, {}).update(
+                        (k, event[k]) for k in ("fingerprints", "features") if k in event)
                 elif kind == "result":
                     t = event.get("timings") or {}
                     seconds["compile"] += t.get("compile_s", 0.0)
@@ -480,9 +482,8 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         run_dir.update_meta(error=f"{type(e).__name__}: {e}")
         raise
     finally:
-        for worker in [r.worker, *r.parked.values()]:
-            if worker is not None:
-                worker.kill()
+        for worker in filter(None, [r.worker, *r.parked.values()]):
+            worker.kill()
         if state != "finished":
             # A signal can land between a record's write to results.jsonl and its bookkeeping
             # here: what the run folder holds is what the counts and the caller are told.

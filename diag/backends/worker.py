@@ -13,14 +13,14 @@ framework must not take the run down with it.
 
 Protocol: one JSON object per line on the protocol stream (the original stdout; anything the
 framework prints is redirected to stderr so it cannot corrupt the stream):
-  {"event": "ready", "device": {...}, "framework": {...}, "settings": {...},
-   "fingerprints": [...] (the arithmetic of the probe table's fingerprinted op,
-   `diag.probes.FINGERPRINT_OP`, for each [precision, via] pair the job's "fingerprint" lists),
-   "features": [...] (with fingerprints only: `diag.precision.features` of that op, float32
-   inputs at the default setting)}
+  {"event": "ready", "device": {...}, "framework": {...}, "settings": {...}}
   {"event": "result", "case": ID, "outputs": [{"name", "path", "dtype", "shape"}, ...],
    "timings": {...}, "input_digests": [sha256 of each input as read back from the device]}
   {"event": "case_error", "case": ID, "error": "..."}
+  {"event": "arithmetic", "seconds": S, (after the cases, when the job's "fingerprint" lists
+   [precision, via] pairs:) "fingerprints": [...] (the arithmetic of the probe table's
+   fingerprinted op, `diag.probes.FINGERPRINT_OP`, under each pair), "features": [...]
+   (`diag.precision.features` of that op, float32 inputs at the default setting)}
   {"event": "done"}
 Inputs and float outputs travel as .npy files of the raw bits (`numerics.bits_view`), so every
 backend receives bit-identical inputs whatever the dtype; integer outputs (top-k indices,
@@ -136,15 +136,6 @@ def run_job(job: dict, stream) -> None:
     _inject_fault(_fault(label, "start"), "start")
     backend = importlib.import_module(spec.module)
     info = backend.setup(spec.platform)
-    settings = job.get("fingerprint")
-    if settings is True:  # older jobs: the default setting only
-        settings = [("default", "none")]
-    if settings and hasattr(backend, FINGERPRINT_OP):
-        # What arithmetic this backend's op uses under each setting the cases use.
-        info["fingerprints"] = matmul_fingerprints(backend, [tuple(p) for p in settings])
-        # And how its unit adds (diag.precision.features), float32 at the default setting
-        # only: one features() call per backend per run (~0.3 s on CPU), for the CI gate.
-        info["features"] = matmul_features(backend, [("default", "none")], dtypes=("float32",))
     _emit(stream, event="ready", **info)
 
     out_dir = job["out_dir"]
@@ -222,7 +213,28 @@ def run_job(job: dict, stream) -> None:
             _emit(stream, event="case_error", case=case["id"],
                   error=f"{type(e).__name__}: {e}".splitlines()[0][:500],
                   traceback=traceback.format_exc()[-4000:])
+    # The arithmetic is measured after the cases, while the host judges the last results
+    # (before them, the host would wait idle for it); nothing the cases do is left behind
+    # (each precision setting is restored after its call).
+    t0 = time.perf_counter()
+    arithmetic = _arithmetic(backend, job)
+    if arithmetic:
+        _emit(stream, event="arithmetic", seconds=time.perf_counter() - t0, **arithmetic)
     _emit(stream, event="done")
+
+
+def _arithmetic(backend, job: dict) -> dict:
+    """What arithmetic this backend's matmul uses under each setting the cases use
+    (`fingerprints`), and how its unit adds (`features`, diag.precision.features: float32
+    at the default setting only, one features() call per backend per run, ~0.3 s on CPU,
+    for the CI gate); {} when no case asked for it."""
+    settings = job.get("fingerprint")
+    if settings is True:  # older jobs: the default setting only
+        settings = [("default", "none")]
+    if not settings or not hasattr(backend, FINGERPRINT_OP):
+        return {}
+    return {"fingerprints": matmul_fingerprints(backend, [tuple(p) for p in settings]),
+            "features": matmul_features(backend, [("default", "none")], dtypes=("float32",))}
 
 
 def _timed_call(case: dict):
