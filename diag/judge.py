@@ -48,7 +48,7 @@ STORE_MIN_SECONDS = 0.02
 #: stored it is read). Measured on the shipped suites (2-core host, CPU time): long-K matmul
 #: bounds (64x16384x64, 256x65536x256) take seconds for under 1 MB and the 1024^3 products'
 #: ~10-25 ms/MB: stored, ~27 MB for the matmul suite. K=4 products' bounds (a
-#: [4096,4]x[4,4096] one: 134 MB for 0.3-0.5 s) and long softmax rows' (5-20 ms/MB, ~16 MB
+#: [4096,4]x[4,4096] one: 134 MB for 0.06 s idle, 0.3 s on a busy host) and long softmax rows' (5-20 ms/MB, ~16 MB
 #: each) mostly are not: storing all the matmul suite's bounds would take ~570 MB.
 STORE_RATE = 100e6
 
@@ -65,11 +65,6 @@ def as_emulation(ev: Evaluation) -> Evaluation:
     return dataclasses.replace(ev, status="warn", reason=(
         f"{ev.reason}; an emulation promises nothing, so this is what the emulated algorithm "
         f"does here, not a failure"))
-
-
-#: A shared array this large that the cache on disk does not keep is kept in the run's work
-#: folder for the later backends (`Judge._stored`).
-SPILL_BYTES = 1 << 20
 
 
 class Judge:
@@ -92,9 +87,8 @@ class Judge:
         self._shared = CostMemo(MEMO_BYTES)
         self.truth = _Truth(self.inputs, self.cache, memo=self._shared)
         #: What became of shared arrays the memo did not hold: read from the on-disk cache
-        #: (`hit`), computed and stored (`stored`), computed only (`computed`), mapped from
-        #: the copy an earlier backend of this run left in the work folder (`spilled`).
-        self.stored: dict[str, int] = {"hit": 0, "stored": 0, "computed": 0, "spilled": 0}
+        #: (`hit`), computed and stored (`stored`), computed only (`computed`).
+        self.stored: dict[str, int] = {"hit": 0, "stored": 0, "computed": 0}
         #: backend label -> phase -> seconds spent on the host (truth, judge, write).
         self.seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
@@ -144,10 +138,6 @@ class Judge:
         if hit is not None:
             self.stored["hit"] += 1
             return hit.value
-        spilled = self.work / f"shared-{key}.npy"
-        if spilled.exists():  # computed for an earlier backend of this run, let go since
-            self.stored["spilled"] += 1
-            return np.load(spilled, mmap_mode="r")
         t0 = time.process_time()
         value = compute()
         seconds = time.process_time() - t0
@@ -157,12 +147,11 @@ class Judge:
                                                        "seconds": round(seconds, 4)})):
             self.stored["stored"] += 1
         else:
+            # Too cheap for the cache on disk (a K=4 product's bound: 134 MB in ~0.06 s):
+            # a later backend computes it again once the memo has let it go, which costs
+            # less than writing it to a file and mapping it back (measured on the matmul
+            # suite: the run took ~0.7 s less without that copy).
             self.stored["computed"] += 1
-            if value.nbytes >= SPILL_BYTES:
-                # Too cheap for the cache on disk, too big for the memo between backends
-                # (a K=4 product's bound, 134 MB, 0.3 s): the run's work folder keeps it for
-                # the later backends, which map it instead of computing it again.
-                np.save(spilled, value)
         return value
 
     def outcome(self, case: Case, spec: BackendSpec, event: dict) -> Outcome:

@@ -84,13 +84,13 @@ def test_a_warm_judge_maps_the_bound_an_earlier_run_stored(tmp_path):
     cache = tmp_path / "cache"
     first = _judge(tmp_path, "w1", cache, **ALWAYS)
     ev1 = _judge_truth_as_output(first, case)
-    assert first.stored == {"hit": 0, "stored": 1, "computed": 0, "spilled": 0}
+    assert first.stored == {"hit": 0, "stored": 1, "computed": 0}
     (entry,) = _entries(cache, "shared")
     assert json.loads(entry.read_text())["name"] == "bound-float32"
 
     second = _judge(tmp_path, "w2", cache, **ALWAYS)
     ev2 = _judge_truth_as_output(second, case)
-    assert second.stored == {"hit": 1, "stored": 0, "computed": 0, "spilled": 0}
+    assert second.stored == {"hit": 1, "stored": 0, "computed": 0}
     # Mapped read-only from the stored file, not computed and not copied into memory.
     assert _is_mapped(ev2.context) and not _is_mapped(ev1.context)
     assert not ev2.context.flags.writeable
@@ -107,7 +107,7 @@ def test_a_fast_small_bound_is_not_stored(tmp_path):
     (case,) = _suite(tmp_path, [[4, 4, 4]])
     judge = _judge(tmp_path, "w", tmp_path / "cache")  # the shipped rule
     _judge_truth_as_output(judge, case)
-    assert judge.stored == {"hit": 0, "stored": 0, "computed": 1, "spilled": 0}
+    assert judge.stored == {"hit": 0, "stored": 0, "computed": 1}
     assert _entries(tmp_path / "cache", "shared") == []
 
 
@@ -149,7 +149,7 @@ def test_a_corrupt_entry_is_computed_again_and_replaced(tmp_path, caplog, damage
     caplog.set_level(logging.WARNING, logger="diag.oracle.cache")
     judge = _judge(tmp_path, "w2", cache, **ALWAYS)
     _judge_truth_as_output(judge, case)
-    assert judge.stored == {"hit": 0, "stored": 1, "computed": 0, "spilled": 0}
+    assert judge.stored == {"hit": 0, "stored": 1, "computed": 0}
     assert "failed its checksum" in caplog.text
     # The entry was rewritten whole: the next run maps it, and it holds the right bits.
     third = _judge(tmp_path, "w3", cache, **ALWAYS)
@@ -266,17 +266,19 @@ def test_runs_storing_the_same_entry_at_once_never_read_half_of_one(tmp_path):
     assert GroundTruthCache(tmp_path).get_mapped(key) is not None
 
 
-def test_a_large_bound_not_stored_is_kept_in_the_work_folder_for_later_backends(tmp_path):
-    """A bound too cheap for the cache on disk but too big to stay in memory between
-    backends (a K=4 product's) is computed once per run: a later backend, after the memo
-    let it go, maps the copy in the run's work folder, bit-identical to a fresh one."""
+def test_a_large_bound_not_stored_is_computed_again_for_a_later_backend(tmp_path):
+    """A bound too cheap for the cache on disk (a K=4 product's) is computed again for a later
+    backend once the memo has let it go, bit-identical, and nothing is written for it: not
+    to the cache, not to the run's work folder."""
     (case,) = _suite(tmp_path, [[1024, 4, 512]])  # a 4 MB float64 bound
     never = {"store_min_seconds": math.inf}
     judge = _judge(tmp_path, "w", tmp_path / "cache", **never)
-    _judge_truth_as_output(judge, case)
-    assert judge.stored == {"hit": 0, "stored": 0, "computed": 1, "spilled": 0}
+    first = _judge_truth_as_output(judge, case)
+    assert judge.stored == {"hit": 0, "stored": 0, "computed": 1}
     judge._shared = CostMemo(0)  # the memo has let everything go, as between backends
     ev = _judge_truth_as_output(judge, case)
-    assert judge.stored == {"hit": 0, "stored": 0, "computed": 1, "spilled": 1}
-    assert _is_mapped(ev.context) and _entries(tmp_path / "cache", "shared") == []
+    assert judge.stored == {"hit": 0, "stored": 0, "computed": 2}
+    assert not _is_mapped(ev.context) and _entries(tmp_path / "cache", "shared") == []
+    assert not list(judge.work.glob("shared-*"))
+    assert _same_bits(ev.context, first.context)
     assert _same_bits(ev.context, _fresh_bound(case, tmp_path / "cache"))
