@@ -48,8 +48,9 @@ STORE_MIN_SECONDS = 0.02
 #: stored it is read). Measured on the shipped suites (2-core host, CPU time): long-K matmul
 #: bounds (64x16384x64, 256x65536x256) take seconds for under 1 MB and the 1024^3 products'
 #: ~10-25 ms/MB: stored, ~27 MB for the matmul suite. K=4 products' bounds (a
-#: [4096,4]x[4,4096] one: 134 MB for 0.06 s idle, 0.3 s on a busy host) and long softmax rows' (5-20 ms/MB, ~16 MB
-#: each) mostly are not: storing all the matmul suite's bounds would take ~570 MB.
+#: [4096,4]x[4,4096] one: 134 MB for 0.06 s idle, 0.3 s on a busy host) and long softmax
+#: rows' (5-20 ms/MB, ~16 MB each) mostly are not: storing all the matmul suite's bounds
+#: would take ~570 MB.
 STORE_RATE = 100e6
 
 
