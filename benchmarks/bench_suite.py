@@ -25,7 +25,11 @@ comparison, as the first backend; the comparison alone, as every later backend, 
 shares the bound) against a float64 matmul of the same shape in the same process.
 
 Finally every target of the issue is printed with its measured value. Other load on the
-machine inflates every wall time: the load average is printed with the figures.
+machine inflates every wall time: the load average is printed with the figures. Each sample
+starts after `os.sync()`, so the disk writeback of the run before it (a cold run writes the
+cache, the older code several GB of work files) does not land in its time. Where the
+environment sets PYTHONDONTWRITEBYTECODE, every process compiles diag's sources afresh
+(~0.1-0.2 s each, three processes a run); that is said with the figures.
 """
 
 from __future__ import annotations
@@ -140,6 +144,7 @@ def _sample(checkout: Path, suite: str, cache: Path, out: Path) -> dict:
     peak_file = out / "peak.json"
     cmd = [sys.executable, "-c", _WRAPPER, "run", "--suite", suite, "--backend", BACKENDS,
            "--no-report", "--json", "--cache-dir", str(cache), "--out", str(out)]
+    os.sync()  # the previous sample's dirty pages are written back now, not during this one
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out,
                           env=_env(checkout, {"DIAG_BENCH_PEAK": str(peak_file)}))
@@ -202,6 +207,9 @@ def main() -> int:
         checkouts["before"] = args.before.resolve()
     tmp = Path(tempfile.mkdtemp(prefix="diag-bench-suite-"))
     print(f"bench_suite: {os.cpu_count()} CPUs; load average at start {_load()}")
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        print("bench_suite: PYTHONDONTWRITEBYTECODE is set: no .pyc is written, so every "
+              "process compiles diag's sources afresh (both checkouts alike)")
     results: dict = {}
     try:
         for name, checkout in checkouts.items():
