@@ -35,7 +35,8 @@ from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, Usag
 from diag.judge import Judge
 from diag.probes import PROBES, REPORT_SECTIONS, Outcome
 from diag.results import Record, RunDir, new_run_id, worst_status
-from diag.suite import Case, Suite, check_memory, load_suite
+from diag.suite import (Case, Suite, check_applicable, check_memory, load_suite,
+                        total_planned)
 from diag.trace import capture as trace_capture, passes as trace_passes
 from diag.workers import _Worker, candidate_backends, resolve_backends, worker_env
 
@@ -108,6 +109,7 @@ class _Run:
         self.outcomes: dict[str, dict[str, tuple[BackendSpec, dict]]] = {}
         self.backend_info: dict[str, Any] = {}
         self.worker: _Worker | None = None
+        self.exiting: list[_Worker] = []  # done with their job, exiting (`_Worker.finish`)
         #: framework -> the worker that listed its devices, parked for its first backend
         self.parked: dict[str, _Worker] = {}
         self.ab = Experiment(ab_env, run_dir.path) if ab_env else None
@@ -319,10 +321,12 @@ class _Run:
                     self.error(by_id[event["case"]], spec, f"{spec.label}: {event['error']}")
                     index += 1
                 elif kind == "done":
-                    worker.proc.wait(timeout=30)
+                    if worker.finish():
+                        self.exiting.append(worker)
                     return [], started, ""
         finally:
-            worker.kill()
+            if worker not in self.exiting:
+                worker.kill()
 
     def skip_records(self, requested: bool) -> None:
         """A record per backend that cannot run: `skip` in a default run, `error` when the
@@ -333,30 +337,6 @@ class _Run:
             self.emit(Record(op="*", probe=f"{self.suite.name}", case="*", params={},
                              backend=name, device={}, dtype="*", metrics={},
                              status=status, reason=why))
-
-
-def total_planned(suite: Suite, specs: list[BackendSpec]) -> int:
-    return sum(1 for s in specs for c in suite.cases if not_applicable(s, c.op, c.params) is None)
-
-
-def check_applicable(suite: Suite, specs: list[BackendSpec]) -> None:
-    """Refuse a suite none of whose cases applies to any of these backends.
-
-    Such a run would check nothing and say so only as "no records"; a CI gate would go green.
-
-    Raises:
-      UsageError: naming the suite's ops and, per backend, why its cases do not apply.
-    """
-    if not specs or total_planned(suite, specs):
-        return
-    ops = ", ".join(dict.fromkeys(c.op for c in suite.cases))
-    why = "; ".join(
-        f"{s.name}: " + ", ".join(dict.fromkeys(
-            r for c in suite.cases if (r := not_applicable(s, c.op, c.params))))
-        for s in specs)
-    raise UsageError(f"suite '{suite.name}' has no case that runs on "
-                     f"{', '.join(s.name for s in specs)} (the suite's ops: {ops}; {why}); "
-                     f"choose other backends with --backend or another suite")
 
 
 def check_flags(specs: list[BackendSpec], env: dict[str, str],
@@ -482,6 +462,8 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         run_dir.update_meta(error=f"{type(e).__name__}: {e}")
         raise
     finally:
+        for worker in r.exiting:  # a clean exit, unless the run was cut short
+            worker.reap(30.0 if state == "finished" else 0.0)
         for worker in filter(None, [r.worker, *r.parked.values()]):
             worker.kill()
         if state != "finished":

@@ -45,11 +45,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from diag.errors import SuiteError
+from diag.backends import BackendSpec, not_applicable
+from diag.errors import SuiteError, UsageError
 from diag.probes import EXPECTATIONS, PROBES
 
 __all__ = ["Case", "Suite", "load_suite", "suite_names", "check_memory", "memory_limit",
-           "SUITE_DIR"]
+           "check_applicable", "total_planned", "SUITE_DIR"]
 
 GIB = 2**30
 FALLBACK_MEMORY_LIMIT = 8 * GIB  # where the physical memory cannot be read
@@ -351,3 +352,28 @@ def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int
             host_bytes=probe.host_bytes(params), where=where,
         ))
     return cases
+
+
+def total_planned(suite: Suite, specs: list[BackendSpec]) -> int:
+    """How many (case, backend) records these backends plan for the suite."""
+    return sum(1 for s in specs for c in suite.cases if not_applicable(s, c.op, c.params) is None)
+
+
+def check_applicable(suite: Suite, specs: list[BackendSpec]) -> None:
+    """Refuse a suite none of whose cases applies to any of these backends.
+
+    Such a run would check nothing and say so only as "no records"; a CI gate would go green.
+
+    Raises:
+      UsageError: naming the suite's ops and, per backend, why its cases do not apply.
+    """
+    if not specs or total_planned(suite, specs):
+        return
+    ops = ", ".join(dict.fromkeys(c.op for c in suite.cases))
+    why = "; ".join(
+        f"{s.name}: " + ", ".join(dict.fromkeys(
+            r for c in suite.cases if (r := not_applicable(s, c.op, c.params))))
+        for s in specs)
+    raise UsageError(f"suite '{suite.name}' has no case that runs on "
+                     f"{', '.join(s.name for s in specs)} (the suite's ops: {ops}; {why}); "
+                     f"choose other backends with --backend or another suite")

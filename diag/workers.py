@@ -145,6 +145,7 @@ def _discover(framework: str, env: dict[str, str]
         worker.kill()
         return [], f"{framework} did not list its devices within {DISCOVERY_TIMEOUT:.0f} s", None
     if event is not None and event.get("event") == "platforms":
+        worker.platforms = event["platforms"]
         return event["platforms"], None, worker
     worker.kill()
     stderr = worker.stderr_text()
@@ -291,7 +292,10 @@ class _Worker:
 
     def __init__(self, framework: str, args: list[str], env: dict[str, str], *,
                  log_path: Path | None = None, park: bool = False):
+        self.framework = framework
         self.spec: BackendSpec | None = None
+        #: what its framework listed, when it was started to list them (`_discover`)
+        self.platforms: list[str] | None = None
         self.log_path = log_path
         self._log = open(log_path, "ab") if log_path else None
         self._early: list[bytes] = []  # stderr before there is a log file
@@ -362,6 +366,24 @@ class _Worker:
     def next_event(self, timeout: float) -> dict | None:
         """The next event; None at EOF. Raises queue.Empty on timeout."""
         return self._events.get(timeout=timeout)
+
+    def finish(self) -> bool:
+        """After its `done`: wait for it to exit (the framework's teardown, ~0.3 s), unless
+        it holds no device the next worker could need (its framework listed only the CPU,
+        or it is diag's numpy emulation): then it exits while the next backend runs.
+        Returns whether it may still be running (the caller `reap`s it later)."""
+        if self.platforms == ["cpu"] or self.framework == "numpy":
+            return True
+        self.reap()
+        return False
+
+    def reap(self, timeout: float = 30.0) -> None:
+        """Let it exit on its own for up to `timeout` seconds, then `kill`."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
 
     def kill(self) -> None:
         if self.proc.poll() is None:

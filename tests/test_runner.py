@@ -252,3 +252,45 @@ def test_parked_worker_not_needed_exits_when_its_stdin_closes():
     worker.proc.stdin.close()
     assert worker.proc.wait(timeout=60) == 0
     worker.kill()
+
+
+def test_a_cpu_only_worker_exits_while_the_next_backend_runs_and_none_outlives_the_run(
+        tmp_path):
+    """After `done`, a worker whose framework listed only the CPU holds no device the next
+    worker could need: the host goes on without waiting for its exit (the framework's
+    teardown) and reaps it at the end of the run. One that listed an accelerator is waited
+    for. Through the real `diag` script: once it has exited, no process it started is left."""
+    import os
+    import uuid
+
+    from diag.workers import resolve_backends, worker_env
+    from tests.conftest import TINY_SUITE, run_diag
+
+    _, _, parked = resolve_backends(["emu-bf16x1", "jax-cpu"], worker_env())
+    emu, jax = parked["numpy"], parked["jax"]  # emu: numpy on the host CPU, no device
+    for worker in (emu, jax):
+        worker.proc.stdin.close()  # no job: it exits on its own
+    assert emu.finish() is True  # not waited for
+    emu.reap()
+    assert emu.proc.returncode == 0
+    # jax lists what this machine has; one that saw an accelerator is waited for.
+    assert jax.finish() is (jax.platforms == ["cpu"])
+    jax.platforms = ["cpu", "tpu"]  # as jax on a TPU host lists them
+    assert jax.finish() is False and jax.proc.returncode == 0
+
+    mark = uuid.uuid4().hex
+    suite = tmp_path / "tiny.toml"
+    suite.write_text(TINY_SUITE)
+    out = run_diag("run", "--suite", str(suite), "--backend", "jax-cpu,torch-cpu",
+                   "--no-report", "--out", str(tmp_path / "runs"),
+                   "--cache-dir", str(tmp_path / "cache"), env={"DIAG_TEST_MARK": mark})
+    assert out.returncode == 0, out.stderr
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"DIAG_TEST_MARK={mark}".encode() in f.read():
+                    left.append(pid)
+        except OSError:  # gone, or not ours to read
+            continue
+    assert left == []
