@@ -409,5 +409,18 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _leave(code: int) -> None:
+    """Exit without the interpreter's module teardown: once the work is done and every file
+    is closed, tearing down torch's modules takes ~0.5 s and jax's ~0.2 s here (the host
+    waits for it, or for the next backend's CPU); with the exit handlers run (a framework's
+    own cleanup, logging's flush) and `os._exit`, ~0.02 s."""
+    import atexit
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()  # what a normal exit runs first (CPython's own entry point)
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    _leave(main(sys.argv[1:]))
