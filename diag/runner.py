@@ -253,8 +253,9 @@ class _Run:
         settings = {("default", "none")} | {
             (c.params.get("precision", "default"), c.params.get("precision_via", "none"))
             for c in fingerprinted}
-        job = {"backend": spec.name, "label": spec.label, "out_dir": str(self.work), "hlo":
-               self.ab is not None, "repeats": self.repeats, "repeat_budget_s": self.repeat_budget,
+        job = {"backend": spec.name, "label": spec.label, "out_dir": str(self.work),
+               "repeats": self.repeats, "repeat_budget_s": self.repeat_budget,
+               "hlo": self.ab is not None,
                "trace": trace_capture.job_field(self.trace, cases),  # --trace (diag.trace)
                "fingerprint": sorted(settings, key=lambda p: (p != ("default", "none"), p))
                if fingerprinted else [],
