@@ -39,6 +39,7 @@ __all__ = [
     "flag_error",
     "findings",
     "host_findings",
+    "check_flags",
 ]
 
 FLAG_VARS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
@@ -332,3 +333,30 @@ def host_findings(environ: Mapping[str, str] | None = None) -> list[dict]:
     """Findings from environment variables and XLA flags alone (no framework, no process)."""
     environ = os.environ if environ is None else environ
     return findings({"env": dict(environ), "flags": host_flags(environ)})
+
+
+def check_flags(specs: list, env: dict[str, str],
+                ab_env: dict[str, str]) -> None:
+    """Refuse XLA_FLAGS/LIBTPU_INIT_ARGS that a JAX worker would abort on (as `diag env`).
+
+    Only when a JAX backend is among `specs`. Syntax is checked here, on the host; whether
+    XLA knows each flag is checked by JAX itself when it lists its devices (`diag.workers`,
+    started with the same environment, no extra process), and for an A/B run whose B side
+    changes the flags, in one throwaway JAX process (`validate_xla_flags`).
+
+    Args:
+      specs: the candidate backends (`diag.backends.BackendSpec`).
+
+    Raises:
+      BadFlag: naming the variable and the flag (exit 2).
+    """
+    from diag.backends import framework_installed
+
+    if not any(s.framework == "jax" for s in specs):
+        return
+    b_env = {**env, **ab_env}
+    for var in FLAG_VARS:
+        parse_flags(env.get(var), var)
+        parse_flags(b_env.get(var), var)
+    if any(b_env.get(v) != env.get(v) for v in FLAG_VARS) and framework_installed("jax"):
+        validate_xla_flags(b_env)

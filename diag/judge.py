@@ -18,8 +18,10 @@ later run maps the verified file instead of computing it again (`Judge.shared`).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
+import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -90,6 +92,14 @@ class Judge:
         #: What became of shared arrays the memo did not hold: read from the on-disk cache
         #: (`hit`), computed and stored (`stored`), computed only (`computed`).
         self.stored: dict[str, int] = {"hit": 0, "stored": 0, "computed": 0}
+        #: (truth key, computation, output digests) -> what it gave (`recall`), and how many
+        #: times a later output was judged by it (bit-identical to one judged before).
+        self._recalled: dict[tuple, Any] = {}
+        self.recalled = 0
+        #: (device, inode) of an output file -> the sha256 of its array: a worker's hard link
+        #: to an earlier bit-identical output (`diag.backends.worker._Written`) is hashed
+        #: once. Dropped when the last link goes (`release`): an inode is reused after that.
+        self._file_digests: dict[tuple[int, int], str] = {}
         #: backend label -> phase -> seconds spent on the host (truth, judge, write).
         self.seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
@@ -115,6 +125,31 @@ class Judge:
             return self._shared.get(json.dumps([base, name]),
                                     lambda: self._stored(case, name, compute),
                                     lambda a: a.nbytes)
+
+        return memo
+
+    def write_inputs(self, cases: list[Case]) -> None:
+        """Draw every case's inputs and write them where the workers read them (each input
+        set once; `_Inputs`)."""
+        for case in cases:
+            self.inputs.paths(case)
+
+    def recall(self, case: Case) -> Callable[[tuple, Callable[[], Any]], Any]:
+        """A memo for values computed from `case` and outputs' bits (`Outcome.remembered`):
+        `memo(key, compute)`, where the key names the computation and the digests of the
+        outputs it read. A deterministic comparison of the same bits against the same truth
+        gives the same metrics, so a later output identical to an earlier one (a precision
+        setting a CPU backend ignores, a backend that agrees bit for bit) is judged by the
+        earlier numbers, not compared again; each caller gets its own copy."""
+        base = self.truth.key(case)
+
+        def memo(key: tuple, compute: Callable[[], Any]) -> Any:
+            full = (base, *key)
+            if full in self._recalled:
+                self.recalled += 1
+            else:
+                self._recalled[full] = compute()
+            return copy.deepcopy(self._recalled[full])
 
         return memo
 
@@ -155,16 +190,40 @@ class Judge:
             self.stored["computed"] += 1
         return value
 
-    def outcome(self, case: Case, spec: BackendSpec, event: dict) -> Outcome:
-        """What `spec` returned for `case` (its outputs memory-mapped), ready to be judged."""
+    def outcome(self, case: Case, spec: BackendSpec, event: dict,
+                digests: list[str] | None = None) -> Outcome:
+        """What `spec` returned for `case` (its outputs memory-mapped), ready to be judged.
+
+        `digests`: the outputs' sha256 (`numerics.bits_digest`) where an earlier call computed
+        them (they are the record's `output_digests`); computed here otherwise."""
         precision = case.params.get("precision", "default")
+        outputs = [_load_output(o) for o in event["outputs"]]
         return Outcome(
-            inputs=self.inputs.get(case),
-            outputs=[_load_output(o) for o in event["outputs"]],
+            inputs=self.inputs.get(case), outputs=outputs,
             names=[o["name"] for o in event["outputs"]], truth=self.truth.get(case),
             params=case.params, promised=promises_full_precision(spec, case.dtype, precision),
             setting=f"precision={precision}", nan_report=event.get("nan_report"),
-            shared=self.shared(case))
+            shared=self.shared(case), recall=self.recall(case),
+            digests=digests or [self.output_digest(meta["path"], o)
+                                for meta, o in zip(event["outputs"], outputs)])
+
+    def output_digest(self, path: str, array: np.ndarray) -> str:
+        """sha256 of the bits of `array`, the output file at `path`, once per file."""
+        stat = os.stat(path)
+        key = (stat.st_dev, stat.st_ino)
+        if key not in self._file_digests:
+            self._file_digests[key] = numerics.bits_digest(array)
+        return self._file_digests[key]
+
+    def release(self, path: str) -> None:
+        """Remove an output file the run is done with (its digest goes with its last link)."""
+        try:
+            stat = os.stat(path)
+        except FileNotFoundError:
+            return
+        if stat.st_nlink <= 1:
+            self._file_digests.pop((stat.st_dev, stat.st_ino), None)
+        os.unlink(path)
 
     def evaluate(self, case: Case, spec: BackendSpec, outcome: Outcome) -> Evaluation:
         """The verdict on one outcome, with the suite's planted outcome and emulation rules."""

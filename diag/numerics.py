@@ -234,6 +234,14 @@ def _ordered(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def ordered_distance(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """|ordered x - ordered y| in int64 for 1-d arrays of a dtype of at most 32 bits: their
+    `ulp_distance` where neither is NaN (a NaN is just a bit pattern here)."""
+    dist = np.subtract(_ordered(x), _ordered(y), dtype=np.int64)
+    np.abs(dist, out=dist)
+    return dist
+
+
 def _ulp_distance_narrow(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """`ulp_distance` of 1-d arrays of a dtype of at most 32 bits, in int64 throughout.
 
@@ -241,8 +249,7 @@ def _ulp_distance_narrow(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     equal signs and mx + my across zero, below 2**33, so never saturated), in a third of its
     passes and without float64 copies: it is the inner loop of every comparison diag makes.
     """
-    dist = np.subtract(_ordered(x), _ordered(y), dtype=np.int64)
-    np.abs(dist, out=dist)
+    dist = ordered_distance(x, y)
     with np.errstate(invalid="ignore"):
         xn, yn = np.isnan(x), np.isnan(y)
     if xn.any() or yn.any():

@@ -24,14 +24,19 @@ import shutil
 import tempfile
 import time
 import traceback
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from diag import environment, numerics
+from threadpoolctl import threadpool_limits
+
+from diag import environment
 from diag.ab import Experiment, parse_ab, with_b_sides
-from diag.backends import BackendSpec, framework_installed, not_applicable
+from diag.backends import BackendSpec, not_applicable
 from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, UsageError
+from diag.flags import check_flags
 from diag.judge import Judge
 from diag.probes import PROBES, REPORT_SECTIONS, Outcome
 from diag.results import Record, RunDir, new_run_id, worst_status
@@ -90,23 +95,24 @@ class Interrupted(KeyboardInterrupt):
 
 
 class _Run:
-    def __init__(self, suite: Suite, skipped: dict[str, str], run_dir: RunDir, work: Path, *,
+    def __init__(self, suite: Suite, skipped: dict[str, str], run_dir: RunDir, judge: Judge, *,
                  repeats: int, repeat_budget: float, case_timeout: float, startup_timeout: float,
-                 cache_dir: str | None, env: dict[str, str],
-                 ab_env: dict[str, str] | None = None,
+                 env: dict[str, str], ab_env: dict[str, str] | None = None,
                  on_record: Callable[[dict], None] | None):
         self.suite, self.skipped = suite, skipped
-        self.run_dir, self.work = run_dir, work
+        self.run_dir, self.work = run_dir, judge.work
         self.repeats, self.case_timeout, self.startup_timeout = repeats, case_timeout, startup_timeout
         self.repeat_budget = repeat_budget
         self.env = env
         self.on_record = on_record
-        self.judge = Judge(work, cache_dir)
+        self.judge = judge
         self.inputs = self.judge.inputs
         self.records: list[dict[str, Any]] = []
-        # case id -> backend label -> (its spec, its result event): the outputs stay files in
-        # the work folder, mapped again when a later backend's output is compared with them
-        self.outcomes: dict[str, dict[str, tuple[BackendSpec, dict]]] = {}
+        # case id -> backend label -> (its spec, its result event, its output digests): the
+        # outputs stay files in the work folder, mapped again when a later backend's output
+        # is compared with them, until every backend is done with the case (`finished`)
+        self.outcomes: dict[str, dict[str, tuple[BackendSpec, dict, list[str]]]] = {}
+        self.left: Counter[str] = Counter()  # case id -> backends yet to report it
         self.backend_info: dict[str, Any] = {}
         self.worker: _Worker | None = None
         self.exiting: list[_Worker] = []  # done with their job, exiting (`_Worker.finish`)
@@ -118,6 +124,17 @@ class _Run:
 
     def plan(self, spec: BackendSpec) -> list[Case]:
         return [c for c in self.suite.cases if not_applicable(spec, c.op, c.params) is None]
+
+    def finished(self, case: Case) -> None:
+        """A backend is done with `case`. After the last, the case's output files go: their
+        page cache is reused by the next outputs instead of growing by every output of the
+        suite (matmul: ~1.2 GB per run, and new memory costs ~2.6 s/GB to touch on VMs whose
+        host takes back free pages, this project's CI machines among them)."""
+        self.left[case.id] -= 1
+        if self.left[case.id] <= 0:
+            for _, event, _ in self.outcomes.get(case.id, {}).values():
+                for output in event.get("outputs") or []:
+                    self.judge.release(output["path"])
 
     def emit(self, record: Record) -> None:
         record.run_id = self.run_dir.path.name
@@ -162,7 +179,7 @@ class _Run:
                 timings=event.get("timings", {}), oracle=oracle_info))
             return
         # sha256 of each output's bits: what `diag check --bitwise` compares.
-        digests = [numerics.bits_digest(o) for o in outcome.outputs]
+        digests = outcome.digests
         t0 = judge.clock(label, "judge", t0)
         self.emit(self._record(case, spec, ev.status, ev.reason,
                                metrics={**ev.metrics, "output_digests": digests},
@@ -172,7 +189,7 @@ class _Run:
         if event.get("hlo") and self.ab is not None:
             self.ab.hlo[case.id, spec.label] = event["hlo"]
         self.agree(case, spec, outcome, ev.context)
-        self.outcomes.setdefault(case.id, {})[spec.label] = (spec, event)
+        self.outcomes.setdefault(case.id, {})[spec.label] = (spec, event, digests)
         judge.clock(label, "judge", t0)
 
     def agree(self, case: Case, spec: BackendSpec, outcome: Outcome, context: Any) -> None:
@@ -180,8 +197,8 @@ class _Run:
         judged with what this output was just judged by (`context`, e.g. its bound)."""
         probe = PROBES[case.op]
         name = spec.label
-        for earlier, (espec, event) in self.outcomes.get(case.id, {}).items():
-            other = self.judge.outcome(case, espec, event)
+        for earlier, (espec, event, digests) in self.outcomes.get(case.id, {}).items():
+            other = self.judge.outcome(case, espec, event, digests)
             if espec.variant or spec.variant:
                 # An A/B side is compared with its own backend's other side only.
                 if self.ab is not None and espec.name == spec.name and not espec.variant:
@@ -317,9 +334,11 @@ class _Run:
                     if t.get("compile_shared_with") in by_id:  # the worker names ids
                         t["compile_shared_with"] = by_id[t["compile_shared_with"]].label
                     self.judge_result(by_id[event["case"]], spec, event)
+                    self.finished(by_id[event["case"]])
                     index += 1
                 elif kind == "case_error":
                     self.error(by_id[event["case"]], spec, f"{spec.label}: {event['error']}")
+                    self.finished(by_id[event["case"]])
                     index += 1
                 elif kind == "done":
                     if worker.finish():
@@ -338,30 +357,6 @@ class _Run:
             self.emit(Record(op="*", probe=f"{self.suite.name}", case="*", params={},
                              backend=name, device={}, dtype="*", metrics={},
                              status=status, reason=why))
-
-
-def check_flags(specs: list[BackendSpec], env: dict[str, str],
-                ab_env: dict[str, str]) -> None:
-    """Refuse XLA_FLAGS/LIBTPU_INIT_ARGS that a JAX worker would abort on (as `diag env`).
-
-    Only when a JAX backend is among `specs`. Syntax is checked here, on the host; whether
-    XLA knows each flag is checked by JAX itself when it lists its devices (`diag.workers`,
-    started with the same environment, no extra process), and for an A/B run whose B side
-    changes the flags, in one throwaway JAX process (`diag.flags.validate_xla_flags`).
-
-    Raises:
-      BadFlag: naming the variable and the flag (exit 2).
-    """
-    from diag.flags import FLAG_VARS, parse_flags, validate_xla_flags
-
-    if not any(s.framework == "jax" for s in specs):
-        return
-    b_env = {**env, **ab_env}
-    for var in FLAG_VARS:
-        parse_flags(env.get(var), var)
-        parse_flags(b_env.get(var), var)
-    if any(b_env.get(v) != env.get(v) for v in FLAG_VARS) and framework_installed("jax"):
-        validate_xla_flags(b_env)
 
 
 def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
@@ -424,30 +419,47 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
     candidates = candidate_backends(backends)
     check_applicable(loaded, candidates)
     check_flags(candidates, workers_env, ab_env)
-    specs, skipped, parked = resolve_backends(backends, workers_env)
-    if ab_env:
-        specs = with_b_sides(specs)
     run_id = new_run_id()
+    work = Path(tempfile.mkdtemp(prefix=f"diag-{run_id}-"))
+    judge = Judge(work, cache_dir)
+    parked: dict[str, _Worker] = {}
     try:
-        run_dir = RunDir.create(out, run_id, environment.collect(argv))
-    except OSError as e:
+        # Every input is drawn and written while the frameworks list their devices, which
+        # the host would otherwise wait for idle (~0.4 s of the matmul suite's start).
+        with ThreadPoolExecutor(1) as pool:
+            written = pool.submit(judge.write_inputs, [
+                c for c in loaded.cases
+                if any(not_applicable(s, c.op, c.params) is None for s in candidates)])
+            specs, skipped, parked = resolve_backends(backends, workers_env)
+            written.result()
+        try:
+            run_dir = RunDir.create(out, run_id, environment.collect(argv))
+        except OSError as e:
+            raise UsageError(f"cannot create a run folder under '{out}': {e.strerror or e}; "
+                             f"pass --out with a writable folder") from None
+    except BaseException:
         for worker in parked.values():
             worker.kill()
-        raise UsageError(f"cannot create a run folder under '{out}': {e.strerror or e}; "
-                         f"pass --out with a writable folder") from None
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    if ab_env:
+        specs = with_b_sides(specs)
     run_dir.update_meta(suite={"name": loaded.name, "path": loaded.path,
                                "cases": len(loaded.cases)},
                         backends_planned=[s.label for s in specs], backends_skipped=skipped,
                         ab={"B": list(ab or []), "env": ab_env} if ab_env else None,
                         report_sections=REPORT_SECTIONS)
-    work = Path(tempfile.mkdtemp(prefix=f"diag-{run_id}-"))
     state = "finished"
-    r = _Run(loaded, skipped, run_dir, work, repeats=repeats, repeat_budget=repeat_budget,
-             case_timeout=case_timeout,
-             startup_timeout=startup_timeout, cache_dir=cache_dir, ab_env=ab_env,
+    r = _Run(loaded, skipped, run_dir, judge, repeats=repeats, repeat_budget=repeat_budget,
+             case_timeout=case_timeout, startup_timeout=startup_timeout, ab_env=ab_env,
              env=workers_env, on_record=on_record)
     r.trace = run_dir.path if trace else None
     r.parked = parked
+    r.left.update(c.id for spec in specs for c in r.plan(spec))
+    # The host's BLAS (the |A||B| of matmul bounds) on one thread: OpenBLAS's idle threads spin
+    # after each call, taking CPU from the backend under test (matmul suite, 2 cores: ~1.5 CPU-s
+    # and ~1 s of wall less). Threads split the product's rows and columns, never K: the same bits.
+    blas = threadpool_limits(limits=1, user_api="blas")
     try:
         if on_start:
             on_start(total_planned(loaded, specs) + len(skipped), [s.label for s in specs])
@@ -463,6 +475,7 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         run_dir.update_meta(error=f"{type(e).__name__}: {e}")
         raise
     finally:
+        blas.restore_original_limits()
         for worker in r.exiting:  # a clean exit, unless the run was cut short
             worker.reap(30.0 if state == "finished" else 0.0)
         for worker in filter(None, [r.worker, *r.parked.values()]):

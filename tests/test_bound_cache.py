@@ -47,7 +47,7 @@ def _judge(tmp_path, work: str, cache, **rule) -> Judge:
 
 def _judge_truth_as_output(judge: Judge, case):
     """matmul's verdict on the truth itself as a backend's output (a pass), through the
-    run's memo; returns the Evaluation (its context is the bound)."""
+    run's memo; returns the Evaluation (its context returns the bound)."""
     truth = judge.truth.get(case)
     outcome = Outcome(inputs=judge.inputs.get(case), outputs=[truth.value], names=["out"],
                       truth=truth, params=case.params, shared=judge.shared(case))
@@ -92,10 +92,10 @@ def test_a_warm_judge_maps_the_bound_an_earlier_run_stored(tmp_path):
     ev2 = _judge_truth_as_output(second, case)
     assert second.stored == {"hit": 1, "stored": 0, "computed": 0}
     # Mapped read-only from the stored file, not computed and not copied into memory.
-    assert _is_mapped(ev2.context) and not _is_mapped(ev1.context)
-    assert not ev2.context.flags.writeable
+    assert _is_mapped(ev2.context()) and not _is_mapped(ev1.context())
+    assert not ev2.context().flags.writeable
     fresh = _fresh_bound(case, cache)
-    assert _same_bits(ev2.context, fresh) and _same_bits(ev1.context, fresh)
+    assert _same_bits(ev2.context(), fresh) and _same_bits(ev1.context(), fresh)
     assert json.dumps(ev1.metrics, sort_keys=True) == json.dumps(ev2.metrics, sort_keys=True)
     assert ev1.status == ev2.status == "pass"
     # A later backend of the same run gets it from the memo: no second map.
@@ -154,7 +154,7 @@ def test_a_corrupt_entry_is_computed_again_and_replaced(tmp_path, caplog, damage
     # The entry was rewritten whole: the next run maps it, and it holds the right bits.
     third = _judge(tmp_path, "w3", cache, **ALWAYS)
     ev = _judge_truth_as_output(third, case)
-    assert third.stored["hit"] == 1 and _same_bits(ev.context, _fresh_bound(case, cache))
+    assert third.stored["hit"] == 1 and _same_bits(ev.context(), _fresh_bound(case, cache))
 
 
 def test_large_seeded_inputs_are_mapped_from_the_cache_by_later_runs(tmp_path):
@@ -278,7 +278,7 @@ def test_a_large_bound_not_stored_is_computed_again_for_a_later_backend(tmp_path
     judge._shared = CostMemo(0)  # the memo has let everything go, as between backends
     ev = _judge_truth_as_output(judge, case)
     assert judge.stored == {"hit": 0, "stored": 0, "computed": 2}
-    assert not _is_mapped(ev.context) and _entries(tmp_path / "cache", "shared") == []
+    assert not _is_mapped(ev.context()) and _entries(tmp_path / "cache", "shared") == []
     assert not list(judge.work.glob("shared-*"))
-    assert _same_bits(ev.context, first.context)
-    assert _same_bits(ev.context, _fresh_bound(case, tmp_path / "cache"))
+    assert _same_bits(ev.context(), first.context())
+    assert _same_bits(ev.context(), _fresh_bound(case, tmp_path / "cache"))

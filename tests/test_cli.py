@@ -147,8 +147,22 @@ def test_cache_info_and_clear(tmp_path):
 
 
 def test_out_that_is_a_file_exits_2(tmp_path, tiny_suite):
+    # The inputs were written (while the frameworks listed their devices) before the run
+    # folder failed: the work folder holding them is removed all the same.
     target = tmp_path / "a-file"
     target.write_text("")
-    out = diag("run", "--suite", tiny_suite, "--backend", "jax-cpu", "--out", str(target))
+    (tmp_path / "tmp").mkdir()
+    out = diag("run", "--suite", tiny_suite, "--backend", "jax-cpu", "--out", str(target),
+               env={"TMPDIR": str(tmp_path / "tmp")})
     assert out.returncode == 2
     assert out.stderr.strip().startswith(f"diag: cannot create a run folder under '{target}'")
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+@needs_jax
+def test_a_flag_jax_refuses_exits_2_and_leaves_no_work_folder(tmp_path, tiny_suite):
+    (tmp_path / "tmp").mkdir()
+    out = diag("run", "--suite", tiny_suite, "--backend", "jax-cpu", "--out", str(tmp_path),
+               env={"TMPDIR": str(tmp_path / "tmp"), "XLA_FLAGS": "--xla_no_such_flag_diag=1"})
+    assert out.returncode == 2 and "xla_no_such_flag_diag" in out.stderr
+    assert list((tmp_path / "tmp").iterdir()) == [] and not list(tmp_path.glob("2*"))

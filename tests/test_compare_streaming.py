@@ -135,6 +135,34 @@ def test_bounds_at_the_edge_of_the_ratio(dtype):
         _assert_as_legacy(out, truth, pick)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16", "float16"])
+def test_chunks_with_and_without_non_finite_values_as_the_whole_array_code(dtype):
+    # compare and agreement skip the NaN masks in a chunk where every value is finite (the
+    # common case) and keep them elsewhere: one chunk of each kind, and the hazards of the
+    # unmasked chunk's shortcuts (zero truths of either sign, where err / |t| is masked to
+    # 0; negative truths, where err / t is negative; equal values; float64 differences of
+    # finite values that overflow).
+    rng = np.random.default_rng(11)
+    dt = numerics.as_dtype(dtype)
+    n = 5 * CHUNK
+    truth = rng.standard_normal(n).astype(dt)
+    out = (truth.astype(np.float64) * (1 + rng.standard_normal(n) * 1e-3)).astype(dt)
+    signed_zeros = np.array([0.0, -0.0] * 20, dt)
+    truth[CHUNK:CHUNK + 40] = signed_zeros  # chunk 1: zero truths, non-zero outputs (x / 0)
+    truth[2 * CHUNK:2 * CHUNK + 40] = signed_zeros  # chunk 2: zeros both sides (0 / 0)
+    out[2 * CHUNK:2 * CHUNK + 40] = signed_zeros[::-1]
+    out[3 * CHUNK + 7] = np.nan  # chunk 3: one NaN, the rest finite
+    if dtype == "float64":  # chunk 4: finite values whose difference overflows float64
+        truth[4 * CHUNK:4 * CHUNK + 5], out[4 * CHUNK:4 * CHUNK + 5] = 1e308, -1e308
+    bound = np.abs(truth.astype(np.float64)) * 2.0 ** -(numerics.precision_bits(dtype) - 4)
+    metrics = _assert_as_legacy(out, truth, bound)
+    assert metrics["nan_count"] == 1 and metrics["max_rel_err"] > 0
+    for chunk in range(3):  # each takes the unmasked path alone
+        part = slice(chunk * CHUNK, (chunk + 1) * CHUNK)
+        metrics = _assert_as_legacy(out[part], truth[part], bound[part])
+        assert metrics["unexpected_nonfinite"] == 0 and 0 < metrics["max_rel_err"] < np.inf
+
+
 def test_float64_distances_past_what_sums_exactly():
     # Opposite signs of huge magnitude: distances near 2**63 (saturated below NAN_ULP), a
     # p99 among the large distances, and a mean numpy sums in float64.

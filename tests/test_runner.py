@@ -294,3 +294,30 @@ def test_a_cpu_only_worker_exits_while_the_next_backend_runs_and_none_outlives_t
         except OSError:  # gone, or not ours to read
             continue
     assert left == []
+
+
+def test_a_cases_output_files_go_once_every_backend_has_judged_it(tmp_path, tiny_suite):
+    # The last backend's record for the i-th case is written before its files go: the work
+    # folder then holds outputs of that case and the later ones (the first backend's), never
+    # of an earlier case. Bit-identical outputs of one backend (the precision cases) may be
+    # links to one file; each case still has its own name.
+    import tempfile
+    from pathlib import Path
+
+    held = []
+
+    def on_record(rec):
+        if rec.get("kind") == "probe" and rec["backend"] == "torch-cpu":
+            (work,) = Path(tempfile.gettempdir()).glob(f"diag-{rec['run_id']}-*")
+            held.append(sorted({p.name.split(".")[0] for p in work.glob("c*.npy")}))
+
+    result = run(tiny_suite, ["jax-cpu", "torch-cpu"], out=tmp_path, repeats=1,
+                 on_record=on_record)
+    # The cases torch-cpu ran, in order (each is the earliest case with files when judged);
+    # the first backend's outputs of cases torch-cpu does not run went right after judging.
+    ran = [files[0] for files in held]
+    assert len(held) == len(_by(result.records, backend="torch-cpu")) >= 5
+    assert result.counts["error"] == 0 and ran == sorted(set(ran))
+    for i, files in enumerate(held):
+        assert files == ran[i:], f"torch-cpu's case {i}: files of {files}"
+    assert not list(Path(tempfile.gettempdir()).glob(f"diag-{result.run_dir.name}-*"))

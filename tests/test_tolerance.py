@@ -146,3 +146,19 @@ def test_every_tolerance_constant_carries_its_derivation():
         above = lines[node.lineno - 2].strip()
         assert above.startswith("#:"), f"tolerance.py:{node.lineno} has no derivation comment"
     assert tol_mod.__doc__ and "derivation" in tol_mod.__doc__
+
+
+def test_a_bound_is_the_same_bits_on_one_blas_thread_as_on_many():
+    # `diag run` limits the host's BLAS to one thread (diag.runner): the bound of a stored
+    # entry or of an earlier run must not depend on it. BLAS threads split a product's rows
+    # and columns, not its K sum; checked on the shipped suites' kinds of K.
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(3)
+    for m, k, n in [(512, 4, 384), (256, 512, 256), (64, 16384, 64)]:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        many = matmul_error_bound(a, b, "float32")
+        with threadpool_limits(limits=1, user_api="blas"):
+            one = matmul_error_bound(a, b, "float32")
+        assert np.array_equal(one.view(np.uint64), many.view(np.uint64)), (m, k, n)

@@ -32,6 +32,20 @@ def _chunks(n: int):
         yield start, slice(start, min(n, start + CHUNK))
 
 
+def _finite_ulp_distance(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """`numerics.ulp_distance` of 1-d arrays known to hold no NaN (their dtypes checked by
+    `_same_float_dtype`): no NaN screens."""
+    if x.dtype.itemsize <= 4:
+        return numerics.ordered_distance(x, y)
+    return numerics.ulp_distance(x, y)
+
+
+def _same_float_dtype(x: np.ndarray, y: np.ndarray) -> None:
+    """Raises `ulp_distance`'s UsageError where x and y differ in dtype or are not floats
+    diag knows (on empty slices: no work)."""
+    numerics.ulp_distance(x[:0], y[:0])
+
+
 class _Max:
     """Running max and first argmax over chunks, as `ndarray.max` / `argmax` of the whole
     array give them: NaN wins (the first NaN's index), ties keep the earliest index."""
@@ -39,15 +53,19 @@ class _Max:
     def __init__(self):
         self.value, self.index, self._nan = 0.0, 0, False
 
-    def add(self, start: int, chunk: np.ndarray) -> None:
-        if self._nan or not chunk.size:
-            return
+    def add(self, start: int, chunk: np.ndarray) -> Any:
+        """Takes in a chunk starting at element `start`; returns the chunk's own max."""
+        if not chunk.size:
+            return None
         i = int(chunk.argmax())
         v = chunk[i]
+        if self._nan:
+            return v
         if np.isnan(v):
             self._nan, self.value, self.index = True, float(v), start + i
         elif start == 0 or v > self.value:
             self.value, self.index = v.item(), start + i
+        return v
 
 
 class _UlpStats:
@@ -58,25 +76,36 @@ class _UlpStats:
         self.hist = np.zeros(_HIST_CAP, np.int64)
         self.tail: list[np.ndarray] = []
         self.count, self.max = 0, 0
-        self.total: int | None = 0
+        self._tail_total: int | None = 0  # None: a distance reached 2**40
 
-    def add(self, ulp: np.ndarray) -> None:
+    def add(self, ulp: np.ndarray) -> int:
+        """Takes in a chunk of distances; returns how many of them are 0."""
         if not ulp.size:
-            return
+            return 0
         top = int(ulp.max())
         self.count += int(ulp.size)
-        # Exact while the distances stay below 2**40 (a chunk then sums to < 2**55); float64
-        # distances reach 2**62, whose int64 sum wraps: then the total is not known.
-        if top >= 2**40:
-            self.total = None
-        elif self.total is not None:
-            self.total += int(ulp.sum())
         self.max = max(self.max, top)
         if top >= _HIST_CAP:
             big = ulp >= _HIST_CAP
-            self.tail.append(ulp[big])
+            tail = ulp[big]
+            self.tail.append(tail)
+            # Exact while the distances stay below 2**40 (a chunk then sums to < 2**55);
+            # float64 distances reach 2**62, whose int64 sum wraps: then the total is unknown.
+            if top >= 2**40:
+                self._tail_total = None
+            elif self._tail_total is not None:
+                self._tail_total += int(tail.sum())
             ulp = ulp[~big]
-        self.hist += np.bincount(ulp, minlength=_HIST_CAP)
+        counts = np.bincount(ulp, minlength=_HIST_CAP)
+        self.hist += counts
+        return int(counts[0])
+
+    @property
+    def total(self) -> int | None:
+        """The exact sum of the distances (from the histogram), or None past 2**40 each."""
+        if self._tail_total is None:
+            return None
+        return int(self.hist @ np.arange(_HIST_CAP, dtype=np.int64)) + self._tail_total
 
     def kth(self, k: int) -> int:
         """The k-th smallest value (0-based; negative counts from the end, as indexing)."""
@@ -91,9 +120,10 @@ class _UlpStats:
     def mean(self) -> float | None:
         """`ndarray.mean` of the values, or None when it cannot be had without them: numpy
         sums int64 as float64, exact (whatever the order) while the total is below 2**53."""
-        if self.total is None or self.total >= 2**53:
+        total = self.total
+        if total is None or total >= 2**53:
             return None
-        return float(self.total) / self.count
+        return float(total) / self.count
 
     def percentile(self, q: float) -> float:
         """`np.percentile(values, q)` (method `linear`), bit for bit, from two order statistics."""
@@ -132,16 +162,40 @@ def compare(output: np.ndarray, truth: np.ndarray, bound: np.ndarray) -> dict[st
     n = int(truth.size)
     out_f, tru_f = np.asarray(output).reshape(-1), np.asarray(truth).reshape(-1)
     bnd_f = np.asarray(bound).reshape(-1)
+    _same_float_dtype(out_f, tru_f)
     nan_count = inf_count = unexpected = not_rounded = exceeded = 0
     stats = _UlpStats()
     max_err = max_rel = 0.0
     ratio_max = _Max()
     for start, sl in _chunks(n):
-        o64, t64 = out_f[sl].astype(np.float64), tru_f[sl].astype(np.float64)
-        finite = np.isfinite(o64)
-        finite &= np.isfinite(t64)
-        all_finite = bool(finite.all())
-        if not all_finite:
+        o, t = out_f[sl], tru_f[sl]
+        o64, t64 = o.astype(np.float64), t.astype(np.float64)
+        err = np.subtract(o64, t64)
+        np.abs(err, out=err)
+        top = err.max() if err.size else 0.0
+        # The common case: every element finite on both sides, which a finite largest error
+        # says (NaN and Inf propagate through the difference, and that of two float32 or
+        # narrower values cannot overflow in float64; a float64 one that does takes the
+        # general path below, which gives the same numbers). No masks, no NaN screens.
+        if np.isfinite(top):
+            ulp = _finite_ulp_distance(o, t)
+            not_rounded += ulp.size - stats.add(ulp)
+            max_err = max(max_err, float(top))
+            # err / |t| is |err / t| (a sign is all that dividing by -|t| changes); a zero
+            # truth (0/0, x/0) makes it non-finite, and then the masked form decides.
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rel = np.divide(err, t64, out=t64)
+            lo, hi = rel.min(), rel.max()
+            if np.isfinite(lo) and np.isfinite(hi):
+                max_rel = max(max_rel, float(max(hi, -lo)))
+            else:
+                abs_t = np.abs(t.astype(np.float64))
+                rel = np.divide(err, abs_t, out=np.zeros(err.size), where=abs_t > 0)
+                max_rel = max(max_rel, float(rel.max()))
+            ratio = np.divide(err, bnd_f[sl], out=err)
+        else:
+            finite = np.isfinite(o64)
+            finite &= np.isfinite(t64)
             o_nan, t_nan = np.isnan(o64), np.isnan(t64)
             o_inf, t_inf = np.isinf(o64), np.isinf(t64)
             nan_count += int(np.count_nonzero(o_nan))
@@ -149,26 +203,18 @@ def compare(output: np.ndarray, truth: np.ndarray, bound: np.ndarray) -> dict[st
             # Non-finite where the truth is finite, or not the same non-finite value.
             same = (o_nan & t_nan) | (o_inf & t_inf & (o64 == t64))
             unexpected += int(np.count_nonzero(~finite & ~same))
-        ulp = numerics.ulp_distance(out_f[sl], tru_f[sl])
-        not_rounded += int(np.count_nonzero(ulp))
-        stats.add(ulp if all_finite else ulp[ulp < numerics.NAN_ULP])
-        if all_finite:  # the common case: no masks (the masked forms give the same numbers)
-            err = np.subtract(o64, t64)
-            np.abs(err, out=err)
-            abs_t = np.abs(t64, out=t64)
-            rel = np.divide(err, abs_t, out=np.zeros(err.size), where=abs_t > 0)
-            ratio = np.divide(err, bnd_f[sl])
-        else:
+            ulp = numerics.ulp_distance(o, t)
+            not_rounded += ulp.size - stats.add(ulp[ulp < numerics.NAN_ULP])
             err = np.zeros(o64.size)
             np.subtract(o64, t64, out=err, where=finite)
             np.abs(err, out=err)
             abs_t = np.abs(t64)
             rel = np.divide(err, abs_t, out=np.zeros(o64.size), where=finite & (abs_t > 0))
+            max_err = max(max_err, float(err.max()))  # no NaN in err or rel: masked
+            max_rel = max(max_rel, float(rel.max()))
             ratio = np.divide(err, bnd_f[sl], out=np.zeros(o64.size), where=finite)
-        max_err = max(max_err, float(err.max()))  # no NaN in err or rel: masked above
-        max_rel = max(max_rel, float(rel.max()))
-        ratio_max.add(start, ratio)
-        exceeded += int(np.count_nonzero(ratio > 1.0))
+        if not ratio_max.add(start, ratio) <= 1.0:  # counted only where some element is over
+            exceeded += int(np.count_nonzero(ratio > 1.0))
     mean = stats.mean() if stats.count else 0.0
     if mean is None:  # a total past 2**53: numpy's own float64 sum of every distance
         every = np.concatenate([u[u < numerics.NAN_ULP] for u in
@@ -256,17 +302,25 @@ def agreement(x: np.ndarray, y: np.ndarray, bound: np.ndarray) -> dict[str, Any]
     """
     xf, yf, bf = np.asarray(x).reshape(-1), np.asarray(y).reshape(-1), np.asarray(bound).reshape(-1)
     n = int(xf.size)
+    _same_float_dtype(xf, yf)
     mismatched = 0
     ulp_max, diff_max, ratio_max = _Max(), _Max(), _Max()
     for start, sl in _chunks(n):
-        ulp = numerics.ulp_distance(xf[sl], yf[sl])
+        xs, ys = xf[sl], yf[sl]
+        x64, y64 = xs.astype(np.float64), ys.astype(np.float64)
+        diff = np.subtract(x64, y64)
+        np.abs(diff, out=diff)
+        if np.isfinite(diff.max()):  # both finite everywhere (as in `compare`): no masks
+            ulp = _finite_ulp_distance(xs, ys)
+            ratio = np.divide(diff, AGREEMENT_FACTOR * bf[sl])
+        else:
+            ulp = numerics.ulp_distance(xs, ys)
+            finite = np.isfinite(x64) & np.isfinite(y64)
+            diff = np.abs(np.subtract(x64, y64, out=np.zeros(x64.size), where=finite))
+            ratio = np.divide(diff, AGREEMENT_FACTOR * bf[sl], out=np.zeros(x64.size),
+                              where=finite)
         mismatched += int(np.count_nonzero(ulp))
         ulp_max.add(start, ulp)
-        x64, y64 = xf[sl].astype(np.float64), yf[sl].astype(np.float64)
-        finite = np.isfinite(x64) & np.isfinite(y64)
-        diff = np.abs(np.subtract(x64, y64, out=np.zeros(x64.size), where=finite))
-        ratio = np.divide(diff, AGREEMENT_FACTOR * bf[sl], out=np.zeros(x64.size),
-                          where=finite)
         diff_max.add(start, diff)
         ratio_max.add(start, ratio)
     metrics: dict[str, Any] = {"elements": n, "mismatched": mismatched,

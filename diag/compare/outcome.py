@@ -29,6 +29,12 @@ class Outcome:
       shared: `memo(name, compute)`, the run's store of arrays that depend on the case alone
         (`diag.judge.Judge.shared`): what one backend's verdict computed from the inputs
         and the truth, every other backend's reuses. None: compute every time.
+      digests: sha256 of each output's bits (`numerics.bits_digest`), when known.
+      recall: `memo(key, compute)`, the run's store of what was computed from the case and
+        some outputs' bits (`diag.judge.Judge.recall`): the key names the computation and
+        the digests of the outputs it read, so an output bit-identical to one judged before
+        against the same truth (a precision setting a backend ignores) gets the same metrics
+        without comparing its elements again. None: compute every time.
     """
 
     inputs: list
@@ -40,6 +46,17 @@ class Outcome:
     setting: str = ""
     nan_report: Optional[dict] = None
     shared: Optional[Callable[[str, Callable[[], np.ndarray]], np.ndarray]] = None
+    digests: Optional[list] = None
+    recall: Optional[Callable[[tuple, Callable[[], Any]], Any]] = None
+
+    def remembered(self, name: str, compute: Callable[[], Any], *others: Outcome) -> Any:
+        """`compute()`, or what it gave earlier in this run for the same case, the same `name`
+        (which must say everything else the value depends on) and the same bits of this
+        outcome's outputs and `others`' (`recall`, keyed by their digests)."""
+        outcomes = (self, *others)
+        if self.recall is None or any(o.digests is None for o in outcomes):
+            return compute()
+        return self.recall((name, *(tuple(o.digests) for o in outcomes)), compute)
 
     @property
     def named(self) -> dict:

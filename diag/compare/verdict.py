@@ -103,7 +103,7 @@ class Verdict:
       reason: one line a person can act on; its mismatch part is `format_mismatch(mismatch)`.
       metrics: the measurements behind it (the record's `metrics`, keys in docs/records.md).
       context: handed from a backend's evaluation to the probe's agreement check (matmul:
-        the per-element bound).
+        a function returning the per-element bound, computed only if a check needs it).
       mismatch: what broke the rule, when something did.
     """
 
