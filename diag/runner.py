@@ -128,8 +128,8 @@ class _Run:
     def finished(self, case: Case) -> None:
         """A backend is done with `case`. After the last, the case's output files go: their
         page cache is reused by the next outputs instead of growing by every output of the
-        suite (matmul: ~1.2 GB per run, and new memory costs ~2.6 s/GB to touch on VMs whose
-        host takes back free pages, this project's CI machines among them)."""
+        suite (matmul: ~1.2 GB per run; on a VM whose host takes back free pages, as on
+        diag's 2-core development machines, touching new memory took ~2.6 s per GB)."""
         self.left[case.id] -= 1
         if self.left[case.id] <= 0:
             for _, event, _ in self.outcomes.get(case.id, {}).values():

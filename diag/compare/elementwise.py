@@ -54,9 +54,10 @@ class _Max:
         self.value, self.index, self._nan = 0.0, 0, False
 
     def add(self, start: int, chunk: np.ndarray) -> Any:
-        """Takes in a chunk starting at element `start`; returns the chunk's own max."""
+        """Takes in a chunk starting at element `start`; returns the chunk's own max (0 if
+        it is empty)."""
         if not chunk.size:
-            return None
+            return 0.0
         i = int(chunk.argmax())
         v = chunk[i]
         if self._nan:
