@@ -45,20 +45,21 @@ def test_an_identical_output_is_a_link_and_a_different_one_a_file(tmp_path):
     b = a.copy()
     b[-1, -1] = np.nextafter(b[-1, -1], np.inf)  # differs in its last element only
     written = _Written()
-    paths = [tmp_path / f"{i}.npy" for i in range(5)]
-    written.save(str(paths[0]), numerics.bits_view(a))
-    written.save(str(paths[1]), numerics.bits_view(a.copy()))  # same bits, another array
-    written.save(str(paths[2]), numerics.bits_view(b))
-    written.save(str(paths[3]), numerics.bits_view(b.reshape(200, 300)))  # another shape
-    inode = [os.stat(p).st_ino for p in paths[:4]]
+    paths = [tmp_path / f"{i}.npy" for i in range(6)]
+    written.save(0, str(paths[0]), numerics.bits_view(a))
+    written.save(0, str(paths[1]), numerics.bits_view(a.copy()))  # same bits, another array
+    written.save(0, str(paths[2]), numerics.bits_view(b))
+    written.save(0, str(paths[3]), numerics.bits_view(b.reshape(200, 300)))  # another shape
+    written.save(1, str(paths[4]), numerics.bits_view(b.reshape(200, 300)))  # another slot
+    inode = [os.stat(p).st_ino for p in paths[:5]]
     assert inode[1] == inode[0] and os.stat(paths[0]).st_nlink == 2
-    assert len({inode[0], inode[2], inode[3]}) == 3
-    for p, want in zip(paths[:4], [a, a, b, b.reshape(200, 300)]):
+    assert len({inode[0], inode[2], inode[3], inode[4]}) == 4
+    for p, want in zip(paths[:5], [a, a, b, b.reshape(200, 300), b.reshape(200, 300)]):
         got = numerics.from_bits(np.load(p), "float32")
         assert np.array_equal(numerics.bits_view(got), numerics.bits_view(want))
     os.unlink(paths[3])  # the host is done with it: the next identical output is a file
-    written.save(str(paths[4]), numerics.bits_view(b.reshape(200, 300)))
-    assert os.stat(paths[4]).st_nlink == 1
+    written.save(0, str(paths[5]), numerics.bits_view(b.reshape(200, 300)))
+    assert os.stat(paths[5]).st_nlink == 1
 
 
 def test_a_file_is_hashed_once_and_forgotten_with_its_last_link(tmp_path, monkeypatch):

@@ -252,18 +252,19 @@ def _same_bits(a: np.ndarray, b: np.ndarray, step: int = 1 << 20) -> bool:
 
 
 class _Written:
-    """The last output file written per dtype and shape. An output bit-identical to it (a
-    precision setting the backend ignores gives the same product again) is a hard link to
-    that file, not a second copy: on a CPU backend writing a 64 MB output costs more than
-    comparing it, and the host hashes a file it has seen once (`Judge.output_digest`)."""
+    """The file each output slot (an op's first output, its second, ...) was last written
+    to. An output bit-identical to the one before it in its slot (a precision setting the
+    backend ignores gives the same product again) is a hard link to that file, not a second
+    copy: on a CPU backend writing a 64 MB output costs more than comparing it, and the host
+    hashes a file once (`Judge.output_digest`). One array per slot is held, no more."""
 
     def __init__(self):
-        self._last: dict[tuple, tuple[str, np.ndarray]] = {}
+        self._last: dict[int, tuple[str, np.ndarray]] = {}
 
-    def save(self, path: str, array: np.ndarray) -> None:
-        key = (array.dtype.str, array.shape)
-        last = self._last.get(key)
-        if (last is not None and array.flags.c_contiguous and last[1].flags.c_contiguous
+    def save(self, slot: int, path: str, array: np.ndarray) -> None:
+        last = self._last.get(slot)
+        if (last is not None and last[1].dtype == array.dtype and last[1].shape == array.shape
+                and array.flags.c_contiguous and last[1].flags.c_contiguous
                 and _same_bits(last[1], array)):
             try:
                 os.link(last[0], path)
@@ -271,7 +272,7 @@ class _Written:
             except OSError:  # the host is done with that file and removed it, or no links here
                 pass
         np.save(path, array)
-        self._last[key] = (path, array)
+        self._last[slot] = (path, array)
 
 
 def _write_outputs(backend, out, fault: str | None, label: str, case_id: str,
@@ -294,7 +295,7 @@ def _write_outputs(backend, out, fault: str | None, label: str, case_id: str,
         is_float = numerics.is_supported(host.dtype)  # float dtypes diag handles
         if is_float:
             finite &= bool(np.isfinite(host).all())
-        written.save(path, numerics.bits_view(host) if is_float else host)
+        written.save(i, path, numerics.bits_view(host) if is_float else host)
         outputs.append({"name": name, "path": path, "shape": list(host.shape),
                         "dtype": (numerics.dtype_name(host.dtype) if is_float
                                   else host.dtype.name)})
