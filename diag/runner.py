@@ -475,7 +475,6 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         run_dir.update_meta(error=f"{type(e).__name__}: {e}")
         raise
     finally:
-        blas.restore_original_limits()
         for worker in r.exiting:  # a clean exit, unless the run was cut short
             worker.reap(30.0 if state == "finished" else 0.0)
         for worker in filter(None, [r.worker, *r.parked.values()]):
@@ -489,6 +488,7 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         run_dir.update_meta(state=state, finished=time.time(), counts=counts, phases=r.phases(),
                             verdict=worst_status(statuses), backends=r.backend_info)
         shutil.rmtree(work, ignore_errors=True)
+        blas.restore_original_limits()  # last: nothing above is skipped if it raises
     result = RunResult(run_dir=run_dir.path, records=r.records, state=state, counts=counts,
                        phases=r.phases())
     if state == "interrupted":
