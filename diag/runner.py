@@ -238,8 +238,7 @@ class _Run:
 
     def _run_backend(self, spec: BackendSpec) -> None:
         pending = self.plan(spec)
-        for case in pending:  # write inputs before the worker starts
-            self.inputs.paths(case)
+        self.judge.write_inputs(pending)  # before the worker starts (written once per run)
         crashes = 0
         while pending:
             pending, started, cause = self._run_worker(spec, pending)
