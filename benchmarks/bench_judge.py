@@ -38,7 +38,7 @@ def record():
     from diag import oracle
     from diag.inputs import INPUT_MAKERS
     from diag.numerics import as_dtype
-    from diag.probes import PROBES
+    from diag.registry import PROBES
     from diag.suite import load_suite
     from diag.tolerance import tolerance
 

@@ -72,14 +72,14 @@ import json, sys, tempfile, time
 from pathlib import Path
 import numpy as np
 from diag.compare.outcome import Outcome
-from diag.inputs import _Inputs, _Truth
-from diag.probes import PROBES
+from diag.inputs import InputStore, TruthStore
+from diag.registry import PROBES
 from diag.suite import load_suite
 
 case = next(c for c in load_suite("matmul").cases
             if c.params.get("d") == 4096 and c.dtype == "float32")
-inputs = _Inputs(Path(tempfile.mkdtemp()))
-truth = _Truth(inputs, sys.argv[1]).get(case)
+inputs = InputStore(Path(tempfile.mkdtemp()))
+truth = TruthStore(inputs, sys.argv[1]).get(case)
 a, b = (np.asarray(x) for x in inputs.get(case))
 output = np.matmul(a, b)  # a float32 product, as a CPU backend returns it
 fields = Outcome.__dataclass_fields__

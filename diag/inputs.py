@@ -21,11 +21,12 @@ import ml_dtypes
 import numpy as np
 
 from diag import numerics
+from diag.registry import PROBES
 
 if TYPE_CHECKING:
     from diag.suite import Case
 
-__all__ = ["INPUT_MAKERS"]
+__all__ = ["INPUT_MAKERS", "InputStore", "TruthStore", "CostMemo"]
 
 
 def _normal(rng: np.random.Generator, shape, dtype) -> np.ndarray:
@@ -185,7 +186,7 @@ def _mapped(path: str, dtype) -> np.ndarray:
 STORE_INPUT_BYTES = 16 << 20
 
 
-class _Inputs:
+class InputStore:
     """Input arrays per input key: drawn once on the host, written once as raw bits, which
     the workers and the host both map (large ones are not kept in the host's memory).
 
@@ -211,7 +212,6 @@ class _Inputs:
         return self._digests[case.input_key]
 
     def get(self, case: Case) -> list[np.ndarray]:
-        from diag.probes import PROBES  # the table imports the makers above
 
         key = case.input_key
         if key in self._arrays:
@@ -313,12 +313,12 @@ def _value_bytes(result: Any) -> int:
     return int(getattr(getattr(result, "value", None), "nbytes", 0))
 
 
-class _Truth:
+class TruthStore:
     """Ground truth per case from the probe's oracle (disk-cached by input hash), computed
     once per input set and truth parameters (top_k and approx_max_k with the same k share),
     and kept in memory while `CostMemo`'s budget allows (else read again from the cache)."""
 
-    def __init__(self, inputs: _Inputs, cache_dir, memo: CostMemo | None = None):
+    def __init__(self, inputs: InputStore, cache_dir, memo: CostMemo | None = None):
         from diag.oracle.cache import GroundTruthCache, default_cache_dir
 
         #: The ground-truth cache (`cache_dir` may be one already, shared with the inputs).
@@ -329,15 +329,11 @@ class _Truth:
 
     def key(self, case: Case) -> str:
         """What identifies a case's truth: the oracle, the inputs and the truth's parameters."""
-        from diag.probes import PROBES
-
         probe = PROBES[case.op]
-        return json.dumps([probe.truth.__name__, case.input_key,
+        return json.dumps([probe.truth_name, case.input_key,
                            [case.params[a] for a in probe.truth_args]])
 
     def get(self, case: Case):
-        from diag.probes import PROBES
-
         return self._memo.get(
             self.key(case),
             lambda: PROBES[case.op].truth(self._inputs.get(case), case.params, self.cache),

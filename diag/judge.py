@@ -1,7 +1,7 @@
 """Judge what a worker returned against the truth, holding as little as possible in memory.
 
 The runner hands every result event here; this module builds the `Outcome` the probe table
-judges (`diag.probes`), applies the run-level rules (inputs must arrive bit-identical, an
+judges (each op's module, `diag.registry`), applies the run-level rules (inputs must arrive bit-identical, an
 emulation promises nothing), and keeps the time each host-side phase took per backend.
 
 What the host holds between cases is bounded: inputs and outputs are .npy files (in the
@@ -32,11 +32,13 @@ import numpy as np
 
 from diag import numerics, tolerance
 from diag.backends import BackendSpec, promises_full_precision
-from diag.inputs import MEMO_BYTES, CostMemo, _Inputs, _Truth
+from diag.inputs import MEMO_BYTES, CostMemo, InputStore, TruthStore
 from diag.oracle.cache import GroundTruthCache, default_cache_dir, source_digest
-from diag.probes import PROBES, Evaluation, Outcome, expected_outcome
+from diag.compare.outcome import Evaluation, Outcome
+from diag.probe import expected_outcome
+from diag.registry import PROBES
 from diag.suite import Case
-from diag.workers import _load_output
+from diag.workers import load_output
 
 __all__ = ["STORE_MIN_SECONDS", "STORE_RATE", "Judge", "as_emulation"]
 
@@ -85,10 +87,10 @@ class Judge:
         self.work = work
         self.store_min_seconds, self.store_rate = store_min_seconds, store_rate
         self.cache = GroundTruthCache(cache_dir or default_cache_dir())
-        self.inputs = _Inputs(work, self.cache)
+        self.inputs = InputStore(work, self.cache)
         # One budget for the truths and the shared arrays: the costliest to recompute stay.
         self._shared = CostMemo(MEMO_BYTES)
-        self.truth = _Truth(self.inputs, self.cache, memo=self._shared)
+        self.truth = TruthStore(self.inputs, self.cache, memo=self._shared)
         #: What became of shared arrays the memo did not hold: read from the on-disk cache
         #: (`hit`), computed and stored (`stored`), computed only (`computed`).
         self.stored: dict[str, int] = {"hit": 0, "stored": 0, "computed": 0}
@@ -130,7 +132,7 @@ class Judge:
 
     def write_inputs(self, cases: list[Case]) -> None:
         """Draw every case's inputs and write them where the workers read them (each input
-        set once; `_Inputs`)."""
+        set once; `InputStore`)."""
         for case in cases:
             self.inputs.paths(case)
 
@@ -197,7 +199,7 @@ class Judge:
         `digests`: the outputs' sha256 (`numerics.bits_digest`) where an earlier call computed
         them (they are the record's `output_digests`); computed here otherwise."""
         precision = case.params.get("precision", "default")
-        outputs = [_load_output(o) for o in event["outputs"]]
+        outputs = [load_output(o) for o in event["outputs"]]
         return Outcome(
             inputs=self.inputs.get(case), outputs=outputs,
             names=[o["name"] for o in event["outputs"]], truth=self.truth.get(case),

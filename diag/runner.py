@@ -38,7 +38,8 @@ from diag.backends import BackendSpec, not_applicable
 from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, UsageError
 from diag.flags import check_flags
 from diag.judge import Judge
-from diag.probes import PROBES, REPORT_SECTIONS, Outcome
+from diag.compare.outcome import Outcome
+from diag.registry import PROBES, REPORT_SECTIONS
 from diag.results import Record, RunDir, new_run_id, worst_status
 from diag.suite import (Case, Suite, check_applicable, check_memory, load_suite,
                         total_planned)

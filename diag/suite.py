@@ -1,7 +1,7 @@
 """Load and validate suite files (TOML) into cases.
 
 A suite is a list of probe entries; each entry names an op from the probe table
-(`diag.probes.PROBES`) and a grid of parameters. Every field is checked before any worker
+(`diag.registry.PROBES`: one module per op under probes/) and a grid of parameters. Every field is checked before any worker
 starts: a bad file raises `SuiteError` naming the file, the field and what was expected.
 
     [suite]
@@ -20,7 +20,7 @@ starts: a bad file raises `SuiteError` naming the file, the field and what was e
 
 `shapes = [[M, K, N], ...]` lists fixed shapes instead of `shape` + `sweep`.
 `expect = "nonfinite"` declares that the entry plants an overflow on purpose: its records pass
-when diag reports the NaN/Inf and fail when it does not (`diag.probes.expected_outcome`).
+when diag reports the NaN/Inf and fail when it does not (`diag.probe.expected_outcome`).
 
 Each case's peak host memory is estimated (`Probe.host_bytes`) and a case above the limit is
 refused here, naming the figure, instead of dying in numpy mid-run: the limit is half of this
@@ -47,7 +47,8 @@ else:  # pragma: no cover
 
 from diag.backends import BackendSpec, not_applicable
 from diag.errors import SuiteError, UsageError
-from diag.probes import EXPECTATIONS, PROBES
+from diag.probe import EXPECTATIONS
+from diag.registry import PROBES, SUITE_DIR
 
 __all__ = ["Case", "Suite", "load_suite", "suite_names", "check_memory", "memory_limit",
            "check_applicable", "total_planned", "SUITE_DIR"]
@@ -55,7 +56,6 @@ __all__ = ["Case", "Suite", "load_suite", "suite_names", "check_memory", "memory
 GIB = 2**30
 FALLBACK_MEMORY_LIMIT = 8 * GIB  # where the physical memory cannot be read
 
-SUITE_DIR = Path(__file__).parent / "suites"
 
 # Fields every entry may have; each probe adds its own grid parameters (`Probe.params`).
 _ENTRY_FIELDS = {"name", "op", "description", "inputs", "dtypes", "shape", "shapes", "sweep",
@@ -76,7 +76,7 @@ class Case:
       inputs: name of the input maker.
       input_key: identifies the input arrays (cases that differ only in op_args share them).
       seed: the seed the inputs are drawn from.
-      expect: the outcome the suite entry plants (`diag.probes.EXPECTATIONS`), or None.
+      expect: the outcome the suite entry plants (`diag.probe.EXPECTATIONS`), or None.
       host_bytes: the estimated peak host memory of the case (`Probe.host_bytes`).
       where: the suite entry it came from (`probe[2]`), for errors.
     """

@@ -23,7 +23,7 @@ from diag import numerics
 from diag.backends import BACKENDS, BackendSpec, framework_installed, get_spec
 from diag.errors import UsageError
 
-__all__ = ["worker_env", "candidate_backends", "resolve_backends", "run_env_worker",
+__all__ = ["load_output", "worker_env", "candidate_backends", "resolve_backends", "run_env_worker",
            "parse_python", "python_var", "DISCOVERY_TIMEOUT"]
 
 DISCOVERY_TIMEOUT = 180.0
@@ -270,7 +270,7 @@ def run_env_worker(framework: str, environ: Mapping[str, str], fingerprints: boo
 # One worker
 
 
-def _load_output(meta: dict) -> np.ndarray:
+def load_output(meta: dict) -> np.ndarray:
     """An output the worker wrote: floats as raw bits (see `numerics.bits_view`), ints as is.
 
     Memory-mapped: outputs are kept for agreement with later backends, and the OS pages them

@@ -103,7 +103,7 @@ def record() -> None:
     from diag.backends import get_spec, not_applicable
     from diag.backends.worker import run_job
     from diag.judge import Judge
-    from diag.probes import PROBES
+    from diag.registry import PROBES
 
     arrays, meta, records = {}, {}, []
     with tempfile.TemporaryDirectory() as tmp:

@@ -18,8 +18,9 @@ import numpy as np
 
 from diag import numerics
 from diag.compare.elementwise import agreement_mismatch, judge, judge_agreement, mismatch
-from diag.compare.outcome import Evaluation, Outcome, _only_output
-from diag.compare.softmax import _row_kind, judge_softmax, softmax_mismatch
+from diag.compare.outcome import Evaluation, Outcome
+from diag.compare.outcome import only_output as _only_output
+from diag.probes.softmax import _row_kind, judge_softmax, softmax_mismatch
 from diag.compare.verdict import format_index, format_mismatch
 from diag.errors import UsageError
 from diag.numerics import NAN_ULP, as_dtype, bits_view, gamma
@@ -371,8 +372,8 @@ def _old_units():
 
 
 def evaluate(op: str, o: Outcome) -> Evaluation:
-    """The base commit's verdict on one output (`diag.probes.PROBES[op].evaluate` then)."""
-    from diag.probes import PROBES
+    """The base commit's verdict on one output (`diag.registry.PROBES[op].evaluate` now)."""
+    from diag.registry import PROBES
 
     if op in _LEGACY:
         return _LEGACY[op][0](o)
@@ -382,7 +383,7 @@ def evaluate(op: str, o: Outcome) -> Evaluation:
 
 def agree(op: str, a: Outcome, b: Outcome, names, context) -> tuple:
     """The base commit's agreement record of two outputs (`PROBES[op].agree` then)."""
-    from diag.probes import PROBES
+    from diag.registry import PROBES
 
     if op in _LEGACY:
         return _LEGACY[op][1](a, b, names, context)

@@ -20,7 +20,10 @@ from diag.backends import (BACKENDS, Backend, framework_installed, not_applicabl
                            promises_full_precision)
 from diag.backends.worker import _named_outputs
 from diag.oracle.cache import GroundTruthCache
-from diag.probes import INPUT_MAKERS, PROBES, Outcome
+from diag.compare.outcome import Outcome
+from diag.inputs import INPUT_MAKERS
+from diag.backends.worker import build
+from diag.registry import PROBES
 from diag.suite import load_suite
 from tests.conftest import assert_bits_equal
 
@@ -28,7 +31,7 @@ from tests.conftest import assert_bits_equal
 TINY = {"m": 4, "k": 8, "n": 16, "rows": 4, "batch": 8, "d": 8, "c": 4,
         "layers": 1, "width": 16, "vocab": 32, "seq": 8, "steps": 2}
 
-PAIRS = [(name, op) for name, spec in BACKENDS.items() for op in (spec.ops or tuple(PROBES))]
+PAIRS = [(name, op) for name, spec in BACKENDS.items() for op in spec.ops]
 
 
 def _module(spec):
@@ -64,9 +67,13 @@ def test_each_backend_module_keeps_the_protocol_and_has_its_ops(name):
     assert isinstance(module, Backend)
     for other in BACKENDS.values():
         if other.module == spec.module:
-            for op in other.ops or tuple(PROBES):
-                assert op in PROBES, f"{other.name} declares {op}, which no probe has"
-                assert callable(getattr(module, op, None)), f"{spec.module} lacks {op}"
+            # The ops it runs are those with an implementation for its framework.
+            runs = getattr(module, "IMPLEMENTATION", module.FRAMEWORK)
+            assert runs == other.runs, f"{other.name}: spec and module disagree on {runs}"
+            assert other.ops == tuple(op for op, p in PROBES.items()
+                                      if runs in p.implementations)
+            for op in other.ops:
+                assert callable(PROBES[op].implementations[runs])
 
 
 @pytest.mark.parametrize("backend, op", PAIRS)
@@ -86,7 +93,7 @@ def test_backend_op_agrees_with_the_oracle(backend, op, tmp_path):
     args = [module.put(x) for x in inputs]
     for x, on_device in zip(inputs, args):
         assert_bits_equal(module.get(on_device), x, f"{backend} round trip")
-    fn = getattr(module, op)(**{**probe.fixed_args, **case.op_args})
+    fn = build(module, op, **{**probe.fixed_args, **case.op_args})
     thunk, compile_s, _ = module.prepare(fn, args)
     out = thunk()
     module.block(out)

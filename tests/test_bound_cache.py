@@ -19,10 +19,10 @@ import pytest
 
 from diag import numerics
 from diag.compare.outcome import Outcome
-from diag.inputs import STORE_INPUT_BYTES, CostMemo, _Inputs
+from diag.inputs import STORE_INPUT_BYTES, CostMemo, InputStore
 from diag.judge import Judge
 from diag.oracle.cache import GroundTruthCache
-from diag.probes import PROBES
+from diag.registry import PROBES
 from diag.suite import load_suite
 from diag.tolerance import tolerance
 from tests.conftest import needs_jax, run_diag
@@ -161,10 +161,10 @@ def test_large_seeded_inputs_are_mapped_from_the_cache_by_later_runs(tmp_path):
     big, small = _suite(tmp_path, [[4096, 1024, 1], [64, 64, 64]])
     assert 4096 * 1024 * 4 >= STORE_INPUT_BYTES > 2 * 64 * 64 * 4
     cache = GroundTruthCache(tmp_path / "cache")
-    fresh = _Inputs(tmp_path / "plain")  # no cache: drawn from the seed
+    fresh = InputStore(tmp_path / "plain")  # no cache: drawn from the seed
     (tmp_path / "plain").mkdir()
     want = fresh.get(big)
-    first = _Inputs(tmp_path / "w1", cache)
+    first = InputStore(tmp_path / "w1", cache)
     (tmp_path / "w1").mkdir()
     first.get(big)
     assert len(_entries(cache.root, "inputs")) == 2
@@ -172,7 +172,7 @@ def test_large_seeded_inputs_are_mapped_from_the_cache_by_later_runs(tmp_path):
 
     work = tmp_path / "w2"
     work.mkdir()
-    second = _Inputs(work, cache)
+    second = InputStore(work, cache)
     got = second.get(big)
     assert all(_same_bits(g, w) for g, w in zip(got, want))
     assert all(_is_mapped(g) and not g.flags.writeable for g in got)
@@ -186,7 +186,7 @@ def test_large_seeded_inputs_are_mapped_from_the_cache_by_later_runs(tmp_path):
     shutil.rmtree(work)
     assert {p: (p.stat().st_ino, p.stat().st_mtime_ns)
             for p in cache.root.glob("??/*.npy")} == files
-    third = _Inputs(tmp_path / "w3", cache)
+    third = InputStore(tmp_path / "w3", cache)
     assert all(_same_bits(g, w) for g, w in zip(third.get(big), want))
 
 
@@ -218,21 +218,21 @@ def test_a_corrupt_input_entry_is_drawn_again_and_replaced(tmp_path, caplog):
     cache = GroundTruthCache(tmp_path / "cache")
     for work in ("w1", "w2", "w3"):
         (tmp_path / work).mkdir()
-    want = _Inputs(tmp_path / "w1", cache).get(big)
+    want = InputStore(tmp_path / "w1", cache).get(big)
     first = max(_entries(cache.root, "inputs"), key=lambda p: p.with_suffix(".npy").stat().st_size)
     npy = first.with_suffix(".npy")
     raw = bytearray(npy.read_bytes())
     raw[len(raw) // 2] ^= 0x40
     npy.write_bytes(bytes(raw))
     caplog.set_level(logging.WARNING, logger="diag.oracle.cache")
-    again = _Inputs(tmp_path / "w2", cache)
+    again = InputStore(tmp_path / "w2", cache)
     got = again.get(big)
     assert "failed its checksum" in caplog.text
     assert all(_same_bits(g, w) for g, w in zip(got, want))
     assert again.digests(big) == [numerics.bits_digest(w) for w in want]
     # Rewritten whole: the next run maps it without a warning.
     caplog.clear()
-    third = _Inputs(tmp_path / "w3", cache)
+    third = InputStore(tmp_path / "w3", cache)
     assert all(_same_bits(g, w) for g, w in zip(third.get(big), want))
     assert "failed its checksum" not in caplog.text
     assert all(p.startswith(str(cache.root)) for p in third.paths(big))

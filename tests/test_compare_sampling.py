@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 
 import diag.oracle as oracle
-from diag.compare import (check_greedy, check_top_k, compare_softmax, describe_topk_semantics,
-                          judge_greedy, judge_softmax, judge_top_k)
+from diag.compare.topk import check_top_k, describe_topk_semantics, judge_top_k
+from diag.probes.greedy_token import check_greedy, judge_greedy
+from diag.probes.softmax import compare_softmax, judge_softmax
 from diag.tolerance import softmax_ulp_tolerance
 from diag.errors import UsageError
 from tests.conftest import needs_jax
@@ -182,7 +183,8 @@ def test_top_k_check_takes_the_truth_it_is_given():
     """Truth flows forward: check_top_k reports the exact top-k the runner handed it (here a
     marked copy whose values differ from the oracle's in the last column) and the probe's
     evaluate hands it the cached oracle result, so nothing recomputes the truth."""
-    from diag.probes import PROBES, Outcome
+    from diag.compare.outcome import Outcome
+    from diag.registry import PROBES
 
     x = np.random.default_rng(2).standard_normal((3, 50)).astype(np.float32)
     v, i = broken("drops the max", x, 4)

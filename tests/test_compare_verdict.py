@@ -17,7 +17,8 @@ import pytest
 from diag import numerics, oracle
 from diag.compare import format_index
 from diag.compare.verdict import Mismatch, Verdict, format_mismatch
-from diag.probes import PROBES, Evaluation, Outcome
+from diag.compare.outcome import Evaluation, Outcome
+from diag.registry import PROBES
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -166,7 +167,7 @@ def test_train_step_nonfinite_reason_is_the_formatter():
 
 def _train_case():
     """A tiny `train` case (diag.train): the float64 reference judged as a float32 run."""
-    from diag.train.case import make_inputs, truth
+    from diag.probes.train import make_inputs, truth
 
     params = {"layers": 1, "width": 8, "vocab": 16, "seq": 4, "batch": 2, "steps": 2,
               "heads": 2, "lr": 3e-3, "compute": "float32"}

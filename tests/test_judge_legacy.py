@@ -20,7 +20,7 @@ import pytest
 from diag.backends import get_spec, not_applicable
 from diag.backends.worker import run_job
 from diag.judge import Judge
-from diag.probes import PROBES
+from diag.registry import PROBES
 from diag.suite import load_suite
 from tests import legacy_judge
 from tests.conftest import needs_jax, needs_torch
@@ -198,7 +198,7 @@ def test_the_sum_to_one_error_is_fsums_bit_for_bit(dtype):
     import math
 
     from diag import numerics
-    from diag.compare.softmax import _sum_minus_one
+    from diag.probes.softmax import _sum_minus_one
 
     rng = np.random.default_rng(11)
     dt = numerics.as_dtype(dtype)

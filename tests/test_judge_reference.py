@@ -27,7 +27,7 @@ def _judge(work, suites, change=None) -> list[dict]:
     (key, array -> array) alters a stored output first."""
     from diag.backends import get_spec
     from diag.judge import Judge
-    from diag.probes import PROBES
+    from diag.registry import PROBES
 
     judge = Judge(work, str(work / "cache"))
     specs = [get_spec(n) for n in RECORD["backends"]]
@@ -58,7 +58,7 @@ def judged(tmp_path_factory) -> list[dict]:
 
 
 def test_the_record_covers_every_shipped_suite_and_op():
-    from diag.probes import PROBES
+    from diag.registry import PROBES
     from diag.suite import suite_names
 
     suites = {r["suite"] for r in RECORD["records"]}

@@ -22,7 +22,7 @@ from diag.backends import get_spec
 from diag.backends.worker import _Written
 from diag.compare import elementwise
 from diag.judge import Judge
-from diag.probes import PROBES
+from diag.registry import PROBES
 from diag.suite import load_suite
 
 
@@ -89,7 +89,7 @@ def test_the_same_bits_against_the_same_truth_are_compared_once(tmp_path, monkey
             calls[name] += 1
             return real(*args)
 
-        monkeypatch.setattr(f"diag.compare.matmul.{name}", counted)
+        monkeypatch.setattr(f"diag.probes.matmul.{name}", counted)
     (case,) = _cases(tmp_path, [[64, 32, 48]])
     judge = Judge(tmp_path, str(tmp_path / "cache"))
     spec = get_spec("jax-cpu")

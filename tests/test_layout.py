@@ -1,32 +1,38 @@
-"""diag's layout holds: knowledge of an op lives in the probe table, the report reads data.
+"""diag's layout holds: an op lives in its own module under probes/, the report reads data.
 
-Claims under test (issue 12): no module outside the probe table (`diag/probes.py`) tests an
-op's name (`c.op == "matmul"`, `"softmax" in name`, `op in ("top_k", ...)`): a quirk of an
-op is a field of its `Probe` row, so adding or changing an op touches one row, not the
-runner, the worker and the report; and `diag.report` imports only the records' and run.json's
-schema (`diag.results`), `diag.numerics`, `diag.errors` and its own modules, so a report can
-be rendered from a run folder alone. Both are checked on the source with `ast`, not by eye.
-And no module in diag/ is over 500 lines: past that a module holds more than one concern.
+Claims under test (issues 12 and 28): every op is one module under `probes/` (installed as
+`diag.probes`), found by `diag.registry`, and its name appears nowhere else in the package:
+no module outside probes/ holds an op's name as a string (`c.op == "matmul"`, `"softmax" in
+name`, a table keyed by it), except `diag/tolerance.py`, whose rows the op modules refer to;
+so adding an op is one module and a suite entry. `diag.report` imports only the records' and
+run.json's schema (`diag.results`), `diag.numerics`, `diag.errors` and its own modules, so a
+report can be rendered from a run folder alone. No module is over 500 lines and no function
+over 80 in the modules issue 28 rebuilt; the import graph of diag and probes (lazy imports in
+functions included, `if TYPE_CHECKING:` blocks not) has no cycle, and no module imports
+another module's private (underscore) name. All checked on the source with `ast`.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
-from diag.probes import PROBES
+from diag.registry import PROBES
 
-DIAG = Path(__file__).resolve().parent.parent / "diag"
+ROOT = Path(__file__).resolve().parent.parent
+DIAG = ROOT / "diag"
+PROBES_DIR = ROOT / "probes"
 OPS = set(PROBES)
-# The probe table is where op names are tested.
-TABLE = DIAG / "probes.py"
+# The tolerance table: one row per op, which the op modules refer to by name.
+TOLERANCE_ROWS = DIAG / "tolerance.py"
 REPORT_MAY_IMPORT = {"diag.results", "diag.numerics", "diag.errors"}
 
 
 def _sources(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*.py") if p != TABLE)
+    return sorted(folder.rglob("*.py"))
 
 
 def _is_op_name(node: ast.AST) -> bool:
@@ -52,7 +58,7 @@ def _is_op_field(node: ast.AST) -> bool:
     return False
 
 
-def op_name_tests(path: Path, root: Path = DIAG.parent) -> list[str]:
+def op_name_tests(path: Path, root: Path = ROOT) -> list[str]:
     """`file:line: source` of each comparison that tests an op's name in one module."""
     source = path.read_text()
     found = []
@@ -69,7 +75,7 @@ def op_name_tests(path: Path, root: Path = DIAG.parent) -> list[str]:
     return found
 
 
-# Op-name tests allowed outside the probe table while a module is being rewritten, as
+# Op-name tests allowed outside probes/ while a module is being rewritten, as
 # {file: code}: none today. The test fails when an entry no longer matches anything, so the
 # list can only shrink.
 PENDING: dict[str, str] = {}
@@ -80,7 +86,7 @@ PENDING: dict[str, str] = {}
 PIPELINE = ["runner.py", "judge.py", "workers.py", "ab.py", "backends/worker.py", "report"]
 
 
-def op_names_passed(path: Path, root: Path = DIAG.parent) -> list[str]:
+def op_names_passed(path: Path, root: Path = ROOT) -> list[str]:
     """`file:line: call` of each call given an op's name as a literal argument."""
     source = path.read_text()
     return [f"{path.relative_to(root)}:{node.lineno}: {ast.get_source_segment(source, node)}"
@@ -107,12 +113,12 @@ def test_the_pipeline_and_the_report_never_name_an_op():
     assert not found, "op names in the pipeline or the report:\n" + "\n".join(found)
 
 
-def test_nothing_outside_the_probe_table_tests_an_op_name():
+def test_nothing_outside_the_op_modules_tests_an_op_name():
     found = [hit for path in _sources(DIAG) for hit in op_name_tests(path)]
     unexpected = [h for h in found
                   if not any(h.startswith(f + ":") and h.endswith(code)
                              for f, code in PENDING.items())]
-    assert not unexpected, ("op names tested outside diag/probes.py (make the quirk a Probe "
+    assert not unexpected, ("op names tested outside probes/ (make the quirk a Probe "
                             "field):\n" + "\n".join(unexpected))
     stale = [f for f, code in PENDING.items()
              if not any(h.startswith(f + ":") and h.endswith(code) for h in found)]
@@ -142,11 +148,231 @@ def test_report_imports_only_records_run_json_numerics_and_errors(path):
 MAX_MODULE_LINES = 500
 
 
-def test_no_module_in_diag_is_over_500_lines():
+def test_no_module_in_diag_or_probes_is_over_500_lines():
     """A module past ~500 lines holds more than one concern; split it along its seams."""
-    counts = {p.relative_to(DIAG.parent).as_posix(): len(p.read_text().splitlines())
-              for p in sorted(DIAG.rglob("*.py"))}
+    counts = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines())
+              for p in [*_sources(DIAG), *_sources(PROBES_DIR)]}
     assert len(counts) > 10 and "diag/nan/_torch.py" in counts  # the walk found the package
+    assert "probes/matmul.py" in counts
     over = [f"{p}: {n} lines" for p, n in counts.items() if n > MAX_MODULE_LINES]
     assert not over, (f"modules over {MAX_MODULE_LINES} lines (split them):\n"
                       + "\n".join(over))
+
+
+# ---------------------------------------------------------------------------------------------
+# One op, one module (issue 28)
+
+
+def _string_constants(path: Path) -> list[tuple[int, str]]:
+    return [(n.lineno, n.value) for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def test_every_op_is_one_module_under_probes_and_nothing_else_is():
+    modules = {p.stem for p in PROBES_DIR.glob("*.py") if not p.stem.startswith("_")}
+    assert modules == OPS and len(OPS) >= 8
+    for op, row in PROBES.items():
+        assert row.truth.__module__.startswith("diag.probes.")
+        assert row.implementations, f"{op} has no implementation for any framework"
+
+
+# Strings that spell an op's name outside probes/ without naming the op, as {file: why}:
+# each is checked to still hold one (the list can only shrink).
+SAME_SPELLING = {
+    "diag/__init__.py": "'train' is the diag.train subpackage (lazy attribute)",
+    "diag/cli/run.py": "'matmul' is the default suite's name",
+    "diag/runner.py": "'matmul' is the default suite's name",
+    "diag/nodes/workloads.py": "node-scan workloads named after what they run",
+    "diag/report/sections.py": "the report's own key for its top-k table",
+    # The ground truth's API and cache keys carry the op names, as the backends did (STYLE's
+    # "same names everywhere"): `diag.oracle.matmul_result`.
+    "diag/oracle/__init__.py": "the ground-truth API and its cache keys",
+    "diag/oracle/mp.py": "the mpmath reference's API",
+}
+
+
+def test_an_op_name_appears_as_a_string_only_in_probes_and_the_tolerance_rows():
+    found = [(p.relative_to(ROOT).as_posix(), line, value) for p in _sources(DIAG)
+             if p != TOLERANCE_ROWS for line, value in _string_constants(p) if value in OPS]
+    unexpected = [f"{p}:{line}: {value!r}" for p, line, value in found if p not in SAME_SPELLING]
+    assert not unexpected, "op names outside probes/:\n" + "\n".join(unexpected)
+    assert {p for p, _, _ in found} == set(SAME_SPELLING), "remove fixed SAME_SPELLING entries"
+
+
+def test_the_checker_sees_an_op_name_in_any_string(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('TABLE = {"matmul": 1}\nf("top_k")\nok = "matmul_bound"\n')
+    assert [line for line, v in _string_constants(bad) if v in OPS] == [1, 2]
+
+
+def test_pyproject_installs_every_package_and_maps_probes_into_diag():
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in DIAG.rglob("__init__.py")}
+    assert set(config["packages"]) == on_disk | {"diag.probes"}
+    assert config["package-dir"] == {"diag.probes": "probes"}
+    assert config["package-data"]["diag.probes"] == ["suites/*.toml"]
+
+
+MAX_FUNCTION_LINES = 80
+# The modules issue 28 rebuilt (each op's module, the registry, the backends, the shared
+# judging machinery): every function in them is under MAX_FUNCTION_LINES.
+REBUILT = [*_sources(PROBES_DIR), *_sources(DIAG / "backends"), *_sources(DIAG / "compare"),
+           DIAG / "registry.py", DIAG / "probe.py", DIAG / "judge.py", DIAG / "tolerance.py",
+           *_sources(DIAG / "train")]
+
+
+def _long_functions(paths) -> list[str]:
+    out = []
+    for p in paths:
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = n.end_lineno - n.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    out.append(f"{p.relative_to(ROOT)}:{n.lineno}: {n.name} ({length} lines)")
+    return out
+
+
+# Judging functions moved whole into probes/ or kept in diag/compare by issue 28, not yet
+# split (their metrics are pinned by tests/test_judge_reference.py, so a split can be
+# checked record for record); the list can only shrink.
+LONG_PENDING = {"probes/greedy_token.py": "check_greedy", "probes/softmax.py": "compare_softmax",
+                "diag/backends/worker.py": "run_job", "diag/compare/elementwise.py": "compare",
+                "diag/compare/topk.py": "check_top_k"}
+
+
+def test_no_function_over_80_lines_in_the_rebuilt_modules():
+    long = _long_functions(REBUILT)
+    unexpected = [h for h in long if not any(h.startswith(f + ":") and f": {fn} (" in h
+                                             for f, fn in LONG_PENDING.items())]
+    assert not unexpected, "functions over 80 lines:\n" + "\n".join(unexpected)
+    assert len(long) == len(LONG_PENDING), "remove split functions from LONG_PENDING"
+
+
+# ---------------------------------------------------------------------------------------------
+# The import graph of diag and probes
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for base, package in ((DIAG, "diag"), (PROBES_DIR, "diag.probes")):
+        for p in _sources(base):
+            parts = list(p.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join([package, *parts])] = p
+    return mods
+
+
+def _diag_imports(name: str, path: Path, mods: dict[str, Path]) -> tuple[set[str], list[str]]:
+    """The diag modules `name` imports anywhere in its source (function bodies too, not
+    `if TYPE_CHECKING:` blocks), and the private names it imports from other modules."""
+    tree = ast.parse(path.read_text())
+    skip = {id(m) for n in ast.walk(tree) if isinstance(n, ast.If)
+            and "TYPE_CHECKING" in ast.unparse(n.test) for m in ast.walk(n)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    edges, private = set(), []
+    for n in ast.walk(tree):
+        if id(n) in skip:
+            continue
+        if isinstance(n, ast.Import):
+            edges |= {a.name for a in n.names if a.name in mods}
+        elif isinstance(n, ast.ImportFrom):
+            base = package.rsplit(".", n.level - 1)[0] if n.level > 1 else package
+            mod = (f"{base}.{n.module}" if n.module else base) if n.level else n.module or ""
+            for a in n.names:
+                if f"{mod}.{a.name}" in mods:  # a submodule: `from diag import numerics`
+                    edges.add(f"{mod}.{a.name}")
+                    continue
+                if mod in mods:
+                    edges.add(mod)
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        private.append(f"{path.relative_to(ROOT)}:{n.lineno}: {a.name} "
+                                       f"from {mod}")
+    edges.discard(name)
+    return edges, private
+
+
+def _graph() -> tuple[dict[str, set[str]], list[str]]:
+    mods = _modules()
+    graph, private = {}, []
+    for name, path in mods.items():
+        graph[name], found = _diag_imports(name, path, mods)
+        private += found
+    return graph, private
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), iteratively."""
+    index, low, on, stack, out = {}, {}, set(), [], []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+# Other engineers' areas still in flux (issue 28's shared instrumentation kernel): their
+# cycles and private imports are reported by the xfail tests below, never by the tests of
+# the modules issue 28 rebuilt.
+OTHERS = ("diag.nan", "diag.diverge", "diag.render", "diag.nodes", "diag/nan/", "diag/diverge/",
+          "diag/render/", "diag/nodes/", "diag/features.py", "diag/environment.py",
+          "diag/runner.py", "diag/oracle/")
+
+
+def test_the_cycle_finder_finds_a_lazy_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_through_the_rebuilt_modules():
+    mine = [c for c in _cycles(_graph()[0]) if not all(m.startswith(OTHERS) for m in c)]
+    assert not mine, f"import cycles: {mine}"
+
+
+def test_the_rebuilt_modules_import_no_private_name():
+    mine = [p for p in _graph()[1] if not p.startswith(OTHERS)]
+    assert not mine, "private names imported from another module:\n" + "\n".join(mine)
+
+
+@pytest.mark.xfail(strict=False, reason="diag.nan, diag.diverge and diag.render still import "
+                                        "each other (issue 28's instrumentation kernel)")
+def test_no_import_cycle_in_diag_and_probes():
+    assert _cycles(_graph()[0]) == []
+
+
+@pytest.mark.xfail(strict=False, reason="diag.diverge imports diag.nan's private names, "
+                                        "diag.oracle the kernels' (other engineers' areas)")
+def test_no_private_name_is_imported_from_another_module():
+    assert _graph()[1] == []

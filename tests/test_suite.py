@@ -174,8 +174,9 @@ _PEAK = r"""
 import json, re, sys, tempfile
 from pathlib import Path
 import numpy as np
-from diag.probes import PROBES, Outcome
-from diag.inputs import _Inputs, _Truth
+from diag.compare.outcome import Outcome
+from diag.registry import PROBES
+from diag.inputs import InputStore, TruthStore
 from diag.suite import load_suite
 
 def hwm():
@@ -187,8 +188,8 @@ def hwm():
 
 case = load_suite(sys.argv[1]).cases[0]
 before = hwm()
-inputs = _Inputs(Path(tempfile.mkdtemp()))
-truth = _Truth(inputs, tempfile.mkdtemp()).get(case)
+inputs = InputStore(Path(tempfile.mkdtemp()))
+truth = TruthStore(inputs, tempfile.mkdtemp()).get(case)
 outcome = Outcome(inputs=inputs.get(case), outputs=[np.array(truth.value)], names=["output"],
                   truth=truth, params=case.params)
 assert PROBES[case.op].evaluate(outcome).status == "pass"

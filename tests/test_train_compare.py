@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from diag.compare.outcome import Outcome
-from diag.compare.train_run import agree, evaluate
+from diag.probes.train import agree, evaluate
 from diag.oracle import OracleResult
 from diag.report.training import train_context
 from diag.tolerance import TRAIN_RUN_RTOL

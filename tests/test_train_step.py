@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from diag import run
-from diag.compare import compare_train_step, judge_train_step
+from diag.probes.train_step import compare_train_step, judge_train_step
 from diag.tolerance import TRAIN_LOSS_ULP_SCREEN
 from diag.oracle import train_step_result
 from diag.oracle._train import train_step_core
@@ -101,8 +101,9 @@ def test_normal_steps_are_finite_and_match_the_reference(train_run):
 @needs_jax
 @needs_torch
 @pytest.mark.parametrize("backend, op, where", [
-    ("jax-cpu", "Inf born in dot_general", "jax_backend.py:"),
-    ("torch-cpu", "Inf born in aten.mm", "torch_backend.py:"),
+    # The step is the train_step module's `on_jax` / `on_torch` (probes/train_step.py).
+    ("jax-cpu", "Inf born in dot_general", "train_step.py:"),
+    ("torch-cpu", "Inf born in aten.mm", "train_step.py:"),
 ])
 def test_fp16_overflow_fails_naming_the_op_line_and_phase(train_run, backend, op, where):
     (rec,) = [r for r in _by(train_run.records, kind="probe", backend=backend, dtype="float16")

@@ -1,9 +1,11 @@
 """The backend registry: which backends exist, which framework and device each one drives.
 
 This module is framework-free: it only names backends and the module that implements them.
-Each backend module (`jax_backend`, `torch_backend`, `emu_backend`) keeps the `Backend`
-protocol (`diag.backends.base`) and defines the SAME op names (`matmul`, ...); it is imported
-only inside its worker subprocess (see `diag.backends.worker`).
+Each backend module (`jax_backend`, `torch_backend`, `torch_xla_backend`, `emu_backend`) keeps
+the `Backend` protocol (`diag.backends.base`): devices, transfers, waiting, precision knobs,
+HLO. It runs the op implementations each op module gives for its framework
+(`BackendSpec.implementation`; `diag.registry`), and is imported only inside its worker
+subprocess (see `diag.backends.worker`).
 
 A backend is `<framework>-<platform>`; the platform is what the framework calls its device
 type (JAX: cpu/gpu/tpu from `jax.devices()`; torch: cpu/cuda; torch_xla: its PJRT_DEVICE).
@@ -50,9 +52,9 @@ class BackendSpec:
     # reported as `warn`), and whether bf16/fp16 products are promised float32 accumulation.
     promised: tuple[str, ...] = ("default", "medium", "high", "highest")
     narrow_promised: bool = True
-    # The ops this backend implements (None: every op in the probe table); cases of other
-    # ops are not applicable to it and produce no record.
-    ops: tuple[str, ...] | None = None
+    # Whose op implementations it runs (an op module's `on_<implementation>`); '' for its own
+    # framework's. torch_xla runs torch's on its lazy device.
+    implementation: str = ""
     # Whether a run without --backend includes it (emulations are opt-in, never hardware).
     default: bool = True
     # A numpy model of an algorithm, not a device under test: its verdicts are `warn` at
@@ -61,6 +63,20 @@ class BackendSpec:
     # The side of an A/B experiment this spec runs ('' for a plain run and the A side, 'B'
     # for the side with the setting applied: diag.ab). Records carry it as `variant`.
     variant: str = ""
+
+    @property
+    def runs(self) -> str:
+        """The framework whose op implementations this backend runs."""
+        return self.implementation or self.framework
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        """The ops this backend runs: those whose module has an implementation for its
+        framework (`diag.registry.ops_for`); cases of other ops are not applicable to it and
+        produce no record."""
+        from diag.registry import ops_for
+
+        return ops_for(self.runs)
 
     @property
     def label(self) -> str:
@@ -79,12 +95,10 @@ _TORCH = dict(framework="torch", module="diag.backends.torch_backend",
               # torch has no per-op matmul precision: only torch.set_float32_matmul_precision.
               precision_via=("config",),
               precisions=("default", "high", "highest", "medium"),
-              # torch has no approximate top-k.
-              ops=("matmul", "softmax", "gelu", "top_k", "greedy_token", "train_step", "train"),
               install_hint="pip install 'diag[torch]'")
 _TORCH_XLA = dict(framework="torch_xla", module="diag.backends.torch_xla_backend",
                   precision_via=("config",), precisions=("default", "high", "highest"),
-                  ops=_TORCH["ops"],
+                  implementation="torch",
                   install_hint="create its environment with scripts/torch-xla-env.sh DEST, then "
                                "pass --python torch-xla=DEST/bin/python")
 
@@ -125,7 +139,7 @@ BACKENDS: dict[str, BackendSpec] = {
         *(BackendSpec(name=f"emu-{short}", platform=algorithm, framework="numpy",
                       module="diag.backends.emu_backend", precision_via=(),
                       precisions=("default",), install_hint="numpy is always installed",
-                      promised=(), narrow_promised=False, ops=("matmul",), default=False,
+                      promised=(), narrow_promised=False, default=False,
                       emulated=True)
           for short, algorithm in (("bf16x1", "BF16_BF16_F32"), ("bf16x3", "BF16_BF16_F32_X3"),
                                    ("bf16x6", "BF16_BF16_F32_X6"), ("tf32", "TF32_TF32_F32"),
@@ -156,7 +170,7 @@ def not_applicable(spec: BackendSpec, op: str, params: dict) -> str | None:
     Such combinations are not measurements and produce no record: e.g. torch has no per-op
     matmul precision, so a `precision_via='argument'` case is JAX-only.
     """
-    if spec.ops is not None and op not in spec.ops:
+    if op not in spec.ops:
         return f"{spec.name} implements only {', '.join(spec.ops)}"
     via = params.get("precision_via")
     if via not in (None, "none") and via not in spec.precision_via:

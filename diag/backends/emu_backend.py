@@ -12,7 +12,8 @@ overflow to Inf where the truth is finite, is what the emulated algorithm does t
 broken device). Only `matmul` is implemented.
 
 Same interface as the other backend modules (see `diag.backends.worker`); the "platform" is
-the algorithm's `DotAlgorithmPreset` name. Framework: numpy (always installed).
+the algorithm's `DotAlgorithmPreset` name, which matmul's `on_numpy` runs (`algorithm`).
+Framework: numpy (always installed).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 import numpy as np
 
 from diag.backends.base import Prepared
-from diag.precision import ALGORITHMS, emulate
+from diag.precision import ALGORITHMS
 
 FRAMEWORK = "numpy"
 _algorithm: str | None = None
@@ -68,14 +69,11 @@ def prepare(fn, args):
     return Prepared(lambda: fn(*args), seconds, first=(out, seconds))
 
 
-def matmul(precision: str = "default", precision_via: str = "none"):
-    """The emulated algorithm; it has one precision (its own), so `precision` must be default."""
+def algorithm(precision: str = "default") -> str:
+    """The emulated algorithm (matmul's `on_numpy` runs it); it has one precision, its own,
+    so `precision` must be default."""
     if precision != "default":
         raise ValueError(f"diag: an emulated backend has one precision ({_algorithm}); "
                          f"got precision={precision!r}")
-    label = _algorithm
-
-    def f(a, b):
-        return emulate(label, a, b)
-
-    return f
+    assert _algorithm is not None, "setup() first"
+    return _algorithm

@@ -1,12 +1,14 @@
 """PyTorch eager backend (cpu/cuda). Imported only inside a worker subprocess.
 
-Defines the same op names as every backend and `diag.oracle`. Eager mode has no separate
-compile step: `prepare` runs the op once as warm-up and reports that time as compile time.
+What is the backend's own: the devices, moving arrays (bf16 by its bits), waiting, the
+matmul precision knob (`precision_scope`). The ops are each op module's `on_torch`
+(`diag.registry`). Eager mode has no separate compile step: `prepare` runs the op once as
+warm-up and reports that time as compile time.
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
 import os
 import time
 
@@ -94,87 +96,28 @@ def prepare(fn, args):
     return Prepared(lambda: fn(*args), warmup_s, first=(out, warmup_s))
 
 
-def matmul(precision: str = "default", precision_via: str = "none"):
-    """`torch.matmul` under `torch.set_float32_matmul_precision(precision)`."""
+def device():
+    """The device `setup` opened (an op that places arrays itself, e.g. a training run)."""
+    return _device
+
+
+def use_device(device) -> None:
+    """Run on `device` (torch_xla's lazy device: `diag.backends.torch_xla_backend`)."""
+    global _device
+    _device = device
+
+
+@contextlib.contextmanager
+def precision_scope(precision: str):
+    """`torch.set_float32_matmul_precision(precision)` while the block runs, then the
+    previous setting; 'default' touches nothing."""
     setting = _PRECISION[precision]
-
-    def f(a, b):
-        if setting is None:
-            return torch.matmul(a, b)
-        previous = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision(setting)
-        try:
-            return torch.matmul(a, b)
-        finally:
-            torch.set_float32_matmul_precision(previous)
-
-    return f
-
-
-def softmax():
-    """`torch.softmax` over the last axis, in the input dtype."""
-    return lambda x: torch.softmax(x, dim=-1)
-
-
-def gelu():
-    """The tanh-approximate GELU written out op by op, as models write it (Hugging Face's
-    `NewGELUActivation`, GPT-2's MLP), in the input dtype: eager torch rounds each op's result
-    to it; a compiler (torch_xla) may keep the chain in float32. (torch's fused
-    `F.gelu(approximate='tanh')` computes in float32 on CPU and, under torch_xla 2.9 on CPU,
-    is unchanged by --xla_allow_excess_precision=false: measured.)"""
-    k = math.sqrt(2.0 / math.pi)
-    return lambda x: 0.5 * x * (1.0 + torch.tanh(k * (x + 0.044715 * torch.pow(x, 3.0))))
-
-
-def top_k(k: int):
-    """`torch.topk`: the k largest along the last axis (sorted), values and indices."""
-    def f(x):
-        values, indices = torch.topk(x, k, dim=-1)
-        return {"values": values, "indices": indices}
-
-    return f
-
-
-def _sampler(x) -> dict:
-    probs = torch.softmax(x, dim=-1)  # materialised, in x's dtype
-    return {"argmax": torch.argmax(x, dim=-1),
-            "argmax_softmax": torch.argmax(probs, dim=-1),
-            "top_k": torch.topk(x, 1, dim=-1).indices[..., 0]}
-
-
-def greedy_token(batches: tuple[int, ...] = ()):
-    """The greedy token per row by every path an eager sampler may take (torch has no
-    approx_max_k): `eager/*` on all rows, `eager/batchB/*` on batches of B rows, for each B in
-    `batches` (`diag.probes.SAMPLER_BATCHES`)."""
-    def paths(x):
-        out = {f"eager/{name}": v for name, v in _sampler(x).items()}
-        for b in batches:
-            chunks = [_sampler(x[i:i + b]) for i in range(0, x.shape[0], b)]
-            for name in chunks[0]:
-                out[f"eager/batch{b}/{name}"] = torch.cat([c[name] for c in chunks])
-        return out
-
-    return paths
-
-
-def train_step(lr: float = 0.1):
-    """One SGD step (autograd), in the inputs' dtype: loss and updated weights. Functional:
-    the inputs are not modified, so the step can be run again (timing, a NaN hunt)."""
-    def step(x, w1, w2):
-        w1g, w2g = (w.detach().clone().requires_grad_(True) for w in (w1, w2))
-        labels = torch.argmax(x[:, :w2.shape[1]], dim=1)
-        logits = torch.tanh(x @ w1g) @ w2g
-        loss = torch.nn.functional.cross_entropy(logits, labels)
-        g1, g2 = torch.autograd.grad(loss, (w1g, w2g))
-        with torch.no_grad():
-            return {"loss": loss.detach(), "w1": w1 - lr * g1, "w2": w2 - lr * g2}
-
-    return step
-
-
-def train(compute: str = "float32", **case):
-    """N AdamW steps of a small transformer (`diag.train`; the math is in
-    `diag.train.torch_model`): loss, every gradient and every parameter, per step."""
-    from diag.train import torch_model
-
-    return torch_model.op(compute, case, _device)
+    if setting is None:
+        yield
+        return
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(setting)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)

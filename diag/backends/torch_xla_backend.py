@@ -1,6 +1,6 @@
 """PyTorch/XLA backend (cpu, and the same code for tpu/cuda). Imported only inside a worker.
 
-The torch math is `diag.backends.torch_backend`'s, unchanged: the same op builders run on
+The torch math is each op module's `on_torch`, unchanged: the same op builders run on
 torch_xla's lazy device, so an agreement record between `torch-cpu` and `torch-xla-cpu`
 shows what compiling the same torch code with XLA does to its results. Only what differs
 between eager and lazy execution lives here: opening the device, waiting for a result
@@ -24,6 +24,7 @@ milliseconds per compiled graph.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import glob
 import os
 import shlex
@@ -57,11 +58,10 @@ import torch_xla.runtime as xr  # noqa: E402
 
 from diag.backends import torch_backend as _torch  # noqa: E402
 from diag.backends.base import Prepared  # noqa: E402
-# The torch math, one place for it: every op but matmul is torch_backend's own builder.
-from diag.backends.torch_backend import (gelu, greedy_token, softmax, top_k,  # noqa: E402,F401
-                                         train_step)
 
 FRAMEWORK = "torch_xla"
+# The op implementations it runs: torch's (`on_torch` of each op module), on the lazy device.
+IMPLEMENTATION = "torch"
 # PJRT device types diag names as platforms (torch_xla's PJRT_DEVICE values, lower case).
 _PLATFORMS = ("cpu", "tpu", "cuda")
 # torch_xla's own matmul precision levels for float32 inputs (process-wide).
@@ -92,14 +92,15 @@ def discover() -> list[str]:
 def _float32_rounded_to_bf16() -> bool:
     """Whether float32 tensors are computed as bf16 here (XLA_USE_BF16/XLA_DOWNCAST_BF16):
     1 + 2^-12 survives a multiply by one in float32, not in bf16."""
-    x = torch.tensor([1.0 + 2.0 ** -12], dtype=torch.float32).to(_torch._device)
+    x = torch.tensor([1.0 + 2.0 ** -12], dtype=torch.float32).to(_torch.device())
     return float((x * 1.0).cpu().item()) != 1.0 + 2.0 ** -12
 
 
 def setup(platform: str) -> dict:
     # PJRT_DEVICE picks the device type for the whole process, before the runtime starts.
     os.environ["PJRT_DEVICE"] = platform.upper()
-    _torch._device = device = torch_xla.device()
+    device = torch_xla.device()
+    _torch.use_device(device)
     kind = xm.xla_device_hw(device)
     return {
         "device": {"platform": platform, "kind": f"{kind} (torch_xla {device})",
@@ -159,26 +160,24 @@ def hlo_text(fn, args) -> str | None:
     return "\n".join(open(p, encoding="utf-8", errors="replace").read() for p in paths)
 
 
-def matmul(precision: str = "default", precision_via: str = "none"):
-    """torch_backend's `torch.matmul` under torch_xla's matmul precision.
+device = _torch.device
+
+
+@contextlib.contextmanager
+def precision_scope(precision: str):
+    """torch_xla's matmul precision while the block runs, then the previous one.
 
     torch_xla ignores `torch.set_float32_matmul_precision`; its own setting is read when the
-    graph is lowered, at `sync`, so the product is synced while the setting is in effect.
+    graph is lowered, at `sync`, so the block's graph is synced while the setting is in effect.
     """
     setting = _PRECISION[precision]
-    product = _torch.matmul()
     if setting is None:
-        return product
-
-    def f(a, b):
-        previous = torch_xla._XLAC._xla_get_mat_mul_precision()
-        torch_xla._XLAC._xla_set_mat_mul_precision(setting)
-        try:
-            out = product(a, b)
-            torch_xla.sync()
-            return out
-        finally:
-            torch_xla._XLAC._xla_set_mat_mul_precision(previous)
-
-    return f
-
+        yield
+        return
+    previous = torch_xla._XLAC._xla_get_mat_mul_precision()
+    torch_xla._XLAC._xla_set_mat_mul_precision(setting)
+    try:
+        yield
+        torch_xla.sync()
+    finally:
+        torch_xla._XLAC._xla_set_mat_mul_precision(previous)

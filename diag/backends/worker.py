@@ -19,7 +19,7 @@ framework prints is redirected to stderr so it cannot corrupt the stream):
   {"event": "case_error", "case": ID, "error": "..."}
   {"event": "arithmetic", "seconds": S, (after the cases, when the job's "fingerprint" lists
    [precision, via] pairs:) "fingerprints": [...] (the arithmetic of the probe table's
-   fingerprinted op, `diag.probes.FINGERPRINT_OP`, under each pair), "features": [...]
+   fingerprinted op, `diag.registry.FINGERPRINT_OP`, under each pair), "features": [...]
    (`diag.precision.features` of that op, float32 inputs at the default setting)}
   {"event": "done"}
 Inputs and float outputs travel as .npy files of the raw bits (`numerics.bits_view`), so every
@@ -59,7 +59,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from diag.probes import FINGERPRINT_OP
+from diag.registry import FINGERPRINT_OP, implementation, ops_for
+
+
+def build(backend, op: str, **op_args):
+    """The function of device arrays that runs `op` on `backend` (a set-up backend module):
+    the op module's implementation for the framework whose ops the backend runs."""
+    runs = getattr(backend, "IMPLEMENTATION", backend.FRAMEWORK)
+    return implementation(op, runs)(backend, **op_args)
 
 
 def _protocol_stream():
@@ -163,7 +170,7 @@ def run_job(job: dict, stream) -> None:
                              sort_keys=True, default=str)
             fn, shared_with = programs.get(key, (None, None))
             if fn is None:
-                fn = getattr(backend, case["op"])(**case.get("op_args", {}))
+                fn = build(backend, case["op"], **case.get("op_args", {}))
                 programs[key] = (fn, case["id"])
             if fault == "corrupt_input":
                 host_inputs[0] = faults.corrupt(host_inputs[0], "double")
@@ -231,9 +238,8 @@ def _arithmetic(backend, job: dict) -> dict:
     at the default setting only, one features() call per backend per run, ~0.3 s on CPU,
     for the CI gate); {} when no case asked for it."""
     settings = job.get("fingerprint")
-    if settings is True:  # older jobs: the default setting only
-        settings = [("default", "none")]
-    if not settings or not hasattr(backend, FINGERPRINT_OP):
+    runs = getattr(backend, "IMPLEMENTATION", backend.FRAMEWORK)
+    if not settings or FINGERPRINT_OP not in ops_for(runs):
         return {}
     return {"fingerprints": matmul_fingerprints(backend, [tuple(p) for p in settings]),
             "features": matmul_features(backend, [("default", "none")], dtypes=("float32",))}
@@ -342,7 +348,7 @@ def matmul_fingerprints(backend, settings: list[tuple[str, str]]) -> list[dict[s
 
     fps = []
     for prec, via in settings:
-        fn = getattr(backend, FINGERPRINT_OP)(precision=prec, precision_via=via)
+        fn = build(backend, FINGERPRINT_OP, precision=prec, precision_via=via)
 
         def on_device(a, b, fn=fn):
             return backend.get(fn(backend.put(a), backend.put(b)))
@@ -374,7 +380,7 @@ def matmul_features(backend, settings: list[tuple[str, str]],
 
     out = []
     for prec, via in settings:
-        fn = getattr(backend, FINGERPRINT_OP)(precision=prec, precision_via=via)
+        fn = build(backend, FINGERPRINT_OP, precision=prec, precision_via=via)
 
         def on_device(a, b, fn=fn):
             return backend.get(fn(backend.put(a), backend.put(b)))

@@ -76,7 +76,7 @@ class MalformedOutput(ValueError):
     """
 
 
-def _only_output(o: "Outcome", expected: np.ndarray) -> np.ndarray:
+def only_output(o: "Outcome", expected: np.ndarray) -> np.ndarray:
     """The one output of a single-output op, checked against the truth's shape and dtype."""
     if len(o.outputs) != 1:
         raise MalformedOutput(f"returned {len(o.outputs)} outputs, expected 1")

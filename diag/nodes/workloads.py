@@ -59,7 +59,7 @@ def _weights(seed: int, shapes, dtype) -> list[np.ndarray]:
     return [(rng.standard_normal(s) / math.sqrt(s[0])).astype(as_dtype(dtype)) for s in shapes]
 
 
-# The builtins are built from the ops of diag's JAX backend (diag.backends.jax_backend), the
+# The builtins are built from the JAX implementations of diag's ops (diag.probes), the
 # same functions `diag run` judges against the oracle: one definition of each op. Rebuilding
 # them on those ops left every builtin's compiled HLO and output bits as they were (jax-cpu
 # 0.10.2, seeds 0, 1, 7), so golden digests saved by an older diag still apply (version "1").
@@ -71,8 +71,9 @@ def _matmul_chain(dtype: str) -> Callable[[], Callable]:
         import jax.numpy as jnp
 
         from diag.backends import jax_backend
+        from diag.probes import matmul as matmul_op
 
-        matmul = jax_backend.matmul()  # the framework's default precision, as users run it
+        matmul = matmul_op.on_jax(jax_backend)  # the framework's default precision
         ws = _weights(1, [(128, 128)] * 4, dtype)
 
         def chain(x):
@@ -90,22 +91,24 @@ def _softmax():
     import jax
 
     from diag.backends import jax_backend
+    from diag.probes import softmax as softmax_op
 
-    softmax = jax_backend.softmax()  # over the last axis
+    softmax = softmax_op.on_jax(jax_backend)  # over the last axis
     return jax.jit(lambda x: softmax(4.0 * x))
 
 
 @functools.lru_cache(maxsize=None)
 def _train_step():
-    """One SGD step of the backend's tanh MLP (`jax_backend.train_step`), flattened into one
+    """One SGD step of the backend's tanh MLP (`diag.probes.train_step.on_jax`), flattened into one
     array (new weights, then the loss) so one digest covers all of it."""
     import jax
     import jax.numpy as jnp
 
     from diag.backends import jax_backend
+    from diag.probes import train_step as train_step_op
 
     w1, w2 = _weights(2, [(32, 64), (64, 10)], "float32")
-    step = jax_backend.train_step(lr=0.1)  # labels are drawn from the input: deterministic
+    step = train_step_op.on_jax(jax_backend, lr=0.1)  # labels are drawn from the input: deterministic
 
     def flat_step(x):
         out = step(x, w1, w2)

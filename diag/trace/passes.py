@@ -154,7 +154,7 @@ def attribute_run(run) -> list[dict[str, Any]]:
     """
     from diag.ab import B
     from diag.backends import get_spec
-    from diag.probes import PROBES
+    from diag.registry import PROBES
 
     by_label = {c.label: c for c in run.suite.cases}
     out = []
@@ -190,6 +190,7 @@ def _compile(job_path: str) -> int:
 
     from diag import numerics
     from diag.backends import get_spec
+    from diag.backends.worker import build
 
     import numpy as np
 
@@ -199,7 +200,7 @@ def _compile(job_path: str) -> int:
     backend.setup(spec.platform)
     args = [backend.put(numerics.from_bits(np.load(p), d))
             for p, d in zip(job["inputs"], job["input_dtypes"])]
-    fn = getattr(backend, job["op"])(**job["op_args"])
+    fn = build(backend, job["op"], **job["op_args"])
     backend.hlo_text(fn, args)
     return 0
 

@@ -41,7 +41,7 @@ def locate_nan(impl: str, cfg: TrainConfig, params: np.ndarray, batches: np.ndar
 
     Args:
       impl: `jax` or `torch`.
-      cfg, params, batches, compute: the run (as `diag.train.ports.run_impl` takes them).
+      cfg, params, batches, compute: the run (as `diag.train.run.run_impl` takes them).
       run: its trajectory when already computed (else it is run here).
 
     Returns:
@@ -49,7 +49,7 @@ def locate_nan(impl: str, cfg: TrainConfig, params: np.ndarray, batches: np.ndar
       phase), and `NanReport.to_dict()`'s fields}.
     """
     from diag import nan
-    from diag.train.ports import run_impl
+    from diag.train.run import run_impl
 
     if run is None:
         run = run_impl(impl, cfg, params, batches, compute)
@@ -61,12 +61,12 @@ def locate_nan(impl: str, cfg: TrainConfig, params: np.ndarray, batches: np.ndar
         import jax
         import jax.numpy as jnp
 
-        from diag.train.jax_model import _loss
+        from diag.train.jax_model import loss_of
 
         cd = jnp.dtype(compute)
 
         def step(p, batch):
-            return jax.value_and_grad(_loss)(p, batch, cfg, cd)
+            return jax.value_and_grad(loss_of)(p, batch, cfg, cd)
 
         args = ({k: jnp.asarray(v) for k, v in unpack(cfg, flat).items()},
                 jnp.asarray(np.asarray(batches[t]).astype(np.int32)))

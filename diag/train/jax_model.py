@@ -31,7 +31,7 @@ def _ln(x, g, b, eps, cd):
     return y.astype(cd)
 
 
-def _loss(params, tokens, cfg: TrainConfig, cd):
+def loss_of(params, tokens, cfg: TrainConfig, cd):
     p = {k: v.astype(cd) for k, v in params.items()}
     hi = jnp.float64 if cd == jnp.float64 else jnp.float32
     inp, tgt = tokens[:, :-1], tokens[:, 1:]
@@ -81,7 +81,7 @@ def _step(cfg: TrainConfig, compute: str):
 
     @jax.jit
     def step(params, state, batch):
-        loss, grads = jax.value_and_grad(_loss)(params, batch, cfg, cd)
+        loss, grads = jax.value_and_grad(loss_of)(params, batch, cfg, cd)
         updates, state = tx.update(grads, state, params)
         return optax.apply_updates(params, updates), state, loss, grads
 

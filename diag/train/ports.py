@@ -29,11 +29,10 @@ import numpy as np
 
 from diag.train.compare import Divergence, first_divergence, summarize, trajectory_errors
 from diag.train.config import PORT_BUGS, TrainConfig, init_params, make_batches, with_bug
+from diag.train.run import IMPLEMENTATIONS, run_impl
 
 __all__ = ["PortReport", "compare_ports", "run_impl", "IMPLEMENTATIONS"]
 
-#: Where a run can come from: the two frameworks and the float64 reference itself.
-IMPLEMENTATIONS = ("jax", "torch", "reference")
 
 #: A quick default: 2 layers, width 64, vocab 256, seq 32, batch 4, 4 steps (~3 s a run here).
 DEFAULT_CONFIG = TrainConfig(seq=32, batch=4, steps=4)
@@ -62,27 +61,6 @@ class PortReport:
     suspects: list[str]
     reason: str
     summaries: dict[str, Any] = field(default_factory=dict)
-
-
-def run_impl(impl: str, cfg: TrainConfig, params: np.ndarray, batches: np.ndarray,
-             compute: str = "float32") -> dict[str, np.ndarray]:
-    """One run by `impl` (`IMPLEMENTATIONS`); `reference` ignores `compute` (float64)."""
-    if impl == "jax":
-        from diag.train import jax_model
-
-        return jax_model.run(cfg, params, batches, compute)
-    if impl == "torch":
-        from diag.train import torch_model
-
-        return torch_model.run(cfg, params, batches, compute)
-    if impl == "reference":
-        from diag.train.reference import run_reference
-
-        return run_reference(cfg, params, batches)
-    from diag.errors import UsageError
-
-    raise UsageError(f"unknown implementation {impl!r}; expected one of "
-                     f"{', '.join(IMPLEMENTATIONS)}")
 
 
 def _suspects(cfg: TrainConfig, run: dict, params, batches, allowed) -> list[str]:

@@ -1,5 +1,10 @@
-"""Softmax: judged by the worst-case bound of float32 arithmetic (`tolerance.softmax_error_bound`),
-with undefined rows reported as hazards, not errors.
+"""softmax over the last axis: judged by the worst-case bound of float32 arithmetic
+(`diag.tolerance`'s softmax row, `softmax_error_bound`), with undefined rows (all -inf)
+reported as hazards, not errors.
+
+Row: [rows, n] logits from the logit makers. Truth: `diag.oracle.softmax_result`, correctly
+rounded (proof: diag/oracle/_softmax.py). Two backends: in ULPs, `AGREEMENT_FACTOR` times the
+row's ULP form (`softmax_ulp_tolerance`).
 """
 
 from __future__ import annotations
@@ -9,10 +14,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from diag import numerics
+from diag import numerics, oracle
 from diag.compare.elementwise import agree_values, compare, mismatch
-from diag.compare.outcome import Evaluation, Outcome, _only_output
+from diag.compare.outcome import Evaluation, Outcome, only_output
 from diag.compare.verdict import Mismatch, format_mismatch
+from diag.probe import FLOATS, LOGIT_MAKERS, Probe, rows_bytes, rows_label, rows_shapes
 from diag.tolerance import tolerance
 
 
@@ -193,7 +199,7 @@ def judge_softmax(metrics: dict[str, Any], dtype) -> tuple[str, str]:
 def evaluate(o: Outcome) -> Evaluation:
     """One backend's softmax against the correctly rounded truth."""
     expected = o.truth.value
-    output = _only_output(o, expected)
+    output = only_output(o, expected)
     metrics = compare_softmax(output, expected, o.inputs[0], shared=o.shared)
     status, reason = judge_softmax(metrics, o.params["dtype"])
     return Evaluation(status, reason, metrics, mismatch=softmax_mismatch(metrics))
@@ -204,3 +210,29 @@ def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
     # Two backends each within the tolerance of the truth may be AGREEMENT_FACTOR times it apart.
     allowed = tolerance("softmax", a.params["dtype"]).agreement_ulp(a.params)
     return agree_values(a.outputs[0], b.outputs[0], names, allowed_ulp=allowed)
+
+
+def truth(inputs: list, params: dict, cache):
+    return oracle.softmax_result(*inputs, cache=cache)
+
+
+def on_jax(backend):
+    """`jax.nn.softmax` over the last axis, in the input dtype."""
+    import jax
+
+    return lambda x: jax.nn.softmax(x, axis=-1)
+
+
+def on_torch(backend):
+    """`torch.softmax` over the last axis, in the input dtype."""
+    import torch
+
+    return lambda x: torch.softmax(x, dim=-1)
+
+
+PROBE = Probe(
+    op="softmax", dims=("rows", "n"), params={}, op_args=(), dtypes=FLOATS,
+    inputs=LOGIT_MAKERS, input_shapes=rows_shapes, truth=truth, evaluate=evaluate,
+    agree=agree, label=rows_label(), input_family="rows", host_bytes=rows_bytes,
+    implementations={"jax": on_jax, "torch": on_torch},
+)

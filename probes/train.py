@@ -1,4 +1,8 @@
-"""The `train` probe's verdicts: N training steps against the float64 reference, per step.
+"""train: N AdamW steps of a small transformer (`diag.train`) against the float64 reference.
+
+Inputs are the initial weights and batches (float32 whatever `compute` is: fp32 master
+weights), the truth the float64 reference of the same steps (`diag.train.reference`), judged
+per step and tensor; the models are `diag.train.jax_model` and `diag.train.torch_model`.
 
 float32 runs are held to `TRAIN_RUN_RTOL['float32']` (derived and measured, see
 diag.tolerance): a run that parts from the reference beyond it fails, naming the first step,
@@ -10,12 +14,18 @@ tensor. Two backends are held to `AGREEMENT_FACTOR` times the same rows.
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Optional
+
+import numpy as np
 
 from diag.compare.outcome import Evaluation, Outcome
+from diag.probe import Probe
 from diag.tolerance import AGREEMENT_FACTOR, TRAIN_RUN_RTOL
+from diag.train.config import from_case, init_params, make_batches, n_params
 
-__all__ = ["evaluate", "agree", "judge"]
+__all__ = ["PROBE", "evaluate", "agree", "judge", "make_inputs", "input_shapes", "truth",
+           "label", "host_bytes", "validate"]
 
 
 def _allowed(params: dict, factor: float = 1.0) -> dict[str, float]:
@@ -86,3 +96,79 @@ def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
     summary = _summary(a, b.named, AGREEMENT_FACTOR)
     status, reason = judge(summary, a.params.get("compute", "float32"), names[1])
     return status, f"{names[0]} vs {names[1]}: {reason}", summary
+
+
+# ---------------------------------------------------------------------------------------------
+# The row: inputs, truth, label, memory
+
+
+def make_inputs(rng: np.random.Generator, params: dict, dtype) -> list[np.ndarray]:
+    """The initial parameters (flat float32) and the token batches [steps, batch, seq+1]."""
+    cfg = from_case(params)
+    return [init_params(cfg, rng), make_batches(cfg, rng)]
+
+
+def input_shapes(params: dict) -> list[tuple[int, ...]]:
+    cfg = from_case(params)
+    return [(n_params(cfg),), (cfg.steps, cfg.batch, cfg.seq + 1)]
+
+
+def truth(inputs: list, params: dict, cache: Any):
+    """The float64 reference run as an `OracleResult`: value = the per-step loss, extra =
+    {"trajectory": every tensor at every step} (not disk-cached: ~0.1 s a step here)."""
+    from diag.oracle import OracleResult
+    from diag.train.reference import run_reference
+
+    t0 = time.perf_counter()
+    traj = run_reference(from_case(params), inputs[0], inputs[1])
+    return OracleResult(value=traj["loss"], method="float64-reference", fallbacks=0,
+                        elements=int(sum(v.size for v in traj.values())), cache_hit=False,
+                        seconds=time.perf_counter() - t0, extra={"trajectory": traj})
+
+
+def label(params: dict) -> str:
+    return (f"{params['layers']}L d={params['width']} h={params['heads']} "
+            f"V={params['vocab']} seq={params['seq']} batch={params['batch']} "
+            f"steps={params['steps']} lr={params['lr']} compute={params['compute']}")
+
+
+# Host copies of the whole trajectory at its peak: the float64 reference (grads + params),
+# its per-step lists, and two backends' float32 outputs loaded for agreement.
+_TRAJECTORY_COPIES = 8
+
+
+def host_bytes(params: dict) -> int:
+    cfg = from_case(params)
+    return 8 * _TRAJECTORY_COPIES * 2 * cfg.steps * n_params(cfg)
+
+
+def validate(params: dict) -> Optional[str]:
+    return from_case(params).problem()
+
+
+def on_jax(backend, compute: str = "float32", **case):
+    """N AdamW steps (the math is in `diag.train.jax_model`): loss, every gradient and every
+    parameter, per step."""
+    from diag.train import jax_model
+
+    return jax_model.op(compute, case, backend.device())
+
+
+def on_torch(backend, compute: str = "float32", **case):
+    """N AdamW steps (the math is in `diag.train.torch_model`): loss, every gradient and every
+    parameter, per step."""
+    from diag.train import torch_model
+
+    return torch_model.op(compute, case, backend.device())
+
+
+PROBE = Probe(
+    op="train", dims=("layers", "width", "vocab", "seq", "batch", "steps"),
+    params={"heads": (int, None, 4), "lr": (float, None, 3e-3),
+            "compute": (str, ("float32", "bfloat16"), ["float32", "bfloat16"])},
+    op_args=("layers", "width", "vocab", "seq", "batch", "steps", "heads", "lr", "compute"),
+    dtypes=("float32",), inputs=("transformer",), input_shapes=input_shapes, truth=truth,
+    truth_args=("heads", "lr"), evaluate=evaluate, agree=agree, label=label,
+    validate=validate, host_bytes=host_bytes, make_inputs=make_inputs,
+    report_section="training", implementations={"jax": on_jax, "torch": on_torch},
+)

@@ -1,5 +1,11 @@
-"""Greedy tokens: every sampler path against the exact argmax, with rounding ties and batch
-dependence told apart from errors.
+"""greedy_token: the greedy token of each row by every path a sampler may take (argmax,
+argmax of the softmax, top-1, approx top-1; fused and op by op; in batches), against the exact
+argmax, with rounding ties and batch dependence told apart from errors.
+
+The truth is the correctly rounded softmax (`diag.oracle.softmax_result`, shared with the
+softmax probe's cases on the same inputs): what sampling from rounded probabilities can and
+cannot resolve. Tolerance: `diag.tolerance`'s greedy_token row (the exact argmax, except
+where the rounded probabilities of the top two are equal).
 """
 
 from __future__ import annotations
@@ -12,12 +18,14 @@ import numpy as np
 from diag import numerics
 from diag.compare.outcome import Evaluation, Outcome
 from diag.compare.verdict import Mismatch, format_mismatch
+from diag.probe import FLOATS, LOGIT_MAKERS, Probe, rows_bytes, rows_label, rows_shapes
+from diag.probes.softmax import truth
 
 _BATCH_LABEL = re.compile(r"^batch\d+$")
 
-#: A sampler path whose name holds this reads the rounded probabilities (the backends name such
-#: paths `argmax_softmax`): it is held to what correctly rounded probabilities can resolve. This
-#: is the backends' path-naming convention, not an op name.
+#: A sampler path whose name holds this reads the rounded probabilities (`on_jax` and
+#: `on_torch` name such paths `argmax_softmax`): it is held to what correctly rounded
+#: probabilities can resolve. A path-naming convention, not a reference to the softmax op.
 PROBABILITY_PATH = "softmax"
 
 
@@ -233,3 +241,85 @@ def evaluate(o: Outcome) -> Evaluation:
 def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
     """Two backends' tokens on the paths they share. Returns (status, reason, metrics)."""
     return agree_tokens(a.named, b.named, names)
+
+
+# The batch sizes a sampler's rows are also run in: a chosen token must not depend on them.
+SAMPLER_BATCHES = (1, 8, 64)
+
+
+def _jax_sampler(x):
+    """How a model's sampler picks the greedy token, four ways, in one function."""
+    import jax
+    import jax.numpy as jnp
+
+    probs = jax.nn.softmax(x, axis=-1)
+    return {"argmax": jnp.argmax(x, axis=-1).astype(jnp.int32),
+            "argmax_softmax": jnp.argmax(probs, axis=-1).astype(jnp.int32),
+            "top_k": jax.lax.top_k(x, 1)[1][..., 0].astype(jnp.int32),
+            "approx_max_k": jax.lax.approx_max_k(x, 1)[1][..., 0].astype(jnp.int32)}
+
+
+def on_jax(backend, batches: tuple[int, ...] = ()):
+    """The greedy token per row by every path a sampler may take.
+
+    `jit/*`: the four choices fused in one jitted function, where XLA may keep bf16
+    intermediates in float32 (`--xla_allow_excess_precision`). `eager/*`: op by op, each
+    result materialised in the input dtype (softmax output rounded before the argmax).
+    `jit/batchB/*`: the jitted function on batches of B rows, for each B in `batches`
+    (`SAMPLER_BATCHES`).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    fused = jax.jit(_jax_sampler)
+
+    def paths(x):
+        out = {f"jit/{name}": v for name, v in fused(x).items()}
+        probs = jax.nn.softmax(x, axis=-1)  # materialised, in x's dtype
+        out["eager/argmax"] = jnp.argmax(x, axis=-1).astype(jnp.int32)
+        out["eager/argmax_softmax"] = jnp.argmax(probs, axis=-1).astype(jnp.int32)
+        out["eager/top_k"] = jax.lax.top_k(x, 1)[1][..., 0].astype(jnp.int32)
+        out["eager/approx_max_k"] = jax.lax.approx_max_k(x, 1)[1][..., 0].astype(jnp.int32)
+        for b in batches:
+            chunks = [fused(x[i:i + b]) for i in range(0, x.shape[0], b)]
+            for name in chunks[0]:
+                out[f"jit/batch{b}/{name}"] = jnp.concatenate([c[name] for c in chunks])
+        return out
+
+    paths.eager = True
+    return paths
+
+
+def _torch_sampler(x) -> dict:
+    import torch
+
+    probs = torch.softmax(x, dim=-1)  # materialised, in x's dtype
+    return {"argmax": torch.argmax(x, dim=-1),
+            "argmax_softmax": torch.argmax(probs, dim=-1),
+            "top_k": torch.topk(x, 1, dim=-1).indices[..., 0]}
+
+
+def on_torch(backend, batches: tuple[int, ...] = ()):
+    """The greedy token per row by every path an eager sampler may take (torch has no
+    approx_max_k): `eager/*` on all rows, `eager/batchB/*` on batches of B rows, for each B in
+    `batches` (`SAMPLER_BATCHES`)."""
+    import torch
+
+    def paths(x):
+        out = {f"eager/{name}": v for name, v in _torch_sampler(x).items()}
+        for b in batches:
+            chunks = [_torch_sampler(x[i:i + b]) for i in range(0, x.shape[0], b)]
+            for name in chunks[0]:
+                out[f"eager/batch{b}/{name}"] = torch.cat([c[name] for c in chunks])
+        return out
+
+    return paths
+
+
+PROBE = Probe(
+    op="greedy_token", dims=("rows", "n"), params={}, op_args=(), dtypes=FLOATS,
+    inputs=LOGIT_MAKERS, input_shapes=rows_shapes, truth=truth, evaluate=evaluate,
+    agree=agree, label=rows_label(), input_family="rows", host_bytes=rows_bytes,
+    fixed_args={"batches": SAMPLER_BATCHES}, report_section="greedy",
+    implementations={"jax": on_jax, "torch": on_torch},
+)

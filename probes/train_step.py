@@ -1,4 +1,7 @@
-"""Training step: finiteness against the float64 reference decides; the loss's ULPs screen.
+"""train_step: one SGD step of a small tanh MLP with softmax cross-entropy; finiteness
+against the float64 reference decides, the loss's ULPs screen (`diag.tolerance`'s train_step
+row, `TRAIN_LOSS_ULP_SCREEN`). Truth: `diag.oracle.train_step_result` (a float64 evaluation,
+not an exact result). A non-finite output is hunted to the op that produced it (`diag.nan`).
 """
 
 from __future__ import annotations
@@ -7,9 +10,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from diag import numerics
+from diag import numerics, oracle
 from diag.compare.outcome import Evaluation, Outcome
 from diag.compare.verdict import Mismatch, fmt, format_mismatch
+from diag.probe import F64, FLOATS, ROWS_COPIES, Probe
 from diag.tolerance import TRAIN_LOSS_ULP_SCREEN
 
 
@@ -145,3 +149,70 @@ def evaluate(o: Outcome) -> Evaluation:
 def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
     """Two backends' steps of one case: finiteness first. Returns (status, reason, metrics)."""
     return agree_train_step(a.named, b.named, names)
+
+
+def input_shapes(params: dict) -> list[tuple[int, ...]]:
+    b, d, c = params["batch"], params["d"], params["c"]
+    return [(b, d), (d, d), (d, c)]
+
+
+def host_bytes(params: dict) -> int:
+    b, d, c = params["batch"], params["d"], params["c"]
+    return F64 * ROWS_COPIES * (b * d + d * d + d * c + b * c)
+
+
+def label(params: dict) -> str:
+    return (f"batch={params['batch']} d={params['d']} c={params['c']} {params['dtype']} "
+            f"{params['inputs']} lr={params['lr']}")
+
+
+def truth(inputs: list, params: dict, cache):
+    return oracle.train_step_result(*inputs, params["lr"], cache=cache)
+
+
+def _jax_loss(w1, w2, x):
+    """Softmax cross-entropy of a tanh MLP; labels from the inputs (see diag.oracle._train)."""
+    import jax
+    import jax.numpy as jnp
+
+    labels = jnp.argmax(x[:, :w2.shape[1]], axis=1)
+    logits = jnp.tanh(x @ w1) @ w2
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+
+def on_jax(backend, lr: float = 0.1):
+    """One SGD step (`jax.value_and_grad`), in the inputs' dtype: loss and updated weights."""
+    import jax
+
+    def step(x, w1, w2):
+        loss, (g1, g2) = jax.value_and_grad(_jax_loss, argnums=(0, 1))(w1, w2, x)
+        return {"loss": loss, "w1": w1 - lr * g1, "w2": w2 - lr * g2}
+
+    return step
+
+
+def on_torch(backend, lr: float = 0.1):
+    """One SGD step (autograd), in the inputs' dtype: loss and updated weights. Functional:
+    the inputs are not modified, so the step can be run again (timing, a NaN hunt)."""
+    import torch
+
+    def step(x, w1, w2):
+        w1g, w2g = (w.detach().clone().requires_grad_(True) for w in (w1, w2))
+        labels = torch.argmax(x[:, :w2.shape[1]], dim=1)
+        logits = torch.tanh(x @ w1g) @ w2g
+        loss = torch.nn.functional.cross_entropy(logits, labels)
+        g1, g2 = torch.autograd.grad(loss, (w1g, w2g))
+        with torch.no_grad():
+            return {"loss": loss.detach(), "w1": w1 - lr * g1, "w2": w2 - lr * g2}
+
+    return step
+
+
+PROBE = Probe(
+    op="train_step", dims=("batch", "d", "c"), params={"lr": (float, None, 0.1)},
+    op_args=("lr",), dtypes=FLOATS, inputs=("mlp", "mlp_huge"), input_shapes=input_shapes,
+    truth=truth, truth_args=("lr",), evaluate=evaluate, agree=agree, label=label,
+    host_bytes=host_bytes, hunt_nans=True,
+    implementations={"jax": on_jax, "torch": on_torch},
+)

@@ -1,4 +1,8 @@
-"""GELU (tanh approximation): one backend's output against the bound of float32 arithmetic
+"""gelu (tanh approximation), a bf16 elementwise chain (a transformer MLP's activation):
+where XLA may keep intermediates in float32 or round each one
+(--xla_allow_excess_precision). Truth: `diag.oracle.gelu_result`, correctly rounded.
+
+One backend's output against the bound of float32 arithmetic
 (`tolerance.gelu_error_bound`), and two backends against `AGREEMENT_FACTOR` times it.
 
 Between the float32 bound and the same bound with every intermediate stored in the input
@@ -9,10 +13,15 @@ but not broken. Beyond both it is a `fail`.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from diag import oracle
+
 from diag.compare.elementwise import agreement, compare, judge, judge_agreement, mismatch
-from diag.compare.outcome import Evaluation, Outcome, _only_output
+from diag.compare.outcome import Evaluation, Outcome, only_output
+from diag.probe import FLOATS, Probe, rows_bytes, rows_label, rows_shapes
 from diag.tolerance import tolerance
 
 CLAIM = "float32 arithmetic"
@@ -22,7 +31,7 @@ def evaluate(o: Outcome) -> Evaluation:
     """One backend's GELU against the correctly rounded truth; the bound is the context the
     agreement check reuses."""
     expected = o.truth.value
-    output = _only_output(o, expected)
+    output = only_output(o, expected)
     tol = tolerance("gelu", expected.dtype)
     bound = tol.bound(o.inputs[0], expected)
     metrics = compare(output, expected, bound)
@@ -46,3 +55,34 @@ def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
     metrics = agreement(a.outputs[0], b.outputs[0], context)
     status, reason = judge_agreement(metrics, *names, CLAIM)
     return status, reason, metrics
+
+
+def truth(inputs: list, params: dict, cache):
+    return oracle.gelu_result(*inputs, cache=cache)
+
+
+def on_jax(backend):
+    """`jax.nn.gelu(approximate=True)`: the tanh approximation, in the input dtype."""
+    import jax
+
+    return lambda x: jax.nn.gelu(x, approximate=True)
+
+
+def on_torch(backend):
+    """The tanh-approximate GELU written out op by op, as models write it (Hugging Face's
+    `NewGELUActivation`, GPT-2's MLP), in the input dtype: eager torch rounds each op's result
+    to it; a compiler (torch_xla) may keep the chain in float32. (torch's fused
+    `F.gelu(approximate='tanh')` computes in float32 on CPU and, under torch_xla 2.9 on CPU,
+    is unchanged by --xla_allow_excess_precision=false: measured.)"""
+    import torch
+
+    k = math.sqrt(2.0 / math.pi)
+    return lambda x: 0.5 * x * (1.0 + torch.tanh(k * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+PROBE = Probe(
+    op="gelu", dims=("rows", "n"), params={}, op_args=(), dtypes=FLOATS,
+    inputs=("normal", "normal5", "uniform"), input_shapes=rows_shapes, truth=truth,
+    evaluate=evaluate, agree=agree, label=rows_label(), input_family="rows",
+    host_bytes=rows_bytes, implementations={"jax": on_jax, "torch": on_torch},
+)
