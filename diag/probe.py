@@ -16,7 +16,9 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
+from diag import numerics
 from diag.compare.outcome import Evaluation, Outcome
+from diag.tolerance import Tolerance, tolerance
 
 __all__ = ["Probe", "EXPECTATIONS", "expected_outcome", "FLOATS", "LOGIT_MAKERS", "F64",
            "ROWS_COPIES", "rows_shapes", "rows_bytes", "rows_label", "check_k", "no_check",
@@ -125,6 +127,8 @@ class Probe:
         run.json's `report_sections`), '' for none.
       make_inputs: (rng, params, dtype) -> the case's input arrays, for ops whose inputs are
         not one maker per shape (a model's initial weights and batches); None: `inputs`.
+      tolerance: (dtype, claim) -> the op's `diag.tolerance.Tolerance`, for an op whose bound
+        lives in its own module; None: its row of `diag.tolerance` (`tolerance_of`).
     """
 
     op: str
@@ -149,6 +153,13 @@ class Probe:
     hunt_nans: bool = False
     report_section: str = ""
     make_inputs: Optional[Callable[..., list]] = None
+    tolerance: Optional[Callable[[str, str], Tolerance]] = None
+
+    def tolerance_of(self, dtype, claim="float32") -> Tolerance:
+        """What this op on `dtype` is allowed when the backend claims `claim` arithmetic."""
+        if self.tolerance is not None:
+            return self.tolerance(numerics.dtype_name(dtype), numerics.dtype_name(claim))
+        return tolerance(self.op, dtype, claim)
 
     @property
     def family(self) -> str:
@@ -171,8 +182,6 @@ EXPECTATIONS: dict[str, str] = {
 
 
 def _nonfinite_count(outputs: list) -> int:
-    from diag import numerics
-
     return sum(int(np.count_nonzero(~np.isfinite(np.asarray(a).astype(np.float64))))
                for a in outputs if numerics.is_supported(np.asarray(a).dtype))
 
