@@ -123,7 +123,7 @@ def test_sampling_suite_has_every_op_and_input_class():
     suite = load_suite("sampling")
     assert "sampling" in suite_names()
     ops = {c.op for c in suite.cases}
-    assert ops == {"softmax", "top_k", "approx_max_k", "greedy_token"}
+    assert ops == {"softmax", "top_k", "approx_max_k", "greedy_token", "logsumexp"}
     inputs = {c.inputs for c in suite.cases}
     for maker in ("normal", "normal5", "near_1e4", "masked_half", "fully_masked", "ties",
                   "special", "all_equal", "near_ties"):
