@@ -26,6 +26,9 @@ EXIT_TERMINATED = 128 + signal.SIGTERM
 # diag itself failed (a bug, not the user's input nor the device): sysexits' EX_SOFTWARE,
 # apart from 1 (a numerical failure, which a CI gate must be able to trust) and from 2-4.
 EXIT_INTERNAL = 70
+# stdout's reader went away (`diag env | head -2`): 128 + SIGPIPE, what a shell reports for
+# a program the signal ended; never 1, which means a numerical failure.
+EXIT_BROKEN_PIPE = 128 + 13
 
 
 class Terminated(KeyboardInterrupt):

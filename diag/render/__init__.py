@@ -37,11 +37,19 @@ __all__ = ["console", "out", "RunProgress", "summary_table", "problems_table", "
 PLAIN_WIDTH = 10_000
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader went away: raise it (rich would exit 1, diag's numerical failure);
+        the CLI exits 141 as a shell reports SIGPIPE."""
+        self.quiet = True
+        raise BrokenPipeError("the reader of diag's output went away")
+
+
 def _console(stderr: bool) -> Console:
     """A rich console; off a terminal, lines are never wrapped (COLUMNS still wins if set)."""
-    c = Console(stderr=stderr, highlight=False)
+    c = _Console(stderr=stderr, highlight=False)
     if not c.is_terminal and not os.environ.get("COLUMNS"):
-        c = Console(stderr=stderr, highlight=False, width=PLAIN_WIDTH, soft_wrap=True)
+        c = _Console(stderr=stderr, highlight=False, width=PLAIN_WIDTH, soft_wrap=True)
     return c
 
 
@@ -67,7 +75,9 @@ def print_line(message: str, *, err: bool = False) -> None:
 
 
 class RunProgress:
-    """Progress over the planned records, on stderr; a no-op when disabled.
+    """Progress over the planned records (`diag.suite.planned_records`: each backend's
+    record per case, agreements between backends, A/B records, skips), on stderr; a no-op
+    when disabled.
 
     On a terminal it is a live bar. Elsewhere (a CI log, a file) a live bar would print
     nothing until the end, so each record is one plain line as it arrives:
@@ -101,7 +111,7 @@ class RunProgress:
 
     def record(self, rec: dict[str, Any]) -> None:
         self._counts[rec["status"]] += 1
-        advance = 1 if rec.get("kind", "probe") == "probe" else 0
+        advance = 1  # the plan counts every record: probes, agreements, A/B, skips
         self._done += advance
         if not self.enabled:
             return
@@ -187,7 +197,11 @@ def problems_table(records: Iterable[dict[str, Any]], limit: int = 20) -> Table 
                  key=lambda r: order.index(r["status"]))
     if not bad:
         return None
-    table = Table(title=f"diag: {len(bad)} record(s) to look at", show_lines=False)
+    # A backend that is absent is said apart: a clean run has nothing to look at.
+    skips = sum(1 for r in bad if r["status"] == "skip")
+    title = [f"{len(bad) - skips} record(s) to look at"] if len(bad) > skips else []
+    title += [f"{skips} backend(s) not run"] if skips else []
+    table = Table(title="diag: " + "; ".join(title), show_lines=False)
     for col in ("status", "backend", "probe", "case", "reason"):
         table.add_column(col, overflow="fold")
     for r in bad[:limit]:
