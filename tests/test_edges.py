@@ -299,3 +299,37 @@ def test_an_interrupted_run_writes_the_report_of_what_finished(tmp_path):
     html = (results.parent / "report.html").read_text()
     assert "interrupted" in html
     assert json.loads((results.parent / "run.json").read_text())["state"] == "interrupted"
+
+
+# --- 10: no numpy warning on a wide-range float16 case ----------------------------------------
+
+def test_inf_in_truth_and_output_compares_without_a_numpy_warning():
+    import warnings
+
+    import numpy as np
+
+    from diag.compare.elementwise import agreement, compare
+
+    out = np.array([np.inf, -np.inf, 1.0, 2.0], dtype=np.float16)
+    truth = out.copy()  # Inf where the truth is Inf: agreement, not an invalid subtraction
+    bound = np.full(4, 1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        metrics = compare(out, truth, bound)
+        agreement(out, truth, bound)
+    assert metrics["max_abs_err"] == 0.0
+
+
+# --- 13: an A/B run's closing lines, once ----------------------------------------------------
+
+@needs_jax
+def test_an_ab_run_prints_its_summary_and_report_path_once(tmp_path):
+    suite = tmp_path / "one.toml"
+    suite.write_text(ONE_CASE)
+    out = run_diag("run", "--suite", str(suite), "--backend", "jax-cpu", "--ab",
+                   "XLA_FLAGS=--xla_allow_excess_precision=false", "--out", str(tmp_path / "r"))
+    assert out.returncode == 0, out.stderr
+    text = out.stdout + out.stderr
+    assert text.count("diag: report: ") == 1
+    assert text.count("run folder: ") == 1
+    assert text.count("diag: results") == 1
