@@ -333,3 +333,29 @@ def test_an_ab_run_prints_its_summary_and_report_path_once(tmp_path):
     assert text.count("diag: report: ") == 1
     assert text.count("run folder: ") == 1
     assert text.count("diag: results") == 1
+
+
+# --- 20: the bf16-mixed training row and `diag env --deep`'s rows ----------------------------
+
+def test_the_summary_tells_the_bf16_mixed_training_run_from_the_fp32_one():
+    from diag import render
+
+    base = {"status": "pass", "backend": "jax-cpu", "probe": "train.gpt", "case": "c",
+            "dtype": "float32", "metrics": {}}
+    records = [{**base, "params": {"compute": "float32"}},
+               {**base, "params": {"compute": "bfloat16"}}]
+    table = render.summary_table(records)
+    dtypes = list(table.columns[2].cells)
+    assert dtypes == ["float32", "float32, bfloat16 compute"]
+
+
+def test_env_deep_rows_of_one_precision_set_two_ways_show_how():
+    from diag import render
+
+    feats = [{"precision": "high", "via": via, "dtype": "float32", "output_dtype": "float32"}
+             for via in ("argument", "config")]
+    report = {"frameworks": {"jax": {"backends": {"jax-cpu": {"features": feats}}}},
+              "findings": [], "env": {}, "flags": {}}
+    table = next(t for t in render.env_tables(report) if "--deep" in str(t.title))
+    via = next(c for c in table.columns if c.header == "via")
+    assert list(via.cells) == ["argument", "config"]

@@ -157,7 +157,7 @@ def summary_table(records: Iterable[dict[str, Any]]) -> Table:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
         if r["status"] != "skip":
-            groups[(r["probe"].split(".", 1)[-1], r["backend"], r["dtype"])].append(r)
+            groups[(r["probe"].split(".", 1)[-1], r["backend"], shown_dtype(r))].append(r)
     table = Table(title="diag: results",
                   caption="bound ratio: worst error / the error bound of the claimed "
                           "arithmetic (above 1: less precision than claimed); ULP only where "
@@ -178,6 +178,15 @@ def summary_table(records: Iterable[dict[str, Any]]) -> Table:
                       badge(worst_status(statuses)), _num(max(ratios)) if ratios else "—",
                       _num(max(ulps)) if ulps else "—", counts)
     return table
+
+
+def shown_dtype(record: dict[str, Any]) -> str:
+    """A record's dtype as the summary shows it: its inputs' dtype, and the arithmetic's when
+    a mixed-precision case computes in another (`float32, bfloat16 compute`: float32 master
+    weights, bf16 arithmetic), so the two runs of a training suite are two rows."""
+    dtype = str(record.get("dtype"))
+    compute = (record.get("params") or {}).get("compute")
+    return f"{dtype}, {compute} compute" if compute and compute != dtype else dtype
 
 
 def phases_line(phases: dict[str, dict[str, float]]) -> str | None:
@@ -272,7 +281,8 @@ def _features_table(report: dict[str, Any], cell) -> Table:
     cols = ("product_exact", "extra_bits", "rounding", "block_fma_width", "order",
             "subnormals")
     table = Table(title="diag env --deep: matmul arithmetic features (crafted inputs)")
-    for col in ("backend", "precision", "inputs", "output") + cols:
+    # `via` tells apart two rows of one precision set two ways (an argument, a config)
+    for col in ("backend", "precision", "via", "inputs", "output") + cols:
         table.add_column(col, overflow="fold")
     for data in report["frameworks"].values():
         for name, info in data.get("backends", {}).items():
@@ -281,8 +291,8 @@ def _features_table(report: dict[str, Any], cell) -> Table:
                         cell(f.get(c)) for c in cols]
                 if f.get("error"):
                     vals = [f"[red]{cell(f['error'])}[/]"] + [""] * (len(cols) - 1)
-                table.add_row(cell(name), cell(f.get("precision")), cell(f.get("dtype")),
-                              cell(f.get("output_dtype")), *vals)
+                table.add_row(cell(name), cell(f.get("precision")), cell(f.get("via")),
+                              cell(f.get("dtype")), cell(f.get("output_dtype")), *vals)
     return table
 
 
