@@ -359,3 +359,19 @@ def test_env_deep_rows_of_one_precision_set_two_ways_show_how():
     table = next(t for t in render.env_tables(report) if "--deep" in str(t.title))
     via = next(c for c in table.columns if c.header == "via")
     assert list(via.cells) == ["argument", "config"]
+
+
+# --- 21: `diag cache info` in sizes a person reads --------------------------------------------
+
+def test_cache_info_prints_a_human_size(tmp_path):
+    import numpy as np
+
+    cache = GroundTruthCache(tmp_path / "c")
+    cache.put("ab" + "0" * 62, np.zeros(300_000, dtype=np.float32))  # 1.2 MB of bits
+    total = sum(p.stat().st_size for p in (tmp_path / "c").rglob("*")
+                if p.is_file() and p.suffix in (".npy", ".json"))
+    out = run_diag("cache", "info", "--cache-dir", str(tmp_path / "c"), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f": 1 entries, {total / 1e6:.1f} MB" in out.stdout
+    raw = run_diag("cache", "info", "--json", "--cache-dir", str(tmp_path / "c"), timeout=60)
+    assert json.loads(raw.stdout)["bytes"] == total

@@ -152,13 +152,21 @@ def report_cmd(
 
 
 @cache_app.command("info")
-def cache_info(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir")) -> None:
+def cache_info(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir"),
+               as_json: bool = typer.Option(False, "--json", help="Print it as JSON (bytes).")
+               ) -> None:
     """Show where the ground-truth cache is and how big it is."""
     from diag import render
     from diag.oracle.cache import GroundTruthCache, default_cache_dir
+    from diag.outputs import human_bytes
 
     info = GroundTruthCache(cache_dir or default_cache_dir()).info()
-    render.out.print_json(json.dumps(info, default=str))
+    if as_json:
+        render.out.print_json(json.dumps(info, default=str))
+        return
+    marked = "" if info["marked"] else " (not marked as diag's cache: `clear` leaves it)"
+    render.print_line(f"diag: ground-truth cache {info['path']}{marked}: {info['entries']} "
+                      f"entries, {human_bytes(info['bytes'])}")
 
 
 @cache_app.command("clear")
