@@ -375,3 +375,30 @@ def test_cache_info_prints_a_human_size(tmp_path):
     assert f": 1 entries, {total / 1e6:.1f} MB" in out.stdout
     raw = run_diag("cache", "info", "--json", "--cache-dir", str(tmp_path / "c"), timeout=60)
     assert json.loads(raw.stdout)["bytes"] == total
+
+
+# --- 23: the ci suite's bf16 softmax shows excess precision -----------------------------------
+
+@needs_jax
+def test_the_ci_suites_bf16_softmax_entry_changes_under_no_excess_precision(tmp_path):
+    """The entry exists to show XLA's excess precision (bf16 intermediates kept in f32):
+    its seeded draw must change bits when `--xla_allow_excess_precision=false` is set. This is
+    XLA's CPU compiler at work (not the CPU's arithmetic); if a newer jax stops showing it,
+    the entry needs another draw, which is what this test is for."""
+    import tomllib
+
+    from diag.suite import SUITE_DIR
+
+    ci = tomllib.loads((SUITE_DIR / "ci.toml").read_text())
+    (entry,) = [p for p in ci["probe"] if p["name"] == "softmax_bf16"]
+    lines = [f"[suite]\nname = \"ci\"\nseed = {ci['suite']['seed']}\n\n[[probe]]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in entry.items()]
+    suite = tmp_path / "ci_softmax.toml"
+    suite.write_text("\n".join(lines) + "\n")
+    out = run_diag("run", "--suite", str(suite), "--backend", "jax-cpu", "--no-report",
+                   "--json", "--out", str(tmp_path / "r"), "--ab",
+                   "XLA_FLAGS=--xla_allow_excess_precision=false")
+    assert out.returncode == 0, out.stderr[-2000:]
+    ab = {r["dtype"]: r for r in json.loads(out.stdout)["records"] if r.get("kind") == "ab"}
+    assert ab["bfloat16"]["metrics"]["changed_outputs"] == ["output"], ab["bfloat16"]["reason"]
+    assert ab["bfloat16"]["metrics"]["difference"]["mismatched"] > 0
