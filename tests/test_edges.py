@@ -402,3 +402,30 @@ def test_the_ci_suites_bf16_softmax_entry_changes_under_no_excess_precision(tmp_
     ab = {r["dtype"]: r for r in json.loads(out.stdout)["records"] if r.get("kind") == "ab"}
     assert ab["bfloat16"]["metrics"]["changed_outputs"] == ["output"], ab["bfloat16"]["reason"]
     assert ab["bfloat16"]["metrics"]["difference"]["mismatched"] > 0
+
+
+def test_check_junit_on_a_full_disk_keeps_the_verdict_and_says_why(tmp_path, small_disk):
+    run = _run_folder(tmp_path, ("pass", "pass"))
+    base = tmp_path / "b.json"
+    assert run_diag("baseline", str(run.path), "-o", str(base), timeout=60).returncode == 0
+    _fill(small_disk, 0)
+    junit = small_disk / "j.xml"
+    out = run_diag("check", str(run.path), "--baseline", str(base), "--junit", str(junit),
+                   timeout=60)
+    line = _error_line(out, 2)
+    assert line.startswith(f"diag: cannot write the JUnit file to '{junit}': no space left")
+    assert "diag: no drift: 2 record(s) compared" in out.stdout  # the verdict came first
+    assert not junit.exists()
+
+
+def test_preflight_junit_gets_its_parents_or_fails_before_the_work(tmp_path):
+    junit = tmp_path / "new" / "sub" / "pf.xml"
+    out = run_diag("preflight", "--budget", "0.5", "--junit", str(junit), timeout=120)
+    assert out.returncode in (0, 1, 3, 4), out.stderr
+    assert "diag preflight: " in out.stdout  # the verdict, then the file
+    assert junit.read_text().count("<testcase") >= 1
+    (tmp_path / "afile").write_text("")
+    bad = run_diag("preflight", "--budget", "0.5", "--junit", str(tmp_path / "afile" / "pf.xml"),
+                   timeout=120)
+    assert "is a file, not a folder" in _error_line(bad, 2)
+    assert "diag preflight: [" not in bad.stderr  # refused before any step ran
