@@ -429,3 +429,15 @@ def test_preflight_junit_gets_its_parents_or_fails_before_the_work(tmp_path):
                    timeout=120)
     assert "is a file, not a folder" in _error_line(bad, 2)
     assert "diag preflight: [" not in bad.stderr  # refused before any step ran
+
+
+def test_a_drift_is_not_hidden_behind_an_unwritable_junit_file(tmp_path, small_disk):
+    run = _run_folder(tmp_path, ("pass", "pass"))
+    base = tmp_path / "b.json"
+    assert run_diag("baseline", str(run.path), "-o", str(base), timeout=60).returncode == 0
+    drifted = _run_folder(tmp_path / "later", ("pass", "fail"))
+    _fill(small_disk, 0)
+    out = run_diag("check", str(drifted.path), "--baseline", str(base), "--junit",
+                   str(small_disk / "j.xml"), timeout=60)
+    assert out.returncode == 1, out.stderr  # the drift's 1, not the file's 2
+    assert "cannot write the JUnit file" in out.stderr and "diag: drifted" in out.stdout

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from diag.cli._app import app
+from diag.cli._app import app, write_after_verdict
 from diag.outputs import prepare_output
 
 
@@ -64,6 +64,7 @@ def check_cmd(
     render.print_line(f"diag: {verdict}: {result.compared} record(s) compared, "
                       f"{len(result.drifts)} drift(s), {len(result.missing)} missing, "
                       f"{len(result.extra)} new, {len(result.failures)} failed")
+    code = result.exit_code
     if junit is not None:  # after the verdict: a file that cannot be written loses nothing
-        render.print_line(f"diag: junit: {baseline.write_junit(result, junit)}")
-    raise typer.Exit(result.exit_code)
+        code = write_after_verdict(lambda: baseline.write_junit(result, junit), "junit", code)
+    raise typer.Exit(code)

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from diag.cli._app import app
+from diag.cli._app import app, write_after_verdict
 
 
 @app.command("nan")
@@ -63,6 +63,8 @@ def preflight_cmd(
     else:
         render.out.print(render.preflight_table(result))
         render.print_line(result.summary())
+    code = result.exit_code
     if junit is not None:  # after the verdict, which a file that cannot be written must not lose
-        render.print_line(f"diag: junit: {preflight.write_junit(result, junit)}", err=as_json)
-    raise typer.Exit(result.exit_code)
+        code = write_after_verdict(lambda: preflight.write_junit(result, junit), "junit", code,
+                                   err=as_json)
+    raise typer.Exit(code)
