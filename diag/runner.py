@@ -38,7 +38,7 @@ from diag.backends import BackendSpec, not_applicable
 from diag.errors import UsageError
 from diag.flags import check_flags
 from diag.judge import Judge
-from diag.outputs import is_no_space, run_disk_full
+from diag.outputs import is_no_space, no_space, run_disk_full
 from diag.probes import PROBES, REPORT_SECTIONS, Outcome
 from diag.results import (Interrupted, Record, RunDir, RunResult, new_run_id,
                           worst_status)
@@ -329,11 +329,10 @@ class _Run:
                 worker.kill()
 
     def no_arithmetic(self, spec: BackendSpec, timeout: float) -> None:
-        """The worker hung after its last case, measuring its arithmetic: every record is
-        kept; run.json's backend entry says why it holds no fingerprints."""
+        """Hung after its last case, measuring its arithmetic: every record is kept; run.json's
+        backend entry says why it holds no fingerprints."""
         self.backend_info.setdefault(spec.label, {})["arithmetic_error"] = (
-            f"worker hung measuring its arithmetic after the last case (no fingerprints): "
-            f"did not finish within {timeout:g} s; killed")
+            f"worker hung measuring its arithmetic after the last case: {timeout:g} s; killed")
 
     def skip_records(self, requested: bool) -> None:
         """A record per backend that cannot run: `skip` in a default run, `error` when the
@@ -422,8 +421,9 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         try:
             run_dir = RunDir.create(out, run_id, environment.collect(argv))
         except OSError as e:
-            raise UsageError(f"cannot create a run folder under '{out}': {e.strerror or e}; "
-                             f"pass --out with a writable folder") from None
+            why = no_space(out) if is_no_space(e) else f"{e.strerror or e}; pass --out with a " \
+                "writable folder"
+            raise UsageError(f"cannot create a run folder under '{out}': {why}") from None
     except BaseException:
         for worker in parked.values():
             worker.kill()
