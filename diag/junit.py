@@ -57,8 +57,10 @@ def save(suite, path: str | os.PathLike) -> Path:
     """Write one junitparser `TestSuite` as a JUnit XML file (what CI systems read)."""
     from junitparser import JUnitXml
 
+    from diag.outputs import output_errors
+
     xml = JUnitXml()
     xml.add_testsuite(suite)
-    path = Path(path)
-    xml.write(str(path), pretty=True)
+    with output_errors(path, "the JUnit file", "--junit") as path:
+        xml.write(str(path), pretty=True)
     return path

@@ -8,6 +8,8 @@ every record finished before it stopped.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import os
@@ -17,16 +19,22 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from diag.errors import UsageError
+from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, UsageError
+# Where an output file is prepared and its errors worded (diag.outputs), for the report too.
+from diag.outputs import output_errors, prepare_output
 
 __all__ = [
     "SCHEMA",
     "STATUSES",
     "Record",
     "RecordsRead",
+    "Interrupted",
     "RunDir",
     "RunMeta",
+    "RunResult",
     "new_run_id",
+    "output_errors",
+    "prepare_output",
     "read_records",
     "read_results",
     "worst_status",
@@ -213,6 +221,33 @@ _RUN_FIELDS: dict[str, tuple[type, ...]] = {
 }
 
 
+def _rewrite_in_place(path: Path, data: dict[str, Any]) -> bool:
+    """On a full disk, write a JSON file over itself, compact, when it fits in the blocks
+    the file already holds (no new block is needed, so the write cannot run out of space).
+
+    Returns:
+      Whether it was written; False leaves the file as it was.
+    """
+    # All of it if it fits, else without the workers' measured arithmetic (the bulk).
+    fits = [json.dumps(_finite(d), separators=(",", ":"), default=str).encode("utf-8")
+            for d in (data, {**{k: v for k, v in data.items() if k != "backends"},
+                             "error": (f"{data.get('error') or 'no space left on device'}; "
+                                       "run.json kept without the backends' arithmetic")})]
+    try:
+        room = path.stat().st_blocks * 512 if path.is_file() else 0
+        text = next((t for t in fits if len(t) <= room), None)
+        if text is None:
+            return False
+        with path.open("r+b") as f:
+            f.write(text)
+            f.truncate()
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        return False
+    return True
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
@@ -358,6 +393,10 @@ class RunDir:
             with tmp.open("x", encoding="utf-8") as f:
                 json.dump(_finite(data), f, indent=2, default=str)
             os.replace(tmp, path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not _rewrite_in_place(path, data):
+                raise
         finally:
             tmp.unlink(missing_ok=True)
         return path
@@ -383,11 +422,23 @@ class RunDir:
     def append(self, record: Record | dict[str, Any]) -> None:
         """Append one record and flush it to disk before returning."""
         data = record.to_json() if isinstance(record, Record) else _finite(record)
-        line = json.dumps(data, default=str)
-        with self.results_jsonl.open("a") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        line = (json.dumps(data, default=str) + "\n").encode("utf-8")
+        fd = os.open(self.results_jsonl, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            start = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                view = memoryview(line)
+                while view:  # a write may be partial; the next one then says why
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError:
+                # A write cut short (a full disk) leaves no torn line: the file ends with the
+                # last whole record, and the space the part took is given back.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, start)
+                raise
+        finally:
+            os.close(fd)
 
     def records(self) -> list[dict[str, Any]]:
         """The readable records (see `read_results` for the unreadable lines)."""
@@ -396,3 +447,32 @@ class RunDir:
     def read_results(self) -> RecordsRead:
         """The records and any line of results.jsonl that could not be read."""
         return read_results(self.results_jsonl)
+
+
+# The outcome of `diag.run` (kept here, beside the records it holds).
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    records: list[dict[str, Any]]
+    state: str  # finished | interrupted
+    counts: dict[str, int] = field(default_factory=dict)
+    #: backend label -> seconds per phase (`PHASES`): where the run's time went.
+    phases: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        """4 when a worker crashed or an op raised, else 1 when a check failed, else 0."""
+        if any(r["status"] == "error" for r in self.records):
+            return EXIT_WORKER_CRASH
+        if any(r["status"] == "fail" for r in self.records):
+            return EXIT_NUMERICAL_FAILURE
+        return EXIT_OK
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run; the run folder is marked `interrupted` and keeps its records."""
+
+    def __init__(self, result: RunResult):
+        super().__init__("interrupted")
+        self.result = result

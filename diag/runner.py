@@ -17,6 +17,7 @@ memory than the limit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -26,7 +27,6 @@ import time
 import traceback
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,18 +35,20 @@ from threadpoolctl import threadpool_limits
 from diag import environment
 from diag.ab import Experiment, parse_ab, with_b_sides
 from diag.backends import BackendSpec, not_applicable
-from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, UsageError
+from diag.errors import UsageError
 from diag.flags import check_flags
 from diag.judge import Judge
 from diag.compare.outcome import Outcome
+from diag.outputs import is_no_space, no_space, run_disk_full
 from diag.registry import PROBES, REPORT_SECTIONS
-from diag.results import Record, RunDir, new_run_id, worst_status
+from diag.results import (Interrupted, Record, RunDir, RunResult, new_run_id,
+                          worst_status)
 from diag.suite import (Case, Suite, check_applicable, check_memory, load_suite,
-                        total_planned)
+                        planned_records)
 from diag.trace import capture as trace_capture, passes as trace_passes
 from diag.workers import _Worker, candidate_backends, resolve_backends, worker_env
 
-__all__ = ["run", "RunResult", "resolve_backends", "candidate_backends", "check_applicable",
+__all__ = ["run", "RunResult", "Interrupted", "resolve_backends", "candidate_backends", "check_applicable",
            "check_flags", "parse_ab", "DEFAULT_CASE_TIMEOUT"]
 
 DEFAULT_CASE_TIMEOUT = 600.0
@@ -62,33 +64,6 @@ DEFAULT_REPEAT_BUDGET = 0.25
 PHASES = ("start", "compile", "run", "transfer", "truth", "judge", "write", "wall")
 DEFAULT_STARTUP_TIMEOUT = 300.0
 MAX_RESTARTS = 3
-
-
-@dataclass
-class RunResult:
-    run_dir: Path
-    records: list[dict[str, Any]]
-    state: str  # finished | interrupted
-    counts: dict[str, int] = field(default_factory=dict)
-    #: backend label -> seconds per phase (`PHASES`): where the run's time went.
-    phases: dict[str, dict[str, float]] = field(default_factory=dict)
-
-    @property
-    def exit_code(self) -> int:
-        """4 when a worker crashed or an op raised, else 1 when a check failed, else 0."""
-        if any(r["status"] == "error" for r in self.records):
-            return EXIT_WORKER_CRASH
-        if any(r["status"] == "fail" for r in self.records):
-            return EXIT_NUMERICAL_FAILURE
-        return EXIT_OK
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during a run; the run folder is marked `interrupted` and keeps its records."""
-
-    def __init__(self, result: RunResult):
-        super().__init__("interrupted")
-        self.result = result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,11 +276,17 @@ class _Run:
         started = False
         try:
             while True:
-                timeout = self.case_timeout if started else self.startup_timeout
+                # After its last case a worker measures its arithmetic (part of its start,
+                # `_arithmetic` in the worker): the start's timeout, not one case's.
+                timeout = (self.case_timeout if started and index < len(cases)
+                           else self.startup_timeout)
                 try:
                     event = worker.next_event(timeout)
                 except queue.Empty:
                     worker.kill()
+                    if index >= len(cases):  # every case reported: it hung measuring after them
+                        self.no_arithmetic(spec, timeout)
+                        return [], started, ""
                     what = "finish the case" if started else "start (import and open its device)"
                     cause = f"worker hung: did not {what} within {timeout:g} s (timeout); killed"
                     self.error(cases[index], spec, f"{spec.label}: {cause}")
@@ -347,6 +328,12 @@ class _Run:
         finally:
             if worker not in self.exiting:
                 worker.kill()
+
+    def no_arithmetic(self, spec: BackendSpec, timeout: float) -> None:
+        """Hung after its last case, measuring its arithmetic: every record is kept; run.json's
+        backend entry says why it holds no fingerprints."""
+        self.backend_info.setdefault(spec.label, {})["arithmetic_error"] = (
+            f"worker hung measuring its arithmetic after the last case: {timeout:g} s; killed")
 
     def skip_records(self, requested: bool) -> None:
         """A record per backend that cannot run: `skip` in a default run, `error` when the
@@ -435,8 +422,9 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         try:
             run_dir = RunDir.create(out, run_id, environment.collect(argv))
         except OSError as e:
-            raise UsageError(f"cannot create a run folder under '{out}': {e.strerror or e}; "
-                             f"pass --out with a writable folder") from None
+            why = no_space(out) if is_no_space(e) else f"{e.strerror or e}; pass --out with a " \
+                "writable folder"
+            raise UsageError(f"cannot create a run folder under '{out}': {why}") from None
     except BaseException:
         for worker in parked.values():
             worker.kill()
@@ -460,9 +448,10 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
     # after each call, taking CPU from the backend under test (matmul suite, 2 cores: ~1.5 CPU-s
     # and ~1 s of wall less). Threads split the product's rows and columns, never K: the same bits.
     blas = threadpool_limits(limits=1, user_api="blas")
+    planned = planned_records(loaded, specs) + len(skipped)
     try:
         if on_start:
-            on_start(total_planned(loaded, specs) + len(skipped), [s.label for s in specs])
+            on_start(planned, [s.label for s in specs])
         r.skip_records(requested=bool(backends))
         for spec in specs:
             r.run_backend(spec)
@@ -470,27 +459,43 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
             trace_passes.attribute_run(r)
     except KeyboardInterrupt:
         state = "interrupted"
-    except BaseException as e:  # a bug in diag itself: keep the records, say what happened
+    except BaseException as e:  # a bug in diag itself, a full disk: keep the records, say why
         state = "aborted"
-        run_dir.update_meta(error=f"{type(e).__name__}: {e}")
+        with contextlib.suppress(OSError):  # the disk may be full: as much as can be written
+            run_dir.update_meta(error=f"{type(e).__name__}: {e}")
+        if is_no_space(e):
+            raise UsageError(run_disk_full(run_dir.path, run_dir.results_jsonl, len(r.records),
+                                           planned)) from None
         raise
     finally:
         for worker in r.exiting:  # a clean exit, unless the run was cut short
             worker.reap(30.0 if state == "finished" else 0.0)
         for worker in filter(None, [r.worker, *r.parked.values()]):
             worker.kill()
+        shutil.rmtree(work, ignore_errors=True)  # before run.json: that write may fail
         if state != "finished":
             # A signal can land between a record's write to results.jsonl and its bookkeeping
             # here: what the run folder holds is what the counts and the caller are told.
             r.records = run_dir.records()
         statuses = [rec["status"] for rec in r.records]
         counts = {s: statuses.count(s) for s in ("pass", "warn", "fail", "error", "skip")}
-        run_dir.update_meta(state=state, finished=time.time(), counts=counts, phases=r.phases(),
-                            verdict=worst_status(statuses), backends=r.backend_info)
-        shutil.rmtree(work, ignore_errors=True)
-        blas.restore_original_limits()  # last: nothing above is skipped if it raises
+        try:
+            run_dir.update_meta(state=state, finished=time.time(), counts=counts,
+                                phases=r.phases(), verdict=worst_status(statuses),
+                                backends=r.backend_info)
+        except OSError as e:
+            if state == "aborted":  # an aborted run already says why; this is the same cause
+                pass
+            elif is_no_space(e):
+                raise UsageError(run_disk_full(run_dir.path, run_dir.results_jsonl,
+                                               len(r.records), planned)) from None
+            else:
+                raise
+        finally:
+            blas.restore_original_limits()  # last: nothing above is skipped if it raises
     result = RunResult(run_dir=run_dir.path, records=r.records, state=state, counts=counts,
                        phases=r.phases())
     if state == "interrupted":
         raise Interrupted(result)
     return result
+

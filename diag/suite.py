@@ -51,7 +51,7 @@ from diag.probe import EXPECTATIONS
 from diag.registry import PROBES, SUITE_DIR
 
 __all__ = ["Case", "Suite", "load_suite", "suite_names", "check_memory", "memory_limit",
-           "check_applicable", "total_planned", "SUITE_DIR"]
+           "check_applicable", "total_planned", "planned_records", "SUITE_DIR"]
 
 GIB = 2**30
 FALLBACK_MEMORY_LIMIT = 8 * GIB  # where the physical memory cannot be read
@@ -357,6 +357,20 @@ def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int
 def total_planned(suite: Suite, specs: list[BackendSpec]) -> int:
     """How many (case, backend) records these backends plan for the suite."""
     return sum(1 for s in specs for c in suite.cases if not_applicable(s, c.op, c.params) is None)
+
+
+def planned_records(suite: Suite, specs: list[BackendSpec]) -> int:
+    """How many records a run of these backends writes when every case runs: a `probe` record
+    per (case, backend), an `agreement` record per pair of backends that ran the same case,
+    and with `--ab` an `ab` record per case and B side. (A case that errors writes no
+    agreement or ab record, so a run with errors writes fewer.)"""
+    total = 0
+    for case in suite.cases:
+        ran = [s for s in specs if not_applicable(s, case.op, case.params) is None]
+        plain = sum(1 for s in ran if not s.variant)
+        b_sides = sum(1 for s in ran if s.variant)
+        total += len(ran) + plain * (plain - 1) // 2 + b_sides
+    return total
 
 
 def check_applicable(suite: Suite, specs: list[BackendSpec]) -> None:

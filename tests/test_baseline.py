@@ -329,6 +329,7 @@ def test_run_with_damaged_records_exits_2(runs, tmp_path):
 
 
 def test_unwritable_baseline_path_exits_2(runs, tmp_path):
-    r = run_diag("baseline", str(runs["dirs"][0]), "-o", str(tmp_path / "no" / "such" / "b.json"))
+    (tmp_path / "afile").write_text("")  # missing folders are created; a file is in the way
+    r = run_diag("baseline", str(runs["dirs"][0]), "-o", str(tmp_path / "afile" / "b.json"))
     assert r.returncode == 2
     assert r.stderr.startswith("diag: ") and "cannot write the baseline" in r.stderr

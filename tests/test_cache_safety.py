@@ -161,7 +161,7 @@ def test_cache_clear_in_diags_folder_removes_only_diags_entries(tmp_path, suite)
     assert not any(p.exists() for p in entries)
     assert all(p.read_bytes().startswith(b"user data") for p in strays)
     assert (cache / MARKER).is_file()
-    info = run_diag("cache", "info", "--cache-dir", str(cache))
+    info = run_diag("cache", "info", "--json", "--cache-dir", str(cache))
     assert info.returncode == 0
     assert json.loads(info.stdout)["entries"] == 0 and json.loads(info.stdout)["marked"]
 
@@ -174,7 +174,7 @@ def test_cache_clear_of_a_folder_that_does_not_exist_removes_nothing(tmp_path):
 def test_cache_info_counts_only_diags_files(tmp_path):
     user = tmp_path / "project"
     _user_folder(user)
-    proc = run_diag("cache", "info", "--cache-dir", str(user))
+    proc = run_diag("cache", "info", "--json", "--cache-dir", str(user))
     assert proc.returncode == 0
     assert json.loads(proc.stdout) == {"path": str(user), "marked": False, "entries": 0,
                                        "bytes": 0}

@@ -139,11 +139,11 @@ def test_cache_info_and_clear(tmp_path):
     again = oracle.matmul_result(a, a.T, cache=cache)
     assert not first.cache_hit and again.cache_hit
     np.testing.assert_array_equal(again.value, np.full((4, 4), 3, np.float32))
-    info = diag("cache", "info", "--cache-dir", str(tmp_path / "c"))
+    info = diag("cache", "info", "--json", "--cache-dir", str(tmp_path / "c"))
     assert info.returncode == 0 and json.loads(info.stdout)["entries"] == 1
     cleared = diag("cache", "clear", "--cache-dir", str(tmp_path / "c"))
     assert cleared.returncode == 0 and "removed" in cleared.stdout
-    assert json.loads(diag("cache", "info", "--cache-dir", str(tmp_path / "c")).stdout)["entries"] == 0
+    assert json.loads(diag("cache", "info", "--json", "--cache-dir", str(tmp_path / "c")).stdout)["entries"] == 0
 
 
 def test_out_that_is_a_file_exits_2(tmp_path, tiny_suite):

@@ -289,3 +289,30 @@ def test_serve_without_xprof_says_how_to_install_it(traced, tmp_path):
     assert res.stderr.strip().splitlines() == [
         "diag: --serve needs xprof (xprof removed for this test); install it with pip "
         "install 'diag[trace]'"]
+
+
+@pytest.mark.parametrize("backend", ["jax-cpu", "torch-cpu"])
+def test_each_traced_call_is_a_sample_and_diag_trace_says_when_highest_is_noise(traced,
+                                                                               backend):
+    run, _ = traced
+    s = _summary(run, backend, "matmul")
+    for side in (s, s["highest"]):
+        samples = side["call_us_samples"]
+        assert len(samples) == s["calls"] and all(x > 0 for x in samples)
+    # jax: every op event belongs to one call, so the calls add up to the per-call figure
+    if backend == "jax-cpu":
+        assert abs(sum(s["call_us_samples"]) / s["calls"] - s["per_call_us"]) < 1e-2
+    base, high = s["call_us_samples"], s["highest"]["call_us_samples"]
+    overlap = min(base) <= max(high) and min(high) <= max(base)
+    res = run_diag("trace", str(run))
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.split())
+    from diag.numerics import fmt
+
+    def n(x):
+        return fmt(x, compact=False)
+
+    spread = (f"calls {n(min(base))}-{n(max(base))} µs at default, "
+              f"{n(min(high))}-{n(max(high))} µs at highest: ")
+    said = "within the spread: no cost measured" if overlap else "beyond the spread"
+    assert spread + said in text, (spread, text[-3000:])

@@ -34,7 +34,8 @@ sampler's batch sizes) and `hunt_nans` (a non-finite output is hunted to its op,
 
 Fault injection for diag's own tests and for users proving their harness:
 `DIAG_WORKER_FAULT=KIND@CASE` (or `KIND@BACKEND:CASE`) makes the worker fail just before the
-case with that id (`c0003`; `start` fails before the framework is even imported), KIND one of
+case with that id (`c0003`; `start` fails before the framework is even imported, `end` after
+the last case, before the arithmetic is measured), KIND one of
 `kill` (SIGKILL itself), `abort` (SIGABRT, like a native crash), `raise` (an uncaught Python
 exception), `hang` (sleep forever), or `corrupt` (the case runs, then the first output
 element is doubled: silent wrong data, which the verdict must catch), or `corrupt_input`
@@ -225,6 +226,7 @@ def run_job(job: dict, stream) -> None:
     # The arithmetic is measured after the cases, while the host judges the last results
     # (before them, the host would wait idle for it); nothing the cases do is left behind
     # (each precision setting is restored after its call).
+    _inject_fault(_fault(label, "end"), "end")  # `end`: after the last case
     t0 = time.perf_counter()
     arithmetic = _arithmetic(backend, job)
     if arithmetic:

@@ -3,7 +3,8 @@
 Exit codes (stable, documented in the README): 0 all good; 1 a numerical check failed;
 2 bad usage or bad input file; 3 a bad device or host was found; 4 a worker crashed or an op
 raised; 70 diag itself failed (a bug: one line, the traceback with --debug); 130 interrupted
-(Ctrl-C) and 143 terminated (SIGTERM), the run folder keeps every finished record.
+(Ctrl-C) and 143 terminated (SIGTERM), the run folder keeps every finished record; 141 the
+reader of stdout went away (a broken pipe, `diag env | head -2`), as a shell reports SIGPIPE.
 
 What the user sees on an error is always one line starting ``diag:`` on stderr: usage
 errors are caught through typer's own exception (`typer.TyperException`, the root of the
@@ -13,12 +14,13 @@ click that typer vendors; the `click` package itself may not be installed).
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 import typer
 
 from diag.cli import devices, gate, run, tools  # noqa: F401 - each registers its commands
 from diag.cli import diverge, trace  # noqa: F401 - `diag diverge`, `diag trace`
-from diag.cli._app import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, app, on_sigterm,
+from diag.cli._app import (EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, app, on_sigterm,
                            state)
 from diag.errors import DiagError, EXIT_USAGE
 
@@ -73,7 +75,14 @@ def main() -> None:
         sys.exit(_exit_code(e.exit_code))
     except typer.Exit as e:
         sys.exit(_exit_code(e.exit_code))
-    except (typer.Abort, KeyboardInterrupt):
+    except BrokenPipeError:  # the reader went away (`diag env | head -2`): as a shell says
+        _quiet_stdout()
+        sys.exit(_exit_code(EXIT_BROKEN_PIPE))
+    except (typer.Abort, KeyboardInterrupt) as e:
+        # click turns an EOFError into Abort as it does Ctrl-C: an EOFError is a bug to
+        # report (e.g. a file cut short), never a fake interruption.
+        if isinstance(e.__cause__, EOFError):
+            _internal(e.__cause__, state.debug or debug)
         sys.exit(_exit_code(EXIT_INTERRUPTED))
     except typer.TyperException as e:  # bad usage: unknown option/command, bad value
         if state.debug or debug:
@@ -81,13 +90,31 @@ def main() -> None:
         _fail(_usage_line(e))
         sys.exit(_exit_code(EXIT_USAGE))
     except Exception as e:  # a bug in diag: say so in one line, keep the traceback for --debug
-        if state.debug or debug:
-            traceback.print_exc()
-        first = " ".join(str(e).split())[:300]
-        _fail(f"diag: internal error: {type(e).__name__}{': ' + first if first else ''}; "
-              "rerun with --debug for the traceback and report it")
-        sys.exit(_exit_code(EXIT_INTERNAL))
+        _internal(e, state.debug or debug)
     sys.exit(_exit_code(code if isinstance(code, int) else 0))
+
+
+def _internal(e: BaseException, debug: bool) -> NoReturn:
+    """A bug in diag: one line naming the exception, the traceback with --debug, exit 70."""
+    import traceback
+
+    if debug:
+        traceback.print_exception(e)
+    first = " ".join(str(e).split())[:300]
+    _fail(f"diag: internal error: {type(e).__name__}{': ' + first if first else ''}; "
+          "rerun with --debug for the traceback and report it")
+    sys.exit(_exit_code(EXIT_INTERNAL))
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush raises nothing more."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def _fail(line: str) -> None:

@@ -8,7 +8,7 @@ each registers on `app`, then `diag.cli.main` runs it.
 from __future__ import annotations
 
 import signal
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
 
 import typer
 
@@ -26,6 +26,9 @@ EXIT_TERMINATED = 128 + signal.SIGTERM
 # diag itself failed (a bug, not the user's input nor the device): sysexits' EX_SOFTWARE,
 # apart from 1 (a numerical failure, which a CI gate must be able to trust) and from 2-4.
 EXIT_INTERNAL = 70
+# stdout's reader went away (`diag env | head -2`): 128 + SIGPIPE, what a shell reports for
+# a program the signal ended; never 1, which means a numerical failure.
+EXIT_BROKEN_PIPE = 128 + 13
 
 
 class Terminated(KeyboardInterrupt):
@@ -56,3 +59,22 @@ def split(values: Optional[List[str]]) -> Optional[List[str]]:
     if not values:
         return None
     return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+def write_after_verdict(write: Callable[[], Any], label: str, code: int, *,
+                        err: bool = False) -> int:
+    """Write a file (`--junit`) after the verdict was printed, so that it cannot lose it.
+
+    Returns:
+      The exit code: the verdict's, or 2 when the verdict was 0 and the file could not be
+      written (its one `diag:` line says why); a 1, 3 or 4 is never hidden behind a 2.
+    """
+    from diag import render
+    from diag.errors import EXIT_USAGE, DiagError
+
+    try:
+        render.print_line(f"diag: {label}: {write()}", err=err)
+    except DiagError as e:
+        render.print_error(str(e))
+        return code or EXIT_USAGE
+    return code

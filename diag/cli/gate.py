@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from diag.cli._app import app
+from diag.cli._app import app, write_after_verdict
+from diag.outputs import prepare_output
 
 
 @app.command("baseline")
@@ -21,7 +22,7 @@ def baseline_cmd(
     from diag import baseline, render
 
     data = baseline.build(run_dir)
-    path = baseline.save(data, out)
+    path = baseline.save(data, prepare_output(out, "the baseline", "-o"))
     failing = sum(r["status"] in ("fail", "error") for r in data["records"])
     render.print_line(f"diag: baseline of {len(data['records'])} record(s) of suite "
                       f"{data['suite']!r} written to {path}")
@@ -47,6 +48,8 @@ def check_cmd(
     """
     from diag import baseline, render
 
+    if junit is not None:  # a bad path is one line before the work, not after it
+        prepare_output(junit, "the JUnit file", "--junit")
     data = baseline.load(baseline_file)
     result = baseline.check(run_dir, data, bitwise=bitwise)
     for line in result.key_mismatch:
@@ -57,10 +60,11 @@ def check_cmd(
         render.print_error(f"diag: drift: {drift.text()}")
     for failure in result.failures:
         render.print_line(f"diag: failed: {failure}")
-    if junit is not None:
-        render.print_line(f"diag: junit: {baseline.write_junit(result, junit)}")
     verdict = "drifted" if result.drifts else "no drift"
     render.print_line(f"diag: {verdict}: {result.compared} record(s) compared, "
                       f"{len(result.drifts)} drift(s), {len(result.missing)} missing, "
                       f"{len(result.extra)} new, {len(result.failures)} failed")
-    raise typer.Exit(result.exit_code)
+    code = result.exit_code
+    if junit is not None:  # after the verdict: a file that cannot be written loses nothing
+        code = write_after_verdict(lambda: baseline.write_junit(result, junit), "junit", code)
+    raise typer.Exit(code)

@@ -83,18 +83,19 @@ def run(
         n = len(e.result.records)
         why = "terminated (SIGTERM)" if state.terminated else "interrupted"
         render.print_error(f"diag: {why}; {n} finished record(s) kept in {e.result.run_dir}")
+        if report:  # what finished, in a report that says the run was cut short
+            _report(e.result.run_dir, render)
         raise typer.Exit(EXIT_TERMINATED if state.terminated else EXIT_INTERRUPTED)
     finally:
         progress.stop()
-    report_path = None
-    if report:
-        from diag.report import write_report
-
-        report_path = write_report(result.run_dir)
+    report_path = _report(result.run_dir, render) if report else None
+    # A report that cannot be written is 2 when every check passed; a 1 or 4 is kept.
+    code = EXIT_USAGE if report and report_path is None and not result.exit_code \
+        else result.exit_code
     if as_json:
         render.out.print_json(json.dumps({
             "run_dir": str(result.run_dir), "state": result.state, "counts": result.counts,
-            "exit_code": result.exit_code, "report": str(report_path) if report_path else None,
+            "exit_code": code, "report": str(report_path) if report_path else None,
             "records": result.records}, default=str))
     else:
         render.out.print(render.summary_table(result.records))
@@ -109,7 +110,19 @@ def run(
             render.print_line(f"diag: report: {report_path}")
         if trace:
             render.print_line(f"diag: traces: diag trace {result.run_dir} (--serve for XProf)")
-    raise typer.Exit(result.exit_code)
+    raise typer.Exit(code)
+
+
+def _report(run_dir: Path, render) -> Optional[Path]:
+    """Write a run folder's report.html; when it cannot be written (a full disk), one error
+    line and None, so the run's summary and verdict still follow."""
+    from diag.report import write_report
+
+    try:
+        return write_report(run_dir)
+    except DiagError as e:
+        render.print_error(str(e))
+        return None
 
 
 @app.command("report")
@@ -139,13 +152,21 @@ def report_cmd(
 
 
 @cache_app.command("info")
-def cache_info(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir")) -> None:
+def cache_info(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir"),
+               as_json: bool = typer.Option(False, "--json", help="Print it as JSON (bytes).")
+               ) -> None:
     """Show where the ground-truth cache is and how big it is."""
     from diag import render
     from diag.oracle.cache import GroundTruthCache, default_cache_dir
+    from diag.outputs import human_bytes
 
     info = GroundTruthCache(cache_dir or default_cache_dir()).info()
-    render.out.print_json(json.dumps(info, default=str))
+    if as_json:
+        render.out.print_json(json.dumps(info, default=str))
+        return
+    marked = "" if info["marked"] else " (not marked as diag's cache: `clear` leaves it)"
+    render.print_line(f"diag: ground-truth cache {info['path']}{marked}: {info['entries']} "
+                      f"entries, {human_bytes(info['bytes'])}")
 
 
 @cache_app.command("clear")

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from diag.cli._app import app
+from diag.cli._app import app, write_after_verdict
 
 
 @app.command("nan")
@@ -51,15 +51,20 @@ def preflight_cmd(
 
     Exits 0 fit, 1 numerical problem, 3 bad device, 4 a step crashed, 2 bad usage/flag."""
     from diag import nodes, preflight, render
+    from diag.outputs import prepare_output
 
+    if junit is not None:  # a bad path is one line now, not after the work
+        prepare_output(junit, "the JUnit file", "--junit")
     result = preflight.preflight(
         budget, injections=tuple(nodes.parse_injection(i) for i in inject or []),
         on_step=lambda *a: render.print_line(preflight.progress_line(*a), err=True))
-    if junit is not None:
-        render.print_line(f"diag: junit: {preflight.write_junit(result, junit)}", err=as_json)
     if as_json:
         render.out.print_json(json.dumps(result.to_dict(), default=str))
     else:
         render.out.print(render.preflight_table(result))
         render.print_line(result.summary())
-    raise typer.Exit(result.exit_code)
+    code = result.exit_code
+    if junit is not None:  # after the verdict, which a file that cannot be written must not lose
+        code = write_after_verdict(lambda: preflight.write_junit(result, junit), "junit", code,
+                                   err=as_json)
+    raise typer.Exit(code)

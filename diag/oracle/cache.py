@@ -230,8 +230,11 @@ class GroundTruthCache:
             meta = json.loads(meta_path.read_text())
             # Mapped, not read: the checksum pass and the caller's use read the page cache,
             # and a truth the run's memo lets go of costs it no memory.
-            bits = np.load(npy, mmap_mode="r" if math.prod(meta.get("shape") or [1]) else None,
-                           allow_pickle=False)
+            try:
+                bits = np.load(npy, mmap_mode="r" if math.prod(meta.get("shape") or [1])
+                               else None, allow_pickle=False)
+            except (EOFError, ValueError) as e:  # empty or shorter than its header says
+                raise _Corrupt(npy) from e
             stored = meta.get("sha256")
             if stored is None:
                 return None
@@ -242,6 +245,10 @@ class GroundTruthCache:
                     return None
                 self._verified[key] = seen
             value = from_bits(bits, meta["dtype"]).reshape(meta["shape"])
+        except _Corrupt as bad:
+            log.warning("diag: ground-truth cache entry %s is damaged (empty or cut short); "
+                        "recomputing it", bad.args[0])
+            return None
         except (OSError, ValueError, KeyError, TypeError, AttributeError, DiagError):
             return None
         return CachedTruth(value=value, meta=meta)
@@ -266,7 +273,7 @@ class GroundTruthCache:
             try:  # (an empty array has no bytes to map)
                 bits = np.load(npy, mmap_mode="r" if math.prod(meta["shape"]) else None,
                                allow_pickle=False)
-            except ValueError as e:  # shorter than its header says: torn or truncated
+            except (EOFError, ValueError) as e:  # empty, or shorter than its header says
                 raise _Corrupt(npy) from e
             if list(bits.shape) != meta["shape"]:
                 raise _Corrupt(npy)

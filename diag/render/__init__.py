@@ -37,11 +37,19 @@ __all__ = ["console", "out", "RunProgress", "summary_table", "problems_table", "
 PLAIN_WIDTH = 10_000
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader went away: raise it (rich would exit 1, diag's numerical failure);
+        the CLI exits 141 as a shell reports SIGPIPE."""
+        self.quiet = True
+        raise BrokenPipeError("the reader of diag's output went away")
+
+
 def _console(stderr: bool) -> Console:
     """A rich console; off a terminal, lines are never wrapped (COLUMNS still wins if set)."""
-    c = Console(stderr=stderr, highlight=False)
+    c = _Console(stderr=stderr, highlight=False)
     if not c.is_terminal and not os.environ.get("COLUMNS"):
-        c = Console(stderr=stderr, highlight=False, width=PLAIN_WIDTH, soft_wrap=True)
+        c = _Console(stderr=stderr, highlight=False, width=PLAIN_WIDTH, soft_wrap=True)
     return c
 
 
@@ -67,7 +75,9 @@ def print_line(message: str, *, err: bool = False) -> None:
 
 
 class RunProgress:
-    """Progress over the planned records, on stderr; a no-op when disabled.
+    """Progress over the planned records (`diag.suite.planned_records`: each backend's
+    record per case, agreements between backends, A/B records, skips), on stderr; a no-op
+    when disabled.
 
     On a terminal it is a live bar. Elsewhere (a CI log, a file) a live bar would print
     nothing until the end, so each record is one plain line as it arrives:
@@ -101,7 +111,7 @@ class RunProgress:
 
     def record(self, rec: dict[str, Any]) -> None:
         self._counts[rec["status"]] += 1
-        advance = 1 if rec.get("kind", "probe") == "probe" else 0
+        advance = 1  # the plan counts every record: probes, agreements, A/B, skips
         self._done += advance
         if not self.enabled:
             return
@@ -147,7 +157,7 @@ def summary_table(records: Iterable[dict[str, Any]]) -> Table:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
         if r["status"] != "skip":
-            groups[(r["probe"].split(".", 1)[-1], r["backend"], r["dtype"])].append(r)
+            groups[(r["probe"].split(".", 1)[-1], r["backend"], shown_dtype(r))].append(r)
     table = Table(title="diag: results",
                   caption="bound ratio: worst error / the error bound of the claimed "
                           "arithmetic (above 1: less precision than claimed); ULP only where "
@@ -170,6 +180,15 @@ def summary_table(records: Iterable[dict[str, Any]]) -> Table:
     return table
 
 
+def shown_dtype(record: dict[str, Any]) -> str:
+    """A record's dtype as the summary shows it: its inputs' dtype, and the arithmetic's when
+    a mixed-precision case computes in another (`float32, bfloat16 compute`: float32 master
+    weights, bf16 arithmetic), so the two runs of a training suite are two rows."""
+    dtype = str(record.get("dtype"))
+    compute = (record.get("params") or {}).get("compute")
+    return f"{dtype}, {compute} compute" if compute and compute != dtype else dtype
+
+
 def phases_line(phases: dict[str, dict[str, float]]) -> str | None:
     """Where a run's time went, per backend, in one line (run.json's `phases`), or None."""
     parts = []
@@ -187,7 +206,11 @@ def problems_table(records: Iterable[dict[str, Any]], limit: int = 20) -> Table 
                  key=lambda r: order.index(r["status"]))
     if not bad:
         return None
-    table = Table(title=f"diag: {len(bad)} record(s) to look at", show_lines=False)
+    # A backend that is absent is said apart: a clean run has nothing to look at.
+    skips = sum(1 for r in bad if r["status"] == "skip")
+    title = [f"{len(bad) - skips} record(s) to look at"] if len(bad) > skips else []
+    title += [f"{skips} backend(s) not run"] if skips else []
+    table = Table(title="diag: " + "; ".join(title), show_lines=False)
     for col in ("status", "backend", "probe", "case", "reason"):
         table.add_column(col, overflow="fold")
     for r in bad[:limit]:
@@ -258,7 +281,8 @@ def _features_table(report: dict[str, Any], cell) -> Table:
     cols = ("product_exact", "extra_bits", "rounding", "block_fma_width", "order",
             "subnormals")
     table = Table(title="diag env --deep: matmul arithmetic features (crafted inputs)")
-    for col in ("backend", "precision", "inputs", "output") + cols:
+    # `via` tells apart two rows of one precision set two ways (an argument, a config)
+    for col in ("backend", "precision", "via", "inputs", "output") + cols:
         table.add_column(col, overflow="fold")
     for data in report["frameworks"].values():
         for name, info in data.get("backends", {}).items():
@@ -267,8 +291,8 @@ def _features_table(report: dict[str, Any], cell) -> Table:
                         cell(f.get(c)) for c in cols]
                 if f.get("error"):
                     vals = [f"[red]{cell(f['error'])}[/]"] + [""] * (len(cols) - 1)
-                table.add_row(cell(name), cell(f.get("precision")), cell(f.get("dtype")),
-                              cell(f.get("output_dtype")), *vals)
+                table.add_row(cell(name), cell(f.get("precision")), cell(f.get("via")),
+                              cell(f.get("dtype")), cell(f.get("output_dtype")), *vals)
     return table
 
 

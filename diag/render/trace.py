@@ -24,8 +24,7 @@ def trace_tables(context: dict[str, Any], top: int = 5) -> list:
             figures.append(f"{_num(c['per_call_us'])} µs per call")
         high = c["highest"]
         if high and high.get("per_call_us") is not None and high.get("ratio") is not None:
-            figures.append(f"at highest {_num(high['per_call_us'])} µs "
-                           f"({_num(high['ratio'])}x)")
+            figures.append(_highest_words(high))
         table = Table(title=title, caption=escape("; ".join(figures)), title_justify="left")
         for col, justify in (("op", "left"), ("µs per call", "right"), ("count", "right"),
                              ("dtype", "left"), ("shape", "left")):
@@ -46,3 +45,17 @@ def trace_tables(context: dict[str, Any], top: int = 5) -> list:
         lines += [f"  - {escape(line)}" for line in p["removed"][:5]]
         out.append("\n".join(lines))
     return out
+
+
+def _highest_words(high: dict[str, Any]) -> str:
+    """What `highest` costs, with each side's spread of calls: a ratio inside both spreads is
+    timing noise and is said to be, not shown as a cost."""
+    words = f"at highest {_num(high['per_call_us'])} µs ({_num(high['ratio'])}x"
+    base, cost = high.get("base_range_us"), high.get("range_us")
+    if base is None or cost is None:
+        return words + ")"
+    spread = (f"calls {_num(base[0])}-{_num(base[1])} µs at default, "
+              f"{_num(cost[0])}-{_num(cost[1])} µs at highest")
+    verdict = ("within the spread: no cost measured" if high.get("within_spread")
+               else "beyond the spread")
+    return f"{words}; {spread}: {verdict})"

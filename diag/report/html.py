@@ -33,7 +33,7 @@ from diag.report.sections import ab_context, sampling_context
 from diag.report.settings import report_context as settings_context
 from diag.report.trace import trace_context
 from diag.report.training import train_context
-from diag.results import STATUSES, RunDir, RunMeta, worst_status
+from diag.results import STATUSES, RunDir, RunMeta, output_errors, worst_status
 
 __all__ = ["render_report", "write_report"]
 
@@ -376,14 +376,12 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     html = render_report(meta, read.records, nodes=nodes, damage=read.problems(run.results_jsonl),
                          trace=trace_context(run.path, read.records, meta.backends))
     path = Path(out) if out is not None else run.path / "report.html"
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(html, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as e:
-        if tmp.parent.is_dir():
+    # diag.outputs: parents created, a bad path or a full disk one line (exit 2)
+    with output_errors(path, "the report", "--out", needed=len(html.encode())) as path:
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            tmp.write_text(html, encoding="utf-8")
+            os.replace(tmp, path)
+        finally:
             tmp.unlink(missing_ok=True)
-        raise UsageError(f"cannot write the report to '{path}': {e.strerror or e}; pass "
-                         "--out with a writable path") from None
     return path

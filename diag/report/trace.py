@@ -68,8 +68,19 @@ def _highest(summary: Mapping[str, Any]) -> dict[str, Any] | None:
     base, cost = summary.get("per_call_us"), high.get("per_call_us")
     ratio = cost / base if isinstance(base, (int, float)) and base > 0 and \
         isinstance(cost, (int, float)) else None
+    # Each side's calls, min to max: a difference inside both spreads is timing noise.
+    base_range, cost_range = _spread(summary), _spread(high)
+    within = None if base_range is None or cost_range is None else \
+        base_range[0] <= cost_range[1] and cost_range[0] <= base_range[1]
     return {"per_call_us": cost, "ratio": ratio, "error": high.get("summary_error"),
-            "session": high.get("session")}
+            "session": high.get("session"), "range_us": cost_range,
+            "base_range_us": base_range, "within_spread": within}
+
+
+def _spread(summary: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The fastest and slowest call of a traced session, or None without samples."""
+    samples = [x for x in summary.get("call_us_samples") or [] if isinstance(x, (int, float))]
+    return (min(samples), max(samples)) if samples else None
 
 
 def trace_context(run_dir: str | Path, records: Iterable[Mapping[str, Any]],

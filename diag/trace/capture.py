@@ -186,6 +186,7 @@ def _compare_highest(framework: str, backend, case: dict, op_args: dict, args, r
         out = summarise.summarise_session(framework, folder, text)
         return {"session": str(SESSIONS_DIR / name), "op_args": op_args,
                 "per_call_us": out.get("per_call_us"), "ops": (out.get("ops") or [])[:3],
+                "call_us_samples": out.get("call_us_samples") or [],
                 "summary_error": out.get("summary_error")}
     except Exception as e:
         return {"summary_error": f"the highest-precision comparison failed: "
