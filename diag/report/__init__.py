@@ -8,9 +8,11 @@ but neither matplotlib (imported when a chart is drawn) nor any ML framework.
 
 from __future__ import annotations
 
-from diag.report.html import render_report, write_report
+from diag.report.html import damage, lost_records, render_report, write_report
 
 __all__ = [
+    "damage",
+    "lost_records",
     "preload",
     "render_report",
     "write_report",
