@@ -36,7 +36,7 @@ from diag.report.trace import trace_context
 from diag.report.training import train_context
 from diag.results import STATUSES, RunDir, RunMeta, worst_status
 
-__all__ = ["damage", "lost_records", "render_report", "write_report"]
+__all__ = ["asset", "damage", "environment", "lost_records", "render_report", "write_report"]
 
 # A reason longer than this is folded: its first words shown, the full text on demand.
 REASON_FOLD = 160
@@ -255,11 +255,13 @@ def _agreement_row(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
     }
 
 
-def _asset(name: str) -> str:
+def asset(name: str) -> str:
+    """A file of the report's templates folder (its CSS, its script), as text."""
     return resources.files("diag.report").joinpath("templates", name).read_text("utf-8")
 
 
-def _environment() -> jinja2.Environment:
+def environment() -> jinja2.Environment:
+    """The jinja2 environment of the report's templates (autoescaping, diag's filters)."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("diag.report", "templates"),
         autoescape=True,
@@ -323,10 +325,10 @@ def render_report(meta: RunMeta | Mapping[str, Any], records: Iterable[Mapping[s
                        "n_series": len(sweep.series), "omitted": sweep.omitted,
                        "svg": Markup(sweep_svg(sweep, f"sweep-{n}"))})
 
-    script = _asset("report.js")
+    script = asset("report.js")
     script_hash = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode()
     suite = run.suite
-    return _environment().get_template("report.html.j2").render(
+    return environment().get_template("report.html.j2").render(
         run_id=run.run_id or "—",
         state=state,
         state_note=STATE_NOTE.get(state),
@@ -357,7 +359,7 @@ def render_report(meta: RunMeta | Mapping[str, Any], records: Iterable[Mapping[s
         sweeps=sweeps,
         # Settings findings and precision fingerprints (diag.flags; _settings.html.j2).
         settings=settings_context(run),
-        style=Markup(_asset("report.css")),
+        style=Markup(asset("report.css")),
         script=Markup(script),
         script_hash=script_hash,
         version=__version__,
