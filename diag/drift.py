@@ -206,8 +206,17 @@ class Cause:
 
     @property
     def backends(self) -> set[str]:
-        """The backends this cause names (`setting jax-cpu XLA_FLAGS` -> jax-cpu)."""
-        return {_backend_of(d.where) for d in [self.head, *self.same]} - {""}
+        """The backends whose own arithmetic or settings this cause names
+        (`setting jax-cpu jax_default_matmul_precision` -> jax-cpu).
+
+        A worker's copy of an environment variable the cause also names (`setting torch-cpu
+        XLA_FLAGS` beside `setting env XLA_FLAGS`) is no evidence that the framework reads
+        it (torch never reads XLA_FLAGS), so it reaches no backend's records.
+        """
+        names = [d.where.split(" ") for d in [self.head, *self.same]]
+        env = {w[2] for w in names if len(w) > 2 and w[:2] == ["setting", "env"]}
+        return {_backend_of(" ".join(w)) for w in names
+                if not (w[0] == "setting" and len(w) > 2 and w[2] in env)} - {""}
 
     def text(self) -> str:
         """One line: the change, where else it shows, and how much it explains."""
