@@ -54,7 +54,7 @@ def page(driver, run_and_report):
 
 def _visible_rows(driver, table_id="verdict-table") -> int:
     return driver.execute_script(
-        "return Array.from(document.querySelectorAll(arguments[0] + ' tbody tr.rec'))"
+        "return Array.from(document.querySelectorAll(arguments[0] + ' tbody tr[data-i]'))"
         ".filter(r => r.offsetParent !== null).length;", f"#{table_id}")
 
 
@@ -66,7 +66,7 @@ def _column(driver, header: str, table_id="verdict-table") -> int:
 def _cell_keys(driver, col: int) -> list[str | None]:
     """data-v of one column, for the visible rows, in displayed order."""
     return driver.execute_script(
-        "return Array.from(document.querySelectorAll('#verdict-table tbody tr.rec'))"
+        "return Array.from(document.querySelectorAll('#verdict-table tbody tr[data-i]'))"
         ".filter(r => r.offsetParent !== null)"
         ".map(r => r.cells[arguments[0]].getAttribute('data-v'));", col)
 
@@ -99,7 +99,7 @@ def _group_keys(driver, col: int) -> dict[str, list[str | None]]:
     """data-v of one column per probe group (tbody), in displayed order."""
     return driver.execute_script(
         "const out = {}; document.querySelectorAll('#verdict-table tbody.group').forEach(tb =>"
-        " out[tb.dataset.probe] = Array.from(tb.querySelectorAll('tr.rec'))"
+        " out[tb.dataset.probe] = Array.from(tb.querySelectorAll('tr[data-i]'))"
         ".map(r => r.cells[arguments[0]].getAttribute('data-v'))); return out;", col)
 
 
@@ -138,7 +138,7 @@ def test_text_sort_is_natural(page):
     col = _column(driver, "case")
     driver.find_elements(By.CSS_SELECTOR, "#verdict-table thead th")[col].click()
     cases = driver.execute_script(
-        "return Array.from(document.querySelectorAll('#verdict-table tbody tr.rec'))"
+        "return Array.from(document.querySelectorAll('#verdict-table tbody tr[data-i]'))"
         ".map(r => r.cells[arguments[0]].textContent);", col)
     d_cases = [c for c in cases if c.startswith("d=") and c.endswith("precision=default")]
     assert d_cases == ["d=64 precision=default", "d=256 precision=default",

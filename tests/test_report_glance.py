@@ -58,7 +58,7 @@ def test_matrix_has_one_cell_per_row_and_backend_with_the_worst_status(tmp_path)
             expected[(r["probe"], r["dtype"], prec, r["backend"])].append(r)
     assert len(cells) == len(expected)
 
-    rows = re.findall(r'<tr class="rec row-\w+" data-status="(\w+)" data-i="(\d+)" '
+    rows = re.findall(r'<tr class="row-\w+" data-status="(\w+)" data-i="(\d+)" '
                       r'data-cell="(c\d+)"', html)
     by_cell = defaultdict(list)
     for status, i, cell in rows:
@@ -82,7 +82,7 @@ def test_matrix_has_one_cell_per_row_and_backend_with_the_worst_status(tmp_path)
 
 
 def _nonfinite_cell(html: str, i: int) -> str:
-    row = re.search(rf'<tr class="rec[^"]*"[^>]*data-i="{i}".*?</tr>', html, re.DOTALL).group(0)
+    row = re.search(rf'<tr class="row-[^"]*"[^>]*data-i="{i}".*?</tr>', html, re.DOTALL).group(0)
     return re.search(r'<td class="num[^"]*"[^>]*title="NaN:[^"]*"[^>]*>[^<]*</td>', row).group(0)
 
 
@@ -151,7 +151,7 @@ def test_long_reasons_are_folded_with_the_full_text_kept(tmp_path):
     run = make_run(tmp_path, records=[_rec(probe="p", case="c", reason=long, status="fail",
                                            metrics={"bound_ratio": 2.0})])
     html = _html(run)
-    row = re.search(r'<tr class="rec.*?</tr>', html, re.DOTALL).group(0)
+    row = re.search(r'<tr class="row-[^>]*data-i=.*?</tr>', html, re.DOTALL).group(0)
     fold = re.search(r'<details class="fold"><summary>(.*?)</summary>(.*?)</details>', row,
                      re.DOTALL)
     assert fold and fold.group(2) == long

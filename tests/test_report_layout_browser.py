@@ -44,7 +44,7 @@ MAX_HEIGHT = 15000
 
 MEASURE = """
 const d = document.documentElement;
-const rc = document.querySelector('#verdict-table tr.rec:not([hidden]) td.reason');
+const rc = document.querySelector('#verdict-table tr[data-i]:not([hidden]) td.reason');
 let chars = null;
 if (rc) {
   const c = document.createElement('canvas').getContext('2d');
@@ -102,7 +102,7 @@ def click_cell_shows_its_records(driver, run_dir: Path) -> None:
     cell = link.get_attribute("data-cell")
     link.click()
     visible = driver.execute_script(
-        "return Array.from(document.querySelectorAll('#verdict-table tr.rec'))"
+        "return Array.from(document.querySelectorAll('#verdict-table tr[data-i]'))"
         ".filter(r => r.offsetParent !== null).map(r => +r.dataset.i);")
     records = RunDir(run_dir).records()
     keys = {(*row_key(records[i]), records[i]["backend"]) for i in visible}
@@ -133,7 +133,7 @@ def test_synthetic_report_fits_every_width_and_its_matrix_links_records(driver, 
     toggle.click()
     assert toggle.get_attribute("aria-expanded") == "false"
     group = toggle.find_element(By.XPATH, "ancestor::tbody")
-    assert not any(r.is_displayed() for r in group.find_elements(By.CSS_SELECTOR, "tr.rec"))
+    assert not any(r.is_displayed() for r in group.find_elements(By.CSS_SELECTOR, "tr[data-i]"))
 
 
 # --- real runs, generated once per session -------------------------------------------------

@@ -72,7 +72,7 @@
   var cell = "";  // a matrix cell's id: only its records are shown
 
   function recordRows() {
-    return table ? table.querySelectorAll("tbody tr.rec") : [];
+    return table ? table.querySelectorAll("tbody tr[data-i]") : [];
   }
 
   function applyFilter() {
@@ -91,7 +91,7 @@
     // A probe's header row shows while any of its records passes the filter.
     Array.prototype.forEach.call(table.tBodies, function (tb) {
       var head = tb.querySelector("tr.group-head");
-      if (head) head.hidden = !tb.querySelector("tr.rec:not([hidden])");
+      if (head) head.hidden = !tb.querySelector("tr[data-i]:not([hidden])");
     });
     counter.textContent = "showing " + shown + " of " + rows.length;
     cellBox.hidden = !cell;
