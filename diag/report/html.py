@@ -28,6 +28,7 @@ from markupsafe import Markup
 from diag import numerics
 from diag.errors import UsageError
 from diag.report.charts import sweep_groups, sweep_svg, to_float
+from diag.report.damage import damage
 from diag.report.matrix import cell_id, matrix_context
 from diag.report.nodes import report_context as nodes_context
 from diag.report.sections import ab_context, sampling_context
@@ -36,7 +37,7 @@ from diag.report.trace import trace_context
 from diag.report.training import train_context
 from diag.results import STATUSES, RunDir, RunMeta, worst_status
 
-__all__ = ["asset", "damage", "environment", "lost_records", "render_report", "write_report"]
+__all__ = ["asset", "environment", "render_report", "write_report"]
 
 # A reason longer than this is folded: its first words shown, the full text on demand.
 REASON_FOLD = 160
@@ -307,14 +308,7 @@ def render_report(meta: RunMeta | Mapping[str, Any], records: Iterable[Mapping[s
     if damage:
         verdict_text += " (readable records only: see the warning above)"
 
-    probe_rows, agreement_rows = [], []
-    cells: dict[tuple, str] = {}
-    for i, rec in enumerate(records):
-        kind = rec.get("kind", "probe")
-        if kind == "agreement":
-            agreement_rows.append(_agreement_row(rec, i))
-        elif kind == "probe":
-            probe_rows.append({**_verdict_row(rec, i), "cell": cell_id(rec, cells)})
+    probe_rows, agreement_rows, cells = _table_rows(records)
     problems = [row for row in (_verdict_row(r, i) for i, r in enumerate(records))
                 if row["status"] in ("fail", "error")]
     problems.sort(key=lambda row: -row["rank"])
@@ -372,6 +366,20 @@ def render_report(meta: RunMeta | Mapping[str, Any], records: Iterable[Mapping[s
     )
 
 
+def _table_rows(records: list[Mapping[str, Any]]) -> tuple[list, list, dict[tuple, str]]:
+    """The verdict table's rows (each with its matrix cell's id), the agreement table's rows,
+    and the cell index `matrix_context` reads."""
+    probe_rows, agreement_rows = [], []
+    cells: dict[tuple, str] = {}
+    for i, rec in enumerate(records):
+        kind = rec.get("kind", "probe")
+        if kind == "agreement":
+            agreement_rows.append(_agreement_row(rec, i))
+        elif kind == "probe":
+            probe_rows.append({**_verdict_row(rec, i), "cell": cell_id(rec, cells)})
+    return probe_rows, agreement_rows, cells
+
+
 def _groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The verdict table's rows grouped by probe (first appearance order), each group with its
     op, worst status and per-status counts for its collapsible header."""
@@ -399,48 +407,6 @@ def _nodes_context(nodes: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not isinstance(nodes, Mapping):
         return None
     return nodes_context(nodes)
-
-
-def damage(run_dir: str | os.PathLike) -> list[str]:
-    """What is wrong with a run folder's records, one sentence each (none if it is whole):
-    lines of results.jsonl that cannot be read (`RecordsRead.problems`) and records lost
-    (`lost_records`).
-
-    Args:
-      run_dir: a run folder.
-
-    Returns:
-      Sentences for the report's banner and the terminal.
-    """
-    run = RunDir(run_dir)
-    lost = lost_records(run_dir)
-    return run.read_results().problems(run.results_jsonl) + ([lost] if lost else [])
-
-
-def lost_records(run_dir: str | os.PathLike) -> str | None:
-    """A sentence when run.json counts more records than results.jsonl holds, else None.
-
-    The runner writes run.json's `counts` from the records it appended, so a run that ended
-    with fewer records in results.jsonl than counted lost some afterwards (the file cut
-    short, or deleted), and a verdict read from what is left may hide a failure: the folder
-    is damaged (`diag report` exits 2).
-    """
-    run = RunDir(run_dir)
-    read = run.read_results()
-    meta = run.read_run()
-    counted = sum(v for v in meta.counts.values() if isinstance(v, int))
-    held = len(read.records) + len(read.unreadable) + (read.torn_last_line is not None)
-    if meta.state == "running" or counted <= held:
-        return None
-    where = (f"{run.results_jsonl} is missing" if not run.results_jsonl.exists() else
-             f"{run.results_jsonl} holds {len(read.records)} readable record(s)")
-    return (f"{where} while run.json counts {counted} ({_counts_text(meta.counts)}): "
-            f"{counted - held} record(s) are lost and the verdict covers only what is left; "
-            "the run folder is damaged: rerun the suite")
-
-
-def _counts_text(counts: Mapping[str, Any]) -> str:
-    return ", ".join(f"{n} {s}" for s, n in counts.items() if isinstance(n, int) and n)
 
 
 def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
