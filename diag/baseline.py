@@ -54,20 +54,8 @@ __all__ = ["BASELINE_SCHEMA", "BaselineError", "Check", "Drift", "build", "check
 
 BASELINE_SCHEMA = "diag.baseline/1"
 
-#: Metrics judged against an allowance: (metric, the allowance for this record or None). A
-#: record drifts when its value crosses the allowance between the two runs (see the module
-#: docstring: inside the allowance two correct implementations may land anywhere).
-RATIOS: dict[str, Any] = {
-    # error / bound; 1 is the bound (agreement records: |a - b| / (2 b), the same 1).
-    "bound_ratio": lambda rec: 1.0,
-    "narrow_bound_ratio": lambda rec: 1.0,
-    # top-k recall, by value: exact top-k must reach its table recall (1) in every row;
-    # approx_max_k the recall the caller promised, as a mean over rows.
-    "recall_min": lambda rec: getattr(_tolerance_of(rec), "recall", None),
-    "recall_mean": lambda rec: _num(rec.get("metrics", {}).get("recall_target")),
-    # train_step: the loss against its ULP screen.
-    "loss_ulp": lambda rec: _ulp_allowance(rec),
-}
+#: Metrics judged against an allowance (`diag.tolerance.RATIOS`, where every allowance lives).
+RATIOS = _tol.RATIOS
 
 #: Counts of elements or rows that break a rule, zero on every correct implementation: any
 #: change is drift.
@@ -98,25 +86,6 @@ def _num(v: Any) -> Optional[float]:
     if v in ("nan", "inf", "-inf"):
         return float(v)
     return None
-
-
-def _tolerance_of(rec: dict) -> Optional[_tol.Tolerance]:
-    """The record's row of the tolerance table (None for an op or dtype without one)."""
-    try:
-        return _tol.tolerance(rec.get("op", ""), rec.get("dtype") or "float32")
-    except (UsageError, KeyError, TypeError, ValueError):
-        return None
-
-
-def _ulp_allowance(rec: dict) -> Optional[float]:
-    """The ULPs the record's op allows for its case (train_step: the loss screen)."""
-    tol = _tolerance_of(rec)
-    if tol is None or tol.ulp is None:
-        return None
-    try:
-        return float(tol.ulp(rec.get("params") or {}))
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,8 +364,9 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
     if result.key_mismatch:
         result.notes.append("the baseline was saved on other hardware or versions: records "
                             "are compared by the tolerance rule (it holds on any hardware and "
-                            "version)" + ("; the bitwise comparison is skipped (bits may "
-                                          "change legitimately with either)" if bitwise else ""))
+                            "version)" + ("; bits may change legitimately with either, so "
+                                          "outputs whose bits changed are listed as "
+                                          "information, not drift" if bitwise else ""))
     elif bitwise:
         result.notes.append("same hardware and versions: outputs compared bit for bit")
     result.drifts.extend(_fingerprint_drifts(
@@ -419,6 +389,8 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
         drifts: list[Drift] = []
         if rec.get("status") in ("fail", "error"):
             result.failures.append(f"{k}: {rec.get('status')}: {rec.get('reason')}")
+            if (old_records.get(k) or {}).get("status") == rec.get("status"):
+                result.known_failures.append(result.failures[-1])
         if k not in old_records:
             result.extra.append(k)
             drifts = [Drift(k, "record", None, rec.get("status"), "not in the baseline, so "
@@ -428,6 +400,8 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
             result.compared += 1
             drifts = _metric_drifts(k, old_records[k], rec, bitwise and portable)
             result.drifts.extend(drifts)
+            if bitwise and not portable:
+                _bits_changed(result, k, old_records[k], rec)
         result.results[k] = {"status": rec.get("status"), "reason": rec.get("reason"),
                              "drifts": [d.text() for d in drifts], "new": k not in old_records}
     for k, rec in old_records.items():
@@ -439,6 +413,15 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
                                  "drifts": [f"{k}: missing from this run (baseline status "
                                             f"{rec.get('status')})"], "new": False}
     return result
+
+
+def _bits_changed(result: Check, key: str, old: dict, new: dict) -> None:
+    """Record (as information) how many of a record's outputs changed bits."""
+    od, nd = old.get("digests"), (new.get("metrics") or {}).get(DIGESTS)
+    if od is not None and nd is not None and od != nd:
+        n = sum(x != y for x, y in zip(od, nd)) + abs(len(od) - len(nd))
+        result.bits_changed.append(f"{key}: {n} of {max(len(od), len(nd))} output(s) changed "
+                                   "bits")
 
 
 def _unique(seen: dict, key: str) -> str:

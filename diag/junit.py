@@ -19,8 +19,8 @@ __all__ = ["save", "write"]
 def write(result: "Check", path: str | os.PathLike, *, name: str = "diag check") -> Path:
     """One testcase per (probe, case, backend): drift and fail/error records are failures.
 
-    Settings, fingerprint and backend drift, which belong to no record, are one testcase each in a
-    `settings` class. Written with junitparser (the XML is a library's business).
+    Settings, fingerprint, feature and backend drift, which belong to no record, are one testcase
+    per cause (`diag.drift.causes`) in a `settings` class. Written with junitparser (the XML is a library's business).
 
     Args:
       result: what `check` found.
@@ -45,10 +45,16 @@ def write(result: "Check", path: str | os.PathLike, *, name: str = "diag check")
         elif r["status"] == "skip":
             tc.result = [Skipped(str(r.get("reason") or "skipped")[:500])]
         suite.add_testcase(tc)
-    for d in result.drifts:
-        if d.where.startswith(("setting ", "fingerprint ", "backend ")):
-            tc = TestCase(d.where, classname="settings")
-            tc.result = [Failure(d.text()[:500], "drift")]
+    # A setting, a backend's arithmetic or a backend: one testcase per cause, its message the
+    # cause's one line (the same change elsewhere and what it explains folded in).
+    from diag.drift import CAUSE_KINDS
+
+    for cause in result.causes():
+        if cause.head.where.startswith(CAUSE_KINDS):
+            tc = TestCase(cause.head.where, classname="settings")
+            tc.result = [Failure(cause.text()[:500], "drift")]
+            tc.system_out = "\n".join(d.text() for d in [cause.head, *cause.same,
+                                                           *cause.arithmetic])
             suite.add_testcase(tc)
     return save(suite, path)
 

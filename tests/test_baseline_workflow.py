@@ -5,9 +5,13 @@ that validates.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import xmlschema
@@ -36,7 +40,34 @@ def test_workflow_is_valid_yaml_and_names_real_commands():
         r = run_diag(verb, "--help")
         assert r.returncode == 0, (verb, r.stderr)
     upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact"))
-    assert "report.html" in upload["with"]["path"] and "junit.xml" in upload["with"]["path"]
+    for name in ("report.html", "drift.html", "junit.xml"):
+        assert name in upload["with"]["path"], name
+
+
+def test_install_step_installs_this_checkout_not_a_name_from_a_public_index(tmp_path):
+    """diag is not on PyPI: a bare `pip install "diag[...]"` fails (or installs whatever
+    someone registered under that name). The step, run as written in a copy of the checkout,
+    must resolve diag from the checkout itself: pip's dry run without dependencies (only
+    setuptools, diag's build requirement, comes from the configured index) proves what it
+    would install."""
+    (install,) = [s["run"] for s in _steps() if "pip install" in s.get("run", "")]
+    assert install.startswith("pip install ")
+    checkout = tmp_path / "checkout"
+    shutil.copytree(REPO_ROOT, checkout, ignore=shutil.ignore_patterns(
+        ".git", "reports", "*.egg-info", "__pycache__", ".venv*", "build", "dist"))
+    dry = install.replace("pip install ", f"{sys.executable} -m pip install --dry-run "
+                          "--no-deps --report report.json ", 1)
+    r = subprocess.run(["bash", "-e", "-c", dry], cwd=checkout, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads((checkout / "report.json").read_text())
+    (item,) = report["install"]
+    assert item["metadata"]["name"] == "diag"
+    assert item["download_info"]["url"] == checkout.as_uri()
+    extras = set(item.get("requested_extras") or [])
+    declared = set(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"])
+    assert {"jax", "torch"} <= extras <= declared
 
 
 @needs_jax
@@ -71,3 +102,6 @@ def test_workflow_steps_gate_the_ci_suite(tmp_path):
     assert check.returncode == 0, check.stdout + check.stderr
     assert "no drift" in check.stdout
     xmlschema.XMLSchema(str(XSD)).validate(str(tmp_path / "junit.xml"))
+    # The drift view the upload step names, written by the check step.
+    view = (tmp_path / "drift.html").read_text("utf-8")
+    assert 'data-exit="0"' in view and "NO DRIFT" in view

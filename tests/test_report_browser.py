@@ -54,7 +54,7 @@ def page(driver, run_and_report):
 
 def _visible_rows(driver, table_id="verdict-table") -> int:
     return driver.execute_script(
-        "return Array.from(document.querySelectorAll(arguments[0] + ' tbody tr'))"
+        "return Array.from(document.querySelectorAll(arguments[0] + ' tbody tr[data-i]'))"
         ".filter(r => r.offsetParent !== null).length;", f"#{table_id}")
 
 
@@ -66,7 +66,7 @@ def _column(driver, header: str, table_id="verdict-table") -> int:
 def _cell_keys(driver, col: int) -> list[str | None]:
     """data-v of one column, for the visible rows, in displayed order."""
     return driver.execute_script(
-        "return Array.from(document.querySelectorAll('#verdict-table tbody tr'))"
+        "return Array.from(document.querySelectorAll('#verdict-table tbody tr[data-i]'))"
         ".filter(r => r.offsetParent !== null)"
         ".map(r => r.cells[arguments[0]].getAttribute('data-v'));", col)
 
@@ -95,26 +95,42 @@ def test_charts_render_with_size(page):
     assert box[0] > 10 and box[1] > 1
 
 
-def test_clicking_a_metric_header_sorts_numerically(page):
-    driver, _ = page
+def _group_keys(driver, col: int) -> dict[str, list[str | None]]:
+    """data-v of one column per probe group (tbody), in displayed order."""
+    return driver.execute_script(
+        "const out = {}; document.querySelectorAll('#verdict-table tbody.group').forEach(tb =>"
+        " out[tb.dataset.probe] = Array.from(tb.querySelectorAll('tr[data-i]'))"
+        ".map(r => r.cells[arguments[0]].getAttribute('data-v'))); return out;", col)
+
+
+def test_clicking_a_metric_header_sorts_numerically_within_each_probe(page):
+    driver, run = page
     col = _column(driver, "max ULP")
     header = driver.find_elements(By.CSS_SELECTOR, "#verdict-table thead th")[col]
+    records = [r for r in run.records() if r["kind"] != "agreement"]
 
     header.click()  # numbers: worst (largest) first
     assert header.get_attribute("aria-sort") == "descending"
-    keys = _cell_keys(driver, col)
-    # The failing softmax has max_ulp "inf"; missing values (error, skip) go last.
-    assert keys[0] == "Infinity"
-    present = [float(k) for k in keys if k]
-    assert present == sorted(present, reverse=True)
-    assert all(not k for k in keys[len(present):]) and len(keys) - len(present) == 2
+    groups = _group_keys(driver, col)
+    assert sorted(groups) == sorted({r["probe"] for r in records})
+    for probe, keys in groups.items():
+        assert len(keys) == sum(r["probe"] == probe for r in records)
+        present = [float(k) for k in keys if k]
+        assert present == sorted(present, reverse=True), probe
+        assert all(not k for k in keys[len(present):])  # missing (error, skip) go last
+    # The failing softmax has max_ulp "inf": first in its group.
+    (inf_probe,) = {r["probe"] for r in records if r["metrics"].get("max_ulp") == "inf"}
+    assert groups[inf_probe][0] == "Infinity"
+    assert sum(not k for keys in groups.values() for k in keys) == 2
 
     header.click()
     assert header.get_attribute("aria-sort") == "ascending"
-    keys = _cell_keys(driver, col)
-    present = [float(k) for k in keys if k]
-    assert present == sorted(present) and not math.isinf(present[0])
-    assert all(not k for k in keys[len(present):])
+    for probe, keys in _group_keys(driver, col).items():
+        present = [float(k) for k in keys if k]
+        assert present == sorted(present), probe
+        assert all(not k for k in keys[len(present):])
+    keys = [k for k in _group_keys(driver, col)[inf_probe] if k]
+    assert keys[-1] == "Infinity"
 
 
 def test_text_sort_is_natural(page):
@@ -122,7 +138,7 @@ def test_text_sort_is_natural(page):
     col = _column(driver, "case")
     driver.find_elements(By.CSS_SELECTOR, "#verdict-table thead th")[col].click()
     cases = driver.execute_script(
-        "return Array.from(document.querySelectorAll('#verdict-table tbody tr'))"
+        "return Array.from(document.querySelectorAll('#verdict-table tbody tr[data-i]'))"
         ".map(r => r.cells[arguments[0]].textContent);", col)
     d_cases = [c for c in cases if c.startswith("d=") and c.endswith("precision=default")]
     assert d_cases == ["d=64 precision=default", "d=256 precision=default",
@@ -197,7 +213,10 @@ def test_features_table_shows_real_values_and_opens_their_evidence(features_page
     from diag.drift import FEATURE_FIELDS
 
     rows = driver.find_elements(By.CSS_SELECTOR, "#features-table tbody tr")
-    assert len(rows) == 2 and all(r.is_displayed() for r in rows)
+    # Evidence is collapsed until its section is opened.
+    assert len(rows) == 2 and not any(r.is_displayed() for r in rows)
+    driver.find_element(By.CSS_SELECTOR, "#features > details > summary").click()
+    assert all(r.is_displayed() for r in rows)
     for row in rows:
         cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
         (entry,) = meta["backends"][cells[0]]["features"]

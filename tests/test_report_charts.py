@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from diag import numerics
 from diag.report import charts
 from diag.report.training import curves_figure, curves_svg
 
@@ -93,8 +94,22 @@ def test_sweep_chart_labels_log_axes_in_plain_text(no_mathtext):
         ys = [y for s in sweep.series for y in s.xy(metric)[1] if y > 0]
         for y in (min(ys), max(ys)):
             assert any(y / 10 <= d <= y * 10 for d in decades), (metric, y, decades)
-    # The exact-zero points (jax-cpu float32 has 0 ULP) keep their "0" label on the symlog axis.
-    assert "0" in texts
+    # The exact-zero points (jax-cpu float32 has 0 ULP) are drawn a decade below the
+    # smallest positive value, on a plain log axis whose title says so (a symlog axis put
+    # "0" under "10⁻⁶" and the two labels overlapped).
+    ulps = [y for s in sweep.series for y in s.xy("max_ulp")[1]]
+    assert 0 in ulps
+    floor = 10.0 ** (math.floor(math.log10(min(y for y in ulps if y > 0))) - 1)
+    assert f"0 drawn at {numerics.fmt(floor)}" in texts
+    assert "0" not in texts
+
+
+def test_zero_floor_is_a_decade_below_the_smallest_positive_value():
+    assert charts.zero_floor([0.0, 3e-6, 2.0]) == pytest.approx(1e-7)
+    assert charts.zero_floor([0.0, 1.0]) == pytest.approx(0.1)
+    assert charts.zero_floor([3e-6, 2.0]) is None      # no zero: nothing to place
+    assert charts.zero_floor([0.0, 0.0]) is None       # nothing positive: linear axis
+    assert charts.zero_floor([-1.0, 0.0, 1.0]) is None  # signed values keep their scale
 
 
 def test_training_curves_label_log_axes_in_plain_text(no_mathtext):

@@ -81,8 +81,17 @@ def _cases(driver) -> list:
     return driver.find_elements(By.CSS_SELECTOR, "#trace .trace-case")
 
 
+def _open_trace_tables(driver) -> None:
+    """The ops tables are evidence, collapsed by default: open them all."""
+    for summary in driver.find_elements(By.CSS_SELECTOR, "#trace details.trace-fold > summary"):
+        summary.click()
+
+
 def test_each_case_shows_its_ops_next_to_its_error_figures(page):
     driver, run = page
+    folded = driver.find_elements(By.CSS_SELECTOR, "#trace details.trace-fold")
+    assert folded and not any(d.get_attribute("open") for d in folded)
+    _open_trace_tables(driver)
     records = {(r["case"], r["backend"]): r for r in RunDir(run).records()
                if r.get("kind", "probe") == "probe"}
     summaries = {(s["case"], s["backend"]): s for s in read_summaries(run)}
@@ -129,3 +138,13 @@ def test_problem_cases_come_first(page):
 def test_console_has_no_errors(page):
     driver, _ = page
     assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def test_traced_report_fits_every_width(page):
+    """The layout claims of test_report_layout_browser.py hold for a traced run too."""
+    try:
+        from test_report_layout_browser import check_layout, expected_cells
+    except ImportError:
+        from tests.test_report_layout_browser import check_layout, expected_cells
+    driver, run = page
+    check_layout(driver, run / "report.html", expected_cells(run))

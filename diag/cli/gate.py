@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from diag.cli._app import app, write_after_verdict
+from diag.drift import show
 from diag.outputs import prepare_output
 
 
@@ -41,10 +42,15 @@ def check_cmd(
     junit: Optional[Path] = typer.Option(None, "--junit",
                                          help="Also write a JUnit XML file: one testcase per "
                                               "(probe, case, backend)."),
+    html: Optional[Path] = typer.Option(None, "--html",
+                                        help="Also write the drift view: one self-contained "
+                                             "HTML file, each drift under its cause."),
 ) -> None:
     """Compare a run with a baseline: exit 1 naming every drifted record, 0 when none drifted.
 
-    Exits 2 when the baseline or the run folder cannot be used (one line says why).
+    Every line goes to stdout (`diag check > out.txt` keeps what drifted); each cause of drift
+    is said once, with what it explains indented under it. Exits 2 when the baseline or the
+    run folder cannot be used (one line says why).
     """
     from diag import baseline, render
 
@@ -53,18 +59,48 @@ def check_cmd(
     data = baseline.load(baseline_file)
     result = baseline.check(run_dir, data, bitwise=bitwise)
     for line in result.key_mismatch:
-        render.print_error(f"diag: key mismatch: {line}")
+        render.print_line(f"diag: key mismatch: {line}")
     for note in result.notes:
         render.print_line(f"diag: {note}")
-    for drift in result.drifts:
-        render.print_error(f"diag: drift: {drift.text()}")
+    for cause in result.causes():
+        render.print_line(f"diag: drift: {cause.text()}")
+        for line in _explained(cause):
+            render.print_line(f"    {line}")
     for failure in result.failures:
-        render.print_line(f"diag: failed: {failure}")
+        known = " (known: failed in the baseline too)" if failure in result.known_failures else ""
+        render.print_line(f"diag: failed: {failure}{known}")
+    for line in result.bits_changed:
+        render.print_line(f"diag: bits changed (information, not drift): {line}")
     verdict = "drifted" if result.drifts else "no drift"
     render.print_line(f"diag: {verdict}: {result.compared} record(s) compared, "
-                      f"{len(result.drifts)} drift(s), {len(result.missing)} missing, "
-                      f"{len(result.extra)} new, {len(result.failures)} failed")
+                      f"{len(result.causes())} cause(s) of {len(result.drifts)} drift(s), "
+                      f"{len(result.missing)} missing, {len(result.extra)} new, "
+                      f"{len(result.failures)} failed")
     code = result.exit_code
     if junit is not None:  # after the verdict: a file that cannot be written loses nothing
         code = write_after_verdict(lambda: baseline.write_junit(result, junit), "junit", code)
+    if html is not None:
+        from diag.report import write_drift_view
+
+        code = write_after_verdict(
+            lambda: write_drift_view(result.view(), html, run_dir=str(run_dir),
+                                     baseline=str(baseline_file)), "drift view", code)
     raise typer.Exit(code)
+
+
+# Detail lines shown under a cause in the terminal; the drift view (--html) lists them all.
+_SHOWN = 8
+
+
+def _explained(cause) -> list[str]:
+    """The indented lines under a cause: a record's own other drifts in full, else the
+    arithmetic fields and the records it explains (one line per record, its drifts joined),
+    at most `_SHOWN`, then how many more."""
+    if cause.head.where in cause.records:  # a record nothing else explains
+        return [d.text() for d in cause.records[cause.head.where]]
+    lines = [d.text() for d in cause.arithmetic]
+    lines += [f"{k}: " + ", ".join(f"{d.what} {show(d.old)} -> {show(d.new)}" for d in ds)
+              for k, ds in cause.records.items()]
+    if len(lines) > _SHOWN:
+        lines[_SHOWN:] = [f"... and {len(lines) - _SHOWN} more (--html lists them all)"]
+    return lines

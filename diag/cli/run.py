@@ -132,22 +132,22 @@ def report_cmd(
 ) -> None:
     """Write a self-contained HTML report for a run folder.
 
-    Exits 2 when results.jsonl has lines that cannot be read (other than a torn last line):
-    the report is still written, and says how many records it could not show.
+    Exits 2 when the folder is damaged: results.jsonl has lines that cannot be read (other
+    than a torn last line), or holds fewer records than run.json counts (cut short or
+    deleted). The report is still written, and its banner says what is missing.
     """
     from diag import render
-    from diag.report import write_report
+    from diag.report import damage, lost_records, write_report
     from diag.results import read_results
 
     if not (run_dir / "run.json").is_file():
         raise DiagError(f"{run_dir}: not a diag run folder (no run.json); pass the folder "
                         f"that `diag run` printed")
     path = write_report(run_dir, out)
-    read = read_results(run_dir)
     render.print_line(f"diag: report: {path}")
-    for problem in read.problems(run_dir / "results.jsonl"):
+    for problem in damage(run_dir):
         render.print_error(f"diag: {problem}")
-    if read.unreadable:
+    if read_results(run_dir).unreadable or lost_records(run_dir):
         raise typer.Exit(EXIT_USAGE)
 
 

@@ -8,11 +8,17 @@ but neither matplotlib (imported when a chart is drawn) nor any ML framework.
 
 from __future__ import annotations
 
+from diag.report.driftview import render_drift_view, write_drift_view
+from diag.report.damage import damage, lost_records
 from diag.report.html import render_report, write_report
 
 __all__ = [
+    "damage",
+    "lost_records",
     "preload",
+    "render_drift_view",
     "render_report",
+    "write_drift_view",
     "write_report",
 ]
 

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping
 from diag import numerics
 
 __all__ = ["Series", "Sweep", "figure_svg", "panels", "sweep_figure", "sweep_groups", "sweep_svg",
-           "title_and_legend", "to_float"]
+           "title_and_legend", "to_float", "zero_floor"]
 
 # The panels of a sweep figure: (metric key, panel title, a reference line or None).
 # ULP and abs error show how error grows; the bound ratio is what decides the verdict:
@@ -231,6 +231,20 @@ def _set_scale(ax, axis: str, values: list[float], base: float = 10) -> None:
             (ax.set_xlim if axis == "x" else ax.set_ylim)(-0.25 * linthresh, 1.5 * max(values))
 
 
+def zero_floor(values: list[float]) -> float | None:
+    """Where a log axis draws an error of exactly 0: a decade below the smallest positive
+    value, rounded down to a power of ten (None when no value is 0, or none is positive).
+
+    A symlog axis drew 0 a quarter of a linear decade under its smallest tick, and the two
+    labels ("10⁻⁶" and "0") overlapped; a floor on a plain log axis, stated in the panel's
+    title, keeps zero visible (0 ULP is the common, good case) with every tick a decade apart.
+    """
+    positive = [v for v in values if v > 0]
+    if not positive or len(positive) == len(values) or min(values) < 0:
+        return None
+    return 10.0 ** (math.floor(math.log10(min(positive))) - 1)
+
+
 def _is_power_of_two(x: float) -> bool:
     return x > 0 and float(x).is_integer() and (int(x) & (int(x) - 1)) == 0
 
@@ -338,8 +352,14 @@ def sweep_figure(sweep: Sweep) -> Any:
     handles = []
     for ax, (metric, title, reference) in zip(axes, PANELS):
         ys_all: list[float] = []
+        floor = zero_floor([y for s in sweep.series for y in s.xy(metric)[1]]
+                           + ([reference] if reference is not None else []))
+        if floor is not None:  # the y axis's title says where an exact 0 sits
+            ax.set_ylabel(f"0 drawn at {numerics.fmt(floor)}", fontsize=8, labelpad=1)
         for i, series in enumerate(sweep.series):
             xs, ys = series.xy(metric)
+            if floor is not None:
+                ys = [floor if y == 0 else y for y in ys]
             # Backends often agree exactly (CPU results are bit-identical across frameworks):
             # alternate solid/dashed lines and filled/hollow markers so a line drawn on top
             # of another one does not hide it.

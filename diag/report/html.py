@@ -28,6 +28,8 @@ from markupsafe import Markup
 from diag import numerics
 from diag.errors import UsageError
 from diag.report.charts import sweep_groups, sweep_svg, to_float
+from diag.report.damage import damage
+from diag.report.matrix import cell_id, matrix_context
 from diag.report.nodes import report_context as nodes_context
 from diag.report.sections import ab_context, sampling_context
 from diag.report.settings import report_context as settings_context
@@ -35,17 +37,21 @@ from diag.report.trace import trace_context
 from diag.report.training import train_context
 from diag.results import STATUSES, RunDir, RunMeta, output_errors, worst_status
 
-__all__ = ["render_report", "write_report"]
+__all__ = ["asset", "environment", "render_report", "write_report"]
+
+# A reason longer than this is folded: its first words shown, the full text on demand.
+REASON_FOLD = 160
 
 # Columns of the verdict table: (header, metric key or None, kind). `kind` picks formatting
 # and sorting: "num" sorts numerically, "text" naturally ("d=64" before "d=128"). The bound
 # ratio decides a verdict, so it leads; the ULP and relative figures follow as evidence (an
 # element that nearly cancels can be a million ULP off in a correct float32 sum).
+# "opt" columns give way below 1250 px wide (report.css), so the reason keeps 30 characters.
 METRIC_COLUMNS = (
     ("bound ratio", "bound_ratio", "num"),
     ("max ULP", "max_ulp", "num"),
-    ("p99 ULP", "p99_ulp", "num"),
-    ("not corr. rounded", "frac_not_correctly_rounded", "pct"),
+    ("p99 ULP", "p99_ulp", "opt"),
+    ("not corr. rounded", "frac_not_correctly_rounded", "pct opt"),
     ("max rel err", "max_rel_err", "num"),
 )
 
@@ -54,6 +60,11 @@ METRIC_COLUMNS = (
 ENV_FIRST = ("host", "hostname", "platform", "machine", "cpu_count", "python", "devices",
              "packages", "frameworks", "versions", "env", "xla_flags", "libtpu_init_args",
              "numerics", "jax", "torch", "command", "cwd", "git_revision", "git")
+
+# What a worker reported that the Precision fingerprints and Arithmetic features sections show
+# (as compact tables): left out of the Environment's backend tables, where they were a raw
+# nested dump tens of thousands of pixels tall.
+EVIDENCE_KEYS = ("fingerprints", "features")
 
 # How a verdict reads at the top of the report.
 VERDICT_TEXT = {
@@ -152,7 +163,7 @@ def _env_items(env: Mapping[str, Any]) -> list[tuple[str, Any]]:
 
 
 def _cell(text: str, v: str, title: str = "", bad: bool = False) -> dict[str, Any]:
-    return {"text": text, "v": v, "title": title, "bad": bad}
+    return {"text": text, "v": v, "title": title, "bad": bad, "agree": False, "opt": False}
 
 
 def _row_identity(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -174,14 +185,9 @@ def _verdict_row(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
     cells = []
     for _, key, kind in METRIC_COLUMNS:
         value = metrics.get(key)
-        cells.append(_cell(fmt_pct(value) if kind == "pct" else fmt_num(value),
-                           sort_key(value)))
-    nan, inf = to_float(metrics.get("nan_count")), to_float(metrics.get("inf_count"))
-    nonfinite = None if nan is None and inf is None else (nan or 0) + (inf or 0)
-    cells.append(_cell(fmt_num(nonfinite), sort_key(nonfinite),
-                       title=f"NaN: {fmt_num(metrics.get('nan_count'))}, "
-                             f"Inf: {fmt_num(metrics.get('inf_count'))}",
-                       bad=bool(nonfinite)))
+        cells.append({**_cell(fmt_pct(value) if "pct" in kind else fmt_num(value),
+                              sort_key(value)), "opt": "opt" in kind})
+    cells.append(_nonfinite_cell(metrics))
     run_s = timings.get("run_s_median")
     compile_s = timings.get("compile_s")
     title = f"compile: {fmt_seconds(compile_s)}" if compile_s is not None else ""
@@ -197,7 +203,37 @@ def _verdict_row(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
         "dtype": str(rec.get("dtype", "")),
         "metrics": cells,
         "reason": str(rec.get("reason", "")),
+        "fold": _fold(str(rec.get("reason", ""))),
     }
+
+
+def _nonfinite_cell(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """NaN + Inf in the output: an alarm only where the truth is finite.
+
+    An element that is Inf in the truth and in the output (float16's wide-range matmul
+    overflows in 16306 of 16384 elements, correctly) agrees with the truth; `unexpected_nonfinite`
+    counts the others. A record without that count is judged by the total.
+    """
+    nan, inf = to_float(metrics.get("nan_count")), to_float(metrics.get("inf_count"))
+    nonfinite = None if nan is None and inf is None else (nan or 0) + (inf or 0)
+    unexpected = to_float(metrics.get("unexpected_nonfinite"))
+    title = f"NaN: {fmt_num(metrics.get('nan_count'))}, Inf: {fmt_num(metrics.get('inf_count'))}"
+    cell = _cell(fmt_num(nonfinite), sort_key(nonfinite), title=title,
+                 bad=bool(nonfinite) if unexpected is None else bool(unexpected))
+    if nonfinite and unexpected is not None:
+        agree = nonfinite - unexpected
+        cell["title"] += (f"; {fmt_num(agree)} non-finite where the truth is too (agreement), "
+                          f"{fmt_num(unexpected)} where the truth is finite")
+        cell["agree"] = not unexpected
+    return cell
+
+
+def _fold(reason: str) -> dict[str, str]:
+    """A reason as the table shows it: whole, or its first words and the full text folded."""
+    if len(reason) <= REASON_FOLD:
+        return {"full": reason, "short": ""}
+    cut = reason.rfind(" ", 0, REASON_FOLD - 40)
+    return {"full": reason, "short": reason[:cut if cut > 40 else REASON_FOLD - 40] + " …"}
 
 
 def _agreement_row(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -216,14 +252,17 @@ def _agreement_row(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
                      "v": sort_key(metrics.get("elements"))},
         "frac": {"text": fmt_pct(frac), "v": sort_key(frac)},
         "reason": str(rec.get("reason", "")),
+        "fold": _fold(str(rec.get("reason", ""))),
     }
 
 
-def _asset(name: str) -> str:
+def asset(name: str) -> str:
+    """A file of the report's templates folder (its CSS, its script), as text."""
     return resources.files("diag.report").joinpath("templates", name).read_text("utf-8")
 
 
-def _environment() -> jinja2.Environment:
+def environment() -> jinja2.Environment:
+    """The jinja2 environment of the report's templates (autoescaping, diag's filters)."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("diag.report", "templates"),
         autoescape=True,
@@ -269,13 +308,7 @@ def render_report(meta: RunMeta | Mapping[str, Any], records: Iterable[Mapping[s
     if damage:
         verdict_text += " (readable records only: see the warning above)"
 
-    probe_rows, agreement_rows = [], []
-    for i, rec in enumerate(records):
-        kind = rec.get("kind", "probe")
-        if kind == "agreement":
-            agreement_rows.append(_agreement_row(rec, i))
-        elif kind == "probe":
-            probe_rows.append(_verdict_row(rec, i))
+    probe_rows, agreement_rows, cells = _table_rows(records)
     problems = [row for row in (_verdict_row(r, i) for i, r in enumerate(records))
                 if row["status"] in ("fail", "error")]
     problems.sort(key=lambda row: -row["rank"])
@@ -286,10 +319,10 @@ def render_report(meta: RunMeta | Mapping[str, Any], records: Iterable[Mapping[s
                        "n_series": len(sweep.series), "omitted": sweep.omitted,
                        "svg": Markup(sweep_svg(sweep, f"sweep-{n}"))})
 
-    script = _asset("report.js")
+    script = asset("report.js")
     script_hash = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode()
     suite = run.suite
-    return _environment().get_template("report.html.j2").render(
+    return environment().get_template("report.html.j2").render(
         run_id=run.run_id or "—",
         state=state,
         state_note=STATE_NOTE.get(state),
@@ -307,15 +340,20 @@ def render_report(meta: RunMeta | Mapping[str, Any], records: Iterable[Mapping[s
         suite_path=suite.get("path") if suite.get("name") else None,
         environment=_env_items(run.environment),
         # What each worker reported at start-up: device, framework version, numerics settings.
-        backends=list(run.backends.items()),
+        # (their fingerprints and features have sections of their own).
+        backends=[(name, {k: v for k, v in info.items() if k not in EVIDENCE_KEYS}
+                   if isinstance(info, Mapping) else info)
+                  for name, info in run.backends.items()],
         backends_skipped=list(run.backends_skipped.items()),
         metric_columns=METRIC_COLUMNS,
         rows=probe_rows,
+        groups=_groups(probe_rows),
+        matrix=matrix_context(records, cells),
         agreement_rows=agreement_rows,
         sweeps=sweeps,
         # Settings findings and precision fingerprints (diag.flags; _settings.html.j2).
         settings=settings_context(run),
-        style=Markup(_asset("report.css")),
+        style=Markup(asset("report.css")),
         script=Markup(script),
         script_hash=script_hash,
         version=__version__,
@@ -326,6 +364,35 @@ def render_report(meta: RunMeta | Mapping[str, Any], records: Iterable[Mapping[s
         trace=trace,
         train=_train_context(records, run.report_sections),
     )
+
+
+def _table_rows(records: list[Mapping[str, Any]]) -> tuple[list, list, dict[tuple, str]]:
+    """The verdict table's rows (each with its matrix cell's id), the agreement table's rows,
+    and the cell index `matrix_context` reads."""
+    probe_rows, agreement_rows = [], []
+    cells: dict[tuple, str] = {}
+    for i, rec in enumerate(records):
+        kind = rec.get("kind", "probe")
+        if kind == "agreement":
+            agreement_rows.append(_agreement_row(rec, i))
+        elif kind == "probe":
+            probe_rows.append({**_verdict_row(rec, i), "cell": cell_id(rec, cells)})
+    return probe_rows, agreement_rows, cells
+
+
+def _groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The verdict table's rows grouped by probe (first appearance order), each group with its
+    op, worst status and per-status counts for its collapsible header."""
+    groups: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        g = groups.setdefault(row["probe"], {"probe": row["probe"], "op": row["op"], "rows": []})
+        g["rows"].append(row)
+    for n, g in enumerate(groups.values()):
+        statuses = [r["status"] for r in g["rows"]]
+        g["id"] = f"g{n}"
+        g["worst"] = worst_status(statuses)
+        g["counts"] = [(s, statuses.count(s)) for s in STATUSES[::-1] if s in statuses]
+    return list(groups.values())
 
 
 def _train_context(records, sections) -> dict[str, Any] | None:
@@ -373,7 +440,7 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
                              "damaged, rerun `diag nodes`") from None
     read = run.read_results()
     meta = run.read_run()
-    html = render_report(meta, read.records, nodes=nodes, damage=read.problems(run.results_jsonl),
+    html = render_report(meta, read.records, nodes=nodes, damage=damage(run_dir),
                          trace=trace_context(run.path, read.records, meta.backends))
     path = Path(out) if out is not None else run.path / "report.html"
     # diag.outputs: parents created, a bad path or a full disk one line (exit 2)

@@ -21,8 +21,18 @@
     var dir = current ? (current === "ascending" ? "descending" : "ascending")
                       : (numeric ? "descending" : "ascending");
     var sign = dir === "ascending" ? 1 : -1;
-    var tbody = table.tBodies[0];
-    var rows = Array.prototype.slice.call(tbody.rows);
+    // A grouped table sorts within each probe's tbody; its header row stays on top.
+    Array.prototype.forEach.call(table.tBodies, function (tbody) {
+      sortRows(tbody, col, numeric, sign);
+    });
+    Array.prototype.forEach.call(th.parentNode.cells, function (h) { h.removeAttribute("aria-sort"); });
+    th.setAttribute("aria-sort", dir);
+  }
+
+  function sortRows(tbody, col, numeric, sign) {
+    var rows = Array.prototype.filter.call(tbody.rows, function (r) {
+      return !r.classList.contains("group-head");
+    });
     rows.sort(function (a, b) {
       var ta = a.cells[col], tb = b.cells[col], c = 0;
       if (numeric) {
@@ -41,8 +51,6 @@
       return sign * c;
     });
     rows.forEach(function (r) { tbody.appendChild(r); });
-    Array.prototype.forEach.call(th.parentNode.cells, function (h) { h.removeAttribute("aria-sort"); });
-    th.setAttribute("aria-sort", dir);
   }
 
   Array.prototype.forEach.call(document.querySelectorAll("table.sortable"), function (table) {
@@ -59,24 +67,43 @@
   var input = document.getElementById("filter");
   var select = document.getElementById("status-filter");
   var counter = document.getElementById("row-count");
+  var cellBox = document.getElementById("cell-filter");
   var problems = { warn: true, fail: true, error: true };
+  var cell = "";  // a matrix cell's id: only its records are shown
+
+  function recordRows() {
+    return table ? table.querySelectorAll("tbody tr[data-i]") : [];
+  }
 
   function applyFilter() {
     if (!table) return;
     var needle = input.value.trim().toLowerCase();
     var want = select.value;
-    var rows = table.tBodies[0].rows, shown = 0;
+    var rows = recordRows(), shown = 0;
     for (var i = 0; i < rows.length; i++) {
       var r = rows[i], s = r.getAttribute("data-status");
       var ok = (!want || (want === "problems" ? problems[s] : s === want)) &&
+               (!cell || r.getAttribute("data-cell") === cell) &&
                (!needle || r.textContent.toLowerCase().indexOf(needle) >= 0);
       r.hidden = !ok;
       if (ok) shown++;
     }
+    // A probe's header row shows while any of its records passes the filter.
+    Array.prototype.forEach.call(table.tBodies, function (tb) {
+      var head = tb.querySelector("tr.group-head");
+      if (head) head.hidden = !tb.querySelector("tr[data-i]:not([hidden])");
+    });
     counter.textContent = "showing " + shown + " of " + rows.length;
+    cellBox.hidden = !cell;
     Array.prototype.forEach.call(document.querySelectorAll("#status-counts button"), function (b) {
       b.classList.toggle("active", b.getAttribute("data-status") === want);
     });
+  }
+
+  function setGroup(tbody, open) {
+    tbody.classList.toggle("collapsed", !open);
+    var b = tbody.querySelector("button.group-toggle");
+    if (b) b.setAttribute("aria-expanded", open ? "true" : "false");
   }
 
   if (table) {
@@ -89,6 +116,32 @@
         applyFilter();
         document.getElementById("results").scrollIntoView();
       });
+    });
+    Array.prototype.forEach.call(table.tBodies, function (tb) {
+      var b = tb.querySelector("button.group-toggle");
+      if (b) b.addEventListener("click", function () {
+        setGroup(tb, tb.classList.contains("collapsed"));
+      });
+    });
+    var all = document.getElementById("groups-toggle");
+    all.addEventListener("click", function () {
+      var open = all.getAttribute("data-open") !== "1";
+      Array.prototype.forEach.call(table.tBodies, function (tb) { setGroup(tb, open); });
+      all.setAttribute("data-open", open ? "1" : "0");
+      all.textContent = open ? "collapse all probes" : "expand all probes";
+    });
+    // A matrix cell shows its own records: every group opened, other cells' rows hidden.
+    Array.prototype.forEach.call(document.querySelectorAll("#matrix a[data-cell]"), function (a) {
+      a.addEventListener("click", function () {
+        cell = a.getAttribute("data-cell");
+        document.getElementById("cell-filter-name").textContent = a.getAttribute("title");
+        Array.prototype.forEach.call(table.tBodies, function (tb) { setGroup(tb, true); });
+        applyFilter();
+      });
+    });
+    document.getElementById("cell-filter-clear").addEventListener("click", function () {
+      cell = "";
+      applyFilter();
     });
     applyFilter();
   }

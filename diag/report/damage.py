@@ -1,0 +1,57 @@
+"""What is wrong with a run folder's records, said in the report's banner and by `diag report`.
+
+A report that silently shows what is left of a damaged folder can hide a failure: a verdict of
+PASS over 63 records while run.json counts 136. So the report compares what results.jsonl holds
+with what the runner counted when it wrote run.json.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from diag.results import RunDir
+
+__all__ = ["damage", "lost_records"]
+
+
+def damage(run_dir: str | os.PathLike) -> list[str]:
+    """What is wrong with a run folder's records, one sentence each (none if it is whole):
+    lines of results.jsonl that cannot be read (`RecordsRead.problems`) and records lost
+    (`lost_records`).
+
+    Args:
+      run_dir: a run folder.
+
+    Returns:
+      Sentences for the report's banner and the terminal.
+    """
+    run = RunDir(run_dir)
+    lost = lost_records(run_dir)
+    return run.read_results().problems(run.results_jsonl) + ([lost] if lost else [])
+
+
+def lost_records(run_dir: str | os.PathLike) -> str | None:
+    """A sentence when run.json counts more records than results.jsonl holds, else None.
+
+    The runner writes run.json's `counts` from the records it appended, so a run that ended
+    with fewer records in results.jsonl than counted lost some afterwards (the file cut
+    short, or deleted), and a verdict read from what is left may hide a failure: the folder
+    is damaged (`diag report` exits 2).
+    """
+    run = RunDir(run_dir)
+    read = run.read_results()
+    meta = run.read_run()
+    counted = sum(v for v in meta.counts.values() if isinstance(v, int))
+    held = len(read.records) + len(read.unreadable) + (read.torn_last_line is not None)
+    if meta.state == "running" or counted <= held:
+        return None
+    where = (f"{run.results_jsonl} is missing" if not run.results_jsonl.exists() else
+             f"{run.results_jsonl} holds {len(read.records)} readable record(s)")
+    return (f"{where} while run.json counts {counted} ({_counts_text(meta.counts)}): "
+            f"{counted - held} record(s) are lost and the verdict covers only what is left; "
+            "the run folder is damaged: rerun the suite")
+
+
+def _counts_text(counts: Mapping[str, Any]) -> str:
+    return ", ".join(f"{n} {s}" for s, n in counts.items() if isinstance(n, int) and n)
