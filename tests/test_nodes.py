@@ -135,7 +135,9 @@ def test_scan_result_is_typed_and_nodes_json_keeps_its_keys_in_order():
         "repeats", "seed", "inputs_per_workload", "workloads", "golden", "injections",
         "detection", "selftest", "local_devices", "compile_seconds", "scan_seconds",
         "seconds_per_device", "total_seconds", "verdict", "exit_code", "devices", "suspects",
-        "slow", "hosts", "references", "fleet_median_repeat_s", "notes"]
+        "slow", "hosts", "references", "fleet_median_repeat_s", "notes",
+        # Added after them (the schema stays diag.nodes/1: readers of the old keys still work).
+        "framework", "misconfigured", "config"]
     assert data["schema"] == nodes.NODES_SCHEMA == "diag.nodes/1"
     assert data["suspects"] == vote.suspects and [s["device_id"] for s in vote.suspects] == [2]
     assert json.loads(json.dumps(data)) == data

@@ -37,7 +37,12 @@ def nodes_cmd(
              "(also process=I, seed=S, delay=SECONDS); repeatable."),
     distributed: bool = typer.Option(False, "--distributed",
                                      help="Multi-host: start jax.distributed (auto-detected on "
-                                          "TPU pods and SLURM)."),
+                                          "TPU pods and SLURM) or torch.distributed (torchrun's "
+                                          "environment; gloo on CPU, NCCL on GPU)."),
+    framework: Optional[str] = typer.Option(
+        None, "--framework",
+        help="jax or torch; default torch when started by torchrun (TORCHELASTIC_* or "
+             "RANK+LOCAL_RANK+WORLD_SIZE set), else jax."),
     coordinator: Optional[str] = typer.Option(None, "--coordinator", help="HOST:PORT of "
                                               "process 0, when jax cannot detect the cluster."),
     num_processes: Optional[int] = typer.Option(None, "--num-processes", min=1),
@@ -78,7 +83,7 @@ def nodes_cmd(
                         num_processes=num_processes, process_id=process_id,
                         init_timeout=init_timeout, golden_dir=golden_dir,
                         save_golden=save_golden, slow_factor=slow_factor,
-                        fail_on_slow=fail_on_slow)
+                        fail_on_slow=fail_on_slow, framework=framework)
     if result.process_index != 0:
         # A log line, not the result: process 0's stdout carries the verdict.
         render.print_line(f"diag: process {result.process_index} of "
@@ -99,6 +104,8 @@ def nodes_cmd(
         for table in render.nodes_tables(result):
             render.out.print(table)
         for line in render.nodes_summary(result, run_dir):
+            render.print_line(line)
+        for line in nodes.misconfigured_lines(result):
             render.print_line(line)
         for outcome in (result.selftest or {}).get("injections", []):
             render.print_line(f"diag: {outcome['text']}")
