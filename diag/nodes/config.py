@@ -25,9 +25,10 @@ from typing import Any, Mapping, Optional, Sequence
 
 from diag.environment import NUMERICS_ENV_VARS
 from diag.flags import FLAG_VARS, host_flags
+from diag.nodes.result import NodeVote
 
 __all__ = ["EXTRA_ENV_VARS", "LIBRARIES", "UNSET", "compare", "decode", "encode", "fingerprint",
-           "misconfigured_lines", "reason"]
+           "judge", "misconfigured_lines", "reason"]
 
 UNSET = "(unset)"
 
@@ -123,6 +124,44 @@ def compare(fingerprints: Sequence[Mapping[str, str]], processes: Sequence[Mappi
                         "differs": items, "reason": reason(items)})
     return out, {"processes": n, "keys": len(keys), "reference": reference,
                  "no_majority": no_majority}
+
+
+def judge(vote: NodeVote, fingerprints: Sequence[Mapping[str, str]]
+          ) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
+    """Compare the processes' configurations beside the vote, and mark who is both.
+
+    Args:
+      vote: what `diag.nodes.analyze` said of the bits (its ``suspects`` and ``hosts`` get a
+        ``misconfigured`` flag here).
+      fingerprints: one `fingerprint` per process, in process order.
+
+    Returns:
+      (misconfigured, summary, notes): `compare`'s entries, each with ``hardware_suspect``
+      (and its reason saying so when it is both), `compare`'s summary, and notes.
+    """
+    procs: dict[int, dict[str, Any]] = {}
+    for d in vote.devices:
+        procs.setdefault(d["process_index"], {"process_index": d["process_index"],
+                                              "host": d["host"]})
+    order = [procs.get(p, {"process_index": p, "host": ""}) for p in range(len(fingerprints))]
+    misconfigured, summary = compare(fingerprints, order)
+    bad_procs = {m["process_index"] for m in misconfigured}
+    hw_procs = {s["process_index"] for s in vote.suspects}
+    for m in misconfigured:
+        m["hardware_suspect"] = m["process_index"] in hw_procs
+        if m["hardware_suspect"]:
+            m["reason"] += "; its outputs differ too: misconfigured and a hardware suspect"
+    for s in vote.suspects:
+        s["misconfigured"] = s["process_index"] in bad_procs
+        if s["misconfigured"]:
+            s["reason"] += "; its process's configuration differs too (see misconfigured)"
+    for h in vote.hosts:
+        h["misconfigured"] = h["process_index"] in bad_procs
+    notes = []
+    if summary["no_majority"]:
+        notes.append(f"no majority of processes agrees on {', '.join(summary['no_majority'])}: "
+                     "every process is named for it")
+    return misconfigured, summary, notes
 
 
 def reason(items: Sequence[Mapping[str, Any]], limit: int = 6) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 
 from diag.nodes.local import LocalRun, Runtime
 
-__all__ = ["Gathered", "gather", "gather_texts", "gather_ulps"]
+__all__ = ["Gathered", "barrier", "gather", "gather_texts", "gather_ulps"]
 
 
 @dataclass
@@ -32,6 +32,12 @@ class Gathered:
     injected: np.ndarray
     rows: list[tuple[int, int]]  # (process, local index) of each row
     dmax: int                    # the largest local device count (the padding)
+
+
+def barrier(rt: Runtime) -> None:
+    """Wait until every process gets here (a one-byte all-gather: every runtime has one)."""
+    if rt.distributed:
+        rt.allgather(np.zeros(1, np.uint8))
 
 
 def gather_texts(rt: Runtime, text: str) -> list[str]:

@@ -13,12 +13,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from diag.errors import EXIT_BAD_NODE, EXIT_NUMERICAL_FAILURE, UsageError
 from diag.nodes import config, store
 from diag.nodes.distributed import JaxRuntime, StdoutToStderr, import_jax, init_distributed
-from diag.nodes.gather import gather, gather_texts, gather_ulps
+from diag.nodes.gather import barrier, gather, gather_texts, gather_ulps
 from diag.nodes.inject import Injection, check_injections, detection_table, injection_outcomes
 from diag.nodes.local import Runtime, hex_digests, local_ulps, run_local
 from diag.nodes.result import NodeScan, NodeVote
@@ -97,31 +97,6 @@ def _selftest(vote: NodeVote, injections, repeats, names, slow_factor):
     return {"verdict": "missed" if missed else "found", "injections": outcomes}
 
 
-def _configs(vote: NodeVote, fingerprints) -> tuple[list, dict, list]:
-    """Compare the processes' configurations; mark suspects and hosts that are both."""
-    procs = {}
-    for d in vote.devices:
-        procs.setdefault(d["process_index"], {"process_index": d["process_index"],
-                                              "host": d["host"]})
-    order = [procs.get(p, {"process_index": p, "host": ""}) for p in range(len(fingerprints))]
-    misconfigured, summary = config.compare(fingerprints, order)
-    bad_procs = {m["process_index"] for m in misconfigured}
-    hw_procs = {s["process_index"] for s in vote.suspects}
-    for m in misconfigured:
-        m["hardware_suspect"] = m["process_index"] in hw_procs
-        if m["hardware_suspect"]:
-            m["reason"] += "; its outputs differ too: misconfigured and a hardware suspect"
-    for s in vote.suspects:
-        s["misconfigured"] = s["process_index"] in bad_procs
-    for h in vote.hosts:
-        h["misconfigured"] = h["process_index"] in bad_procs
-    notes = []
-    if summary["no_majority"]:
-        notes.append(f"no majority of processes agrees on {', '.join(summary['no_majority'])}: "
-                     "every process is named for it")
-    return misconfigured, summary, notes
-
-
 def _golden_info(seen: dict, vote: NodeVote, save_golden: bool, notes: list,
                  framework: str) -> dict[str, Any]:
     info: dict[str, Any] = {"path": str(seen["gpath"]), "compared": sorted(seen["golden"]),
@@ -163,7 +138,8 @@ def scan(*, workloads: Optional[Sequence[Workload]] = None, repeats: int = 10, s
          process_id: Optional[int] = None, init_timeout: int = 60,
          golden_dir: Optional[os.PathLike] = None, save_golden: bool = False,
          use_golden: bool = True, slow_factor: float = 1.5,
-         fail_on_slow: bool = False, framework: Optional[str] = None) -> NodeScan:
+         fail_on_slow: bool = False, framework: Optional[str] = None,
+         epilogue: Optional[Callable[[NodeScan], Any]] = None) -> NodeScan:
     """Scan every local device (every device of every process with `distributed`).
 
     Args:
@@ -185,6 +161,8 @@ def scan(*, workloads: Optional[Sequence[Workload]] = None, repeats: int = 10, s
       fail_on_slow: stragglers count as suspects.
       framework: "jax" or "torch"; default "torch" when torchrun's variables are set
         (`diag.nodes.torch_runtime.detect_framework`), else "jax".
+      epilogue: called by process 0 with the result while every process still waits (what
+        `diag nodes` writes: the run folder, the report, the JSON); the others leave after it.
 
     Returns:
       A `NodeScan` (``to_dict()`` is the nodes.json data): the vote of `analyze`, the
@@ -203,19 +181,41 @@ def scan(*, workloads: Optional[Sequence[Workload]] = None, repeats: int = 10, s
         raised.
     """
     workloads, framework = _check(repeats, host_devices, slow_factor, workloads, framework)
-    names = [w.name for w in workloads]
     t_start = time.perf_counter()
-    # Gloo prints on stdout; --json output must stay parseable.
-    with StdoutToStderr() if distributed else contextlib.nullcontext():
+    with _quiet(distributed):
         rt = _start(framework, host_devices, platform, distributed, coordinator,
                     num_processes, process_id, init_timeout)
-        try:
+    try:
+        with _quiet(distributed):
             seen = _observe(rt, workloads, repeats, seed, injections, golden_dir, use_golden)
+        result = _result(seen, workloads, framework, repeats, seed, injections, save_golden,
+                         slow_factor, fail_on_slow, t_start)
+        try:
+            if epilogue is not None and result.process_index == 0:
+                epilogue(result)
         finally:
+            # No process leaves before process 0 has written the verdict: torchrun stops
+            # every rank as soon as one exits non-zero (as every rank does with a suspect).
+            with _quiet(distributed):
+                barrier(rt)
+    finally:
+        with _quiet(distributed):
             rt.shutdown()
+    return result
+
+
+def _quiet(distributed: bool):
+    """Gloo prints on stdout while the distributed runtime works; --json must stay parseable."""
+    return StdoutToStderr() if distributed else contextlib.nullcontext()
+
+
+def _result(seen: dict, workloads, framework, repeats, seed, injections, save_golden,
+            slow_factor, fail_on_slow, t_start) -> NodeScan:
+    """The vote, the configuration comparison and the self-test, as one `NodeScan`."""
+    names = [w.name for w in workloads]
     vote = analyze(seen["obs"], seen["golden"], slow_factor=slow_factor,
                    fail_on_slow=fail_on_slow)
-    misconfigured, summary, config_notes = _configs(vote, seen["fingerprints"])
+    misconfigured, summary, config_notes = config.judge(vote, seen["fingerprints"])
     exit_code, notes = vote.exit_code, list(vote.notes) + config_notes
     verdict = vote.verdict
     if misconfigured:
