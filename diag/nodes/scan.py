@@ -68,9 +68,12 @@ def _observe(rt: Runtime, workloads: Sequence[Workload], repeats: int, seed: int
     local = run_local(rt, devices, workloads, repeats, seed, injections)
     run_s = time.perf_counter() - t_run
     got = gather(rt, local)
-    # After the workloads were built and ran: the settings they ran under.
-    mine = config.encode(config.fingerprint(rt.settings()))
-    fingerprints = [config.decode(t) for t in gather_texts(rt, mine)]
+    # After the workloads were built and ran: the settings they ran under. One process has
+    # nothing to compare its configuration with (and measuring it costs a matmul probe).
+    fingerprints: list[dict[str, str]] = [{}]
+    if rt.process_count > 1:
+        mine = config.encode(config.fingerprint(rt.settings()))
+        fingerprints = [config.decode(t) for t in gather_texts(rt, mine)]
     digests = hex_digests(got.digests)
     versions = rt.versions()
     names = [w.name for w in workloads]
