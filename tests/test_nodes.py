@@ -507,6 +507,37 @@ def test_three_processes_name_the_corrupting_one_and_the_misconfigured_one(tmp_p
     assert len(list((tmp_path / "runs").iterdir())) == 1
 
 
+@pytest.mark.slow
+@needs_jax
+def test_a_debug_xla_flag_that_changes_the_bits_is_both_misconfigured_and_a_suspect(tmp_path):
+    # --xla_backend_optimization_level=0 changes the builtin train step's bits on jax 0.10.2
+    # CPU (measured); wherever it does, the host is named for both, and says so.
+    port = _free_port()
+    flags = os.environ.get("XLA_FLAGS", "")
+    procs = [subprocess.Popen(
+        DIAG + ["nodes", "--json", "--out", str(tmp_path / "runs"), "--distributed",
+                "--coordinator", f"127.0.0.1:{port}", "--num-processes", "3",
+                "--process-id", str(i), "--repeats", "3", "-w", "train_step",
+                "--init-timeout", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "DIAG_CACHE_DIR": str(tmp_path / "cache"),
+             "XLA_FLAGS": f"{flags} --xla_backend_optimization_level=0" if i == 1 else flags,
+             "PYTHONPATH": str(REPO_ROOT)}) for i in range(3)]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [3, 3, 3], [r[1][-2000:] for r in results]
+    data = json.loads(results[0][0])
+    (m,) = data["misconfigured"]
+    assert m["process_index"] == 1 and {"key": "XLA_FLAGS --xla_backend_optimization_level",
+                                        "value": "0", "majority": "(unset)"} in m["differs"]
+    hw = [s["process_index"] for s in data["suspects"]]
+    assert set(hw) <= {1} and m["hardware_suspect"] == (hw == [1])
+    if hw:
+        assert data["verdict"] == "suspect" and data["suspects"][0]["misconfigured"]
+        assert "misconfigured and a hardware suspect" in m["reason"]
+    else:
+        assert data["verdict"] == "misconfigured"
+
+
 @needs_jax
 def test_pod_scan_example_self_test_names_the_faulty_process(tmp_path):
     # `python` and `python3` on PATH are not this interpreter (they fail): the example must run

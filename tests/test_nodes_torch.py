@@ -47,9 +47,8 @@ def _free_port() -> int:
 
 
 def _env(tmp_path, **extra) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "RANK",
-                                                                     "LOCAL_RANK", "WORLD_SIZE",
-                                                                     "MASTER_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith((
+        "TORCHELASTIC_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "SLURM_"))}
     env.update(PYTHONPATH=str(REPO_ROOT), DIAG_CACHE_DIR=str(tmp_path / "cache"), **extra)
     return env
 
@@ -121,6 +120,21 @@ def test_a_process_that_is_both_says_so_and_one_that_is_only_misconfigured_does_
 ])
 def test_framework_is_detected_from_torchruns_variables(env, framework):
     assert nodes.detect_framework(env) == framework
+
+
+def test_terminal_lines_name_each_misconfigured_process_then_count_them():
+    data = {"misconfigured": [{"process_index": 2, "host": "h2", "reason": "configuration "
+                               "differs: python = 3.12 (majority: 3.11)"}],
+            "config": {"processes": 3, "keys": 40}}
+    assert config.misconfigured_lines(data) == [
+        "diag: process 2 (h2): misconfigured: configuration differs: python = 3.12 (majority: "
+        "3.11)",
+        "diag: 1 misconfigured process(es): process 2 (h2); configuration apart from hardware: "
+        "see `misconfigured` in --json"]
+    assert config.misconfigured_lines({"misconfigured": [], "config": {
+        "processes": 3, "keys": 40}}) == [
+        "diag: all 3 processes have the same configuration (40 keys compared)"]
+    assert config.misconfigured_lines({"misconfigured": [], "config": {"processes": 1}}) == []
 
 
 def test_fingerprint_has_one_key_per_xla_flag_and_no_per_process_variables():
@@ -233,6 +247,10 @@ def test_torch_builtins_compute_their_float64_definition(name, atol):
     (["--framework", "torch", "--host-devices", "2"],
      "diag: --host-devices forces jax CPU devices; with --framework torch start one rank per "
      "device (torchrun --nproc-per-node N)"),
+    pytest.param(["--distributed", "--framework", "torch"],
+                 "diag: --distributed --framework torch: RANK is not set; start diag with "
+                 "torchrun (or srun with MASTER_ADDR and MASTER_PORT exported), or pass "
+                 "--coordinator HOST:PORT --num-processes N --process-id I", marks=needs_torch),
 ])
 def test_bad_framework_use_exits_2_with_one_line(tmp_path, args, message):
     out = subprocess.run([DIAG, "nodes", "--out", str(tmp_path / "runs"), *args],
@@ -349,3 +367,22 @@ def test_slurm_torchrun_example_self_test(tmp_path):
     assert lines[0].startswith(f"exclude: [('{host}', 1, 1)"), lines
     assert lines[1].startswith(f"misconfigured: [('{host}', 2, [")
     assert "'torch float32_matmul_precision'" in lines[1]
+
+
+@pytest.mark.slow
+@needs_torch
+def test_srun_without_torchrun_reads_the_rank_from_slurm(tmp_path):
+    # What `srun --ntasks=3 diag nodes --distributed --framework torch` gives each task.
+    port = str(_free_port())
+    procs = [subprocess.Popen(
+        [DIAG, "nodes", "--distributed", "--framework", "torch", "--json", "--out",
+         str(tmp_path / "runs"), "--repeats", "3", "-w", "softmax", "--init-timeout", "120"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_env(tmp_path, SLURM_PROCID=str(i), SLURM_NTASKS="3", SLURM_LOCALID=str(i),
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=port)) for i in range(3)]
+    results = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [r[1][-2000:] for r in results]
+    data = json.loads(results[0][0])
+    assert (data["framework"], data["num_processes"], data["verdict"]) == ("torch", 3, "ok")
+    assert [d["device_id"] for d in data["devices"]] == [0, 1, 2]
+    assert results[1][0] == "" and results[2][0] == ""
