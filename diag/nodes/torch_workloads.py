@@ -51,7 +51,8 @@ def _on(device: torch.device, arrays: list[np.ndarray], cache: dict) -> list[tor
 
 
 def matmul_chain(dtype: str) -> Callable:
-    ws, cache = weights(1, [(128, 128)] * 4, dtype), {}
+    ws = weights(1, [(128, 128)] * 4, dtype)
+    cache: dict[torch.device, list[torch.Tensor]] = {}
 
     @torch.no_grad()
     def chain(x):
@@ -72,7 +73,8 @@ def softmax() -> Callable:
 
 def train_step(lr: float = 0.1) -> Callable:
     """One SGD step (autograd), float32: the new w1, w2 and the loss in one array."""
-    ws, cache = weights(2, [(32, 64), (64, 10)], "float32"), {}
+    ws = weights(2, [(32, 64), (64, 10)], "float32")
+    cache: dict[torch.device, list[torch.Tensor]] = {}
 
     def step(x):
         w1, w2 = (w.clone().requires_grad_(True) for w in _on(x.device, ws, cache))
