@@ -30,7 +30,8 @@ def nodes_cmd(
         None, "--host-devices", min=1,
         help="Scan N CPU devices (sets --xla_force_host_platform_device_count)."),
     platform: Optional[str] = typer.Option(None, "--platform",
-                                           help="cpu, gpu or tpu; default jax's default."),
+                                           help="cpu, gpu or tpu (torch: cpu or gpu); default "
+                                                "the framework's default."),
     inject: Optional[List[str]] = typer.Option(
         None, "--inject",
         help="Self-test fault: 'device=3,kind=nan|bitflip|stuck|slow,rate=0.01' "
@@ -44,7 +45,8 @@ def nodes_cmd(
         help="jax or torch; default torch when started by torchrun (TORCHELASTIC_* or "
              "RANK+LOCAL_RANK+WORLD_SIZE set), else jax."),
     coordinator: Optional[str] = typer.Option(None, "--coordinator", help="HOST:PORT of "
-                                              "process 0, when jax cannot detect the cluster."),
+                                              "process 0, when the launcher's environment does "
+                                              "not name the cluster."),
     num_processes: Optional[int] = typer.Option(None, "--num-processes", min=1),
     process_id: Optional[int] = typer.Option(None, "--process-id", min=0),
     init_timeout: int = typer.Option(60, "--init-timeout", min=1,

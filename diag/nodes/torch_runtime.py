@@ -22,11 +22,12 @@ from diag.nodes.local import Device
 from diag.nodes.result import NodeScanError
 from diag.nodes.workloads import Workload
 
-__all__ = ["TORCHRUN_VARS", "TorchRuntime", "detect_framework", "import_torch"]
+__all__ = ["TORCHRUN_PREFIX", "TorchRuntime", "detect_framework", "import_torch"]
 
-#: Variables torchrun (torch.distributed.elastic) sets in every worker; any of them, or RANK
-#: with LOCAL_RANK and WORLD_SIZE, says the scan was started by torchrun.
-TORCHRUN_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+#: torchrun (torch.distributed.elastic) sets variables with this prefix in every worker
+#: (TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT, ...); any of them, or RANK with LOCAL_RANK
+#: and WORLD_SIZE, says the scan was started by torchrun.
+TORCHRUN_PREFIX = "TORCHELASTIC_"
 
 #: torch numerics switches, as attribute paths under ``torch`` (read when present: the
 #: fp32_precision switches are torch >= 2.9, allow_tf32 the older spelling of the same).
@@ -44,7 +45,7 @@ TORCH_SWITCHES = (
 def detect_framework(environ: Optional[Mapping[str, str]] = None) -> str:
     """"torch" when a torchrun-started process's variables are set, else "jax"."""
     env = os.environ if environ is None else environ
-    if any(v in env for v in TORCHRUN_VARS):
+    if any(k.startswith(TORCHRUN_PREFIX) for k in env):
         return "torch"
     return "torch" if all(v in env for v in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) else "jax"
 
@@ -153,8 +154,9 @@ class TorchRuntime:
         return from_numpy(x).to(device.handle)
 
     def ready(self, y: Any) -> None:
-        if self.cuda:
-            self.torch.cuda.synchronize()
+        device = getattr(y, "device", None)
+        if self.cuda and device is not None and device.type == "cuda":
+            self.torch.cuda.synchronize(device)  # that device's stream, not the current one
 
     def to_numpy(self, y: Any) -> np.ndarray:
         from diag.nodes.torch_workloads import to_numpy
