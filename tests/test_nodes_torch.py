@@ -386,3 +386,22 @@ def test_srun_without_torchrun_reads_the_rank_from_slurm(tmp_path):
     assert (data["framework"], data["num_processes"], data["verdict"]) == ("torch", 3, "ok")
     assert [d["device_id"] for d in data["devices"]] == [0, 1, 2]
     assert results[1][0] == "" and results[2][0] == ""
+
+
+@pytest.mark.slow
+@needs_torch
+def test_torch_golden_digest_names_a_stuck_cpu_device(tmp_path):
+    # One torch CPU device: no vote across devices; the golden digest saved by a clean scan
+    # (under torch's version, apart from jax's) names the device stuck on its previous output.
+    base = [DIAG, "nodes", "--framework", "torch", "--json", "--out", str(tmp_path / "runs"),
+            "--repeats", "2", "-w", "softmax", "--golden-dir", str(tmp_path / "golden")]
+    saved = subprocess.run(base + ["--save-golden"], capture_output=True, text=True,
+                           timeout=120, env=_env(tmp_path))
+    data = json.loads(saved.stdout)
+    assert saved.returncode == 0 and data["golden"]["saved"] == 1, saved.stderr
+    assert "torch" in Path(data["golden"]["path"]).name
+    out = subprocess.run(base + ["--inject", "device=0,kind=stuck,rate=1"], capture_output=True,
+                         text=True, timeout=120, env=_env(tmp_path))
+    data = json.loads(out.stdout)
+    assert out.returncode == 3 and data["golden"]["compared"] == ["softmax"], out.stderr
+    assert "golden" in data["suspects"][0]["kinds"]  # the golden digest is the reference
