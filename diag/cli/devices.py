@@ -87,6 +87,8 @@ def nodes_cmd(
 
             report_path = write_report(run_dir)
         _show_nodes(result, run_dir, report_path, as_json)
+        # Out before the others leave: torchrun may stop this process once they exit non-zero.
+        sys.stdout.flush()
 
     result = nodes.scan(workloads=workloads or None, repeats=repeats, seed=seed,
                         host_devices=host_devices, platform=platform, injections=injections,
