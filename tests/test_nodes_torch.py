@@ -284,9 +284,10 @@ def test_torchrun_names_the_corrupting_rank_and_the_misconfigured_one(tmp_path):
                                       "-w", workload, "--input-shape", "32,16")
     assert data is not None, out.stderr[-3000:]
     # Every rank exits 3. torchrun stops the ranks still running as soon as one exits
-    # non-zero: rank 0 may be stopped (SIGTERM, -15) while it exits, never before it wrote
-    # the verdict (every rank waits for it: the JSON, nodes.json and the report are complete).
-    assert codes[1:] == [3, 3] and codes[0] in (3, -15), out.stderr[-3000:]
+    # non-zero: a rank may be stopped (SIGTERM, -15) while it exits, never before process 0
+    # wrote the verdict (every rank waits for it: the JSON, nodes.json and the report are
+    # complete); the first to finish exits 3 on its own.
+    assert set(codes) <= {3, -15} and 3 in codes, out.stderr[-3000:]
     assert out.returncode != 0 and data["exit_code"] == 3
     assert data["framework"] == "torch" and data["num_processes"] == 3  # detected, not told
     assert data["versions"]["torch"] and len(data["devices"]) == 3
