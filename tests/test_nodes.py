@@ -6,7 +6,9 @@ the same input are compared (intermittent faults); stragglers are `slow`, not su
 detection probability is the stated formula. End to end on CPU host devices: a clean scan of
 8 devices exits 0 over many repeats; a 1% injected fault on one device is named with every
 injected fault caught; with 3 jax.distributed processes, process 0 names the process whose
-workload corrupts its output.
+workload corrupts its output, and names the process started with another XLA flag as
+misconfigured (with the flag) whether or not its bits differ. Subprocesses run this interpreter's
+own `diag` script, and the pod example the interpreter it is given (never a `python` on PATH).
 """
 
 from __future__ import annotations
@@ -16,17 +18,24 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from diag import nodes
-from diag import faults
-from diag.nodes import store
+from diag import faults, nodes
 from diag.errors import UsageError
-from tests.conftest import REPO_ROOT, diag_script, needs_jax, run_diag
+from diag.nodes import store
+from tests.conftest import REPO_ROOT, needs_jax
 
-DIAG = [diag_script()]  # the console script a user's shell runs
+DIAG = [str(Path(sys.executable).parent / "diag")]  # this interpreter's console script
+
+
+def run_diag(*args: str, env: dict | None = None, timeout: float = 300):
+    """The real `diag` script of the interpreter running the tests, in a subprocess."""
+    full = {**os.environ, **(env or {}), "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run(DIAG + list(args), capture_output=True, text=True, timeout=timeout,
+                          env=full)
 
 
 def _obs(digests, times=None, nan=None):
@@ -135,7 +144,9 @@ def test_scan_result_is_typed_and_nodes_json_keeps_its_keys_in_order():
         "repeats", "seed", "inputs_per_workload", "workloads", "golden", "injections",
         "detection", "selftest", "local_devices", "compile_seconds", "scan_seconds",
         "seconds_per_device", "total_seconds", "verdict", "exit_code", "devices", "suspects",
-        "slow", "hosts", "references", "fleet_median_repeat_s", "notes"]
+        "slow", "hosts", "references", "fleet_median_repeat_s", "notes",
+        # Added after them (the schema stays diag.nodes/1: readers of the old keys still work).
+        "framework", "misconfigured", "config"]
     assert data["schema"] == nodes.NODES_SCHEMA == "diag.nodes/1"
     assert data["suspects"] == vote.suspects and [s["device_id"] for s in vote.suspects] == [2]
     assert json.loads(json.dumps(data)) == data
@@ -445,47 +456,110 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+FAST_MATH = "--xla_cpu_enable_fast_math=true"
+
+
 @needs_jax
-def test_three_processes_process_0_names_the_process_that_corrupts(tmp_path):
+def test_three_processes_name_the_corrupting_one_and_the_misconfigured_one(tmp_path):
+    # Process 1's workload corrupts its output; process 2 runs with XLA's CPU fast math, which
+    # computes the builtin matmul bit-identically on jax 0.10.2 CPU: misconfigured all the same.
     workload = tmp_path / "corrupting.py"
     workload.write_text(CORRUPTING_WORKLOAD)
     port = _free_port()
+    flags = os.environ.get("XLA_FLAGS", "")
     procs = [subprocess.Popen(
         DIAG + ["nodes", "--json", "--out", str(tmp_path / "runs"), "--distributed",
                 "--coordinator", f"127.0.0.1:{port}", "--num-processes", "3",
                 "--process-id", str(i), "--host-devices", "2", "--repeats", "4",
                 "--workload", f"{workload}:work", "--input-shape", "32,16",
-                "--init-timeout", "60"],
+                "-w", "matmul_f32", "--init-timeout", "60"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "DIAG_CACHE_DIR": str(tmp_path / "cache"),
+             "XLA_FLAGS": f"{flags} {FAST_MATH}" if i == 2 else flags,
              "PYTHONPATH": str(REPO_ROOT)}) for i in range(3)]
     results = [p.communicate(timeout=120) for p in procs]
     codes = [p.returncode for p in procs]
     assert codes == [3, 3, 3], [r[1][-2000:] for r in results]
     data = json.loads(results[0][0])
     assert len(data["devices"]) == 6 and data["num_processes"] == 3
-    assert sorted((s["process_index"], s["host"]) for s in data["suspects"]) == [
-        (1, socket.gethostname())] * 2
-    # Only process 1 corrupts. The other two hosts are never suspects; whether one of them is
-    # also reported `slow` is timing (a straggler, reported apart), which a loaded CI machine
+    host = socket.gethostname()
+    hw = sorted((s["process_index"], s["host"]) for s in data["suspects"])
+    # Process 1 corrupts; process 2 is a hardware suspect only if fast math changed its bits.
+    assert hw[:2] == [(1, host)] * 2 and set(hw[2:]) <= {(2, host)}, hw
+    # The other hosts are never suspects for process 1's fault; whether one of them is also
+    # reported `slow` is timing (a straggler, reported apart), which a loaded CI machine
     # decides, not the vote.
     verdicts = [h["verdict"] for h in data["hosts"]]
-    assert verdicts[1] == "suspect" and {verdicts[0], verdicts[2]} <= {"ok", "slow"}, verdicts
+    assert verdicts[1] == "suspect" and verdicts[0] in {"ok", "slow"}, verdicts
     # Wrong on every call, the same way each time: not intermittent (it may also be slower).
     assert all(s["kinds"][0] == "mismatch" and "intermittent" not in s["kinds"]
-               for s in data["suspects"]), data["suspects"]
+               for s in data["suspects"] if s["process_index"] == 1), data["suspects"]
+    # Configuration: process 2 alone, with the flag, its value and the majority's (unset).
+    (m,) = data["misconfigured"]
+    assert (m["process_index"], m["host"]) == (2, host)
+    assert {"key": "XLA_FLAGS --xla_cpu_enable_fast_math", "value": "true",
+            "majority": "(unset)"} in m["differs"]
+    assert m["hardware_suspect"] == any(p == 2 for p, _ in hw)
+    if not m["hardware_suspect"]:  # its bits agree (measured here): named for its flag alone
+        assert all(d["mismatched_calls"] == 0 for d in data["devices"]
+                   if d["process_index"] == 2)
     assert results[1][0] == "" and results[2][0] == ""  # only process 0 writes the verdict
     assert len(list((tmp_path / "runs").iterdir())) == 1
 
 
+@pytest.mark.slow
+@needs_jax
+def test_a_debug_xla_flag_that_changes_the_bits_is_both_misconfigured_and_a_suspect(tmp_path):
+    # --xla_backend_optimization_level=0 changes the builtin train step's bits on jax 0.10.2
+    # CPU (measured); wherever it does, the host is named for both, and says so.
+    port = _free_port()
+    flags = os.environ.get("XLA_FLAGS", "")
+    procs = [subprocess.Popen(
+        DIAG + ["nodes", "--json", "--out", str(tmp_path / "runs"), "--distributed",
+                "--coordinator", f"127.0.0.1:{port}", "--num-processes", "3",
+                "--process-id", str(i), "--repeats", "3", "-w", "train_step",
+                "--init-timeout", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "DIAG_CACHE_DIR": str(tmp_path / "cache"),
+             "XLA_FLAGS": f"{flags} --xla_backend_optimization_level=0" if i == 1 else flags,
+             "PYTHONPATH": str(REPO_ROOT)}) for i in range(3)]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [3, 3, 3], [r[1][-2000:] for r in results]
+    data = json.loads(results[0][0])
+    (m,) = data["misconfigured"]
+    assert m["process_index"] == 1 and {"key": "XLA_FLAGS --xla_backend_optimization_level",
+                                        "value": "0", "majority": "(unset)"} in m["differs"]
+    hw = [s["process_index"] for s in data["suspects"]]
+    assert set(hw) <= {1} and m["hardware_suspect"] == (hw == [1])
+    if hw:
+        assert data["verdict"] == "suspect" and data["suspects"][0]["misconfigured"]
+        assert "misconfigured and a hardware suspect" in m["reason"]
+    else:
+        assert data["verdict"] == "misconfigured"
+
+
 @needs_jax
 def test_pod_scan_example_self_test_names_the_faulty_process(tmp_path):
+    # `python` and `python3` on PATH are not this interpreter (they fail): the example must run
+    # the interpreter it is given, as it must on a machine where the venv is not activated.
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    for name in ("python", "python3"):
+        (fake / name).write_text("#!/bin/sh\necho 'wrong python' >&2\nexit 97\n")
+        (fake / name).chmod(0o755)
     script = os.path.join(os.path.dirname(__file__), "..", "examples", "pod_scan.sh")
     out = subprocess.run(["bash", script], capture_output=True, text=True, timeout=180,
                          cwd=tmp_path, env={**os.environ, "SELFTEST": "1", "REPEATS": "10",
                                             "OUT": str(tmp_path / "r"),
+                                            "PYTHON": sys.executable,
+                                            "PYTHONPATH": str(REPO_ROOT),
+                                            "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}",
                                             "DIAG_CACHE_DIR": str(tmp_path / "cache")})
     assert out.returncode == 3, out.stderr
     host = socket.gethostname()
-    assert out.stdout.strip().startswith(f"exclude: [('{host}', 1, ")
-    assert f"('{host}', 0, " not in out.stdout and f"('{host}', 2, " not in out.stdout
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith(f"exclude: [('{host}', 1, "), lines
+    # Process 2 runs with --xla_cpu_enable_fast_math=true: misconfigured, named for the flag.
+    assert lines[1].startswith(f"misconfigured: [('{host}', 2, ['"), lines
+    assert "'XLA_FLAGS --xla_cpu_enable_fast_math'" in lines[1] and "', 0, " not in lines[1]
+    assert f"('{host}', 0, " not in out.stdout

@@ -30,16 +30,23 @@ def nodes_cmd(
         None, "--host-devices", min=1,
         help="Scan N CPU devices (sets --xla_force_host_platform_device_count)."),
     platform: Optional[str] = typer.Option(None, "--platform",
-                                           help="cpu, gpu or tpu; default jax's default."),
+                                           help="cpu, gpu or tpu (torch: cpu or gpu); default "
+                                                "the framework's default."),
     inject: Optional[List[str]] = typer.Option(
         None, "--inject",
         help="Self-test fault: 'device=3,kind=nan|bitflip|stuck|slow,rate=0.01' "
              "(also process=I, seed=S, delay=SECONDS); repeatable."),
     distributed: bool = typer.Option(False, "--distributed",
                                      help="Multi-host: start jax.distributed (auto-detected on "
-                                          "TPU pods and SLURM)."),
+                                          "TPU pods and SLURM) or torch.distributed (torchrun's "
+                                          "environment; gloo on CPU, NCCL on GPU)."),
+    framework: Optional[str] = typer.Option(
+        None, "--framework",
+        help="jax or torch; default torch when started by torchrun (TORCHELASTIC_* or "
+             "RANK+LOCAL_RANK+WORLD_SIZE set), else jax."),
     coordinator: Optional[str] = typer.Option(None, "--coordinator", help="HOST:PORT of "
-                                              "process 0, when jax cannot detect the cluster."),
+                                              "process 0, when the launcher's environment does "
+                                              "not name the cluster."),
     num_processes: Optional[int] = typer.Option(None, "--num-processes", min=1),
     process_id: Optional[int] = typer.Option(None, "--process-id", min=0),
     init_timeout: int = typer.Option(60, "--init-timeout", min=1,
@@ -72,39 +79,51 @@ def nodes_cmd(
         raise DiagError(f"--input-shape {input_shape!r}: expected sizes like 64,256") from None
     workloads = [nodes.load_workload(w, shape, input_dtype) for w in split(workload) or []]
     injections = [nodes.parse_injection(i) for i in inject or []]
+    def write(result) -> None:  # process 0, while the other processes wait for it
+        run_dir = nodes.write_run(result, out, ["diag"] + sys.argv[1:])
+        report_path = None
+        if report:
+            from diag.report import write_report
+
+            report_path = write_report(run_dir)
+        _show_nodes(result, run_dir, report_path, as_json)
+        # Out before the others leave: torchrun may stop this process once they exit non-zero.
+        sys.stdout.flush()
+
     result = nodes.scan(workloads=workloads or None, repeats=repeats, seed=seed,
                         host_devices=host_devices, platform=platform, injections=injections,
                         distributed=distributed, coordinator=coordinator,
                         num_processes=num_processes, process_id=process_id,
                         init_timeout=init_timeout, golden_dir=golden_dir,
                         save_golden=save_golden, slow_factor=slow_factor,
-                        fail_on_slow=fail_on_slow)
+                        fail_on_slow=fail_on_slow, framework=framework, epilogue=write)
     if result.process_index != 0:
         # A log line, not the result: process 0's stdout carries the verdict.
         render.print_line(f"diag: process {result.process_index} of "
                           f"{result.num_processes}: {result.verdict}; process 0 "
                           "writes the verdict", err=True)
-        raise typer.Exit(result.exit_code)
-    run_dir = nodes.write_run(result, out, ["diag"] + sys.argv[1:])
-    report_path = None
-    if report:
-        from diag.report import write_report
+    raise typer.Exit(result.exit_code)
 
-        report_path = write_report(run_dir)
+
+def _show_nodes(result, run_dir, report_path, as_json: bool) -> None:
+    """`diag nodes`' verdict: JSON on stdout, or tables and lines."""
+    from diag import nodes, render
+
     if as_json:
         render.out.print_json(json.dumps({**result.to_dict(), "run_dir": str(run_dir),
                                           "report": str(report_path) if report_path else None},
                                          default=str))
-    else:
-        for table in render.nodes_tables(result):
-            render.out.print(table)
-        for line in render.nodes_summary(result, run_dir):
-            render.print_line(line)
-        for outcome in (result.selftest or {}).get("injections", []):
-            render.print_line(f"diag: {outcome['text']}")
-        if report_path:
-            render.print_line(f"diag: report: {report_path}")
-    raise typer.Exit(result.exit_code)
+        return
+    for table in render.nodes_tables(result):
+        render.out.print(table)
+    for line in render.nodes_summary(result, run_dir):
+        render.print_line(line)
+    for line in nodes.misconfigured_lines(result):
+        render.print_line(line)
+    for outcome in (result.selftest or {}).get("injections", []):
+        render.print_line(f"diag: {outcome['text']}")
+    if report_path:
+        render.print_line(f"diag: report: {report_path}")
 
 
 @app.command("env")

@@ -32,21 +32,35 @@ call changes the output bits, and the other devices hold a strict majority), see
 from __future__ import annotations
 
 from diag.errors import UsageError  # noqa: F401  (diag.nodes.UsageError, as before the split)
-from diag.nodes.distributed import NodeScanError
-from diag.nodes.inject import (FAULT_KINDS, Injection, check_injections, detection_probability,
-                               injection_outcomes, parse_injection, repeats_for)
+from diag.nodes.config import misconfigured_lines
+from diag.nodes.inject import (
+                               FAULT_KINDS,
+                               Injection,
+                               check_injections,
+                               detection_probability,
+                               injection_outcomes,
+                               parse_injection,
+                               repeats_for,
+)
+from diag.nodes.result import NODES_SCHEMA, NodeScan, NodeScanError, NodeVote
 from diag.nodes.rundir import write_run
-from diag.nodes.result import NODES_SCHEMA, NodeScan, NodeVote
-from diag.nodes.scan import EXIT_SELFTEST_MISSED, scan
+from diag.nodes.scan import EXIT_SELFTEST_MISSED, FRAMEWORKS, scan
 from diag.nodes.store import default_golden_dir
+from diag.nodes.torch_runtime import detect_framework
 from diag.nodes.vote import Observations, analyze
-from diag.nodes.workloads import (BUILTIN_WORKLOADS, INPUTS_PER_WORKLOAD, Workload,
-                                  builtin_workload, load_workload)
+from diag.nodes.workloads import (
+                               BUILTIN_WORKLOADS,
+                               INPUTS_PER_WORKLOAD,
+                               Workload,
+                               builtin_workload,
+                               load_workload,
+)
 
 __all__ = [
     "BUILTIN_WORKLOADS",
     "EXIT_SELFTEST_MISSED",
     "FAULT_KINDS",
+    "FRAMEWORKS",
     "INPUTS_PER_WORKLOAD",
     "NODES_SCHEMA",
     "Injection",
@@ -59,9 +73,11 @@ __all__ = [
     "builtin_workload",
     "check_injections",
     "default_golden_dir",
+    "detect_framework",
     "detection_probability",
     "injection_outcomes",
     "load_workload",
+    "misconfigured_lines",
     "parse_injection",
     "repeats_for",
     "scan",

@@ -1,4 +1,4 @@
-"""Starting jax for a scan and gathering every process's observations (jax.distributed).
+"""The scan's JAX runtime: starting jax (and jax.distributed), placing, gathering.
 
 jax is imported here, inside functions only: `import diag` stays framework-free, and
 ``--host-devices`` must set XLA_FLAGS before jax starts. Multi-host scans use JAX's own runtime:
@@ -9,20 +9,16 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
-from diag.errors import DiagError, UsageError
+from diag.errors import UsageError
+from diag.nodes.local import Device
+from diag.nodes.result import NodeScanError
+from diag.nodes.workloads import Workload
 
-if TYPE_CHECKING:
-    from diag.nodes.scan import _Local
-
-_NAME_BYTES = 64
-
-
-class NodeScanError(DiagError):
-    """The scan itself could not run (jax missing, distributed start-up failed)."""
+__all__ = ["JaxRuntime", "NodeScanError", "StdoutToStderr", "import_jax", "init_distributed"]
 
 
 def import_jax(host_devices: Optional[int]):
@@ -87,72 +83,12 @@ class StdoutToStderr:
         return False
 
 
-def hex_digests(raw: np.ndarray) -> np.ndarray:
-    """uint8 [..., 32] -> str array [...] of hex digests."""
-    flat = raw.reshape(-1, raw.shape[-1])
-    return np.array([bytes(row).hex() for row in flat], dtype=object).reshape(raw.shape[:-1])
 
-
-def _name_bytes(text: str) -> np.ndarray:
-    raw = text.encode()[:_NAME_BYTES]
-    return np.frombuffer(raw + b"\0" * (_NAME_BYTES - len(raw)), np.uint8).copy()
-
-
-def _name_text(raw: np.ndarray) -> str:
-    return bytes(raw).rstrip(b"\0").decode(errors="replace")
-
-
-def gather(jax, local: _Local, process_index: int, host: str, distributed: bool):
-    """Every process's rows, in process order: (device dicts, arrays...)."""
-    kinds = [dev.device_kind for dev in local.devices]
-    if not distributed:
-        devs = [{"device_id": int(dev.id), "process_index": process_index, "host": host,
-                 "kind": kinds[i], "platform": dev.platform}
-                for i, dev in enumerate(local.devices)]
-        return devs, local.digests, local.nan, local.inf, local.times, local.injected
-    from jax.experimental import multihost_utils as mu
-
-    counts = np.asarray(mu.process_allgather(np.array([len(local.devices)], np.int32)))
-    counts = counts.reshape(-1)
-    dmax = int(counts.max())
-
-    def pad(a, fill=0):
-        extra = dmax - a.shape[0]
-        if extra == 0:
-            return a
-        return np.concatenate([a, np.full((extra,) + a.shape[1:], fill, a.dtype)])
-
-    ids = pad(np.array([dev.id for dev in local.devices], np.int32), -1)
-    meta = np.stack([_name_bytes(host), _name_bytes(kinds[0] if kinds else ""),
-                     _name_bytes(local.devices[0].platform if local.devices else "")])
-    g = [np.asarray(mu.process_allgather(a)) for a in (
-        ids, meta, pad(local.digests), pad(local.nan), pad(local.inf),
-        pad(local.times.astype(np.float32)), pad(local.injected.astype(np.uint8)))]
-    g_ids, g_meta, g_dig, g_nan, g_inf, g_times, g_inj = g
-    devs, rows = [], []
-    for p in range(len(counts)):
-        for i in range(int(counts[p])):
-            devs.append({"device_id": int(g_ids[p, i]), "process_index": p,
-                         "host": _name_text(g_meta[p, 0]), "kind": _name_text(g_meta[p, 1]),
-                         "platform": _name_text(g_meta[p, 2])})
-            rows.append((p, i))
-    take = lambda a: np.stack([a[p, i] for p, i in rows])  # noqa: E731
-    return (devs, take(g_dig), take(g_nan), take(g_inf), take(g_times).astype(np.float64),
-            take(g_inj).astype(bool))
-
-
-def gather_ulps(local_ulps: np.ndarray, distributed: bool, counts_rows) -> np.ndarray:
-    if not distributed:
-        return local_ulps
-    from jax.experimental import multihost_utils as mu
-
-    dmax, rows = counts_rows
-    extra = dmax - local_ulps.shape[0]
-    if extra:
-        local_ulps = np.concatenate([local_ulps, np.full((extra,) + local_ulps.shape[1:],
-                                                         np.nan)])
-    g = np.asarray(mu.process_allgather(local_ulps.astype(np.float32))).astype(np.float64)
-    return np.stack([g[p, i] for p, i in rows])
+#: jax.config options that change what a computation returns (read with getattr).
+JAX_NUMERICS_OPTIONS = ("jax_default_matmul_precision", "jax_enable_x64",
+                        "jax_numpy_dtype_promotion", "jax_default_prng_impl",
+                        "jax_threefry_partitionable", "jax_debug_nans", "jax_disable_jit",
+                        "jax_enable_checks")
 
 
 def jax_versions(jax) -> dict[str, str]:
@@ -163,3 +99,70 @@ def jax_versions(jax) -> dict[str, str]:
     except Exception:
         jaxlib_version = "unknown"
     return {"jax": jax.__version__, "jaxlib": jaxlib_version}
+
+
+class JaxRuntime:
+    """`diag.nodes.local.Runtime` on jax (and jax.distributed across processes)."""
+
+    framework = "jax"
+
+    def __init__(self, jax, platform: Optional[str], distributed: bool):
+        self.jax, self.platform, self.distributed = jax, platform, distributed
+        try:
+            self._local = (jax.local_devices(backend=platform) if platform
+                           else jax.local_devices())
+            self._every = jax.devices(platform) if platform else jax.devices()
+        except RuntimeError as e:
+            raise UsageError(f"--platform {platform}: {str(e).splitlines()[0]}") from None
+        self.process_index, self.process_count = jax.process_index(), jax.process_count()
+
+    def local_devices(self) -> list[Device]:
+        return [Device(int(d.id), str(d.device_kind), str(d.platform), d) for d in self._local]
+
+    def all_devices(self) -> list[tuple[int, int]]:
+        return [(int(d.id), int(d.process_index)) for d in self._every]
+
+    def build(self, workload: Workload) -> Callable:
+        return workload.build_for("jax")
+
+    def put(self, x: np.ndarray, device: Device) -> Any:
+        return self.jax.device_put(x, device.handle)
+
+    def ready(self, y: Any) -> None:
+        self.jax.block_until_ready(y)
+
+    def to_numpy(self, y: Any) -> np.ndarray:
+        return np.asarray(y)
+
+    def allgather(self, a: np.ndarray) -> np.ndarray:
+        from jax.experimental import multihost_utils as mu
+
+        return np.asarray(mu.process_allgather(a))
+
+    def versions(self) -> dict[str, str]:
+        return jax_versions(self.jax)
+
+    def settings(self) -> dict[str, str]:
+        """jax's versions, numerics options and device kinds, and the measured arithmetic of
+        a float32 matmul at the default precision (`diag.precision.fingerprint`)."""
+        from diag.precision import fingerprint
+
+        jnp = self.jax.numpy
+        out = {f"jax {k}": v for k, v in self.versions().items()}
+        for name in JAX_NUMERICS_OPTIONS:
+            out[f"jax.config {name}"] = str(getattr(self.jax.config, name, None))
+        out["device kinds"] = ", ".join(sorted({d.kind for d in self.local_devices()}))
+        dev = self._local[0]
+        mm = self.jax.jit(jnp.matmul)
+        fp = fingerprint(lambda a, b: mm(self.jax.device_put(a, dev),
+                                         self.jax.device_put(b, dev)))
+        out["measured float32 matmul"] = f"{fp.label} (input bits {list(fp.input_bits)}, " \
+                                         f"accumulator {fp.accumulator})"
+        return out
+
+    def shutdown(self) -> None:
+        if self.distributed:
+            try:
+                self.jax.distributed.shutdown()
+            except Exception:  # best effort; the verdict is already computed
+                pass

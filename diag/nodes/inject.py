@@ -121,7 +121,8 @@ def repeats_for(rate: float, workloads: int = 1, target: float = 0.99) -> int:
     return max(r, 1)
 
 
-def detection_table(repeats: int, workloads: int, injections: Sequence[Injection]) -> dict[str, Any]:
+def detection_table(repeats: int, workloads: int,
+                    injections: Sequence[Injection]) -> dict[str, Any]:
     rates = sorted({0.1, 0.01, 0.001} | {i.rate for i in injections if i.kind != "slow"},
                    reverse=True)
     return {

@@ -10,12 +10,19 @@ nodes.json, the report and a scheduler's exclusion list as they are.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
-__all__ = ["NODES_SCHEMA", "NodeScan", "NodeVote"]
+from diag.errors import DiagError
+
+__all__ = ["NODES_SCHEMA", "NodeScan", "NodeScanError", "NodeVote"]
 
 NODES_SCHEMA = "diag.nodes/1"
+
+
+class NodeScanError(DiagError):
+    """The scan itself could not run (framework missing, distributed start-up failed, a
+    workload raised)."""
 
 
 @dataclass(frozen=True)
@@ -23,8 +30,9 @@ class NodeVote:
     """The verdict of `diag.nodes.analyze` on every device's observations.
 
     Attributes:
-      verdict: "suspect" when any device is a suspect, else "ok".
-      exit_code: 3 (`EXIT_BAD_NODE`) with a suspect, else 0.
+      verdict: "suspect" when any device is a suspect, else "ok" (a scan says
+        "misconfigured" when only configurations differ).
+      exit_code: 3 (`EXIT_BAD_NODE`) with a suspect (a scan: or a misconfigured host), else 0.
       devices: one dict per device: its identity, ``verdict`` (ok / slow / suspect),
         ``kinds`` of evidence, ``reason``, call counts, ``max_ulp``, timings, ``evidence``.
       suspects: ``{device_id, process_index, host, reason, kinds}`` per suspect device.
@@ -74,6 +82,13 @@ class NodeScan(NodeVote):
         "injections": injection_outcomes(...)}``.
       local_devices: devices this process scanned.
       compile_seconds, scan_seconds, seconds_per_device, total_seconds: timings.
+      framework: "jax" or "torch": whose runtime, workloads and versions these are.
+      misconfigured: one entry per process whose configuration fingerprint differs from
+        the majority's (`diag.nodes.config.compare`): ``{process_index, host, differs: [{key,
+        value, majority}], reason, hardware_suspect}``; judged apart from ``suspects`` (the
+        hardware suspects, whose bits differ), each marks the other (``misconfigured`` on a
+        suspect, ``hardware_suspect`` here).
+      config: ``{processes, keys, reference: {key: majority value}, no_majority}``.
       schema: `NODES_SCHEMA`.
     """
 
@@ -95,11 +110,17 @@ class NodeScan(NodeVote):
     scan_seconds: float
     seconds_per_device: float
     total_seconds: float
+    framework: str = "jax"
+    misconfigured: list[dict[str, Any]] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
     schema: str = NODES_SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
         """The nodes.json data (without ``run_id``): the schema, what the scan covered, then
-        the vote, in the order nodes.json has always had."""
+        the vote, in the order nodes.json has always had; the configuration comparison
+        (``framework``, ``misconfigured``, ``config``) after it."""
         data = dataclasses.asdict(self)
-        head = ["schema"] + [k for k in data if k not in _VOTE_FIELDS and k != "schema"]
-        return {k: data[k] for k in head + _VOTE_FIELDS}
+        tail = ["framework", "misconfigured", "config"]
+        head = ["schema"] + [k for k in data
+                             if k not in _VOTE_FIELDS and k not in tail and k != "schema"]
+        return {k: data[k] for k in head + _VOTE_FIELDS + tail}

@@ -10,7 +10,6 @@ from typing import Optional, Sequence
 
 from diag.nodes.result import NodeScan
 
-
 _STATUS = {"ok": "pass", "slow": "warn", "suspect": "fail"}
 
 
@@ -41,7 +40,7 @@ def write_run(nodes: NodeScan, out: os.PathLike | str = "reports",
             case=f"process {d['process_index']} device {d['device_id']}",
             params={"device_id": d["device_id"], "process_index": d["process_index"],
                     "host": d["host"], "repeats": nodes.repeats},
-            backend=f"jax-{d.get('platform', '')}",
+            backend=f"{nodes.framework}-{d.get('platform', '')}",
             device={"platform": d.get("platform"), "kind": d.get("kind"), "id": d["device_id"],
                     "host": d["host"], "process_index": d["process_index"]},
             dtype="", kind="node", status=_STATUS[d["verdict"]], reason=d["reason"],
@@ -51,12 +50,13 @@ def write_run(nodes: NodeScan, out: os.PathLike | str = "reports",
                                            "max_ulp", "injected_calls", "injected_caught",
                                            "time_ratio")},
             timings={"run_s_median": d.get("time_median_s"), "run_s_min": d.get("time_min_s")},
-            framework={"name": "jax", **nodes.versions}, run_id=run_id))
+            framework={"name": nodes.framework, **nodes.versions}, run_id=run_id))
     run.write_json("nodes.json", {**nodes.to_dict(), "run_id": run_id})
     run.update_meta(state="finished", finished=time.time(), command="nodes",
                     exit_code=nodes.exit_code,
                     nodes={"verdict": nodes.verdict,
                            "selftest": (nodes.selftest or {}).get("verdict"),
                            "suspects": len(nodes.suspects),
+                           "misconfigured": len(nodes.misconfigured),
                            "devices": len(nodes.devices)})
     return run.path

@@ -7,7 +7,7 @@ process, and every process computes the same verdict from them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Mapping
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 

@@ -9,17 +9,17 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-import math
 import os
 import sys
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from diag.errors import UsageError
+from diag.nodes.seeded import weights
 from diag.numerics import as_dtype, dtype_name
 
 #: Distinct seeded inputs per workload; repeat r uses input r % INPUTS_PER_WORKLOAD.
@@ -36,6 +36,9 @@ class Workload:
       dtype: the input's dtype name.
       build: called once, after jax is imported, to get the callable.
       version: part of the golden key; bump when a builtin's computation changes.
+      build_torch: the same computation written in torch (builtins,
+        `diag.nodes.torch_workloads`); a user's workload is one callable for both, given the
+        framework's own array.
     """
 
     name: str
@@ -43,6 +46,15 @@ class Workload:
     dtype: str
     build: Callable[[], Callable]
     version: str = "1"
+    build_torch: Optional[Callable[[], Callable]] = None
+
+    def build_for(self, framework: str) -> Callable:
+        """The callable for `framework` ("jax" or "torch")."""
+        if framework == "jax":
+            return self.build()
+        if self.build_torch is None:
+            raise UsageError(f"workload {self.name} has no {framework} version")
+        return self.build_torch()
 
     def key(self, seed: int) -> str:
         """What a golden digest depends on besides hardware and library versions."""
@@ -54,18 +66,13 @@ class Workload:
         return rng.standard_normal(self.shape).astype(as_dtype(self.dtype))
 
 
-def _weights(seed: int, shapes, dtype) -> list[np.ndarray]:
-    rng = np.random.default_rng([seed, 0x90DE])
-    return [(rng.standard_normal(s) / math.sqrt(s[0])).astype(as_dtype(dtype)) for s in shapes]
-
-
 # The builtins are built from the JAX implementations of diag's ops (diag.probes), the
 # same functions `diag run` judges against the oracle: one definition of each op. Rebuilding
 # them on those ops left every builtin's compiled HLO and output bits as they were (jax-cpu
 # 0.10.2, seeds 0, 1, 7), so golden digests saved by an older diag still apply (version "1").
 
 def _matmul_chain(dtype: str) -> Callable[[], Callable]:
-    @functools.lru_cache(maxsize=None)  # one jitted function per process: compiled once
+    @functools.cache  # one jitted function per process: compiled once
     def build():
         import jax
         import jax.numpy as jnp
@@ -74,7 +81,7 @@ def _matmul_chain(dtype: str) -> Callable[[], Callable]:
         from diag.probes import matmul as matmul_op
 
         matmul = matmul_op.on_jax(jax_backend)  # the framework's default precision
-        ws = _weights(1, [(128, 128)] * 4, dtype)
+        ws = weights(1, [(128, 128)] * 4, dtype)
 
         def chain(x):
             for w in ws:  # tanh keeps every layer's values in [-1, 1]: no overflow in bf16
@@ -86,7 +93,7 @@ def _matmul_chain(dtype: str) -> Callable[[], Callable]:
     return build
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _softmax():
     import jax
 
@@ -97,7 +104,7 @@ def _softmax():
     return jax.jit(lambda x: softmax(4.0 * x))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _train_step():
     """One SGD step of the backend's tanh MLP (`diag.probes.train_step.on_jax`), flattened into one
     array (new weights, then the loss) so one digest covers all of it."""
@@ -107,7 +114,7 @@ def _train_step():
     from diag.backends import jax_backend
     from diag.probes import train_step as train_step_op
 
-    w1, w2 = _weights(2, [(32, 64), (64, 10)], "float32")
+    w1, w2 = weights(2, [(32, 64), (64, 10)], "float32")
     step = train_step_op.on_jax(jax_backend, lr=0.1)  # labels are drawn from the input: deterministic
 
     def flat_step(x):
@@ -117,13 +124,26 @@ def _train_step():
     return jax.jit(flat_step)
 
 
+def _torch(name: str, *args) -> Callable[[], Callable]:
+    """The torch version of a builtin (`diag.nodes.torch_workloads`, imported when built)."""
+    def build():
+        from diag.nodes import torch_workloads  # loads torch
+
+        return getattr(torch_workloads, name)(*args)
+
+    return build
+
+
 #: diag's golden workloads, in scan order.
 BUILTIN_WORKLOADS: dict[str, Workload] = {
     w.name: w for w in (
-        Workload("matmul_bf16", (128, 128), "bfloat16", _matmul_chain("bfloat16")),
-        Workload("matmul_f32", (128, 128), "float32", _matmul_chain("float32")),
-        Workload("softmax", (64, 1024), "float32", _softmax),
-        Workload("train_step", (64, 32), "float32", _train_step),
+        Workload("matmul_bf16", (128, 128), "bfloat16", _matmul_chain("bfloat16"),
+                 build_torch=_torch("matmul_chain", "bfloat16")),
+        Workload("matmul_f32", (128, 128), "float32", _matmul_chain("float32"),
+                 build_torch=_torch("matmul_chain", "float32")),
+        Workload("softmax", (64, 1024), "float32", _softmax, build_torch=_torch("softmax")),
+        Workload("train_step", (64, 32), "float32", _train_step,
+                 build_torch=_torch("train_step")),
     )
 }
 
@@ -144,9 +164,10 @@ def load_workload(spec: str, shape: Sequence[int] = (128, 128),
                   dtype: str = "float32") -> Workload:
     """A builtin name, or the user's ``module:function`` / ``path/file.py:function``.
 
-    The user's callable receives a device-committed array of `shape` and `dtype` and returns an
-    array; diag calls it once per device to compile (not judged), then once per device per
-    repeat. It must be deterministic: the scan votes on its output bits.
+    The user's callable receives a device-committed array of `shape` and `dtype` (a jax array,
+    or a torch tensor on the rank's device under ``--framework torch``) and returns an array;
+    diag calls it once per device to compile (not judged), then once per device per repeat.
+    It must be deterministic: the scan votes on its output bits.
 
     Raises:
         UsageError: the spec is malformed, the module cannot be imported or has no such
@@ -183,4 +204,4 @@ def load_workload(spec: str, shape: Sequence[int] = (128, 128),
             raise UsageError(f"--workload {spec!r}: {module_name} has no callable {attr!r}")
         return fn
 
-    return Workload(spec, shape, dtype, build)
+    return Workload(spec, shape, dtype, build, build_torch=build)

@@ -46,14 +46,18 @@ def report_context(nodes: Mapping[str, Any]) -> dict[str, Any]:
     summary = (f"{n_dev} device(s) on {len(nodes.get('hosts', []))} host(s), "
                f"{nodes.get('repeats')} repeat(s) x {len(nodes.get('workloads', []))} "
                f"workload(s); {len(nodes.get('suspects', []))} suspect(s), "
-               f"{len(nodes.get('slow', []))} slow")
+               f"{len(nodes.get('slow', []))} slow, "
+               f"{len(nodes.get('misconfigured') or [])} misconfigured process(es)")
     return {
         "verdict": nodes.get("verdict", "ok"), "summary": summary,
         "suspects": list(nodes.get("suspects", [])), "slow": list(nodes.get("slow", [])),
         "rows": rows, "hosts": list(nodes.get("hosts", [])), "detection": detection,
         "detection_formula": det.get("formula", ""),
-        # A self-test's outcome is the first thing to read when faults were injected.
+        # A self-test's outcome is the first thing to read when faults were injected; then
+        # the processes whose configuration differs (apart from the hardware suspects).
         "notes": [o.get("text", "") for o in (nodes.get("selftest") or {}).get("injections", [])]
+        + [f"process {m.get('process_index')} ({m.get('host')}) misconfigured: "
+           f"{m.get('reason', '')}" for m in nodes.get("misconfigured") or []]
         + list(nodes.get("notes", [])),
         "injections": [i.get("text", "") for i in nodes.get("injections", [])],
     }
