@@ -71,10 +71,13 @@ KSPLIT_THRESHOLD = 1024
 BLOCK_ELEMENTS = 1 << 17
 #: Products materialised at once by the refine stage (float64: 2 MB, cache-resident).
 REFINE_PRODUCTS = 1 << 18
-#: Cost of one product in the refine stage over one multiply-add of a GEMM (measured ~50-100
-#: on a 2-core AMD EPYC): rows whose undecided elements cost more than three GEMM rows go to
-#: Ozaki's split.
-REFINE_COST = 64
+#: Costs in units of one multiply-add of a float64 GEMM (measured within 2x on a 2-core AMD
+#: EPYC, one BLAS thread): one product through the refine stage (gather + ~15 array passes),
+#: and one element of a row or column through Ozaki's split (conversion, split, norms). A row
+#: goes to Ozaki's split when its undecided elements cost more to refine than its share of
+#: the split's GEMMs and passes.
+REFINE_COST = 100
+OZAKI_LINE_COST = 140
 #: A row block with more than 1/TIGHT_FRACTION of its elements undecided by the rank-one bound
 #: is decided again with the elementwise bound |A||B| (one sgemm).
 TIGHT_FRACTION = 64
@@ -108,11 +111,14 @@ def _norms(x: np.ndarray, axis: int) -> np.ndarray:
     another order, which the gamma_K bound of the module docstring allows.
     """
     acc = np.zeros(x.shape[1 - axis])
-    step = max(1, (1 << 20) // max(1, x.shape[1]))
+    step = max(1, min(x.shape[0], (1 << 20) // max(1, x.shape[1])))
+    buf = np.empty((step, x.shape[1]))
     for s0 in range(0, x.shape[0], step):
-        p64 = x[s0:s0 + step].astype(np.float64, copy=False)
+        h = min(step, x.shape[0] - s0)
+        p64 = buf[:h]
+        np.copyto(p64, x[s0:s0 + h])
         if axis == 1:
-            acc[s0:s0 + step] = np.einsum("ij,ij->i", p64, p64)
+            acc[s0:s0 + h] = np.einsum("ij,ij->i", p64, p64)
         else:
             acc += np.einsum("ij,ij->j", p64, p64)
     return np.sqrt(acc)
@@ -229,22 +235,33 @@ def _first_stage(a: np.ndarray, b: np.ndarray, out: np.ndarray, na: np.ndarray,
         # Blocks stay in cache, but not so thin that each GEMM call re-packs B for few rows.
         rb = max(1, BLOCK_ELEMENTS // n, min(512, k // 2))
     fa = na * (1.01 * _bound_factor(err))
-    scratch32 = np.empty((min(rb, m), n), np.float32) if out_dt == _F32 else None
+    rb = min(rb, m)
+    scratch32 = np.empty((rb, n), np.float32) if out_dt == _F32 else None
     undecided: list[np.ndarray] = []
     abs_b32: list[np.ndarray] = []  # made once, if a block needs the tight bound
-    b64 = b.astype(np.float64)
+    # Temporaries are allocated once and reused: on a shared VM, touching fresh pages costs
+    # about as much as the arithmetic on them.
+    a_buf, approx_buf, d_buf = np.empty((rb, kb)), np.empty((rb, n)), np.empty((rb, n))
+    if kb == k:
+        b64 = b.astype(np.float64)
+    else:
+        b_buf, part = np.empty((kb, n)), np.empty((rb, n))
     for r0 in range(0, m, rb):
         r1 = min(m, r0 + rb)
-        a64 = a[r0:r1].astype(np.float64)
+        h = r1 - r0
+        approx = approx_buf[:h]
         if kb == k:
-            approx = a64 @ b64
+            np.copyto(a_buf[:h], a[r0:r1])
+            np.matmul(a_buf[:h], b64, out=approx)
         else:
-            approx = np.zeros((r1 - r0, n))
-            part = np.empty((r1 - r0, n))
+            approx[...] = 0.0
             for k0 in range(0, k, kb):
-                np.matmul(a64[:, k0:k0 + kb], b64[k0:k0 + kb], out=part)
-                approx += part
-        d = np.multiply.outer(fa[r0:r1], nb)
+                w = min(kb, k - k0)
+                np.copyto(a_buf[:h, :w], a[r0:r1, k0:k0 + w])
+                np.copyto(b_buf[:w], b[k0:k0 + w])
+                np.matmul(a_buf[:h, :w], b_buf[:w], out=part[:h])
+                approx += part[:h]
+        d = np.multiply(fa[r0:r1, None], nb[None, :], out=d_buf[:h])
         und = _decide(approx, d, out_dt, out[r0:r1], scratch32)
         if und.sum() * TIGHT_FRACTION > und.size:
             if not abs_b32:
@@ -376,8 +393,9 @@ def _ozaki_rows(a: np.ndarray, b: np.ndarray, und: np.ndarray, flat: np.ndarray)
     rows = und // n
     counts = np.bincount(rows, minlength=a.shape[0])
     ncols = np.unique(und % n).size
-    heavy = np.flatnonzero(counts * REFINE_COST > 3 * ncols)
-    if heavy.size == 0:
+    gain = counts * REFINE_COST - (3 * ncols + OZAKI_LINE_COST)  # per row, in units of K
+    heavy = np.flatnonzero(gain > 0)
+    if heavy.size == 0 or gain[heavy].sum() <= OZAKI_LINE_COST * ncols:
         return und
     in_heavy = np.isin(rows, heavy)
     sel = und[in_heavy]
