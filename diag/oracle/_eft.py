@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["gamma", "row_sums", "split_rows", "split_bits"]
+__all__ = ["gamma", "row_sums", "split_bits", "split_rows"]
 
 _U = 2.0**-53
 

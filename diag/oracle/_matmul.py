@@ -62,7 +62,7 @@ from diag.oracle._eft import gamma as _gamma
 from diag.oracle._eft import row_sums, split_bits, split_rows
 from diag.oracle._matmul_special import apply_specials, zero_signs
 
-__all__ = ["matmul_core", "KSPLIT_THRESHOLD", "BLOCK_ELEMENTS"]
+__all__ = ["BLOCK_ELEMENTS", "KSPLIT_THRESHOLD", "matmul_core"]
 
 _U = 2.0**-53  # float64 unit roundoff
 #: Contraction length above which K is split into blocks of ~sqrt(K).
