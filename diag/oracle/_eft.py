@@ -48,13 +48,15 @@ def _two_sum(a: np.ndarray, b: np.ndarray):
     return s, e
 
 
-def row_sums(x: np.ndarray, passes: int):
+def row_sums(x: np.ndarray, passes: int, max_abs: float | None = None):
     """Row sums of a finite float64 [c, n] array with a rigorous error bound.
 
     Args:
         x: [c, n] finite float64 terms (n <= 2**50). Not modified.
         passes: extraction passes; each takes ~(52 - log2 n) more leading bits of the row
             exactly (see the module docstring).
+        max_abs: a known bound on every |x| (saves the first pass's search for the largest,
+            and the remainders' bound then comes from sigma, not from summing |r|).
 
     Returns:
         (hi, lo, err), float64 [c] arrays: each exact row sum S satisfies
@@ -68,8 +70,11 @@ def row_sums(x: np.ndarray, passes: int):
     lo = np.zeros(c)
     err = np.zeros(c)
     r = x
-    for _ in range(passes):
-        mu = np.abs(r).max(axis=1) if n else np.zeros(c)
+    for p in range(passes):
+        if p == 0 and max_abs is not None:
+            mu = np.full(c, float(max_abs))
+        else:
+            mu = np.abs(r).max(axis=1) if n else np.zeros(c)
         sigma = np.ldexp(1.0, np.frexp(mu)[1] + m_bits)[:, None]  # >= 2**m_bits * mu
         q = (r + sigma) - sigma
         r = r - q
@@ -81,7 +86,10 @@ def row_sums(x: np.ndarray, passes: int):
     lo_new = lo + s_r
     # float64 sum of n remainders in any order: gamma_{n-1} sum|r|; sum|r| itself is computed
     # with relative error gamma_n (positive terms), covered by the factor 1.01 (n u <= 2**-3).
-    err += 1.01 * gamma(max(n, 1)) * np.abs(r).sum(axis=1) + _U * np.abs(lo_new)
+    # Lemma 3.3: |r| <= eps sigma after each pass, so n eps sigma bounds sum|r| without a pass.
+    abs_r = (n * _U) * sigma[:, 0] if max_abs is not None and passes == 1 else \
+        np.abs(r).sum(axis=1)
+    err += 1.01 * gamma(max(n, 1)) * abs_r + _U * np.abs(lo_new)
     return hi, lo_new, err
 
 
