@@ -58,10 +58,11 @@ DEFAULT_CASE_TIMEOUT = 600.0
 DEFAULT_REPEAT_BUDGET = 0.25
 
 #: Where a backend's time goes, in run.json's `phases`: its worker's start (import, device,
-#: and the fingerprints it measures after the cases), compile, the timed runs and the transfers
-#: of inputs and outputs (measured in the worker), then on the host the ground truth, judging
-#: and writing records; `wall` is the whole, wall minus the rest the protocol's own cost.
-PHASES = ("start", "compile", "run", "transfer", "truth", "judge", "write", "wall")
+#: and the fingerprints it measures after the cases), compile, the timed runs, the transfers
+#: of inputs and outputs and the NaN hunt of non-finite outputs (measured in the worker), then
+#: on the host the ground truth, judging and writing records; `wall` is the whole, wall minus
+#: the rest the protocol's own cost.
+PHASES = ("start", "compile", "run", "transfer", "hunt", "truth", "judge", "write", "wall")
 DEFAULT_STARTUP_TIMEOUT = 300.0
 MAX_RESTARTS = 3
 
@@ -312,6 +313,7 @@ class _Run:
                     seconds["compile"] += t.get("compile_s", 0.0)
                     seconds["run"] += sum(t.get("run_s_samples", ()))
                     seconds["transfer"] += t.get("transfer_s", 0.0)
+                    seconds["hunt"] += t.get("hunt_s", 0.0)
                     if t.get("compile_shared_with") in by_id:  # the worker names ids
                         t["compile_shared_with"] = by_id[t["compile_shared_with"]].label
                     self.judge_result(by_id[event["case"]], spec, event)

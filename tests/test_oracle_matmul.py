@@ -215,7 +215,7 @@ def test_long_k_uses_ksplit_and_matches_mp_on_a_sample():
     a = rng.standard_normal((3, k)).astype(np.float32)
     b = rng.standard_normal((k, 3)).astype(np.float32)
     res = oracle.matmul_result(a, b)
-    assert res.method == "f64-ksplit-dd"
+    assert res.method == "f64-ksplit"
     sample = [(0, 0), (1, 2), (2, 1)]
     want = mp.matmul(a, b, elements=sample)
     assert_bits_equal(np.array([res.value[i, j] for i, j in sample]), want, "K=65536")
@@ -231,7 +231,7 @@ def test_long_k_crafted_midpoint_needs_and_gets_the_exact_answer():
     a[0, 1], b[1, 0] = 2.0**-4, 2.0**-4    # 2**-8 (half an ulp at 2**16) instead of 1
     a[0, 2] = 3.0                          # 3 instead of 1: total 65536 + 2**-8 + 2**-70
     res = oracle.matmul_result(a, b)
-    assert res.method == "f64-ksplit-dd"
+    assert res.method == "f64-ksplit"
     assert float(res.value[0, 0]) == 2.0**16 * (1 + 2.0**-23)
     assert float(mp.matmul(a, b)[0, 0]) == 2.0**16 * (1 + 2.0**-23)
     assert res.fallbacks == 1
@@ -321,7 +321,7 @@ def test_medium_k_ksplit_path_matches_mp_on_a_sample(dt):
     a = rng.standard_normal((6, k)).astype(dt)
     b = rng.standard_normal((k, 5)).astype(dt)
     res = oracle.matmul_result(a, b)
-    assert res.method == "f64-ksplit-dd"
+    assert res.method == "f64-ksplit"
     sample = [(i, j) for i in range(6) for j in range(5) if (i + j) % 3 == 0]
     want = mp.matmul(a, b, elements=sample)
     assert_bits_equal(np.array([res.value[i, j] for i, j in sample]), want, f"{dt} K=3000")

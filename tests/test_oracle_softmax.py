@@ -168,3 +168,19 @@ def test_cache_hit_returns_the_same_bits_and_row_lists(tmp_path):
     assert second.extra["undefined_rows"] == [1]
     # A different output dtype is a different entry.
     assert not oracle.softmax_result(x, BF16, cache=cache).cache_hit
+
+
+def test_bfloat16_results_whose_float32_rounding_is_a_bfloat16_tie_match_mp():
+    # Two-entry rows [0, delta] with softmax y_0 = 1 / (1 + exp(delta)) within a float32 ulp of
+    # a bfloat16 midpoint: rounding y to float32 first lands ON the midpoint, where rounding
+    # again to bfloat16 would go to even whatever side y is on. The oracle must round once.
+    rows, landed = [], 0
+    for k in range(380):
+        mid = 0.25 + k * 2.0**-9 + 2.0**-10  # halfway between bfloat16 neighbours in [1/4, 1)
+        delta = np.float32(math.log(1.0 / mid - 1.0))
+        y64 = 1.0 / (1.0 + math.exp(float(delta)))
+        landed += float(np.float32(y64)) == mid
+        rows.append([0.0, float(delta)])
+    assert landed >= 10  # the hazard is exercised, not just possible
+    x = np.array(rows, np.float32)
+    assert_bits_equal(oracle.softmax(x, BF16), mp.softmax(x, BF16), "bf16 ties via float32")

@@ -203,8 +203,11 @@ def run_job(job: dict, stream) -> None:
                                              written)
             transfer_s += time.perf_counter() - t0
             nan_report = None
+            hunt_s = 0.0
             if case.get("hunt_nans") and not finite:
+                t0 = time.perf_counter()
                 nan_report = _hunt(fn, args)
+                hunt_s = time.perf_counter() - t0
             hlo = None
             if job.get("hlo") and hasattr(backend, "hlo_text"):
                 text = backend.hlo_text(fn, args)
@@ -213,6 +216,8 @@ def run_job(job: dict, stream) -> None:
                     with open(hlo, "w") as f:
                         f.write(text)
             timings = {**_timings(compile_s, samples), "transfer_s": transfer_s}
+            if hunt_s:
+                timings["hunt_s"] = hunt_s  # the NaN hunt's own compiles and runs
             if first_call:
                 timings["first_call"] = True
             if shared_with is not None:

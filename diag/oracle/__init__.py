@@ -52,10 +52,11 @@ class OracleResult:
 
     Attributes:
         value: the correctly rounded result.
-        method: the fast path used (matmul: "f64-bound", "f64-ksplit-dd", "dd-exact-products";
+        method: the fast path used (matmul: "f64-bound", "f64-ksplit", "dd-exact-products";
             softmax: "f64-exp-bound"; top_k: "stable-sort"; "empty").
         fallbacks: elements the fast path could not prove; each was then settled exactly
-            (matmul: an error-free TwoSum tree or an exact sum; softmax: mpmath).
+            (matmul: Ozaki's split, an error-free extraction sum or an exact sum; softmax:
+            mpmath).
         elements: number of output elements.
         cache_hit: True if the value came from the ground-truth cache.
         seconds: wall time of this call.
@@ -111,7 +112,7 @@ def matmul_result(a, b, out_dtype=None, *, cache: Optional[GroundTruthCache] = N
         if hit is not None:
             return _cached(hit, t0)
     m, n = a.shape[-2], b.shape[-1]
-    value = np.empty(batch + (m, n), out_dt)
+    value = np.empty(batch + (m, n), out_dt) if batch else None
     a_b = np.broadcast_to(a, batch + a.shape[-2:])
     b_b = np.broadcast_to(b, batch + b.shape[-2:])
     methods: list[str] = []
@@ -120,7 +121,10 @@ def matmul_result(a, b, out_dtype=None, *, cache: Optional[GroundTruthCache] = N
         # Overflow to inf in casts and bounds is expected and handled (IEEE semantics).
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             v, method, fb, ex = matmul_core(a_b[idx], b_b[idx], out_dt)
-        value[idx] = v
+        if value is None:
+            value = v  # 2-D: no copy
+        else:
+            value[idx] = v
         fallbacks += fb
         exact += ex
         if method not in methods:

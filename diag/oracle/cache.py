@@ -45,7 +45,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -53,7 +53,7 @@ from diag.errors import DiagError, UsageError
 from diag.numerics import as_dtype, bits_digest, bits_view, dtype_name, from_bits
 
 __all__ = ["MARKER", "ORACLE_VERSION", "CachedTruth", "GroundTruthCache", "MappedEntry",
-           "NotACache", "default_cache_dir", "source_digest"]
+           "NotACache", "default_cache_dir", "jax_cache_dir", "source_digest"]
 
 #: Bump when any oracle's arithmetic changes: old entries then stop matching.
 ORACLE_VERSION = "1"
@@ -71,7 +71,9 @@ _ENTRY = re.compile(r"^([0-9a-f]{2})[0-9a-f]{62}(-[a-z]+)?\.(npy|json)$")
 _HEX2 = re.compile(r"[0-9a-f]{2}")
 #: diag's own folders that may sit beside the entries (`diag.nodes` keeps golden digests in
 #: ``$DIAG_CACHE_DIR/golden``); `clear` never enters them.
-_DIAG_SUBFOLDERS = ("golden",)
+#: JAX's persistent compilation cache for diag's JAX workers lives in ``jax`` (`jax_cache_dir`).
+JAX_SUBFOLDER = "jax"
+_DIAG_SUBFOLDERS = ("golden", JAX_SUBFOLDER)
 _TMP_PREFIX = ".tmp-"
 #: A temporary file older than this is a crashed writer's leftover; younger, a live write.
 _STALE_TMP_S = 600.0
@@ -103,10 +105,20 @@ def _file_digest(path: str) -> str:
         return ""
 
 
-def default_cache_dir() -> Path:
-    """`$DIAG_CACHE_DIR` if set, else ``~/.cache/diag/oracle``."""
-    env = os.environ.get("DIAG_CACHE_DIR")
+def default_cache_dir(environ: Optional[Mapping[str, str]] = None) -> Path:
+    """`$DIAG_CACHE_DIR` if set (in `environ`, default this process's), else
+    ``~/.cache/diag/oracle``."""
+    env = (os.environ if environ is None else environ).get("DIAG_CACHE_DIR")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "diag" / "oracle"
+
+
+def jax_cache_dir(environ: Optional[Mapping[str, str]] = None) -> Path:
+    """JAX's persistent compilation cache for diag's workers: ``jax`` in diag's cache folder.
+
+    `diag.workers.worker_env` points JAX_COMPILATION_CACHE_DIR here unless the user set it;
+    `GroundTruthCache.info` reports it and `clear` empties it.
+    """
+    return default_cache_dir(environ) / JAX_SUBFOLDER
 
 
 @dataclass(frozen=True)
@@ -440,14 +452,35 @@ class GroundTruthCache:
                 d.rmdir()  # only when empty: anything else in it stays
             except OSError:
                 pass
+        return n + self._clear_jax()
+
+    def _clear_jax(self) -> int:
+        """Remove the files of JAX's compilation cache kept in this (marked) folder."""
+        n = 0
+        jax_dir = self.root / JAX_SUBFOLDER
+        for p in sorted(jax_dir.rglob("*"), reverse=True) if jax_dir.is_dir() else []:
+            try:
+                if p.is_file() or p.is_symlink():
+                    p.unlink()
+                    n += 1
+                else:
+                    p.rmdir()
+            except OSError:  # another process writing there: left for the next clear
+                pass
         return n
 
     def info(self) -> dict:
         """{"path", "marked", "entries", "bytes"} of the cache directory (diag's files only)."""
         files = self._files()
-        return {
+        info = {
             "path": str(self.root),
             "marked": self.marked,
             "entries": sum(1 for p in files if p.suffix == ".json"),
             "bytes": sum(p.stat().st_size for p in files),
         }
+        jax_dir = self.root / JAX_SUBFOLDER
+        if jax_dir.is_dir():  # JAX's compilation cache for diag's workers (`jax_cache_dir`)
+            jf = [p for p in jax_dir.rglob("*") if p.is_file()]
+            info["jax_compilation_cache"] = {"path": str(jax_dir), "files": len(jf),
+                                             "bytes": sum(p.stat().st_size for p in jf)}
+        return info

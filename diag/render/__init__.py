@@ -193,8 +193,10 @@ def phases_line(phases: dict[str, dict[str, float]]) -> str | None:
     """Where a run's time went, per backend, in one line (run.json's `phases`), or None."""
     parts = []
     for label, p in phases.items():
+        # The NaN hunt shows only where one ran.
         split = ", ".join(f"{k} {p[k]:.1f}" for k in ("start", "compile", "run", "transfer",
-                                                     "truth", "judge", "write") if k in p)
+                                                     "hunt", "truth", "judge", "write")
+                          if k in p and (k != "hunt" or p[k]))
         parts.append(f"{label} {p.get('wall', 0.0):.1f} s ({split})")
     return "diag: time: " + "; ".join(parts) if parts else None
 
