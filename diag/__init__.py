@@ -74,9 +74,9 @@ def run(*args, **kwargs):
 def tap(name: str, x):
     """Identity that records `x` under `name` for `diag.diverge.compare`; see
     `diag.diverge.tap` (JAX arrays, inside jit too, and torch tensors)."""
-    from diag.diverge._tap import tap as _tap
+    from diag.diverge.taps import tap as diverge_tap
 
-    return _tap(name, x)
+    return diverge_tap(name, x)
 
 
 def __getattr__(name: str):

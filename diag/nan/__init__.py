@@ -17,17 +17,17 @@ Neither framework is imported here; the one the function uses is imported on fir
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
-import json
 import sys
-import types
 from pathlib import Path
 from typing import Any, Callable
 
 from diag.errors import DiagError
+from diag.interp import framework_of
+from diag.nan.report import PHASES, NanHuntError, NanReport, TensorSummary
 
 __all__ = [
+    "PHASES",
     "NanHuntError",
     "NanReport",
     "TensorSummary",
@@ -36,100 +36,6 @@ __all__ = [
     "locate",
     "reason",
 ]
-
-PHASES = ("forward", "backward", "input")
-
-
-class NanHuntError(DiagError):
-    """The function could not be hunted: it raised, could not be traced, or mixes frameworks."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorSummary:
-    """What one input or output of the offending op held; enough to see why it went non-finite.
-
-    `min`/`max` ignore NaNs (None when there is no non-NaN element); `zeros`, `negatives`,
-    `nans`, `infs` are element counts. Non-float tensors leave the float fields None.
-    """
-
-    shape: tuple[int, ...]
-    dtype: str
-    min: float | None = None
-    max: float | None = None
-    zeros: int | None = None
-    negatives: int | None = None
-    nans: int = 0
-    infs: int = 0
-
-    @property
-    def size(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-    def short(self) -> str:
-        """One compact phrase, e.g. ``f32[4] min -1 max 3, 1 zero``."""
-        parts = [f"{self.dtype}{list(self.shape)}"]
-        if self.min is not None:
-            parts.append(f"min {self.min:.4g} max {self.max:.4g}")
-        for name, n in (("zero", self.zeros), ("negative", self.negatives), ("NaN", self.nans),
-                        ("Inf", self.infs)):
-            if n:
-                parts.append(f"{n} {name}{'s' if n > 1 and name[-1] != 'N' else ''}")
-        return ", ".join(parts)
-
-
-@dataclasses.dataclass(frozen=True)
-class NanReport:
-    """Where the first NaN/Inf that reaches a function's results was born.
-
-    Attributes:
-        framework: ``jax`` or ``torch``.
-        primitive: the op that produced it: a jaxpr primitive (``log``, ``div``) or an aten op
-            (``aten.sqrt``). ``input`` when the non-finite value was passed in, not computed.
-        kind: ``NaN`` or ``Inf``: what the op produced.
-        source: ``file.py:LINE (function)`` of the user's code that wrote the op (for a backward
-            op, the forward line it differentiates); empty when unknown.
-        file, line, function: the same source, unabbreviated.
-        path: where the op sits, e.g. ``jit[step]/scan[3]/custom_jvp``; the index in brackets is
-            the loop iteration. Empty at the top level.
-        phase: ``forward``, ``backward`` (the op exists to compute a gradient) or ``input``.
-        inputs: a summary per input of the op (non-tensor operands are left out).
-        output: summary of the op's (first non-finite) output.
-        bad_index: index of the first non-finite element of that output, when it has one.
-        inputs_at_index: each input's value at `bad_index`, for elementwise ops (same shape or
-            scalar inputs); None otherwise.
-        births: how many births were seen in total (a masked one counts too).
-        note: anything the reader should know (e.g. only the compiled run went non-finite).
-        raised: when the NaN/Inf made the function raise (``torch.multinomial`` on a NaN
-            row): the op, its line and the exception; empty otherwise.
-        arrived: what the function was given that was already non-finite (an attention mask
-            holding -inf): facts to show, not findings.
-    """
-
-    framework: str
-    primitive: str
-    kind: str
-    source: str
-    path: str
-    phase: str
-    inputs: tuple[TensorSummary, ...] = ()
-    output: TensorSummary | None = None
-    file: str = ""
-    line: int = 0
-    function: str = ""
-    bad_index: tuple[int, ...] | None = None
-    inputs_at_index: tuple[float, ...] | None = None
-    births: int = 1
-    note: str = ""
-    raised: str = ""
-    arrived: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (tuples become lists)."""
-        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
-
 
 def reason(report: NanReport | None) -> str:
     """One line for a record's ``reason`` field, e.g. from a training-step probe.
@@ -140,6 +46,8 @@ def reason(report: NanReport | None) -> str:
     if report is None:
         return "no NaN/Inf produced"
     where = report.source or "an unknown line"
+    if report.library and report.library != report.source:
+        where = f"{where} via {report.library}"
     path = f" [{report.path}]" if report.path else ""
     if report.phase == "input":
         facts = list(report.arrived[:3])
@@ -153,65 +61,6 @@ def reason(report: NanReport | None) -> str:
     ins = "; ".join(f"input {i}: {s.short()}" for i, s in enumerate(report.inputs))
     line = f"{head}; {ins}" if ins else head
     return f"{line}; {report.raised}" if report.raised else line
-
-
-def _framework_of(fn: Callable, args: tuple, kwargs: dict) -> str:
-    """Which framework `fn` computes with: from its arguments, else from the names it sees."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        leaves = list(_leaves((args, kwargs)))
-        if isinstance(fn, torch.nn.Module) or any(isinstance(x, torch.Tensor) for x in leaves):
-            return "torch"
-        if isinstance(getattr(fn, "__self__", None), torch.nn.Module):
-            return "torch"
-    jax = sys.modules.get("jax")
-    if jax is not None and any(isinstance(x, jax.Array) for x in _leaves((args, kwargs))):
-        return "jax"
-    seen = _modules_seen(fn)
-    if "torch" in seen and "jax" not in seen:
-        return "torch"
-    if "jax" in seen:
-        return "jax"
-    if torch is not None and jax is None:
-        return "torch"
-    return "jax"
-
-
-def _leaves(tree: Any):
-    if isinstance(tree, (list, tuple)):
-        for t in tree:
-            yield from _leaves(t)
-    elif isinstance(tree, dict):
-        for t in tree.values():
-            yield from _leaves(t)
-    else:
-        yield tree
-
-
-def _modules_seen(fn: Callable) -> set[str]:
-    """Top-level package names of the modules a function's globals and closure refer to."""
-    fn = getattr(fn, "__wrapped__", fn)
-    code_fn = getattr(fn, "__func__", fn)
-    # Only the globals the code names: a module that imports both frameworks says nothing.
-    names = getattr(getattr(code_fn, "__code__", None), "co_names", ())
-    glob = getattr(code_fn, "__globals__", {})
-    scopes = [{n: glob[n] for n in names if n in glob}]
-    for cell in getattr(code_fn, "__closure__", None) or ():
-        try:
-            scopes.append({"_": cell.cell_contents})
-        except ValueError:  # an empty cell
-            pass
-    found = set()
-    for scope in scopes:
-        for value in scope.values():
-            mod = value if isinstance(value, types.ModuleType) else None
-            name = mod.__name__ if mod else getattr(value, "__module__", None) or ""
-            top = name.split(".", 1)[0]
-            if top in ("jax", "jaxlib", "flax", "optax", "equinox"):
-                found.add("jax")
-            elif top == "torch":
-                found.add("torch")
-    return found
 
 
 def hunt(fn: Callable, args: tuple = (), kwargs: dict | None = None, *,
@@ -231,11 +80,11 @@ def hunt(fn: Callable, args: tuple = (), kwargs: dict | None = None, *,
         NanHuntError: the function raised or could not be traced.
     """
     kwargs = dict(kwargs or {})
-    framework = framework or _framework_of(fn, args, kwargs)
+    framework = framework or framework_of(fn, args, kwargs)
     if framework == "jax":
-        from diag.nan import _jax as impl
+        from diag.nan import jax_hunt as impl
     elif framework == "torch":
-        from diag.nan import _torch as impl
+        from diag.nan import torch_hunt as impl
     else:
         raise NanHuntError(f"unknown framework {framework!r}; use 'jax' or 'torch'")
     return impl.locate(fn, args, kwargs)

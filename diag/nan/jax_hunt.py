@@ -19,39 +19,81 @@ from typing import Any, Callable
 
 import numpy as np
 
-from diag.nan import NanHuntError, NanReport
-from diag.nan._jax_eval import _Birth, _flags, _Hunt, _wrap
-from diag.nan._jax_source import _inner_source, _jcore, _library_line, _Literal, _source
-from diag.nan._jax_state import _is_array, _Program
-from diag.nan._summary import first_bad_index, summarize, values_at
-
 import jax
 import jax.numpy as jnp
+
+from diag.interp.jax_program import Program, is_array
+from diag.interp.jax_source import Literal, inner_source, jcore, library_line, source
+from diag.interp.jaxpr import Evaluator, Value, flags, wrap_value
+from diag.nan.report import NanHuntError, NanReport
+from diag.nan.summary import first_bad_index, summarize, values_at
+
+
+class Birth:
+    """An equation whose outputs hold a NaN no input held, or an Inf from finite inputs."""
+
+    __slots__ = ("eqn", "ins", "outs", "path", "backward", "kind", "outer")
+
+    def __init__(self, eqn, ins, outs, path, backward, kind, outer=()):
+        self.eqn, self.ins, self.outs, self.path = eqn, ins, outs, path
+        self.backward, self.kind, self.outer = backward, kind, outer
+
+
+class BirthHunt(Evaluator):
+    """The NaN policy on the evaluator: each value carries its non-finite flags and the birth
+    they descend from; `births` in the order they happened."""
+
+    def __init__(self):
+        super().__init__()
+        self.births: list[Birth] = []
+
+    def observe(self, e, ins: list[Value], outs: list[Value], path: str,
+                backward: bool) -> None:
+        """Record a birth when the outputs hold a NaN no input held, or an Inf from finite
+        inputs. The non-finite outputs descend from the earliest birth among the inputs' (an
+        Inf born earlier that now gives inf - inf), else from this one; values that came in
+        non-finite from an argument or a constant carry no birth."""
+        if not any(o.bad for o in outs):
+            return
+        in_nan = any(i.nan for i in ins)
+        in_bad = any(i.bad for i in ins)
+        out_nan = any(o.nan for o in outs)
+        out_inf = any(o.inf for o in outs)
+        inherited = [i.taint for i in ins if i.bad and i.taint is not None]
+        taint = min(inherited) if inherited else None
+        if (out_nan and not in_nan) or (out_inf and not in_bad):
+            kind = "NaN" if out_nan and not in_nan else "Inf"
+            self.births.append(Birth(e, ins, outs, path, backward, kind, tuple(self.outer)))
+            if taint is None:
+                taint = len(self.births) - 1
+        for o in outs:
+            if o.bad:
+                o.taint = taint
 
 
 def _nonfinite_leaves(tree: Any) -> list[tuple[str, str]]:
     """(path, "NaN"/"Inf") of every non-finite array leaf in `tree`."""
     found = []
     for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        if not _is_array(leaf) and not isinstance(leaf, float):
+        if not is_array(leaf) and not isinstance(leaf, float):
             continue
-        nan, inf = _flags(leaf)
+        nan, inf = flags(leaf)
         if nan or inf:
             found.append((jax.tree_util.keystr(keypath), "NaN" if nan else "Inf"))
     return found
 
 
-def _report(birth: _Birth, n_births: int) -> NanReport:
+def _report(birth: Birth, n_births: int) -> NanReport:
     e = birth.eqn
-    src, file, line, func = _source(e)
+    src, file, line, func = source(e)
     note = ""
     if not src:
-        src, file, line, func = _inner_source(e)
+        src, file, line, func = inner_source(e)
     if not src:
         for outer in reversed(birth.outer):
-            src, file, line, func = _source(outer)
+            src, file, line, func = source(outer)
             if src:
-                lib = _library_line(e)
+                lib = library_line(e)
                 note = (f"the op is JAX library code ({lib}) called from this line"
                         if lib else "the op is JAX library code called from this line")
                 break
@@ -89,14 +131,14 @@ def _donated(closed) -> set[int]:
     found: set[int] = set()
     for e in closed.jaxpr.eqns:
         for v, d in zip(e.invars, e.params.get("donated_invars", ()) or ()):
-            if d and not isinstance(v, _Literal) and v in pos:
+            if d and not isinstance(v, Literal) and v in pos:
                 found.add(pos[v])
     return found
 
 
 def _run_whole(closed, arrays: list) -> list:
     """Evaluate a jaxpr's top-level equations as JAX would (a jit is one compiled call)."""
-    return _jcore.jaxpr_as_fun(closed)(*arrays)
+    return jcore.jaxpr_as_fun(closed)(*arrays)
 
 
 def _names_of_results(out_tree, n_state: int, state_names: list[str]) -> list[str]:
@@ -115,7 +157,7 @@ def _names_of_results(out_tree, n_state: int, state_names: list[str]) -> list[st
 def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     """See `diag.nan.locate`."""
     name = _fn_name(fn)
-    prog = _Program(fn, args, kwargs)
+    prog = Program(fn, args, kwargs)
     screened = None
     if prog.nnx is None and _jit_without_donation(fn):
         # Nothing to protect: the user's own call (the fast, cached path) is the screen, and
@@ -150,16 +192,16 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
         raise NanHuntError(f"{name} raised {type(e).__name__}: {e}") from e
     names = _names_of_results(out_tree, n_state, prog.state_names)
     bad_results = [(names[k], *_kind(x)) for k, x in enumerate(result_leaves)
-                   if _is_array(x) or isinstance(x, float)]
+                   if is_array(x) or isinstance(x, float)]
     bad_results = [(w, k) for w, k, bad in bad_results if bad]
     if prog.nnx is not None:
         prog.write_back(list(result_leaves[len(result_leaves) - n_state:]))
     if not bad_results:
         return None
-    hunt = _Hunt()
+    hunt = BirthHunt()
     out_bwd = tuple(False for _ in closed.jaxpr.outvars)
     try:
-        outs = hunt.eval(closed.jaxpr, hunt.consts(closed), [_wrap(a) for a in prog.arrays],
+        outs = hunt.eval(closed.jaxpr, hunt.consts(closed), [wrap_value(a) for a in prog.arrays],
                          "", out_bwd)
     except NanHuntError:
         raise
@@ -190,7 +232,7 @@ def _jit_without_donation(fn: Callable) -> bool:
 
 
 def _kind(x) -> tuple[str, bool]:
-    nan, inf = _flags(x)
+    nan, inf = flags(x)
     return ("NaN" if nan else "Inf"), (nan or inf)
 
 
@@ -211,7 +253,7 @@ def _untraceable(fn, args, kwargs, name, prog, error) -> NanReport | None:
                        f"(or, for Flax NNX modules, nnx.jit) could compile") from error
 
 
-def _input_report(prog: _Program, outs, n_births: int) -> NanReport:
+def _input_report(prog: Program, outs, n_births: int) -> NanReport:
     """A non-finite result that no op gave birth to: it was passed in (or was a constant)."""
     kind = "NaN" if any(o.nan for o in outs) else "Inf"
     where = "a constant in the function"

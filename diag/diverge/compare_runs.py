@@ -4,7 +4,7 @@ Each run is called once under a recorder. Taps are paired by name (a name tapped
 ``name``, ``name#1``, ... ``name#k-1``), run B's names first passed through the name map. Per
 pair: the normwise relative difference ``max|a - b| / max|b|`` and the mean one, against what
 two correct implementations in the tap's dtype may differ by: u^(2/3) of the narrower of the
-two dtypes (`tap_allowance`, derived in diag/diverge/_rules.py: each correct implementation
+two dtypes (`diag.tolerance.diverge_tap_allowance`, derived there: each correct implementation
 keeps about k*u of the truth after k well-conditioned ops, so two differ by at most about 2k*u,
 far below a third of the significand bits unless one computes something else). `first` is the first tap in run A's order
 beyond it: the layer where the port broke (later taps inherit its difference).
@@ -17,9 +17,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from diag.diverge import CompareReport, DivergeError, TapRecord
-from diag.diverge._rules import _absdiff, tap_allowance
-from diag.diverge._tap import recording
+from diag.diverge.records import CompareReport, DivergeError, TapRecord
+from diag.diverge.rules import absdiff
+from diag.diverge.taps import recording
+from diag.tolerance import diverge_tap_allowance
 
 
 def _run(fn: Callable[[], Any], label: str, modules: bool) -> list:
@@ -52,14 +53,14 @@ def _allowed(dtype_a: str, dtype_b: str) -> float:
     allowed = []
     for d in (dtype_a, dtype_b):
         try:
-            allowed.append(tap_allowance(d))
+            allowed.append(diverge_tap_allowance(d))
         except Exception:  # noqa: BLE001 - an integer tap: must match exactly
             allowed.append(0.0)
     return max(allowed)
 
 
 def _figures(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    d = _absdiff(a, b)
+    d = absdiff(a, b)
     if d.size == 0:
         return 0.0, 0.0
     mag = np.abs(b[np.isfinite(b)])

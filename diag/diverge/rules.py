@@ -1,5 +1,8 @@
 """The rules `diag.diverge` judges by: each op's own error bound, the carried-error threshold.
 
+The numbers (ULP allowances, thresholds) live in `diag.tolerance` (its diverge section); this
+module applies them.
+
 Both frameworks' evaluators hand this module three float64 arrays per op output: what the op
 returned in its own dtype (`y`), the float64 evaluation of the same op on the same (already
 rounded) inputs (`r`), and the float64 shadow carried from the function's inputs (`s`). Only
@@ -8,12 +11,12 @@ numpy here: the figures are the same whichever framework computed them.
 Own error, per element: |y - r| against a bound B that depends on the op's class:
 
 * ``rounded`` (add, mul, div, sqrt, casts, ...): IEEE 754 asks for the correctly rounded result,
-  0.5 ULP. diag allows `ROUNDED_ULP` = 2 ULP of the output dtype: XLA rewrites a division by a
-  broadcast value as a multiplication by its reciprocal (two roundings, up to 1.5 ULP; 1.41
+  0.5 ULP. diag allows `DIVERGE_ROUNDED_ULP` = 2 ULP of the output dtype: XLA rewrites a
+  division by a broadcast value as a multiplication by its reciprocal (two roundings, up to 1.5 ULP; 1.41
   measured on XLA CPU), and a bf16/fp16 op computed in float32 and rounded once more can land
   one neighbour away (double rounding).
 * ``library`` (exp, log, tanh, erf, GELU, ...): no library documents a ULP bound; diag allows
-  `LIBRARY_ULP` (16) ULPs, four times the exp allowance of its softmax bound
+  `DIVERGE_LIBRARY_ULP` (16) ULPs, four times the exp allowance of its softmax bound
   (`diag.tolerance.SOFTMAX_EXP_ULP`), after measuring XLA's float32 erf at 4.9 ULP.
 
 Every class also allows an absolute error of the dtype's smallest normal number: XLA's CPU and
@@ -37,7 +40,7 @@ dtype claims (a bf16 accumulator where float32 was claimed, a fast-math approxim
 Carried error: the normwise relative error of the value against its float64 shadow,
 ``max|y - s| / max|s|``. The normwise form is the textbook one for tensors (Higham, ch. 6): an
 element that is nearly zero in a centred tensor (x - mean) does not make the whole tensor
-"wrong". The threshold is `carried_threshold`: sqrt(u) of the value's dtype (float32 2.4e-4,
+"wrong". The threshold is `diag.tolerance.diverge_carried_threshold`: sqrt(u) of the value's dtype (float32 2.4e-4,
 float16 2.2e-2, bfloat16 6.25e-2): the value has lost half of its significand bits. A
 well-conditioned chain of k correctly rounded ops carries at most about k*u (worst case; the
 usual random-walk growth is sqrt(k)*u), so the threshold allows u^(-1/2) such ops from the
@@ -46,7 +49,7 @@ in the usual case; only an ill-conditioned step (cancellation, overflow, a lost 
 a long chain of lost bits crosses it. (A benign cancellation such as Adam's bias correction
 1 - 0.999^t, which loses 9 bits in float32 at step 1, stays below it.)
 
-Two implementations compared tap by tap (`tap_allowance`) may differ by u^(2/3) (float32
+Two implementations compared tap by tap (`diag.tolerance.diverge_tap_allowance`) may differ by u^(2/3) (float32
 1.5e-5): each is within about k*u of the truth, so the two within 2k*u, which allows
 u^(-1/3)/2 worst-case ops between them (128 in float32); a port of the same math agrees far
 more closely (3.5e-7 measured on examples/diverge_port.py), a different formula (GELU's tanh
@@ -68,14 +71,8 @@ import threading
 import numpy as np
 
 from diag import numerics
-from diag.tolerance import SOFTMAX_EXP_ULP
-
-ROUNDED_ULP = 2.0
-#: Measured on jax 0.10.2 (XLA CPU), float32, 1e5 N(0, 3^2) inputs: erf 4.9 ULP, tanh 4.0,
-#: logistic 2.0, log 1.1, exp 1.0 (bf16/fp16 are computed in float32 and rounded: <= 0.5). No
-#: library documents a bound; 16 ULP covers these with room for other CPUs and libraries.
-LIBRARY_ULP = max(16.0, 4.0 * SOFTMAX_EXP_ULP)
-COMPOSITE_EXTRA_STEPS = 4
+from diag.tolerance import (DIVERGE_COMPOSITE_EXTRA_STEPS, DIVERGE_LIBRARY_ULP,
+                            DIVERGE_ROUNDED_ULP)
 
 # Op classes by primitive name: JAX jaxpr primitives and aten op names (without the overload).
 _ROUNDED = """
@@ -117,16 +114,6 @@ def op_class(name: str) -> str:
     return CLASSES.get(name, "composite")
 
 
-def carried_threshold(dtype) -> float:
-    """sqrt(u) of `dtype`: past it a value has lost half of its significand bits."""
-    return math.sqrt(numerics.unit_roundoff(dtype))
-
-
-def tap_allowance(dtype) -> float:
-    """u^(2/3) of `dtype`: what two correct implementations of one tap may differ by."""
-    return numerics.unit_roundoff(dtype) ** (2.0 / 3.0)
-
-
 def _smallest_normal(dtype) -> float:
     return _format(dtype)[1]
 
@@ -155,7 +142,7 @@ def _format(dtype) -> tuple[int, float, float]:
     return got
 
 
-def _absdiff(y: np.ndarray, r: np.ndarray) -> np.ndarray:
+def absdiff(y: np.ndarray, r: np.ndarray) -> np.ndarray:
     """|y - r|, 0 where both are the same infinity or both NaN, inf where only one is finite."""
     with np.errstate(invalid="ignore", over="ignore"):
         d = np.abs(y - r)
@@ -206,7 +193,7 @@ def own_error(y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, term
     tmp = buf[2]
     r_ulp = _ulp_finite(r, dtype, out=buf[3])
     ulps = float(np.divide(err, r_ulp, out=tmp).max())
-    floor = np.multiply(r_ulp, ROUNDED_ULP, out=r_ulp)  # r_ulp is not needed after this
+    floor = np.multiply(r_ulp, DIVERGE_ROUNDED_ULP, out=r_ulp)  # r_ulp is not needed after
     if cls == "reduction":
         floor += _smallest_normal(dtype)
         g = _gamma1(max(terms, 1.0), dtype)
@@ -219,11 +206,11 @@ def own_error(y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, term
             return ulps, ratio
         return ulps, _facts_ratio(err, facts, terms, dtype, floor, tmp)
     if cls == "library":
-        bound = np.multiply(floor, LIBRARY_ULP / ROUNDED_ULP, out=floor)  # = LIBRARY_ULP * r_ulp
+        bound = np.multiply(floor, DIVERGE_LIBRARY_ULP / DIVERGE_ROUNDED_ULP, out=floor)  # LIBRARY_ULP * r_ulp
         bound += _smallest_normal(dtype)
     elif cls == "composite":
         floor += _smallest_normal(dtype)
-        g = _gamma1(longest + COMPOSITE_EXTRA_STEPS, dtype)
+        g = _gamma1(longest + DIVERGE_COMPOSITE_EXTRA_STEPS, dtype)
         if not math.isfinite(g):
             return _own_error_exact(*exact[0], **exact[1])
         floor += g * max(float(r.max()), -float(r.min()))  # max |r|
@@ -317,7 +304,7 @@ def _own_error_exact(y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=Non
                      terms: float = 1, longest: int = 1) -> tuple[float, float]:
     """`own_error` step by step, for any input (infinities and NaNs included)."""
     r_ulp = ulp_of(r, dtype)
-    err = _absdiff(y, r)
+    err = absdiff(y, r)
     if np.isinf(y).any():
         # The float64 reference rounded to the dtype is what a correctly rounded op returns:
         # an overflow to inf there is the correct answer (the carried error says what it cost).
@@ -325,7 +312,7 @@ def _own_error_exact(y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=Non
             rr = numerics.round_to_dtype(r, dtype).astype(np.float64)
         err = np.where(np.isinf(rr) & (rr == y), 0.0, err)
     ulps = float(np.max(err / r_ulp))
-    floor = ROUNDED_ULP * r_ulp + _smallest_normal(dtype)
+    floor = DIVERGE_ROUNDED_ULP * r_ulp + _smallest_normal(dtype)
     if cls == "reduction":
         # |r| <= sum|terms|: gamma_n |r| is a lower bound of the textbook bound. An op within
         # it is within the bound; only one beyond it pays for sum|terms| (the reported ratio
@@ -335,10 +322,10 @@ def _own_error_exact(y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=Non
             return ulps, ratio
         return ulps, _facts_ratio(err, facts, terms, dtype, floor)
     if cls == "library":
-        bound = LIBRARY_ULP * r_ulp + _smallest_normal(dtype)
+        bound = DIVERGE_LIBRARY_ULP * r_ulp + _smallest_normal(dtype)
     elif cls == "composite":
         scale = float(np.max(np.abs(np.where(np.isfinite(r), r, 0.0)))) if r.size else 0.0
-        bound = numerics.gamma(longest + COMPOSITE_EXTRA_STEPS, dtype) * scale + floor
+        bound = numerics.gamma(longest + DIVERGE_COMPOSITE_EXTRA_STEPS, dtype) * scale + floor
     else:
         bound = floor
     return ulps, _ratio(err, bound)
@@ -363,7 +350,7 @@ def carried_error(y: np.ndarray, s: np.ndarray, dtype) -> tuple[float, float]:
             return 0.0, 0.0
         den = max(float(s.max()), -float(s.min()))
     else:
-        err = _absdiff(y, s)
+        err = absdiff(y, s)
         num = float(np.max(err))
         fin = np.abs(s[np.isfinite(s)])
         den = float(np.max(fin)) if fin.size else 0.0

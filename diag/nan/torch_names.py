@@ -7,16 +7,14 @@ place (the sinks a NaN must reach to count).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 from torch.utils._pytree import tree_leaves
 
-from diag.nan._summary import summarize
-from diag.nan._torch_ops import _host, _is_float
+from diag.interp.torch_ops import host_copy, is_float
+from diag.nan.summary import summarize
 
-if TYPE_CHECKING:
-    from diag.nan._torch import _Hunter
 
 def _modules_of(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[str, torch.nn.Module]]:
     """(prefix, module) for the modules the function was given, is bound to, or refers to by
@@ -47,7 +45,7 @@ def _referenced(fn: Callable) -> list[tuple[str, Any]]:
     return out
 
 
-def _named_inputs(fn: Callable, args: tuple, kwargs: dict) -> dict[int, tuple[str, Any]]:
+def named_inputs(fn: Callable, args: tuple, kwargs: dict) -> dict[int, tuple[str, Any]]:
     """id -> (name, tensor) for what the function was given: tensors in its arguments (or
     named by its closure), the parameters, gradients and buffers of modules it was given, is
     bound to or refers to, and an optimizer's state."""
@@ -91,33 +89,35 @@ def _tensor_paths(tree: Any, path: str = "") -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def _arrived(named: dict[int, tuple[str, Any]], hunter: _Hunter) -> list[str]:
+def arrived(named: dict[int, tuple[str, Any]],
+            flags: Callable[[torch.Tensor], tuple[bool, bool]]) -> list[str]:
     """What the function was given that was already non-finite: facts, not findings (an
     additive attention mask holds -inf by design)."""
     facts = []
     for name, t in named.values():
-        if _is_float(t):
-            nan, inf = hunter.flags(t)
+        if is_float(t):
+            nan, inf = flags(t)
             if nan or inf:
-                s = summarize(_host(t))
+                s = summarize(host_copy(t))
                 what = ", ".join(f"{n} {k}" for n, k in ((s.nans, "NaN"), (s.infs, "Inf")) if n)
                 facts.append(f"{name} held {what} on arrival")
     return facts
 
 
-def _sinks(result: Any, named: dict, hunter: _Hunter):
+def sinks(result: Any, named: dict, grads: list, written: dict):
     """Every tensor the function's effect is visible in: what it returns, the gradients
-    autograd accumulated, and every tensor an op wrote (an optimizer's update, a buffer).
-    What it was given and left alone is not a result, whatever it holds."""
+    autograd accumulated (`grads`: weak references), and every tensor an op wrote (`written`:
+    id -> weak reference; an optimizer's update, a buffer). What it was given and left alone
+    is not a result, whatever it holds."""
     sinks: list[tuple[str, torch.Tensor]] = []
-    sinks += [("result", t) for t in tree_leaves(result) if _is_float(t)]
+    sinks += [("result", t) for t in tree_leaves(result) if is_float(t)]
     seen = {id(t) for _, t in sinks}
-    for r in hunter.grads:
+    for r in grads:
         t = r()
         if t is not None and id(t) not in seen:
             seen.add(id(t))
             sinks.append((named.get(id(t), ("accumulated gradient",))[0], t))
-    for k, r in hunter.written.items():
+    for k, r in written.items():
         t = r()
         if t is not None and k not in seen:
             seen.add(k)

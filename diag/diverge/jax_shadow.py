@@ -1,7 +1,7 @@
 """JAX shadow execution: the jaxpr run equation by equation in its dtypes and in float64.
 
 The function is traced once with `jax.make_jaxpr` (in the user's precision settings), then
-evaluated by `diag.nan`'s equation-by-equation evaluator, which already descends into jit,
+evaluated by diag's equation-by-equation evaluator (`diag.interp.jaxpr`), which descends into jit,
 custom_jvp/custom_vjp, remat, cond branches and scan/while bodies (iteration by iteration) and
 tells forward from backward equations. Each value here carries, beside what the program
 computes, its float64 shadow and its carried error. Per equation three evaluations run: the
@@ -26,17 +26,18 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from diag.diverge import DivergeError, ShadowReport
-from diag.diverge._report import Ledger
-from diag.diverge._rules import carried_threshold, release_scratch
-from diag.nan._jax_eval import _Hunt, _is_inexact, _V
-from diag.nan._jax_source import _MACHINERY, _inner_source, _library_line, _source
-from diag.nan._jax_state import _Program
+from diag.diverge.ledger import Ledger
+from diag.diverge.records import DivergeError, ShadowReport
+from diag.diverge.rules import release_scratch
+from diag.interp.jax_program import Program
+from diag.interp.jax_source import where as source_and_library
+from diag.interp.jaxpr import Evaluator, Value, bind, bind_params, is_inexact
+from diag.tolerance import diverge_carried_threshold
 
 _F64 = np.dtype(np.float64)
 
 
-class _SV(_V):
+class _SV(Value):
     """A value, its float64 shadow, its carried error and the threshold of its dtype."""
 
     __slots__ = ("sh", "err", "thr")
@@ -45,11 +46,11 @@ class _SV(_V):
         super().__init__(val)
         self.sh, self.err = sh, err
         dtype = getattr(val, "dtype", None)
-        self.thr = max(thr, carried_threshold(dtype)) if _is_float(dtype) else np.inf
+        self.thr = max(thr, diverge_carried_threshold(dtype)) if _is_float(dtype) else np.inf
 
 
 def _is_float(dtype: Any) -> bool:
-    return dtype is not None and _is_inexact(dtype) and not jnp.issubdtype(dtype,
+    return dtype is not None and is_inexact(dtype) and not jnp.issubdtype(dtype,
                                                                             jnp.complexfloating)
 
 
@@ -75,23 +76,14 @@ def _host(x: Any) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
 
 
-def _bind(e, vals: list, params: dict | None = None):
-    try:
-        bp = e.primitive.get_bind_params(e.params)
-    except AttributeError:  # pragma: no cover - older JAX
-        bp = e.params
-    if isinstance(bp, tuple):
-        subfuns, bp = bp
-    else:
-        subfuns = ()
-    if params is not None:
-        bp = _f64_params(bp)
-    out = e.primitive.bind(*subfuns, *vals, **bp)
-    return list(out) if e.primitive.multiple_results else [out]
+def _bind(e, vals: list, wide: bool = False) -> list:
+    """The equation on `vals`; with `wide`, its float dtypes widened to float64."""
+    return bind(e, vals, _f64_params(bind_params(e)[1]) if wide else None)
 
 
-class _Shadow(_Hunt):
-    """`diag.nan`'s evaluator, each value carrying its float64 shadow; a `Ledger` per op."""
+class _Shadow(Evaluator):
+    """The diverge policy on diag's evaluator: each value carries its float64 shadow; a
+    `Ledger` per op."""
 
     def __init__(self):
         super().__init__()
@@ -116,7 +108,7 @@ class _Shadow(_Hunt):
         floats = [k for k, v in enumerate(e.outvars) if _is_float(v.aval.dtype)]
         followed = True
         try:
-            shadows = _bind(e, [i.sh for i in ins], {})
+            shadows = _bind(e, [i.sh for i in ins], True)
         except Exception:  # noqa: BLE001 - no float64 form: follow the program's values
             self.unfollowed.add(e.primitive.name)
             shadows, followed = [_widen(v) for v in vals], False
@@ -130,7 +122,7 @@ class _Shadow(_Hunt):
             ref = shadows  # the shadows are the inputs: the float64 op on them is the reference
         else:
             try:
-                ref = _bind(e, wide, {})
+                ref = _bind(e, wide, True)
             except Exception:  # noqa: BLE001
                 ref = None
         longest = max((max(np.shape(i.val), default=1) for i in ins), default=1)
@@ -145,12 +137,13 @@ class _Shadow(_Hunt):
                 continue
             terms = max([np.size(i.val) / max(np.size(v), 1) for i in ins] + [longest])
             dtype = np.dtype(e.outvars[k].aval.dtype)
-            thr = max(inherited, carried_threshold(dtype))
+            thr = max(inherited, diverge_carried_threshold(dtype))
             err = self.ledger.measure(
                 name, name, _host(v), None if ref is None else _host(ref[k]), _host(s),
                 dtype, carried_in, thr, where, path, phase, facts=_facts(e, wide, k),
                 terms=terms, longest=int(longest))
             outs.append(_SV(v, s, err, thr))
+        self.observe(e, ins, outs, path, backward)  # each value with its float64 shadow
         return outs
 
 
@@ -158,64 +151,22 @@ def _facts(e, wide: list, k: int) -> Callable[[], tuple[np.ndarray, np.ndarray]]
     """(sum of |terms|, number of terms) of output k of a reduction, on demand."""
 
     def get():
-        mag = _bind(e, [jnp.abs(w) if _is_float(w.dtype) else w for w in wide], {})[k]
-        cnt = _bind(e, [jnp.ones_like(w) if _is_float(w.dtype) else w for w in wide], {})[k]
+        mag = _bind(e, [jnp.abs(w) if _is_float(w.dtype) else w for w in wide], True)[k]
+        cnt = _bind(e, [jnp.ones_like(w) if _is_float(w.dtype) else w for w in wide], True)[k]
         return _host(mag), _host(cnt)
 
     return get
 
 
-# jnp's operator and array plumbing (`a + b`, `x.mean()`): never the library line that helps.
-_PLUMBING = re.compile(r"jax[/\\]_src[/\\]numpy[/\\]")
-
-
-def _library(e, src: str) -> str:
-    """The innermost library frame that wrote `e` (optax's Adam, jax.nn.softmax), if it is not
-    the user's own line or jnp's operator plumbing."""
-    try:
-        frames = e.source_info.traceback.frames
-    except Exception:  # noqa: BLE001 - private API
-        return ""
-    for f in frames:
-        if _MACHINERY.search(f.file_name) or _PLUMBING.search(f.file_name):
-            continue
-        line = f"{os.path.basename(f.file_name)}:{f.line_num} ({f.function_name})"
-        user = src.split(" (", 1)[0]
-        return "" if line.split(" (", 1)[0] == user or _user_file(f.file_name) else line
-    return ""
-
-
-def _user_file(path: str) -> bool:
-    from jax._src import source_info_util as siu
-
-    try:
-        return siu.is_user_filename(path)
-    except Exception:  # noqa: BLE001 - private API
-        return False
-
-
 def _where(e, outer: tuple) -> Callable[[], tuple[str, str]]:
     """(source, library line) of an equation, computed only when it is reported."""
-
-    def get() -> tuple[str, str]:
-        src = _source(e)[0] or _inner_source(e)[0]
-        if src:
-            return src, _library(e, src)
-        # JAX library code (a derivative rule, a jitted library function) traced without the
-        # user's frames: the user line that called it, and the library line that wrote it.
-        for o in reversed(outer):
-            src = _source(o)[0]
-            if src:
-                break
-        return src, _library_line(e)
-
-    return get
+    return lambda: source_and_library(e, outer)
 
 
 def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
     """See `diag.diverge.shadow`."""
     name = getattr(fn, "__name__", None) or type(fn).__name__
-    prog = _Program(fn, args, kwargs)
+    prog = Program(fn, args, kwargs)
     try:
         closed = jax.make_jaxpr(prog.flat)(*prog.arrays)
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
@@ -233,7 +184,7 @@ def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
             raise DivergeError(f"evaluating {name} equation by equation raised "
                                f"{type(e).__name__}: {e}") from e
         finally:
-            release_scratch()  # the figures' per-thread buffers (diag.diverge._rules)
+            release_scratch()  # the figures' per-thread buffers (diag.diverge.rules)
     result = next((o.err for o in outs if _is_float(getattr(o.val, "dtype", None))), 0.0)
     note = ""
     if h.unfollowed:

@@ -1,12 +1,8 @@
-"""PyTorch NaN hunter: one run under a dispatch mode that sees every aten op, forward and backward.
+"""PyTorch NaN hunter: the NaN policy on diag's dispatch-mode skeleton (`diag.interp.torch_mode`).
 
-A `TorchDispatchMode` sits below autograd, so it sees the aten ops of the forward pass and the
-ones autograd's engine runs for the backward pass (`torch.autograd.set_multithreading_enabled
-(False)` keeps the engine on the calling thread, where the mode is active). An op runs during
-the backward pass exactly when `torch._C._current_autograd_node()` is set; its forward line
-comes from a tag diag puts on each autograd node as the forward pass creates it (or from
-anomaly mode's traceback when the user turned that on; diag does not: it costs ~5x). Forward
-lines come from the Python stack at dispatch time, skipping torch's frames and the hunt's own.
+Every aten op, forward and backward, runs once under the mode; each output is judged: a NaN no
+input held, or an Inf from finite inputs, is a *birth*, and every non-finite tensor carries the
+birth it descends from.
 
 The function runs once, as the user would run it: a training step that updates parameters in
 place is not repeated. Results that count ("sinks") are what the function returns, the
@@ -21,50 +17,53 @@ import os
 import weakref
 from typing import Callable
 
+import math
+
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from diag.nan import NanHuntError, NanReport
-from diag.nan._summary import first_bad_index, summarize, values_at
-from diag.nan._torch_inputs import _arrived, _named_inputs, _sinks
-from diag.nan._torch_ops import (_KIND, _VIEW, _all_finite, _flags, _flat, _flat_nonlist,
-                                 _host, _is_float, _list_args, _op_kind, _op_name,
-                                 _per_index, _pointwise_birth, _written, _writes)
-from diag.nan._torch_source import _Lines, _source_from_node, _source_from_stack, module_stack
+from diag.interp.torch_mode import OpMode
+from diag.interp.torch_ops import (OP_KIND, VIEW, all_finite, flat_args, flat_nonlist,
+                                   host_copy, is_float, list_arguments, op_kind, op_name,
+                                   per_index, tensor_flags, written_args, written_tensors)
+from diag.interp.torch_source import library_from_stack, source_from_node, source_from_stack
+from diag.nan.report import NanHuntError, NanReport
+from diag.nan.summary import first_bad_index, summarize, values_at
+from diag.nan.torch_names import arrived as arrived_facts
+from diag.nan.torch_names import named_inputs, sinks
 
 
 class _Birth:
-    __slots__ = ("op", "kind", "phase", "src", "path", "ins", "out", "note", "pointwise")
+    __slots__ = ("op", "kind", "phase", "src", "path", "ins", "out", "note", "pointwise",
+                 "library")
 
-    def __init__(self, op, kind, phase, src, path, ins, out, note, pointwise):
+    def __init__(self, op, kind, phase, src, path, ins, out, note, pointwise, library=""):
         self.op, self.kind, self.phase, self.src, self.path = op, kind, phase, src, path
         self.ins, self.out, self.note, self.pointwise = ins, out, note, pointwise
+        self.library = library
 
 
-class _Hunter(TorchDispatchMode):
+class BirthHunter(OpMode):
     """Judges every aten op's outputs; records births and the birth each bad tensor is from."""
 
-    def __init__(self, key: object):
+    def __init__(self):
         super().__init__()
-        self.key = key
         self.births: list[_Birth] = []
         self._taint: dict[int, tuple[weakref.ref, int]] = {}
         self.written: dict[int, weakref.ref] = {}  # by id: an optimizer writes each often
         self.grads: list[weakref.ref] = []
-        self.modules: list[str] = []
         self._known: dict[int, tuple[weakref.ref, tuple[int, ...], tuple[bool, bool]]] = {}
         # (birth its bad inputs descend from, whether it had bad inputs, what happened) for
         # the first op that raised.
         self.raised: tuple[int | None, bool, str] | None = None
 
     def flags(self, t: torch.Tensor) -> tuple[bool, bool]:
-        """`_flags`, remembered per tensor until its version counter moves: torch bumps it on
+        """`tensor_flags`, remembered per tensor until its version counter moves: torch bumps it on
         every in-place write, through any view, so a remembered answer is never stale."""
         got = self._known.get(id(t))
         if got is not None and got[0]() is t and t._version in got[1]:
             return got[2]
-        f = _flags(t)
+        f = tensor_flags(t)
         self._known[id(t)] = (weakref.ref(t), (t._version,), f)
         return f
 
@@ -73,7 +72,7 @@ class _Hunter(TorchDispatchMode):
         ADInplaceOrView kernel, which bumps the version after the op returns (multi-tensor
         `_foreach_*_` ops do not bump it at all): the answer holds for the version the tensor
         has now and the one it is about to have, until the next write, which the mode sees."""
-        f = _flags(t)
+        f = tensor_flags(t)
         v = t._version
         self._known[id(t)] = (weakref.ref(t), (v, v + 1), f)
         return f
@@ -91,8 +90,8 @@ class _Hunter(TorchDispatchMode):
     def _all_finite_written(self, lists: list[list]) -> bool:
         """The fast path of a multi-tensor update: every tensor it wrote is finite (the
         common case) is settled with one screen each and no per-index bookkeeping."""
-        written = [t for g in lists for t in g if _is_float(t)]
-        if not _all_finite(written):
+        written = [t for g in lists for t in g if is_float(t)]
+        if not all_finite(written):
             return False
         for t in written:
             v = t._version
@@ -112,17 +111,10 @@ class _Hunter(TorchDispatchMode):
         else:
             self._taint[id(t)] = (weakref.ref(t), taint)
 
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # torch wraps a mode's __torch_dispatch__ in `torch._disable_dynamo`, which imports
-        # torch._dynamo (and sympy: ~1.2 s) on the first op and costs a frame switch on every
-        # op. The hunt does not run under torch.compile (its regions are opaque to it anyway).
-        return False
-
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        writes = _writes(func)
-        if writes is _VIEW:
+        writes = written_args(func)
+        if writes is VIEW:
             # A view holds its input's values: it cannot give birth, and carries the birth
             # of what it views. No check needed.
             out = func(*args, **kwargs)
@@ -133,59 +125,67 @@ class _Hunter(TorchDispatchMode):
                     self._set_taint(out, taint)
             return out
         if writes:
-            groups = _written(writes, args, kwargs)
-            pre = {id(t): self.flags(t) for g in groups for t in g if _is_float(t)}
+            groups = written_tensors(writes, args, kwargs)
+            pre = {id(t): self.flags(t) for g in groups for t in g if is_float(t)}
         try:
             out = func(*args, **kwargs)
         except Exception as e:
-            self._note_raise(func, _flat(kwargs, _flat(args, [])), e)
+            self._note_raise(func, flat_args(kwargs, flat_args(args, [])), e)
             raise
         node = torch._C._current_autograd_node()
         if isinstance(out, (tuple, list)):
-            outs = [t for t in (_flat(out, []) if any(isinstance(x, (tuple, list)) for x in out)
-                                else out) if _is_float(t)]
+            outs = [t for t in (flat_args(out, []) if any(isinstance(x, (tuple, list)) for x in out)
+                                else out) if is_float(t)]
         else:
-            outs = [out] if _is_float(out) else []
+            outs = [out] if is_float(out) else []
         if node is not None and type(node).__name__ == "AccumulateGrad":
             self.grads.extend(weakref.ref(t) for t in outs)
         if not writes:
             if outs:
-                kind = _KIND.get(func)
-                if kind is None:
-                    kind = _KIND[func] = _op_kind(func)
-                if kind == "fill" or (kind == "copy" and self._finite_copy(args, outs)):
-                    for t in outs:  # finite by construction: remember, skip the check
-                        self._known[id(t)] = (weakref.ref(t), (t._version,), (False, False))
-                elif kind != "garbage":
-                    self._judge(func, node, (args, kwargs), outs, None, False)
+                self._pure(func, node, args, kwargs, outs)
             return out
-        flat_in = _flat(kwargs, _flat(args, []))
+        self._in_place(func, node, args, kwargs, groups, pre, outs)
+        return out
+
+    def _pure(self, func, node, args, kwargs, outs: list) -> None:
+        """Judge an op that writes none of its arguments."""
+        kind = OP_KIND.get(func)
+        if kind is None:
+            kind = OP_KIND[func] = op_kind(func)
+        if kind == "fill" or (kind == "copy" and self._finite_copy(args, outs)):
+            for t in outs:  # finite by construction: remember, skip the check
+                self._known[id(t)] = (weakref.ref(t), (t._version,), (False, False))
+        elif kind != "garbage":
+            self._judge(func, node, (args, kwargs), outs, None, False)
+
+    def _in_place(self, func, node, args, kwargs, groups, pre, outs: list) -> None:
+        """Judge an op that writes (some of) its arguments: what it wrote is a result."""
+        flat_in = flat_args(kwargs, flat_args(args, []))
         for g in groups:
             for t in g:
-                if _is_float(t):
+                if is_float(t):
                     self.written[id(t)] = weakref.ref(t)
         lists = [g for g in groups if isinstance(g, list)]
         full = len(lists) == len(groups)
         lists = [g for g in lists if g]  # amsgrad's max_exp_avg_sqs is [] when unused
-        if lists and full and _per_index(func, args, kwargs, lists):
+        if lists and full and per_index(func, args, kwargs, lists):
             # A multi-tensor op (`_foreach_*_`, a fused optimizer) is one elementwise op per
             # index of its lists: judge each index on its own tensors, so a NaN already in one
             # parameter's gradient does not hide a NaN born in another's update.
             if self._all_finite_written(lists):
-                return out
+                return
             n = len(lists[0])
-            scalars = [x for x in _flat_nonlist(args, kwargs)]
-            list_args = _list_args(func, args, kwargs)
+            scalars = [x for x in flat_nonlist(args, kwargs)]
+            list_args = list_arguments(func, args, kwargs)
             for i in range(n):
-                written_i = [g[i] for g in lists if _is_float(g[i])]
+                written_i = [g[i] for g in lists if is_float(g[i])]
                 ins_i = [lst[i] for lst in list_args] + scalars
                 self._judge(func, node, ins_i, written_i, pre, True)
-            return out
+            return
         seen = {id(t) for t in outs}
-        outs += [t for g in groups for t in g if _is_float(t) and id(t) not in seen]
+        outs += [t for g in groups for t in g if is_float(t) and id(t) not in seen]
         if outs:
             self._judge(func, node, flat_in, outs, pre, True)
-        return out
 
     def _judge(self, func, node, flat_in, outs, pre, mutable) -> None:
         """Record a birth when `outs` hold a NaN no input held (or an Inf from finite inputs),
@@ -198,8 +198,8 @@ class _Hunter(TorchDispatchMode):
                     self._set_taint(t, None)  # overwritten in place with finite values
             return
         if isinstance(flat_in, tuple):  # (args, kwargs), flattened only when needed
-            flat_in = _flat(flat_in[1], _flat(flat_in[0], []))
-        ins = [x for x in flat_in if _is_float(x)]
+            flat_in = flat_args(flat_in[1], flat_args(flat_in[0], []))
+        ins = [x for x in flat_in if is_float(x)]
         in_flags = [pre[id(t)] if pre is not None and id(t) in pre else self.flags(t)
                     for t in ins]
         in_flags += [(x != x, x in (float("inf"), float("-inf")))
@@ -217,9 +217,10 @@ class _Hunter(TorchDispatchMode):
         elif not mutable and torch.Tag.pointwise in func.tags:
             # An elementwise op fed some non-finite elements (a -inf mask) can still give
             # birth elsewhere: x / 0 on the finite elements. Judge it element by element.
-            kind = _pointwise_birth(flat_in, outs)
-            if kind is not None:
-                taint = None  # the new elements descend from this op, not from the inputs
+            # The output still descends from the earliest birth among its inputs' when they
+            # had one: "first" is first in execution order (an overflowing q @ k^T before the
+            # mask's add that overflows again).
+            kind = pointwise_birth(flat_in, outs)
         if kind is not None:
             self._record(func, node, flat_in, outs, out_flags, mutable, kind)
             if taint is None:
@@ -231,39 +232,63 @@ class _Hunter(TorchDispatchMode):
         """An op raised: keep which births its non-finite inputs descend from, if any."""
         if self.raised is not None:
             return
-        bad = [(t, _flags(t)) for t in flat_in if _is_float(t)]
+        bad = [(t, tensor_flags(t)) for t in flat_in if is_float(t)]
         bad = [(t, f) for t, f in bad if f[0] or f[1]]
         taints = [self.taint_of(t) for t, _ in bad]
         taints = [x for x in taints if x is not None]
         node = torch._C._current_autograd_node()
-        file, line, fn = _source_from_stack() if node is None else _source_from_node(node,
+        file, line, fn = source_from_stack() if node is None else source_from_node(node,
                                                                                      self.key)
         where = f" at {os.path.basename(file)}:{line} ({fn})" if file else ""
         self.raised = (min(taints) if taints else None, bool(bad),
-                       f"{_op_name(func)}{where} then raised {type(error).__name__}: "
+                       f"{op_name(func)}{where} then raised {type(error).__name__}: "
                        f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}")
 
     def _record(self, func, node, flat_in, outs, out_flags, mutable, kind) -> None:
-        if node is None:
-            src, phase = _source_from_stack(), "forward"
-            path = "/".join(self.modules)
-        else:
-            src, phase = _source_from_node(node, self.key), "backward"
-            path = type(node).__name__
-        ins = [_host(x) for x in flat_in
+        src, phase, path = self.where(node)
+        ins = [host_copy(x) for x in flat_in
                if (isinstance(x, torch.Tensor) and x.numel() > 0) or
                isinstance(x, float)]
         bad = next(t for t, (n, i) in zip(outs, out_flags) if n or i)
         note = ("the op writes its input in place: input summaries show it after the op"
                 if mutable else "")
         if node is not None and isinstance(node, _CUSTOM_NODE):
-            file, line, fn = _source_from_stack()
+            file, line, fn = source_from_stack()
             if file:  # the custom autograd.Function's own backward code
                 note = f"run by backward code at {os.path.basename(file)}:{line} ({fn}). {note}"
         note = note.strip()
         pointwise = torch.Tag.pointwise in func.tags
-        self.births.append(_Birth(_op_name(func), kind, phase, src, path, ins, _host(bad),
-                                  note, pointwise))
+        library = library_from_stack() if node is None else ""
+        self.births.append(_Birth(op_name(func), kind, phase, src, path, ins, host_copy(bad),
+                                  note, pointwise, library))
+
+
+def pointwise_birth(flat_in: list, outs: list) -> str | None:
+    """``NaN`` when an elementwise op's output holds a NaN where no input does, ``Inf`` when it
+    holds an Inf where every input is finite, else None (each non-finite element came in)."""
+    try:
+        with torch._C.DisableTorchFunction(), torch.no_grad():
+            shape = outs[0].shape
+            in_nan = torch.zeros(shape, dtype=torch.bool, device=outs[0].device)
+            in_bad = in_nan.clone()
+            for x in flat_in:
+                if isinstance(x, float):
+                    in_nan |= x != x
+                    in_bad |= not math.isfinite(x)
+                elif is_float(x):
+                    in_nan |= torch.isnan(x).broadcast_to(shape)
+                    in_bad |= ~torch.isfinite(x).broadcast_to(shape)
+            for t in outs:
+                if t.shape != shape:
+                    return None
+                if bool((torch.isnan(t) & ~in_nan).any()):
+                    return "NaN"
+            for t in outs:
+                if bool((torch.isinf(t) & ~in_bad).any()):
+                    return "Inf"
+    except RuntimeError:  # inputs that do not broadcast to the output: not elementwise here
+        return None
+    return None
 
 
 _CUSTOM_NODE = torch.autograd.function.BackwardCFunction
@@ -278,7 +303,7 @@ def _report(b: _Birth, n_births: int) -> NanReport:
         inputs=tuple(summarize(a) for a in b.ins), output=summarize(b.out), file=file,
         line=line, function=func, bad_index=idx,
         inputs_at_index=values_at(b.ins, b.out.shape, idx) if b.pointwise else None,
-        births=n_births, note=b.note)
+        births=n_births, note=b.note, library=b.library)
 
 
 def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
@@ -290,19 +315,18 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
 
 def _locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     name = getattr(fn, "__name__", None) or type(fn).__name__
-    hunter = _Hunter(key=object())
-    named = _named_inputs(fn, args, kwargs)
-    arrived = _arrived(named, hunter)
+    hunter = BirthHunter()
+    named = named_inputs(fn, args, kwargs)
+    arrived = arrived_facts(named, hunter.flags)
     try:
-        with (module_stack(hunter.modules), torch.autograd.set_multithreading_enabled(False),
-              _Lines(hunter.key), hunter):
+        with hunter.running():
             result = fn(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
         return _raised(hunter, name, e, arrived)
     # Gradients may have been made after `named` was built: name them too.
-    named.update({k: v for k, v in _named_inputs(fn, args, kwargs).items() if k not in named})
+    named.update({k: v for k, v in named_inputs(fn, args, kwargs).items() if k not in named})
     bad = []
-    for where, t in _sinks(result, named, hunter):
+    for where, t in sinks(result, named, hunter.grads, hunter.written):
         nan, inf = hunter.flags(t)
         if nan or inf:
             bad.append((where, t, "NaN" if nan else "Inf"))
@@ -320,7 +344,7 @@ def _locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     where, t, kind = bad[0]
     given = "; ".join(arrived) or "an input"
     return NanReport(framework="torch", primitive="input", kind=kind, source="", path=where,
-                     phase="input", inputs=(), output=summarize(_host(t)),
+                     phase="input", inputs=(), output=summarize(host_copy(t)),
                      births=len(hunter.births), arrived=tuple(arrived),
                      note=f"no op produced it: it reached {where} from what the function was "
                           f"given ({given})")
@@ -334,7 +358,7 @@ def _with(rep: NanReport, **changes) -> NanReport:
     return NanReport(**{**rep.__dict__, **changes})
 
 
-def _raised(hunter: _Hunter, name: str, error: Exception, arrived: list[str]) -> NanReport:
+def _raised(hunter: BirthHunter, name: str, error: Exception, arrived: list[str]) -> NanReport:
     """The function raised. If the op that raised was fed NaN/Inf, that is the finding: report
     where it was born and what it made happen; otherwise it is an error like any other."""
     got = hunter.raised

@@ -1,11 +1,21 @@
-"""The JAX hunt's evaluator: a jaxpr run equation by equation on concrete values.
+"""A jaxpr run equation by equation on concrete values: the JAX half of diag's kernel.
 
-Each value carries whether it holds a NaN or Inf and the birth its non-finite elements descend
-from; jit, custom_jvp/custom_vjp, remat, cond and scan/while bodies are descended into.
+`Evaluator.eval` walks a jaxpr, descending into jit, custom_jvp/custom_vjp, remat, cond
+branches and scan/while bodies (iteration by iteration, so the iteration index is known), and
+tells the equations that exist only for a gradient (backward) from the primal ones. A policy
+(`diag.nan`, `diag.diverge`) subclasses it: `wrap`/`index`/`stack` say what a value carries
+(non-finite flags and the birth they descend from; a float64 shadow), `apply` runs one
+first-order equation, and `observe(e, ins, outs, path, backward)` is called with every
+first-order equation's inputs and outputs after it ran (the policy callback).
+
+Each distinct equation (primitive, parameters, input shapes and dtypes) is compiled once and the
+executable reused (`bind`): a training step's layers repeat the same few signatures, and JAX's
+own op-by-op dispatch would compile one program per call site.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -13,10 +23,12 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from diag.nan._jax_source import _Literal, _ns
+from diag.interp.jax_source import Literal, name_stack
 
-class _V:
-    """A concrete value with its non-finite state and the birth its NaN/Inf descend from."""
+
+class Value:
+    """A concrete value, whether it holds a NaN or an Inf, and (for `diag.nan`) the birth its
+    non-finite elements descend from (`taint`)."""
 
     __slots__ = ("val", "nan", "inf", "taint")
 
@@ -28,67 +40,59 @@ class _V:
         return self.nan or self.inf
 
 
-_INEXACT: dict[Any, bool] = {}
+INEXACT_CACHE: dict[Any, bool] = {}
 
 
-def _is_inexact(dtype: Any) -> bool:
-    r = _INEXACT.get(dtype)
+def is_inexact(dtype: Any) -> bool:
+    r = INEXACT_CACHE.get(dtype)
     if r is None:
         try:
             r = bool(jnp.issubdtype(dtype, jnp.inexact))
         except TypeError:  # extended dtypes (PRNG keys), tokens
             r = False
-        _INEXACT[dtype] = r
+        INEXACT_CACHE[dtype] = r
     return r
 
 
 @jax.jit
-def _device_flags(x):
+def device_flags(x):
     return jnp.stack([jnp.any(jnp.isnan(x)), jnp.any(jnp.isinf(x))])
 
 
-def _flags(x: Any) -> tuple[bool, bool]:
+def flags(x: Any) -> tuple[bool, bool]:
     """(has NaN, has Inf). On CPU numpy reads the buffer in place; elsewhere one reduction."""
     dtype = getattr(x, "dtype", None)
     if dtype is None:
         if isinstance(x, float):
             return x != x, x in (float("inf"), float("-inf"))
         return False, False
-    if not _is_inexact(dtype):
+    if not is_inexact(dtype):
         return False, False
-    if _ON_CPU or not isinstance(x, jax.Array):
+    if ON_CPU or not isinstance(x, jax.Array):
         a = np.asarray(x)
         if a.dtype.kind not in "fc":
             a = a.astype(np.float32)
         if np.isfinite(a).all():
             return False, False
         return bool(np.isnan(a).any()), bool(np.isinf(a).any())
-    f = np.asarray(_device_flags(x))
+    f = np.asarray(device_flags(x))
     return bool(f[0]), bool(f[1])
 
 
-_ON_CPU = jax.default_backend() == "cpu"
+ON_CPU = jax.default_backend() == "cpu"
 
 
-def _wrap(val: Any) -> _V:
-    nan, inf = _flags(val)
-    return _V(val, nan, inf)
-
-class _Birth:
-    __slots__ = ("eqn", "ins", "outs", "path", "backward", "kind", "outer")
-
-    def __init__(self, eqn, ins, outs, path, backward, kind, outer=()):
-        self.eqn, self.ins, self.outs, self.path = eqn, ins, outs, path
-        self.backward, self.kind, self.outer = backward, kind, outer
+def wrap_value(val: Any) -> Value:
+    nan, inf = flags(val)
+    return Value(val, nan, inf)
 
 
-class _Hunt:
-    """One equation-by-equation evaluation; `births` in the order they happened."""
+class Evaluator:
+    """One equation-by-equation evaluation of a jaxpr, with a policy's hooks."""
 
     def __init__(self):
-        self.births: list[_Birth] = []
         self._phase_cache: dict[tuple, tuple[list[bool], list[tuple[bool, ...]]]] = {}
-        self._const_cache: dict[int, list[_V]] = {}
+        self._const_cache: dict[int, list[Value]] = {}
         # The higher-order equations being descended, outermost first: their user lines name
         # an equation whose own traceback stops inside a library (a derivative rule of a
         # jitted library function is traced with a truncated stack).
@@ -108,13 +112,13 @@ class _Hunt:
             return hit
         primal_use: dict[Any, bool] = {}
         for v, b in zip(jaxpr.outvars, out_bwd):
-            if not isinstance(v, _Literal) and not b:
+            if not isinstance(v, Literal) and not b:
                 primal_use[v] = True
         n = len(jaxpr.eqns)
         bwd, only_bwd_outs = [False] * n, [()] * n
         for k in range(n - 1, -1, -1):
             e = jaxpr.eqns[k]
-            ns = _ns(e)
+            ns = name_stack(e)
             outs_only = tuple(not primal_use.get(v, False) for v in e.outvars)
             if ctx_bwd or "transpose(" in ns:
                 b = True
@@ -125,7 +129,7 @@ class _Hunt:
             bwd[k], only_bwd_outs[k] = b, outs_only
             if not b:
                 for v in e.invars:
-                    if not isinstance(v, _Literal):
+                    if not isinstance(v, Literal):
                         primal_use[v] = True
         self._phase_cache[key] = (bwd, only_bwd_outs)
         return bwd, only_bwd_outs
@@ -134,27 +138,27 @@ class _Hunt:
     # How a value is made, sliced out of a scan's operand and stacked into its result: methods,
     # so that an evaluator carrying more per value (diag.diverge's float64 shadow) keeps it
     # through literals, constants and loops.
-    def wrap(self, val: Any) -> _V:
-        return _wrap(val)
+    def wrap(self, val: Any) -> Value:
+        return wrap_value(val)
 
-    def index(self, v: _V, i: int) -> _V:
-        return _index(v, i)
+    def index(self, v: Value, i: int) -> Value:
+        return index_value(v, i)
 
-    def stack(self, vs: list[_V], aval) -> _V:
-        return _stack(vs, aval)
+    def stack(self, vs: list[Value], aval) -> Value:
+        return stack_values(vs, aval)
 
-    def consts(self, closed) -> list[_V]:
+    def consts(self, closed) -> list[Value]:
         got = self._const_cache.get(id(closed))
         if got is None:
             got = self._const_cache[id(closed)] = [self.wrap(c) for c in closed.consts]
         return got
 
-    def eval(self, jaxpr, consts: list[_V], args: list[_V], path: str,
+    def eval(self, jaxpr, consts: list[Value], args: list[Value], path: str,
              out_bwd: tuple[bool, ...], ctx_bwd: bool = False, ctx_diff: bool = False):
-        env: dict[Any, _V] = {}
+        env: dict[Any, Value] = {}
 
-        def read(v) -> _V:
-            if isinstance(v, _Literal):
+        def read(v) -> Value:
+            if isinstance(v, Literal):
                 return self.wrap(v.val)
             return env[v]
 
@@ -163,9 +167,9 @@ class _Hunt:
         bwd, only_bwd_outs = self._phases(jaxpr, out_bwd, ctx_bwd, ctx_diff)
         for k, e in enumerate(jaxpr.eqns):
             ins = [read(v) for v in e.invars]
-            handler = _HIGHER_ORDER.get(e.primitive.name)
+            handler = HIGHER_ORDER.get(e.primitive.name)
             if handler is not None:
-                ns = _ns(e)
+                ns = name_stack(e)
                 child = (only_bwd_outs[k], bwd[k],
                          ctx_diff or "jvp(" in ns or "transpose(" in ns)
                 self.outer.append(e)
@@ -179,94 +183,119 @@ class _Hunt:
                 env[v] = o
         return [read(v) for v in jaxpr.outvars]
 
-    def apply(self, e, ins: list[_V], path: str, backward: bool) -> list[_V]:
-        """Bind one equation on concrete values and judge its outputs."""
-        try:
-            params = e.primitive.get_bind_params(e.params)
-        except AttributeError:  # pragma: no cover - older JAX
-            params = e.params
-        if isinstance(params, tuple):  # (subfuns, params) in some JAX versions
-            subfuns, params = params
-            vals = e.primitive.bind(*subfuns, *(i.val for i in ins), **params)
-        else:
-            vals = e.primitive.bind(*(i.val for i in ins), **params)
-        if not e.primitive.multiple_results:
-            vals = [vals]
-        outs = [_wrap(v) for v in vals]
-        if any(o.bad for o in outs):
-            self.judge(e, ins, outs, path, backward)
+    def apply(self, e, ins: list[Value], path: str, backward: bool) -> list[Value]:
+        """Bind one first-order equation on concrete values; hand it to `observe`."""
+        outs = [self.wrap(v) for v in bind(e, [i.val for i in ins])]
+        self.observe(e, ins, outs, path, backward)
         return outs
 
-    def judge(self, e, ins: list[_V], outs: list[_V], path: str, backward: bool) -> None:
-        """Record a birth when the outputs hold a NaN no input held, or an Inf from finite inputs.
-
-        The non-finite outputs descend from the earliest birth among the inputs' (an Inf born
-        earlier that now gives inf - inf), else from this one; values that came in non-finite
-        from an argument or a constant carry no birth.
-        """
-        in_nan = any(i.nan for i in ins)
-        in_bad = any(i.bad for i in ins)
-        out_nan = any(o.nan for o in outs)
-        out_inf = any(o.inf for o in outs)
-        inherited = [i.taint for i in ins if i.bad and i.taint is not None]
-        taint = min(inherited) if inherited else None
-        if (out_nan and not in_nan) or (out_inf and not in_bad):
-            kind = "NaN" if out_nan and not in_nan else "Inf"
-            self.births.append(_Birth(e, ins, outs, path, backward, kind, tuple(self.outer)))
-            if taint is None:
-                taint = len(self.births) - 1
-        for o in outs:
-            if o.bad:
-                o.taint = taint
+    def observe(self, e, ins: list, outs: list, path: str, backward: bool) -> None:
+        """The policy callback: one equation's inputs and outputs, after it ran. `path` is
+        where it sits (``jit[step]/scan[3]``), `backward` whether it exists for a gradient;
+        `self.outer` holds the enclosing higher-order equations. Does nothing here."""
 
 
-def _join(path: str, part: str) -> str:
+_COMPILED: dict = {}  # (primitive, parameters) -> jitted bind, or _DIRECT
+
+
+def bind_params(e) -> tuple[tuple, dict]:
+    """(sub-functions, parameters) to bind equation `e`'s primitive with."""
+    try:
+        params = e.primitive.get_bind_params(e.params)
+    except AttributeError:  # pragma: no cover - older JAX
+        params = e.params
+    if isinstance(params, tuple):  # (subfuns, params) in some JAX versions
+        return tuple(params[0]), params[1]
+    return (), params
+
+
+def bind(e, vals: list, params: dict | None = None) -> list:
+    """Run one first-order equation on concrete values; its outputs as a list.
+
+    The equation is compiled once per primitive and parameters (`jax.jit` then keys its own
+    cache by the inputs' shapes and dtypes) and the executable is reused by every later
+    equation of the same signature; parameters that cannot be hashed bind directly. `params`
+    replaces the equation's own (``diag.diverge`` widens their dtypes to float64).
+    """
+    subfuns, own = bind_params(e)
+    params = own if params is None else params
+    prim = e.primitive
+    key = None
+    if not subfuns:
+        try:
+            key = (prim, tuple(sorted(params.items())))
+            hash(key)
+        except TypeError:  # an unhashable parameter
+            key = None
+    fn = _COMPILED.get(key) if key is not None else _DIRECT
+    if fn is not _DIRECT:
+        try:
+            if fn is None:
+                fn = _COMPILED[key] = jax.jit(partial(_bind_one, prim, params))
+            out = fn(*vals)
+        except Exception:  # noqa: BLE001 - a primitive jit cannot wrap alone (shard_map)
+            _COMPILED[key] = _DIRECT
+            fn = _DIRECT
+    if fn is _DIRECT:
+        out = prim.bind(*subfuns, *vals, **params)
+    return list(out) if prim.multiple_results else [out]
+
+
+_DIRECT = object()  # marks a primitive that binds directly, uncompiled
+
+
+def _bind_one(prim, params: dict, *vals):
+    out = prim.bind(*vals, **params)
+    return list(out) if prim.multiple_results else out
+
+
+def join_path(path: str, part: str) -> str:
     return f"{path}/{part}" if path else part
 
 
 def _call(jaxpr_param: str, label: Callable[[Any], str]):
     """Handler for call-like primitives whose body takes the equation's operands as they are."""
 
-    def handler(h: _Hunt, e, ins, path, child):
+    def handler(h: Evaluator, e, ins, path, child):
         out_bwd, ctx_bwd, ctx_diff = child
         sub = e.params[jaxpr_param]
         if hasattr(sub, "consts"):  # ClosedJaxpr
-            return h.eval(sub.jaxpr, h.consts(sub), ins, _join(path, label(e)), out_bwd,
+            return h.eval(sub.jaxpr, h.consts(sub), ins, join_path(path, label(e)), out_bwd,
                           ctx_bwd, ctx_diff)
-        return h.eval(sub, [], ins, _join(path, label(e)), out_bwd, ctx_bwd, ctx_diff)
+        return h.eval(sub, [], ins, join_path(path, label(e)), out_bwd, ctx_bwd, ctx_diff)
 
     return handler
 
 
-def _index(v: _V, i: int) -> _V:
+def index_value(v: Value, i: int) -> Value:
     x = v.val[i]
     if not v.bad:
-        return _V(x)
-    out = _wrap(x)
+        return Value(x)
+    out = wrap_value(x)
     out.taint = v.taint if out.bad else None
     return out
 
 
-def _stack(vs: list[_V], aval) -> _V:
+def stack_values(vs: list[Value], aval) -> Value:
     if not vs:
-        return _V(jnp.zeros(aval.shape, aval.dtype))
+        return Value(jnp.zeros(aval.shape, aval.dtype))
     bad = [v for v in vs if v.bad]
     taints = [v.taint for v in bad if v.taint is not None]
-    return _V(jnp.stack([v.val for v in vs]), any(v.nan for v in vs), any(v.inf for v in vs),
+    return Value(jnp.stack([v.val for v in vs]), any(v.nan for v in vs), any(v.inf for v in vs),
               min(taints) if taints else None)
 
 
-def _scan(h: _Hunt, e, ins, path, child):
+def _scan(h: Evaluator, e, ins, path, child):
     out_bwd, ctx_bwd, ctx_diff = child
     p = e.params
     nc, ncar, length = p["num_consts"], p["num_carry"], p["length"]
     body = p["jaxpr"]
     consts, carry, xs = ins[:nc], ins[nc:nc + ncar], ins[nc + ncar:]
-    ys: list[list[_V]] = [[] for _ in e.outvars[ncar:]]
+    ys: list[list[Value]] = [[] for _ in e.outvars[ncar:]]
     order = range(length - 1, -1, -1) if p["reverse"] else range(length)
     for it in order:
         outs = h.eval(body.jaxpr, h.consts(body), consts + carry + [h.index(x, it) for x in xs],
-                      _join(path, f"scan[{it}]"), out_bwd, ctx_bwd, ctx_diff)
+                      join_path(path, f"scan[{it}]"), out_bwd, ctx_bwd, ctx_diff)
         carry = outs[:ncar]
         for j, y in enumerate(outs[ncar:]):
             ys[j].append(y)
@@ -275,7 +304,7 @@ def _scan(h: _Hunt, e, ins, path, child):
     return carry + [h.stack(y, v.aval) for y, v in zip(ys, e.outvars[ncar:])]
 
 
-def _while(h: _Hunt, e, ins, path, child):
+def _while(h: Evaluator, e, ins, path, child):
     out_bwd, ctx_bwd, ctx_diff = child
     p = e.params
     cond, body = p["cond_jaxpr"], p["body_jaxpr"]
@@ -286,24 +315,24 @@ def _while(h: _Hunt, e, ins, path, child):
     it = 0
     while True:
         pred = h.eval(cond.jaxpr, h.consts(cond), cconsts + carry,
-                      _join(path, f"while[{it}]/cond"), (False,), ctx_bwd, ctx_diff)[0]
+                      join_path(path, f"while[{it}]/cond"), (False,), ctx_bwd, ctx_diff)[0]
         if not bool(pred.val):
             return carry
         carry = h.eval(body.jaxpr, h.consts(body), bconsts + carry,
-                       _join(path, f"while[{it}]"), out_bwd, ctx_bwd, ctx_diff)
+                       join_path(path, f"while[{it}]"), out_bwd, ctx_bwd, ctx_diff)
         it += 1
 
 
-def _cond(h: _Hunt, e, ins, path, child):
+def _cond(h: Evaluator, e, ins, path, child):
     out_bwd, ctx_bwd, ctx_diff = child
     branches = e.params["branches"]
     k = int(np.clip(int(ins[0].val), 0, len(branches) - 1))
     br = branches[k]
-    return h.eval(br.jaxpr, h.consts(br), ins[1:], _join(path, f"cond[{k}]"), out_bwd,
+    return h.eval(br.jaxpr, h.consts(br), ins[1:], join_path(path, f"cond[{k}]"), out_bwd,
                   ctx_bwd, ctx_diff)
 
 
-_HIGHER_ORDER: dict[str, Callable] = {
+HIGHER_ORDER: dict[str, Callable] = {
     "jit": _call("jaxpr", lambda e: f"jit[{e.params.get('name', '?')}]"),
     "pjit": _call("jaxpr", lambda e: f"jit[{e.params.get('name', '?')}]"),
     "closed_call": _call("call_jaxpr", lambda e: "call"),

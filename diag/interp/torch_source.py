@@ -1,6 +1,6 @@
 """Where a PyTorch op was called from: the user's line, from the stack or an autograd node.
 
-Forward ops read the Python stack at dispatch time; backward ops read the tag `_Lines` put on
+Forward ops read the Python stack at dispatch time; backward ops read the tag `NodeLines` put on
 the autograd node that runs them (or anomaly mode's traceback).
 """
 
@@ -15,15 +15,14 @@ import sysconfig
 import torch
 from torch.overrides import TorchFunctionMode
 
-from diag.nan._torch_ops import _flat
+from diag.interp.torch_ops import flat_args
 
-# torch's frames and the hunt's own; diag's probe ops (diag/backends) are the code being hunted
-# when the training-step probe calls the hunt, so they count as the user's.
+# torch's frames and the kernel's and its policies' own; diag's probe ops (diag/backends) are
+# the code being hunted when the training-step probe calls the hunt, so they count as the user's.
+_DIAG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SKIP_DIRS = (os.path.normcase(os.path.dirname(torch.__file__)) + os.sep,
-              os.path.normcase(os.path.dirname(os.path.abspath(__file__))) + os.sep,
-              # diag.diverge's dispatch mode reads lines with the same helpers
-              os.path.normcase(os.path.join(os.path.dirname(os.path.dirname(
-                  os.path.abspath(__file__))), "diverge")) + os.sep)
+              *(os.path.normcase(os.path.join(_DIAG, d)) + os.sep
+                for d in ("interp", "nan", "diverge")))
 _STDLIB = os.path.normcase(sysconfig.get_paths()["stdlib"]) + os.sep
 _TB_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 
@@ -31,7 +30,7 @@ _TB_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>
 _USER_FILE: dict[str, bool] = {}
 
 
-def _user_file(path: str) -> bool:
+def is_user_file(path: str) -> bool:
     r = _USER_FILE.get(path)
     if r is None:
         p = os.path.normcase(os.path.abspath(path))
@@ -40,16 +39,38 @@ def _user_file(path: str) -> bool:
     return r
 
 
-def _source_from_stack() -> tuple[str, int, str]:
+def source_from_stack() -> tuple[str, int, str]:
+    """(file, line, function) of the innermost frame of the user's own code."""
     f = sys._getframe(1)
     while f is not None:
-        if _user_file(f.f_code.co_filename):
+        if is_user_file(f.f_code.co_filename):
             return f.f_code.co_filename, f.f_lineno, f.f_code.co_name
         f = f.f_back
     return "", 0, ""
 
 
-class _Lines(TorchFunctionMode):
+# An installed library's file: under any site-packages/dist-packages folder (a venv's, or the
+# base interpreter's that a venv with system packages sees).
+_SITE = re.compile(r"[/\\](site|dist)-packages[/\\]")
+
+
+def library_from_stack() -> str:
+    """``modeling_gpt2.py:58 (eager_attention_forward)``: the innermost frame of an installed
+    library (not torch, not diag) below the user's line, or "" when the op was called from
+    the user's own code."""
+    f = sys._getframe(1)
+    while f is not None:
+        path = f.f_code.co_filename
+        if is_user_file(path):
+            return ""
+        p = os.path.normcase(os.path.abspath(path))
+        if _SITE.search(p) and not p.startswith(_SKIP_DIRS):
+            return f"{os.path.basename(path)}:{f.f_lineno} ({f.f_code.co_name})"
+        f = f.f_back
+    return ""
+
+
+class NodeLines(TorchFunctionMode):
     """Tags each autograd node made by a torch call with the user line that made it.
 
     Runs above autograd, where a call's outputs already have their `grad_fn`. Nodes a call
@@ -66,7 +87,7 @@ class _Lines(TorchFunctionMode):
         if not torch.is_grad_enabled():  # no node is made (an optimizer's update)
             return out
         src = None
-        for t in _flat(out, []):
+        for t in flat_args(out, []):
             node = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
             stack = [node] if node is not None else []
             while stack:
@@ -77,13 +98,13 @@ class _Lines(TorchFunctionMode):
                 if md.get("diag_src", (None,))[0] is self.key:
                     continue
                 if src is None:
-                    src = _source_from_stack()
+                    src = source_from_stack()
                 md["diag_src"] = (self.key, src)
                 stack.extend(fn for fn, _ in n.next_functions)
         return out
 
 
-def _source_from_node(node, key: object) -> tuple[str, int, str]:
+def source_from_node(node, key: object) -> tuple[str, int, str]:
     """The forward line of an autograd node: our tag, else anomaly mode's traceback if the
     user turned it on."""
     try:
@@ -96,7 +117,7 @@ def _source_from_node(node, key: object) -> tuple[str, int, str]:
     tb = md.get("traceback_")
     for entry in reversed(tb or []):
         m = _TB_LINE.search(entry)
-        if m and _user_file(m["file"]):
+        if m and is_user_file(m["file"]):
             return m["file"], int(m["line"]), m["func"]
     return "", 0, ""
 

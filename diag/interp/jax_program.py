@@ -15,10 +15,14 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-def _is_array(x: Any) -> bool:
+
+
+def is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic))
 
-class _Program:
+
+
+class Program:
     """The user's call as a pure function of arrays: ``flat(*arrays) -> (result, new_state)``.
 
     JAX arrays are immutable, so a plain function's arguments are its own snapshot. Flax NNX
@@ -38,7 +42,7 @@ class _Program:
         if self.nnx is None:
             leaves, self._treedef = jax.tree_util.tree_flatten((args, kwargs))
             self._leaves = leaves
-            self._dyn = [i for i, x in enumerate(leaves) if _is_array(x)]
+            self._dyn = [i for i, x in enumerate(leaves) if is_array(x)]
             self.arrays = [jnp.asarray(leaves[i]) for i in self._dyn]
             paths = jax.tree_util.tree_flatten_with_path((args, kwargs))[0]
             self.names = [_arg_name(jax.tree_util.keystr(paths[i][0])) for i in self._dyn]

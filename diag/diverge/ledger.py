@@ -13,8 +13,8 @@ from typing import Callable
 import numpy as np
 
 from diag import numerics
-from diag.diverge import OpRecord, ShadowReport
-from diag.diverge._rules import carried_error, op_class, own_error
+from diag.diverge.records import OpRecord, ShadowReport
+from diag.diverge.rules import carried_error, op_class, own_error
 
 TOP = 10
 

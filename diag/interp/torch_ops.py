@@ -13,17 +13,17 @@ from typing import Any
 import numpy as np
 import torch
 
-def _flat(x: Any, out: list) -> list:
+def flat_args(x: Any, out: list) -> list:
     """Tensors and Python floats in an aten call's arguments (lists, tuples, dicts); torch's
     pytree is general but costs more than the op itself for small tensors."""
     if isinstance(x, (torch.Tensor, float)):
         out.append(x)
     elif isinstance(x, (list, tuple)):
         for y in x:
-            _flat(y, out)
+            flat_args(y, out)
     elif isinstance(x, dict):
         for y in x.values():
-            _flat(y, out)
+            flat_args(y, out)
     return out
 
 
@@ -35,7 +35,7 @@ _FLOAT_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bf
 _STRIDED = torch.strided
 
 
-def _is_float(t: Any) -> bool:
+def is_float(t: Any) -> bool:
     return (isinstance(t, torch.Tensor) and t.dtype in _FLOAT_DTYPES and t.layout is _STRIDED
             and not t.is_meta and t.numel() > 0)
 
@@ -44,7 +44,7 @@ _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.complex64, t
 _DOT_DTYPES = (torch.float32, torch.float64)
 
 
-def _flags(t: torch.Tensor) -> tuple[bool, bool]:
+def tensor_flags(t: torch.Tensor) -> tuple[bool, bool]:
     """(has NaN, has Inf), checked once per op output, so it must be cheap.
 
     On CPU numpy reads the buffer in place, single-threaded: torch's own reductions start a
@@ -71,7 +71,7 @@ def _flags(t: torch.Tensor) -> tuple[bool, bool]:
     return bool(torch.isnan(t).any()), bool(torch.isinf(t).any())
 
 
-def _all_finite(tensors: list) -> bool:
+def all_finite(tensors: list) -> bool:
     """Whether every tensor in a list is finite, screened with one `_foreach_norm` (one
     kernel per list instead of one check per tensor); a norm that overflows, or a list the
     screen cannot take, falls back to checking each tensor."""
@@ -81,10 +81,10 @@ def _all_finite(tensors: list) -> bool:
                 return True
     except (RuntimeError, TypeError):  # mixed devices, complex, an unsupported dtype
         pass
-    return not any(n or i for n, i in map(_flags, tensors))
+    return not any(n or i for n, i in map(tensor_flags, tensors))
 
 
-def _host(t: Any) -> np.ndarray:
+def host_copy(t: Any) -> np.ndarray:
     if isinstance(t, torch.Tensor):
         t = t.detach()
         if t.dtype == torch.bfloat16:
@@ -92,33 +92,6 @@ def _host(t: Any) -> np.ndarray:
         return t.cpu().resolve_conj().numpy().copy()
     return np.asarray(t)
 
-
-def _pointwise_birth(flat_in: list, outs: list) -> str | None:
-    """``NaN`` when an elementwise op's output holds a NaN where no input does, ``Inf`` when it
-    holds an Inf where every input is finite, else None (each non-finite element came in)."""
-    try:
-        with torch._C.DisableTorchFunction(), torch.no_grad():
-            shape = outs[0].shape
-            in_nan = torch.zeros(shape, dtype=torch.bool, device=outs[0].device)
-            in_bad = in_nan.clone()
-            for x in flat_in:
-                if isinstance(x, float):
-                    in_nan |= x != x
-                    in_bad |= not math.isfinite(x)
-                elif _is_float(x):
-                    in_nan |= torch.isnan(x).broadcast_to(shape)
-                    in_bad |= ~torch.isfinite(x).broadcast_to(shape)
-            for t in outs:
-                if t.shape != shape:
-                    return None
-                if bool((torch.isnan(t) & ~in_nan).any()):
-                    return "NaN"
-            for t in outs:
-                if bool((torch.isinf(t) & ~in_bad).any()):
-                    return "Inf"
-    except RuntimeError:  # inputs that do not broadcast to the output: not elementwise here
-        return None
-    return None
 
 # Ops whose outputs need no check: "fill" makes finite values by construction (zeros, ones),
 # "copy" copies its first input (finite when that is known finite), "garbage" returns
@@ -129,10 +102,10 @@ _FILL = {"zeros", "zeros_like", "ones", "ones_like", "new_zeros", "new_ones", "a
 _COPY = {"clone", "_unsafe_view", "contiguous", "_to_copy", "_reshape_alias", "alias_copy",
          "view_copy", "t_copy", "transpose_copy", "permute_copy", "expand_copy"}
 _GARBAGE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
-_KIND: dict[Any, str] = {}
+OP_KIND: dict[Any, str] = {}
 
 
-def _op_kind(func) -> str:
+def op_kind(func) -> str:
     name = func._schema.name.split("::", 1)[-1]
     if name in _FILL:
         return "fill"
@@ -144,12 +117,12 @@ def _op_kind(func) -> str:
 
 
 _WRITES: dict[Any, tuple] = {}
-_VIEW = ((-1, "view", False),)  # marks an op whose one output is a view of its first input
+VIEW = ((-1, "view", False),)  # marks an op whose one output is a view of its first input
 
 
-def _writes(func) -> tuple:
+def written_args(func) -> tuple:
     """(position, name, is_list) of every argument the op writes, per its schema
-    (``Tensor(a!)``, ``Tensor(a!)[]``, ``out=``); `_VIEW` for a pure view op; cached per op."""
+    (``Tensor(a!)``, ``Tensor(a!)[]``, ``out=``); `VIEW` for a pure view op; cached per op."""
     got = _WRITES.get(func)
     if got is None:
         schema = func._schema
@@ -160,7 +133,7 @@ def _writes(func) -> tuple:
         if (not got and len(rets) == 1 and rets[0].alias_info is not None
                 and not rets[0].alias_info.is_write and str(rets[0].type) == "Tensor"
                 and schema.arguments and schema.arguments[0].alias_info is not None):
-            got = _VIEW
+            got = VIEW
         _WRITES[func] = got
     return got
 
@@ -169,7 +142,7 @@ def _arg(k: int, name: str, args: tuple, kwargs: dict):
     return args[k] if k < len(args) else kwargs.get(name)
 
 
-def _written(writes: tuple, args: tuple, kwargs: dict) -> list:
+def written_tensors(writes: tuple, args: tuple, kwargs: dict) -> list:
     """The tensors an op writes, one group per written argument (a list argument is a list)."""
     groups = []
     for k, name, is_list in writes:
@@ -183,7 +156,7 @@ def _written(writes: tuple, args: tuple, kwargs: dict) -> list:
 _LIST_ARGS: dict[Any, tuple] = {}
 
 
-def _list_args(func, args: tuple, kwargs: dict) -> list[list]:
+def list_arguments(func, args: tuple, kwargs: dict) -> list[list]:
     pos = _LIST_ARGS.get(func)
     if pos is None:
         pos = _LIST_ARGS[func] = tuple((k, a.name) for k, a in enumerate(func._schema.arguments)
@@ -197,12 +170,12 @@ def _list_args(func, args: tuple, kwargs: dict) -> list[list]:
     return out
 
 
-def _per_index(func, args, kwargs, lists) -> bool:
-    lens = {len(x) for x in _list_args(func, args, kwargs)}
+def per_index(func, args, kwargs, lists) -> bool:
+    lens = {len(x) for x in list_arguments(func, args, kwargs)}
     return len(lens) == 1 and all(len(g) == next(iter(lens)) for g in lists)
 
 
-def _flat_nonlist(args: tuple, kwargs: dict) -> list:
+def flat_nonlist(args: tuple, kwargs: dict) -> list:
     """The tensors and floats of an op's arguments that are not inside a list argument."""
     out = []
     for x in list(args) + list(kwargs.values()):
@@ -211,7 +184,7 @@ def _flat_nonlist(args: tuple, kwargs: dict) -> list:
     return out
 
 
-def _op_name(func) -> str:
+def op_name(func) -> str:
     """``aten.sqrt`` for aten::sqrt.default; the overload is kept only when not ``default``."""
     name = str(func)  # e.g. aten.div.Tensor
     parts = name.split(".")

@@ -1,8 +1,9 @@
 """PyTorch shadow execution: every aten op, forward and backward, in its dtype and in float64.
 
 A `TorchDispatchMode` sees each aten op below autograd, the backward pass's included
-(`diag.nan`'s hunt works the same way and lends its helpers: what an op writes, which user line
-called it, the tag on each autograd node that names its forward line). Per op three calls run:
+(diag's dispatch-mode skeleton, `diag.interp.torch_mode`, which `diag.nan` runs on too: what an
+op writes, which user line called it, the tag on each autograd node that names its forward
+line). Per op three calls run:
 the op as the program called it, the op on the float64 shadows of its inputs (float dtypes in
 its arguments widened to float64), and the op in float64 on the actual inputs (the reference
 for its own error; an input that carries no error lends its shadow as its float64 copy, and
@@ -24,14 +25,14 @@ from typing import Any, Callable
 import ml_dtypes
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from diag.diverge import DivergeError, ShadowReport
-from diag.diverge._report import Ledger
-from diag.diverge._rules import carried_threshold, op_class, release_scratch
-from diag.nan._torch_ops import _KIND, _VIEW, _flat, _is_float, _op_kind, _writes, _written
-from diag.nan._torch_source import (_Lines, _source_from_node, _source_from_stack,
-                                     module_stack)
+from diag.diverge.ledger import Ledger
+from diag.diverge.records import DivergeError, ShadowReport
+from diag.diverge.rules import op_class, release_scratch
+from diag.interp.torch_mode import OpMode
+from diag.interp.torch_ops import (OP_KIND, VIEW, flat_args, is_float, op_kind, written_args,
+                                   written_tensors)
+from diag.tolerance import diverge_carried_threshold
 
 _NP = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
        torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16)}
@@ -40,7 +41,7 @@ _SEEDED = torch.Tag.nondeterministic_seeded
 
 
 def _real(t: Any) -> bool:
-    return _is_float(t) and t.dtype in _REAL
+    return is_float(t) and t.dtype in _REAL
 
 
 def _map(x: Any, fn: Callable) -> Any:
@@ -75,20 +76,14 @@ def _wide(x: Any) -> Any:
     return x
 
 
-class _Mode(TorchDispatchMode):
+class _Mode(OpMode):
     """Runs each op three ways and hands the figures to a `Ledger`."""
 
-    def __init__(self, key: object):
+    def __init__(self):
         super().__init__()
-        self.key = key
         self.ledger = Ledger()
-        self.modules: list[str] = []
         self.unfollowed: set[str] = set()
         self._sh: dict[int, tuple[weakref.ref, torch.Tensor, float, float]] = {}
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False  # as in diag.nan: the mode does not run under torch.compile
 
     def shadow_of(self, t: torch.Tensor) -> tuple[torch.Tensor, float, float]:
         """(shadow, carried error, threshold); a tensor never seen is its own shadow."""
@@ -96,7 +91,7 @@ class _Mode(TorchDispatchMode):
         if got is not None and got[0]() is t:
             return got[1], got[2], got[3]
         return (t.detach().to(torch.float64, copy=True), 0.0,
-                carried_threshold(_NP[t.dtype]))
+                diverge_carried_threshold(_NP[t.dtype]))
 
     def _keep(self, t: torch.Tensor, sh: torch.Tensor, err: float, thr: float) -> None:
         key, table = id(t), self._sh
@@ -117,8 +112,8 @@ class _Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        writes = _writes(func)
-        if writes is _VIEW:
+        writes = written_args(func)
+        if writes is VIEW:
             out = func(*args, **kwargs)
             base = args[0] if args else None
             if _real(base) and isinstance(out, torch.Tensor):
@@ -128,10 +123,10 @@ class _Mode(TorchDispatchMode):
                 except Exception:  # noqa: BLE001
                     pass
             return out
-        ins = [x for x in _flat((args, kwargs), []) if _real(x)]
-        kind = _KIND.get(func)
+        ins = [x for x in flat_args((args, kwargs), []) if _real(x)]
+        kind = OP_KIND.get(func)
         if kind is None:
-            kind = _KIND[func] = _op_kind(func)
+            kind = OP_KIND[func] = op_kind(func)
         # Nothing to shadow; a random draw (run once: the user's generator must not move);
         # a fill or uninitialised memory (`empty_like`): values that come from no arithmetic.
         if not ins or _SEEDED in func.tags or kind in ("fill", "garbage"):
@@ -161,19 +156,15 @@ class _Mode(TorchDispatchMode):
             except Exception:  # noqa: BLE001
                 ref = None
         if writes:  # what the op wrote, paired with its shadow and reference copies
-            lows = [t for g in _written(writes, args, kwargs) for t in g]
-            shs = [t for g in _written(writes, sh_args, sh_kwargs) for t in g]
-            refs = [t for g in _written(writes, *own) for t in g]
+            lows = [t for g in written_tensors(writes, args, kwargs) for t in g]
+            shs = [t for g in written_tensors(writes, sh_args, sh_kwargs) for t in g]
+            refs = [t for g in written_tensors(writes, *own) for t in g]
         else:
-            lows, shs = _flat(out, []), _flat(sh_out, [])
-            refs = _flat(ref, []) if ref is not None else [None] * len(lows)
+            lows, shs = flat_args(out, []), flat_args(sh_out, [])
+            refs = flat_args(ref, []) if ref is not None else [None] * len(lows)
         carried_in = [(err, thr) for _, err, thr in before]
         inherited = max(thr for _, _, thr in before)
-        node = torch._C._current_autograd_node()
-        if node is None:
-            src, phase, path = _source_from_stack(), "forward", "/".join(self.modules)
-        else:
-            src, phase, path = _source_from_node(node, self.key), "backward", type(node).__name__
+        src, phase, path = self.where()
         where = _where(src)
         longest = max((max(t.shape, default=1) for t in ins), default=1)
         for k, (y, s) in enumerate(zip(lows, shs)):
@@ -185,7 +176,7 @@ class _Mode(TorchDispatchMode):
                 facts = _facts(func, own[0], own[1], k)
             terms = max([t.numel() / max(y.numel(), 1) for t in ins] + [longest])
             dtype = _NP[y.dtype]
-            thr = max(inherited, carried_threshold(dtype))
+            thr = max(inherited, diverge_carried_threshold(dtype))
             err = self.ledger.measure(
                 f"aten.{name}", name, _low(y), _host(r) if isinstance(r, torch.Tensor)
                 else None, _host(s), dtype, carried_in, thr, where, path, phase,
@@ -196,10 +187,10 @@ class _Mode(TorchDispatchMode):
     def _plain(self, func, args, kwargs, ran: Any = None):
         """Run an op once; its outputs are their own shadows."""
         out = func(*args, **kwargs) if ran is None else ran
-        for t in _flat(out, []):
+        for t in flat_args(out, []):
             if _real(t):
                 self._keep(t, t.detach().to(torch.float64, copy=True), 0.0,
-                           carried_threshold(_NP[t.dtype]))
+                           diverge_carried_threshold(_NP[t.dtype]))
         return out
 
 
@@ -208,7 +199,7 @@ def _facts(func, args, kwargs, k: int) -> Callable[[], tuple[np.ndarray, Any]]:
     `kwargs` are the float64 ones the reference ran on (they are not written)."""
 
     def get():
-        mag = _flat(func(*_map(args, _abs), **_map(kwargs, _abs)), [])[k]
+        mag = flat_args(func(*_map(args, _abs), **_map(kwargs, _abs)), [])[k]
         return _host(mag), _count(func, args, kwargs, k)
 
     return get
@@ -229,7 +220,7 @@ def _count(func, args, kwargs, k: int) -> Any:
         key = got = None
     if got is not None:
         return got
-    cnt = _host(_flat(func(*_map(args, _ones), **_map(kwargs, _ones)), [])[k])
+    cnt = _host(flat_args(func(*_map(args, _ones), **_map(kwargs, _ones)), [])[k])
     if key is not None and cnt.size and cnt.min() == cnt.max():
         if len(_COUNTS) > 4096:
             _COUNTS.clear()
@@ -278,16 +269,15 @@ def _where(src: tuple[str, int, str]) -> Callable[[], tuple[str, str]]:
 def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
     """See `diag.diverge.shadow`."""
     name = getattr(fn, "__name__", None) or type(fn).__name__
-    mode = _Mode(key=object())
+    mode = _Mode()
     try:
-        with (module_stack(mode.modules), np.errstate(all="ignore"),
-              torch.autograd.set_multithreading_enabled(False), _Lines(mode.key), mode):
+        with np.errstate(all="ignore"), mode.running():
             result = fn(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
         raise DivergeError(f"{name} raised {type(e).__name__}: {e}") from e
     finally:
         release_scratch()
-    first = next((t for t in _flat(result, []) if _real(t)), None)
+    first = next((t for t in flat_args(result, []) if _real(t)), None)
     result_error = mode.shadow_of(first)[1] if first is not None else 0.0
     note = ""
     if mode.unfollowed:

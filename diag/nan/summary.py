@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from diag.nan import TensorSummary
+from diag.nan.report import TensorSummary
 
 
 def _inexact(a: np.ndarray) -> bool:

@@ -1,0 +1,101 @@
+"""One instrumentation kernel for the hunts that watch a computation op by op.
+
+`diag.nan` (the first non-finite birth) and `diag.diverge` (the first value that leaves its
+float64 shadow) are two *policies* over the same machinery, which lives here:
+
+* `diag.interp.jaxpr`: a jaxpr evaluated equation by equation on concrete values, descending
+  into jit, custom_jvp/custom_vjp, remat, cond and scan/while (iteration by iteration), telling
+  forward from backward equations. A policy subclasses `Evaluator` and overrides how a value is
+  made (`wrap`, `index`, `stack`) and what happens at each equation (`apply`, or only
+  `observe`, which sees each equation's inputs and outputs).
+* `diag.interp.jax_program`: the user's call (Flax NNX state, RNG streams included) as a pure
+  function of arrays.
+* `diag.interp.jax_source`, `diag.interp.torch_source`: the user's line of an op, and the
+  library line no user frame covers.
+* `diag.interp.torch_ops`, `diag.interp.torch_mode`: the aten-level facts (what an op writes,
+  views, fills) and the dispatch-mode skeleton (`OpMode`): module paths, the forward line a
+  backward op differentiates, the context a function runs in.
+
+Neither framework is imported here: each submodule imports the framework it instruments.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any, Callable
+
+from diag.errors import DiagError
+
+__all__ = ["InterpError", "framework_of", "leaves"]
+
+
+class InterpError(DiagError):
+    """The installed framework lacks something the kernel reads (private API that moved)."""
+
+
+def leaves(tree: Any):
+    """The leaves of nested lists, tuples and dicts (no framework's pytree needed)."""
+    if isinstance(tree, (list, tuple)):
+        for t in tree:
+            yield from leaves(t)
+    elif isinstance(tree, dict):
+        for t in tree.values():
+            yield from leaves(t)
+    else:
+        yield tree
+
+
+def framework_of(fn: Callable, args: tuple, kwargs: dict) -> str:
+    """Which framework `fn` computes with (``jax`` or ``torch``), from the values it handles.
+
+    The arguments decide first (a torch tensor or module, a JAX array); then the modules,
+    modules' objects and closure values its code names (a module that imports ``jax.numpy``
+    but whose function only names ``torch`` computes with torch); last, what is imported.
+    """
+    torch = sys.modules.get("torch")
+    got = list(leaves((args, kwargs)))
+    if torch is not None:
+        if isinstance(fn, torch.nn.Module) or any(isinstance(x, torch.Tensor) for x in got):
+            return "torch"
+        if isinstance(getattr(fn, "__self__", None), torch.nn.Module):
+            return "torch"
+    jax = sys.modules.get("jax")
+    if jax is not None and any(isinstance(x, jax.Array) for x in got):
+        return "jax"
+    seen = modules_seen(fn)
+    if "torch" in seen and "jax" not in seen:
+        return "torch"
+    if "jax" in seen:
+        return "jax"
+    if torch is not None and jax is None:
+        return "torch"
+    return "jax"
+
+
+_JAX_FAMILY = ("jax", "jaxlib", "flax", "optax", "equinox")
+
+
+def modules_seen(fn: Callable) -> set[str]:
+    """``{"jax", "torch"}``: the frameworks of the names a function's code refers to."""
+    fn = getattr(fn, "__wrapped__", fn)
+    code_fn = getattr(fn, "__func__", fn)
+    # Only the globals the code names: a module that imports both frameworks says nothing.
+    names = getattr(getattr(code_fn, "__code__", None), "co_names", ())
+    glob = getattr(code_fn, "__globals__", {})
+    values = [glob[n] for n in names if n in glob]
+    for cell in getattr(code_fn, "__closure__", None) or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            pass
+    found = set()
+    for value in values:
+        mod = value if isinstance(value, types.ModuleType) else None
+        name = mod.__name__ if mod else getattr(value, "__module__", None) or ""
+        top = name.split(".", 1)[0]
+        if top in _JAX_FAMILY:
+            found.add("jax")
+        elif top == "torch":
+            found.add("torch")
+    return found
