@@ -265,8 +265,9 @@ def test_a_reader_that_closes_the_pipe_is_not_a_numerical_failure():
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.Popen([diag_script(), "env", "--no-fingerprints"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc.stdout.readline()
-    proc.stdout.close()  # as `| head -1` does
+    # The reader goes away before diag writes (as `| head -2` does once it has its lines;
+    # closing first makes the broken pipe certain, not a race with the pipe's buffer)
+    proc.stdout.close()
     proc.wait(timeout=120)
     err = proc.stderr.read().decode()
     assert proc.returncode == 128 + signal.SIGPIPE, err
