@@ -88,6 +88,7 @@ def _cases(suite: str, *, max_elements: int | None = None, labels=None):
             or np.prod(PROBES[c.op].input_shapes(c.params)[0]) <= max_elements]
 
 
+@pytest.mark.slow  # ~60 s on a loaded 2-core machine; the planted-element test stays fast
 def test_mid_size_matmul_and_sampling_cases_judge_as_before(tmp_path):
     matmul = [c for c in load_suite("matmul").cases
               if c.params.get("d") == 512 or c.probe == "wide_range"]

@@ -233,6 +233,7 @@ def test_a_planted_overflow_passes_when_caught_and_fails_when_absent(tmp_path):
 
 
 @needs_jax
+@pytest.mark.slow  # ~30 s loaded; the planted-overflow test above keeps train_step fast
 def test_the_shipped_train_step_suite_is_a_gate(tmp_path):
     out = tmp_path / "runs"
     res = run_diag("run", "--suite", "train_step", "--backend", "jax-cpu", "--out", str(out),
