@@ -26,7 +26,8 @@ SETTING_PARAMS = ("precision", "precision_via")
 
 def row_key(rec: Mapping[str, Any]) -> tuple[str, str, str]:
     """(probe, dtype, setting) of a record: its matrix row."""
-    params = rec.get("params") if isinstance(rec.get("params"), Mapping) else {}
+    raw = rec.get("params")
+    params: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
     setting = " ".join(f"{k}={params[k]}" for k in SETTING_PARAMS
                        if params.get(k) not in (None, "", "none"))
     return str(rec.get("probe", "")), str(rec.get("dtype", "")), setting
@@ -53,7 +54,8 @@ def _num(value: Any) -> float | None:
 def _figure(records: list[Mapping[str, Any]]) -> tuple[str, str]:
     """The cell's figure and what it is: the worst bound ratio, else the lowest recall, else
     the largest ULP error of its records ("" when none recorded any)."""
-    metrics = [r.get("metrics") for r in records if isinstance(r.get("metrics"), Mapping)]
+    metrics: list[Mapping[str, Any]] = [m for m in (r.get("metrics") for r in records)
+                                        if isinstance(m, Mapping)]
     for key, pick, what in (("bound_ratio", max, "worst bound ratio"),
                             ("recall_min", min, "lowest recall"),
                             ("recall_mean", min, "lowest mean recall"),
