@@ -20,7 +20,8 @@ def write(result: "Check", path: str | os.PathLike, *, name: str = "diag check")
     """One testcase per (probe, case, backend): drift and fail/error records are failures.
 
     Settings, fingerprint, feature and backend drift, which belong to no record, are one testcase
-    per cause (`diag.drift.causes`) in a `settings` class. Written with junitparser (the XML is a library's business).
+    per cause (`diag.drift.causes`) in a `settings` class. Written with junitparser (the XML is a
+    library's business).
 
     Args:
       result: what `check` found.
