@@ -8,9 +8,9 @@ cell per (probe, dtype, setting, backend) that ran and each cell's records reach
 click, the page height bounded with evidence collapsed, no console error. The expected cells
 are computed here from results.jsonl.
 
-The fast tests use a synthetic run folder and drift view; real runs (matmul, sampling, ci and its drift
-view) are `slow`: each is generated once per session with one backend and the smallest suite
-that shows the feature. The traced run is checked in test_trace_report_browser.py with
+The fast tests use a synthetic run folder and drift view; real runs (matmul, sampling, ci and
+its drift view) are `slow`: each is generated once per session with one backend (ci: two) and
+the smallest shipped suite that shows the feature. The traced run is checked in test_trace_report_browser.py with
 `check_layout` from here.
 """
 
