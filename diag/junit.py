@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["save", "write"]
 
 
-def write(result: "Check", path: str | os.PathLike, *, name: str = "diag check") -> Path:
+def write(result: Check, path: str | os.PathLike, *, name: str = "diag check") -> Path:
     """One testcase per (probe, case, backend): drift and fail/error records are failures.
 
     Settings, fingerprint, feature and backend drift, which belong to no record, are one testcase
@@ -54,8 +54,9 @@ def write(result: "Check", path: str | os.PathLike, *, name: str = "diag check")
         if cause.head.where.startswith(CAUSE_KINDS):
             tc = TestCase(cause.head.where, classname="settings")
             tc.result = [Failure(cause.text()[:500], "drift")]
-            tc.system_out = "\n".join(d.text() for d in [cause.head, *cause.same,
-                                                           *cause.arithmetic])
+            tc.system_out = "\n".join(
+                d.text() for d in [cause.head, *cause.same, *cause.arithmetic]
+            )
             suite.add_testcase(tc)
     return save(suite, path)
 

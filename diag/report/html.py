@@ -18,9 +18,10 @@ import json
 import math
 import os
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import jinja2
 from markupsafe import Markup
@@ -57,9 +58,28 @@ METRIC_COLUMNS = (
 
 # Environment keys shown first when present (matched case-insensitively); the rest follow
 # in the order run.json has them.
-ENV_FIRST = ("host", "hostname", "platform", "machine", "cpu_count", "python", "devices",
-             "packages", "frameworks", "versions", "env", "xla_flags", "libtpu_init_args",
-             "numerics", "jax", "torch", "command", "cwd", "git_revision", "git")
+ENV_FIRST = (
+    "host",
+    "hostname",
+    "platform",
+    "machine",
+    "cpu_count",
+    "python",
+    "devices",
+    "packages",
+    "frameworks",
+    "versions",
+    "env",
+    "xla_flags",
+    "libtpu_init_args",
+    "numerics",
+    "jax",
+    "torch",
+    "command",
+    "cwd",
+    "git_revision",
+    "git",
+)
 
 # What a worker reported that the Precision fingerprints and Arithmetic features sections show
 # (as compact tables): left out of the Environment's backend tables, where they were a raw
@@ -185,11 +205,16 @@ def _verdict_row(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
     cells = []
     for _, key, kind in METRIC_COLUMNS:
         value = metrics.get(key)
-        cells.append({**_cell(fmt_pct(value) if "pct" in kind else fmt_num(value),
-                              sort_key(value)), "opt": "opt" in kind})
+        cells.append(
+            {
+                **_cell(fmt_pct(value) if "pct" in kind else fmt_num(value), sort_key(value)),
+                "opt": "opt" in kind,
+            }
+        )
     # Where the "opt" columns give way (narrow windows), the max ULP cell's tooltip has them.
-    cells[1]["title"] = "; ".join(f"{h}: {c['text']}" for (h, _, kind), c
-                                  in zip(METRIC_COLUMNS, cells) if "opt" in kind)
+    cells[1]["title"] = "; ".join(
+        f"{h}: {c['text']}" for (h, _, kind), c in zip(METRIC_COLUMNS, cells) if "opt" in kind
+    )
     cells.append(_nonfinite_cell(metrics))
     run_s = timings.get("run_s_median")
     compile_s = timings.get("compile_s")
@@ -221,12 +246,18 @@ def _nonfinite_cell(metrics: Mapping[str, Any]) -> dict[str, Any]:
     nonfinite = None if nan is None and inf is None else (nan or 0) + (inf or 0)
     unexpected = to_float(metrics.get("unexpected_nonfinite"))
     title = f"NaN: {fmt_num(metrics.get('nan_count'))}, Inf: {fmt_num(metrics.get('inf_count'))}"
-    cell = _cell(fmt_num(nonfinite), sort_key(nonfinite), title=title,
-                 bad=bool(nonfinite) if unexpected is None else bool(unexpected))
+    cell = _cell(
+        fmt_num(nonfinite),
+        sort_key(nonfinite),
+        title=title,
+        bad=bool(nonfinite) if unexpected is None else bool(unexpected),
+    )
     if nonfinite and unexpected is not None:
         agree = nonfinite - unexpected
-        cell["title"] += (f"; {fmt_num(agree)} non-finite where the truth is too (agreement), "
-                          f"{fmt_num(unexpected)} where the truth is finite")
+        cell["title"] += (
+            f"; {fmt_num(agree)} non-finite where the truth is too (agreement), "
+            f"{fmt_num(unexpected)} where the truth is finite"
+        )
         cell["agree"] = not unexpected
     return cell
 
@@ -236,7 +267,7 @@ def _fold(reason: str) -> dict[str, str]:
     if len(reason) <= REASON_FOLD:
         return {"full": reason, "short": ""}
     cut = reason.rfind(" ", 0, REASON_FOLD - 40)
-    return {"full": reason, "short": reason[:cut if cut > 40 else REASON_FOLD - 40] + " …"}
+    return {"full": reason, "short": reason[: cut if cut > 40 else REASON_FOLD - 40] + " …"}
 
 
 def _agreement_row(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -247,12 +278,18 @@ def _agreement_row(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
         **_row_identity(rec, index),
         "backends": str(rec.get("backend", "")).replace("|", " vs "),
         "dtype": str(rec.get("dtype", "")),
-        "max_ulp": {"text": fmt_num(metrics.get("max_ulp_between")),
-                    "v": sort_key(metrics.get("max_ulp_between"))},
-        "mismatched": {"text": fmt_num(metrics.get("mismatched")),
-                       "v": sort_key(metrics.get("mismatched"))},
-        "elements": {"text": fmt_num(metrics.get("elements")),
-                     "v": sort_key(metrics.get("elements"))},
+        "max_ulp": {
+            "text": fmt_num(metrics.get("max_ulp_between")),
+            "v": sort_key(metrics.get("max_ulp_between")),
+        },
+        "mismatched": {
+            "text": fmt_num(metrics.get("mismatched")),
+            "v": sort_key(metrics.get("mismatched")),
+        },
+        "elements": {
+            "text": fmt_num(metrics.get("elements")),
+            "v": sort_key(metrics.get("elements")),
+        },
         "frac": {"text": fmt_pct(frac), "v": sort_key(frac)},
         "reason": str(rec.get("reason", "")),
         "fold": _fold(str(rec.get("reason", ""))),
@@ -276,14 +313,19 @@ def environment() -> jinja2.Environment:
     env.filters["fmt_num"] = fmt_num
     env.tests["mapping"] = lambda v: isinstance(v, Mapping)
     env.tests["sequence_of_mappings"] = lambda v: (
-        isinstance(v, (list, tuple)) and bool(v) and all(isinstance(x, Mapping) for x in v))
+        isinstance(v, (list, tuple)) and bool(v) and all(isinstance(x, Mapping) for x in v)
+    )
     env.tests["scalar_sequence"] = lambda v: isinstance(v, (list, tuple))
     return env
 
 
-def render_report(meta: RunMeta | Mapping[str, Any], records: Iterable[Mapping[str, Any]],
-                  nodes: Mapping[str, Any] | None = None,
-                  damage: Iterable[str] = (), trace: Mapping[str, Any] | None = None) -> str:
+def render_report(
+    meta: RunMeta | Mapping[str, Any],
+    records: Iterable[Mapping[str, Any]],
+    nodes: Mapping[str, Any] | None = None,
+    damage: Iterable[str] = (),
+    trace: Mapping[str, Any] | None = None,
+) -> str:
     """Render the HTML report for a run's metadata and records.
 
     Args:
@@ -312,60 +354,80 @@ def render_report(meta: RunMeta | Mapping[str, Any], records: Iterable[Mapping[s
         verdict_text += " (readable records only: see the warning above)"
 
     probe_rows, agreement_rows, cells = _table_rows(records)
-    problems = [row for row in (_verdict_row(r, i) for i, r in enumerate(records))
-                if row["status"] in ("fail", "error")]
+    problems = [
+        row
+        for row in (_verdict_row(r, i) for i, r in enumerate(records))
+        if row["status"] in ("fail", "error")
+    ]
     problems.sort(key=lambda row: -row["rank"])
 
     sweeps = []
     for n, sweep in enumerate(sweep_groups(records)):
-        sweeps.append({"probe": sweep.probe, "op": sweep.op, "param": sweep.param,
-                       "n_series": len(sweep.series), "omitted": sweep.omitted,
-                       "svg": Markup(sweep_svg(sweep, f"sweep-{n}"))})
+        sweeps.append(
+            {
+                "probe": sweep.probe,
+                "op": sweep.op,
+                "param": sweep.param,
+                "n_series": len(sweep.series),
+                "omitted": sweep.omitted,
+                "svg": Markup(sweep_svg(sweep, f"sweep-{n}")),
+            }
+        )
 
     script = asset("report.js")
     script_hash = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode()
     suite = run.suite
-    return environment().get_template("report.html.j2").render(
-        run_id=run.run_id or "—",
-        state=state,
-        state_note=STATE_NOTE.get(state),
-        started=_fmt_time(run.started),
-        finished=_fmt_time(run.finished) if run.finished is not None else None,
-        command_line=run.command_line,
-        statuses=STATUSES[::-1],
-        counts={s: counts.get(s, 0) for s in STATUSES},
-        n_records=len(records),
-        verdict=verdict,
-        verdict_text=verdict_text,
-        damage=damage,
-        problems=problems,
-        suite=suite.get("name") or suite.get("path"),
-        suite_path=suite.get("path") if suite.get("name") else None,
-        environment=_env_items(run.environment),
-        # What each worker reported at start-up: device, framework version, numerics settings.
-        # (their fingerprints and features have sections of their own).
-        backends=[(name, {k: v for k, v in info.items() if k not in EVIDENCE_KEYS}
-                   if isinstance(info, Mapping) else info)
-                  for name, info in run.backends.items()],
-        backends_skipped=list(run.backends_skipped.items()),
-        metric_columns=METRIC_COLUMNS,
-        rows=probe_rows,
-        groups=_groups(probe_rows),
-        matrix=matrix_context(records, cells),
-        agreement_rows=agreement_rows,
-        sweeps=sweeps,
-        # Settings findings and precision fingerprints (diag.flags; _settings.html.j2).
-        settings=settings_context(run),
-        style=Markup(asset("report.css")),
-        script=Markup(script),
-        script_hash=script_hash,
-        version=__version__,
-        generated=_fmt_time(_dt.datetime.now().timestamp()),
-        nodes=_nodes_context(nodes),
-        sampling=sampling_context(records, run.report_sections),
-        ab=ab_context(records, run.ab),
-        trace=trace,
-        train=_train_context(records, run.report_sections),
+    return (
+        environment()
+        .get_template("report.html.j2")
+        .render(
+            run_id=run.run_id or "—",
+            state=state,
+            state_note=STATE_NOTE.get(state),
+            started=_fmt_time(run.started),
+            finished=_fmt_time(run.finished) if run.finished is not None else None,
+            command_line=run.command_line,
+            statuses=STATUSES[::-1],
+            counts={s: counts.get(s, 0) for s in STATUSES},
+            n_records=len(records),
+            verdict=verdict,
+            verdict_text=verdict_text,
+            damage=damage,
+            problems=problems,
+            suite=suite.get("name") or suite.get("path"),
+            suite_path=suite.get("path") if suite.get("name") else None,
+            environment=_env_items(run.environment),
+            # What each worker reported at start-up: device, framework version, numerics settings.
+            # (their fingerprints and features have sections of their own).
+            backends=[
+                (
+                    name,
+                    {k: v for k, v in info.items() if k not in EVIDENCE_KEYS}
+                    if isinstance(info, Mapping)
+                    else info,
+                )
+                for name, info in run.backends.items()
+            ],
+            backends_skipped=list(run.backends_skipped.items()),
+            metric_columns=METRIC_COLUMNS,
+            rows=probe_rows,
+            groups=_groups(probe_rows),
+            matrix=matrix_context(records, cells),
+            agreement_rows=agreement_rows,
+            sweeps=sweeps,
+            # Settings findings and precision fingerprints (diag.flags; _settings.html.j2).
+            settings=settings_context(run),
+            style=Markup(asset("report.css")),
+            script=Markup(script),
+            script_hash=script_hash,
+            version=__version__,
+            generated=_fmt_time(_dt.datetime.now().timestamp()),
+            nodes=_nodes_context(nodes),
+            sampling=sampling_context(records, run.report_sections),
+            ab=ab_context(records, run.ab),
+            trace=trace,
+            train=_train_context(records, run.report_sections),
+        )
     )
 
 
@@ -431,20 +493,28 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     """
     run = RunDir(run_dir)
     if not run.run_json.is_file():
-        raise UsageError(f"{run.path}: not a run folder (no run.json); pass a folder that "
-                         "`diag run` created, e.g. reports/<run id>")
+        raise UsageError(
+            f"{run.path}: not a run folder (no run.json); pass a folder that "
+            "`diag run` created, e.g. reports/<run id>"
+        )
     nodes_json = run.path / "nodes.json"
     nodes = None
     if nodes_json.is_file():
         try:
             nodes = json.loads(nodes_json.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise UsageError(f"{nodes_json}: not valid JSON ({e}); the run folder is "
-                             "damaged, rerun `diag nodes`") from None
+            raise UsageError(
+                f"{nodes_json}: not valid JSON ({e}); the run folder is damaged, rerun `diag nodes`"
+            ) from None
     read = run.read_results()
     meta = run.read_run()
-    html = render_report(meta, read.records, nodes=nodes, damage=damage(run_dir),
-                         trace=trace_context(run.path, read.records, meta.backends))
+    html = render_report(
+        meta,
+        read.records,
+        nodes=nodes,
+        damage=damage(run_dir),
+        trace=trace_context(run.path, read.records, meta.backends),
+    )
     path = Path(out) if out is not None else run.path / "report.html"
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -454,6 +524,8 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     except OSError as e:
         if tmp.parent.is_dir():
             tmp.unlink(missing_ok=True)
-        raise UsageError(f"cannot write the report to '{path}': {e.strerror or e}; pass "
-                         "--out with a writable path") from None
+        raise UsageError(
+            f"cannot write the report to '{path}': {e.strerror or e}; pass "
+            "--out with a writable path"
+        ) from None
     return path

@@ -16,8 +16,9 @@ converter or a framework: the report stays importable anywhere.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 __all__ = ["trace_context"]
 
@@ -39,8 +40,11 @@ def _read(folder: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _fingerprint(backends: Mapping[str, Any], backend: str, params: Mapping[str, Any],
-                 ) -> str | None:
+def _fingerprint(
+    backends: Mapping[str, Any],
+    backend: str,
+    params: Mapping[str, Any],
+) -> str | None:
     """The recorded arithmetic of `backend`'s matmul under the case's precision setting."""
     if "precision" not in params:
         return None
@@ -48,17 +52,23 @@ def _fingerprint(backends: Mapping[str, Any], backend: str, params: Mapping[str,
     via = str(params.get("precision_via", "none")) if precision != "default" else "none"
     info = backends.get(backend) if isinstance(backends, Mapping) else None
     for fp in (info or {}).get("fingerprints") or []:
-        if isinstance(fp, Mapping) and fp.get("precision") == precision and \
-                fp.get("via") == via:
+        if isinstance(fp, Mapping) and fp.get("precision") == precision and fp.get("via") == via:
             return str(fp.get("label") or "")
     return None
 
 
 def _ops(ops: Any) -> list[dict[str, Any]]:
-    return [{"name": str(o.get("name", "")), "per_call_us": o.get("per_call_us"),
-             "count": o.get("count"), "dtype": str(o.get("dtype") or "—"),
-             "shape": str(o.get("shape") or "—")}
-            for o in (ops or [])[:_OPS_SHOWN] if isinstance(o, Mapping)]
+    return [
+        {
+            "name": str(o.get("name", "")),
+            "per_call_us": o.get("per_call_us"),
+            "count": o.get("count"),
+            "dtype": str(o.get("dtype") or "—"),
+            "shape": str(o.get("shape") or "—"),
+        }
+        for o in (ops or [])[:_OPS_SHOWN]
+        if isinstance(o, Mapping)
+    ]
 
 
 def _highest(summary: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -66,14 +76,22 @@ def _highest(summary: Mapping[str, Any]) -> dict[str, Any] | None:
     if not isinstance(high, Mapping):
         return None
     base, cost = summary.get("per_call_us"), high.get("per_call_us")
-    ratio = cost / base if isinstance(base, (int, float)) and base > 0 and \
-        isinstance(cost, (int, float)) else None
-    return {"per_call_us": cost, "ratio": ratio, "error": high.get("summary_error"),
-            "session": high.get("session")}
+    ratio = (
+        cost / base
+        if isinstance(base, (int, float)) and base > 0 and isinstance(cost, (int, float))
+        else None
+    )
+    return {
+        "per_call_us": cost,
+        "ratio": ratio,
+        "error": high.get("summary_error"),
+        "session": high.get("session"),
+    }
 
 
-def trace_context(run_dir: str | Path, records: Iterable[Mapping[str, Any]],
-                  backends: Mapping[str, Any]) -> dict[str, Any] | None:
+def trace_context(
+    run_dir: str | Path, records: Iterable[Mapping[str, Any]], backends: Mapping[str, Any]
+) -> dict[str, Any] | None:
     """What the Profile section shows, or None for a run without traces.
 
     Args:
@@ -90,37 +108,61 @@ def trace_context(run_dir: str | Path, records: Iterable[Mapping[str, Any]],
     attributions = _read(run_dir / _PASSES)
     if not summaries and not attributions:
         return None
-    by_key = {(r.get("case"), r.get("backend")): r for r in records
-              if r.get("kind", "probe") == "probe"}
+    by_key = {
+        (r.get("case"), r.get("backend")): r for r in records if r.get("kind", "probe") == "probe"
+    }
     cases = []
     for i, s in enumerate(summaries):
         rec = by_key.get((s.get("case"), s.get("backend")), {})
         metrics = rec.get("metrics") if isinstance(rec.get("metrics"), Mapping) else {}
         params = rec.get("params") if isinstance(rec.get("params"), Mapping) else {}
         status = str(rec.get("status", "—"))
-        cases.append({
-            "i": i, "case": s.get("case"), "case_id": s.get("case_id"),
-            "backend": s.get("backend"), "op": s.get("op"), "status": status,
-            "dtype": rec.get("dtype"), "reason": rec.get("reason"),
-            "bound_ratio": metrics.get("bound_ratio"), "max_ulp": metrics.get("max_ulp"),
-            "max_rel_err": metrics.get("max_rel_err"),
-            "fingerprint": _fingerprint(backends, str(s.get("backend")), params),
-            "precision": params.get("precision"),
-            "per_call_us": s.get("per_call_us"), "converter": s.get("converter"),
-            "ops": _ops(s.get("ops")), "n_ops": s.get("n_ops"),
-            "error": s.get("summary_error"), "session": s.get("session"), "hlo": s.get("hlo"),
-            "highest": _highest(s)})
+        cases.append(
+            {
+                "i": i,
+                "case": s.get("case"),
+                "case_id": s.get("case_id"),
+                "backend": s.get("backend"),
+                "op": s.get("op"),
+                "status": status,
+                "dtype": rec.get("dtype"),
+                "reason": rec.get("reason"),
+                "bound_ratio": metrics.get("bound_ratio"),
+                "max_ulp": metrics.get("max_ulp"),
+                "max_rel_err": metrics.get("max_rel_err"),
+                "fingerprint": _fingerprint(backends, str(s.get("backend")), params),
+                "precision": params.get("precision"),
+                "per_call_us": s.get("per_call_us"),
+                "converter": s.get("converter"),
+                "ops": _ops(s.get("ops")),
+                "n_ops": s.get("n_ops"),
+                "error": s.get("summary_error"),
+                "session": s.get("session"),
+                "hlo": s.get("hlo"),
+                "highest": _highest(s),
+            }
+        )
     cases.sort(key=lambda c: (_RANK.get(c["status"], 5), c["i"]))
     passes = []
     for a in attributions:
-        first = a.get("first_difference") if isinstance(a.get("first_difference"),
-                                                        Mapping) else None
-        passes.append({"pair": a.get("pair"), "case": a.get("case"),
-                       "setting": a.get("setting"), "error": a.get("error"),
-                       "pass": first.get("pass") if first else None,
-                       "module": first.get("module") if first else None,
-                       "opcodes": dict(first.get("opcodes") or {}) if first else {},
-                       "added": list(first.get("added") or []) if first else [],
-                       "removed": list(first.get("removed") or []) if first else []})
-    return {"cases": cases, "passes": passes,
-            "problems": sum(1 for c in cases if c["status"] in ("warn", "fail", "error"))}
+        first = (
+            a.get("first_difference") if isinstance(a.get("first_difference"), Mapping) else None
+        )
+        passes.append(
+            {
+                "pair": a.get("pair"),
+                "case": a.get("case"),
+                "setting": a.get("setting"),
+                "error": a.get("error"),
+                "pass": first.get("pass") if first else None,
+                "module": first.get("module") if first else None,
+                "opcodes": dict(first.get("opcodes") or {}) if first else {},
+                "added": list(first.get("added") or []) if first else [],
+                "removed": list(first.get("removed") or []) if first else [],
+            }
+        )
+    return {
+        "cases": cases,
+        "passes": passes,
+        "problems": sum(1 for c in cases if c["status"] in ("warn", "fail", "error")),
+    }
