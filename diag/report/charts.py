@@ -381,7 +381,7 @@ def sweep_figure(sweep: Sweep) -> Any:
     import matplotlib
     from matplotlib.ticker import NullLocator
 
-    colors = matplotlib.colormaps["tab10"].colors
+    colors = matplotlib.color_sequences["tab10"]
     markers = "osD^v<>ph*"
     xs_all = sorted({x for s in sweep.series for x in s.points})
     # Up to 12 swept values are each a labelled tick; more get a log axis's own ticks.

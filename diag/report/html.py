@@ -30,6 +30,7 @@ from diag import numerics
 from diag.errors import UsageError
 from diag.report.charts import sweep_groups, sweep_svg, to_float
 from diag.report.damage import damage
+from diag.report.fields import as_mapping
 from diag.report.matrix import cell_id, matrix_context
 from diag.report.nodes import report_context as nodes_context
 from diag.report.sections import ab_context, sampling_context
@@ -200,8 +201,8 @@ def _row_identity(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
 
 
 def _verdict_row(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
-    metrics = rec.get("metrics") if isinstance(rec.get("metrics"), Mapping) else {}
-    timings = rec.get("timings") if isinstance(rec.get("timings"), Mapping) else {}
+    metrics = as_mapping(rec.get("metrics"))
+    timings = as_mapping(rec.get("timings"))
     cells = []
     for _, key, kind in METRIC_COLUMNS:
         value = metrics.get(key)
@@ -271,7 +272,7 @@ def _fold(reason: str) -> dict[str, str]:
 
 
 def _agreement_row(rec: Mapping[str, Any], index: int) -> dict[str, Any]:
-    metrics = rec.get("metrics") if isinstance(rec.get("metrics"), Mapping) else {}
+    metrics = as_mapping(rec.get("metrics"))
     mismatched, elements = to_float(metrics.get("mismatched")), to_float(metrics.get("elements"))
     frac = mismatched / elements if mismatched is not None and elements else None
     return {

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from diag.report.fields import as_mapping, mapping_or_none
+
 __all__ = ["sampling_context", "ab_context"]
 
 _RANK = {"pass": 0, "skip": 1, "warn": 2, "fail": 3, "error": 4}
@@ -26,7 +28,7 @@ def _section_records(
         r
         for r in records
         if r.get("kind", "probe") == "probe"
-        and sections.get(r.get("op")) == section
+        and sections.get(str(r.get("op"))) == section
         and isinstance(r.get("metrics"), Mapping)
     ]
 
@@ -49,7 +51,7 @@ def sampling_context(
     greedy = []
     for r in _section_records(records, sections, "greedy"):
         m = r["metrics"]
-        paths = m.get("paths") if isinstance(m.get("paths"), Mapping) else {}
+        paths = as_mapping(m.get("paths"))
         examples = []
         for path, info in paths.items():
             for ex in (info.get("examples") or [])[:_ROW_LIMIT]:
@@ -76,7 +78,7 @@ def sampling_context(
                         ],
                     }
                 )
-        batch = m.get("batch_dependence") if isinstance(m.get("batch_dependence"), Mapping) else {}
+        batch = as_mapping(m.get("batch_dependence"))
         greedy.append(
             {
                 "status": r.get("status"),
@@ -139,9 +141,9 @@ def ab_context(
     for r in records:
         if r.get("kind") != "ab":
             continue
-        m = r.get("metrics") if isinstance(r.get("metrics"), Mapping) else {}
-        diff = m.get("difference") if isinstance(m.get("difference"), Mapping) else {}
-        hlo = m.get("hlo_diff") if isinstance(m.get("hlo_diff"), Mapping) else None
+        m = as_mapping(r.get("metrics"))
+        diff = as_mapping(m.get("difference"))
+        hlo = mapping_or_none(m.get("hlo_diff"))
         rows.append(
             {
                 "status": r.get("status"),

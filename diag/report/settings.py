@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from diag.report.fields import as_mapping
 from diag.results import RunMeta
 
 __all__ = ["report_context"]
@@ -93,7 +94,7 @@ def report_context(meta: RunMeta | Mapping[str, Any]) -> dict[str, Any]:
     run = meta if isinstance(meta, RunMeta) else RunMeta.from_dict(meta)
     env = run.environment
     found = env.get("findings")
-    flags = env.get("flags") if isinstance(env.get("flags"), Mapping) else {}
+    flags = as_mapping(env.get("flags"))
     rows = []
     for name, info in run.backends.items():
         for fp in (info or {}).get("fingerprints") or []:

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from diag.report.fields import as_mapping, mapping_or_none
+
 __all__ = ["trace_context"]
 
 _RANK = {"fail": 0, "error": 1, "warn": 2, "pass": 3, "skip": 4}
@@ -111,11 +113,11 @@ def trace_context(
     by_key = {
         (r.get("case"), r.get("backend")): r for r in records if r.get("kind", "probe") == "probe"
     }
-    cases = []
+    cases: list[dict[str, Any]] = []
     for i, s in enumerate(summaries):
         rec = by_key.get((s.get("case"), s.get("backend")), {})
-        metrics = rec.get("metrics") if isinstance(rec.get("metrics"), Mapping) else {}
-        params = rec.get("params") if isinstance(rec.get("params"), Mapping) else {}
+        metrics = as_mapping(rec.get("metrics"))
+        params = as_mapping(rec.get("params"))
         status = str(rec.get("status", "—"))
         cases.append(
             {
@@ -145,9 +147,7 @@ def trace_context(
     cases.sort(key=lambda c: (_RANK.get(c["status"], 5), c["i"]))
     passes = []
     for a in attributions:
-        first = (
-            a.get("first_difference") if isinstance(a.get("first_difference"), Mapping) else None
-        )
+        first = mapping_or_none(a.get("first_difference"))
         passes.append(
             {
                 "pair": a.get("pair"),

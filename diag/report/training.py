@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from diag.report.charts import figure_svg, panels, title_and_legend, to_float
+from diag.report.fields import mapping_or_none
 
 __all__ = ["train_context", "curves_figure", "curves_svg"]
 
@@ -48,7 +49,7 @@ def curves_figure(series: list[dict], allowed: Mapping[str, Any]) -> Any:
     import matplotlib
 
     fig, axes = panels(len(PANELS), 2.6, [s["label"] for s in series])
-    colors = matplotlib.colormaps["tab10"].colors
+    colors = matplotlib.color_sequences["tab10"]
     handles = []
     for ax, (key, title, tol_key) in zip(axes, PANELS):
         for i, s in enumerate(series):
@@ -95,7 +96,7 @@ def train_context(
     """
     cases: dict[str, dict[str, Any]] = {}
     for r in records:
-        if sections.get(r.get("op")) != "training" or r.get("kind", "probe") not in (
+        if sections.get(str(r.get("op"))) != "training" or r.get("kind", "probe") not in (
             "probe",
             "agreement",
         ):
@@ -107,8 +108,8 @@ def train_context(
             str(r.get("case")),
             {"case": r.get("case"), "rows": [], "allowed": m.get("allowed") or {}},
         )
-        fd = m.get("first_divergence") if isinstance(m.get("first_divergence"), Mapping) else None
-        nf = m.get("nonfinite") if isinstance(m.get("nonfinite"), Mapping) else None
+        fd = mapping_or_none(m.get("first_divergence"))
+        nf = mapping_or_none(m.get("nonfinite"))
         against = "float64" if r.get("kind", "probe") == "probe" else "each other"
         case["rows"].append(
             {
