@@ -9,11 +9,11 @@ the drift rule is the tolerance policy itself (docs/baseline.md has the derivati
   (r_old + r_new) b <= `AGREEMENT_FACTOR` b, the limit every agreement record uses. A ratio
   that moves inside [0, 1] is therefore no evidence of anything; a ratio that crosses 1 (either
   way) is: one of the two runs did not compute what it claims. The same holds for every metric
-  that is judged against an allowance (`RATIOS`: bound ratios, recall against its target, the
-  train-step loss against its ULP screen).
+  that is judged against an allowance (`diag.record_drift.RATIOS`: bound ratios, recall against
+  its target, the train-step loss against its ULP screen).
 * Counts of rule-breaking elements (NaN/Inf where the truth is finite, elements over the bound,
   invalid or wrong top-k rows, greedy paths that pick another token) are zero on every correct
-  implementation; any change in them is drift (`COUNTS`).
+  implementation; any change in them is drift (`diag.record_drift.COUNTS`).
 * A status that changes is drift; a record that disappears or appears is drift (a record the
   baseline lacks is one nothing gates: save the baseline again).
 * A changed precision fingerprint (the arithmetic a backend's matmul uses at a setting) is drift,
@@ -37,16 +37,15 @@ comparison is skipped then (bits legitimately change with either), and the resul
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-from diag import tolerance as _tol
 from diag.drift import Check, Drift, feature_drifts, features_of, setting_drifts
 from diag.drift import show as _show
 from diag.errors import UsageError
+from diag.record_drift import DIGESTS, bits_changed, kept_metrics, metric_drifts
 from diag.results import RunDir, read_results
 
 __all__ = [
@@ -63,28 +62,6 @@ __all__ = [
 
 BASELINE_SCHEMA = "diag.baseline/1"
 
-#: Metrics judged against an allowance (`diag.tolerance.RATIOS`, where every allowance lives).
-RATIOS = _tol.RATIOS
-
-#: Counts of elements or rows that break a rule, zero on every correct implementation: any
-#: change is drift.
-COUNTS = (
-    "nan_count",
-    "inf_count",
-    "unexpected_nonfinite",
-    "reference_nonfinite",
-    "bound_exceeded",
-    "narrow_bound_exceeded",
-    "invalid_rows",
-    "wrong_rows",
-    "rows_below_target",
-    "nan_rows",
-    "disagreeing_paths",
-)
-
-#: What a bitwise check compares besides the metrics: the sha256 of each output's bits.
-DIGESTS = "output_digests"
-
 #: The fields of a precision fingerprint that describe the arithmetic (not its evidence).
 FINGERPRINT_FIELDS = ("label", "input_bits", "passes", "accumulator", "input_rounding")
 
@@ -97,16 +74,6 @@ class BaselineError(UsageError):
     """A baseline file (or a run folder given to `diag check`) diag cannot use: exit 2."""
 
 
-def _num(v: Any) -> float | None:
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if v in ("nan", "inf", "-inf"):
-        return float(v)
-    return None
-
-
 # ---------------------------------------------------------------------------------------------
 # Building a baseline
 
@@ -114,19 +81,6 @@ def _num(v: Any) -> float | None:
 def record_key(rec: dict) -> str:
     """`probe | case | backend`: what identifies a record across runs."""
     return f"{rec.get('probe')} | {rec.get('case')} | {rec.get('backend')}"
-
-
-def _kept_metrics(metrics: dict) -> dict[str, Any]:
-    """The scalar metrics (and the counted lists) of a record: what the drift rule reads."""
-    kept: dict[str, Any] = {}
-    for name, value in (metrics or {}).items():
-        if name == DIGESTS or isinstance(value, bool):
-            continue
-        if isinstance(value, (int, float)) or value in ("nan", "inf", "-inf"):
-            kept[name] = value
-        elif name in COUNTS and isinstance(value, list):
-            kept[name] = value
-    return kept
 
 
 def _fingerprints(meta: dict) -> dict[str, list[dict]]:
@@ -206,7 +160,7 @@ def build(run_dir: str | os.PathLike) -> dict[str, Any]:
                 "dtype": r.get("dtype"),
                 "params": r.get("params") or {},
                 "status": r.get("status"),
-                "metrics": _kept_metrics(r.get("metrics") or {}),
+                "metrics": kept_metrics(r.get("metrics") or {}),
                 "digests": (r.get("metrics") or {}).get(DIGESTS),
             }
             for r in records
@@ -310,80 +264,6 @@ def _read_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict]]:
 # Checking a run against a baseline
 
 
-def _keeps(name: str, value: float, limit: float) -> bool:
-    """Whether `value` of metric `name` keeps its allowance `limit`.
-
-    Recall must stay AT OR ABOVE its target, errors AT OR BELOW their allowance.
-    """
-    return value >= limit if name.startswith("recall") else value <= limit
-
-
-def _metric_drifts(where: str, old: dict, new: dict, bitwise: bool) -> list[Drift]:
-    out = []
-    om, nm = old.get("metrics") or {}, _kept_metrics(new.get("metrics") or {})
-    if old.get("status") != new.get("status"):
-        out.append(
-            Drift(where, "status", old.get("status"), new.get("status"), "the verdict changed")
-        )
-    for name, limit_of in RATIOS.items():
-        a, b = _num(om.get(name)), _num(nm.get(name))
-        if a is None and b is None:
-            continue
-        limit = limit_of(new)
-        if limit is None:
-            continue
-        if a is None or b is None:
-            out.append(
-                Drift(where, name, om.get(name), nm.get(name), "the metric appeared or disappeared")
-            )
-            continue
-        if _keeps(name, a, limit) != _keeps(name, b, limit) or (math.isnan(a) != math.isnan(b)):
-            out.append(
-                Drift(
-                    where,
-                    name,
-                    a,
-                    b,
-                    f"crossed its allowance {limit:g}: only one of "
-                    "the two runs keeps the bound every correct implementation keeps",
-                )
-            )
-    for name in COUNTS:
-        if name in om or name in nm:
-            a, b = om.get(name), nm.get(name)
-            if a != b:
-                out.append(
-                    Drift(
-                        where,
-                        name,
-                        a,
-                        b,
-                        "a count that is zero on every correct implementation changed",
-                    )
-                )
-    if bitwise:
-        reported = {d.what for d in out}
-        for name in sorted(set(om) | set(nm)):
-            if name not in reported and om.get(name) != nm.get(name):
-                out.append(
-                    Drift(where, name, om.get(name), nm.get(name), "bitwise: the metric changed")
-                )
-        od, nd = old.get("digests"), (new.get("metrics") or {}).get(DIGESTS)
-        if od is not None and od != nd:
-            changed = [i for i, (x, y) in enumerate(zip(od, nd or [])) if x != y]
-            first = changed[0] if changed else 0
-            out.append(
-                Drift(
-                    where,
-                    f"output {first} sha256",
-                    od[first] if first < len(od) else None,
-                    (nd or [None])[first] if nd and first < len(nd) else None,
-                    f"bitwise: {len(changed) or len(od)} output(s) differ in their bits",
-                )
-            )
-    return out
-
-
 def _fingerprint_drifts(old: dict, new: dict) -> list[Drift]:
     return setting_drifts(
         old,
@@ -420,7 +300,19 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
             f"suite {suite!r}: check a run of the baseline's suite"
         )
     result = Check()
-    key, old_key = run_key(meta), baseline["key"]
+    one_sided = _backend_drifts(result, baseline, meta)
+    portable = _key_drifts(result, baseline["key"], run_key(meta), one_sided, bitwise)
+    _arithmetic_drifts(result, baseline, meta, one_sided)
+    _record_drifts(result, baseline["records"], records, bitwise, portable)
+    return result
+
+
+def _backend_drifts(result: Check, baseline: dict, meta: dict) -> set[str]:
+    """Backends in the baseline that did not run (drift) or ran but are new (a note).
+
+    Returns:
+      The backends on one side only: their settings and arithmetic are not compared.
+    """
     old_backends = set(baseline.get("backends") or [])
     new_backends = set(meta.get("backends") or {})
     for name in sorted(old_backends - new_backends):
@@ -435,7 +327,18 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
         )
     for name in sorted(new_backends - old_backends):
         result.notes.append(f"backend {name} ran but is not in the baseline: its records are new")
-    one_sided = old_backends ^ new_backends
+    return old_backends ^ new_backends
+
+
+def _key_drifts(
+    result: Check, old_key: dict, key: dict, one_sided: set[str], bitwise: bool
+) -> bool:
+    """Compare the baseline's key with the run's: a changed setting is drift, changed hardware
+    or versions a key mismatch (noted, with what it means for a bitwise check).
+
+    Returns:
+      Whether bits may be compared (same hardware and versions).
+    """
     for section in _KEY_SECTIONS:
         a, b = old_key.get(section) or {}, key[section]
         for name in sorted(set(a) | set(b)):
@@ -455,7 +358,6 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
                 result.key_mismatch.append(
                     f"{section}: {name} {_show(a.get(name))} -> {_show(b.get(name))}"
                 )
-    portable = not result.key_mismatch
     if result.key_mismatch:
         result.notes.append(
             "the baseline was saved on other hardware or versions: records "
@@ -471,6 +373,11 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
         )
     elif bitwise:
         result.notes.append("same hardware and versions: outputs compared bit for bit")
+    return not result.key_mismatch
+
+
+def _arithmetic_drifts(result: Check, baseline: dict, meta: dict, one_sided: set[str]) -> None:
+    """Changed precision fingerprints and matmul features of the backends both runs have."""
     result.drifts.extend(
         _fingerprint_drifts(
             {b: v for b, v in (baseline.get("fingerprints") or {}).items() if b not in one_sided},
@@ -489,8 +396,15 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
             "the baseline records no matmul features (saved by an older diag): "
             "save it again to gate them"
         )
+
+
+def _record_drifts(
+    result: Check, baseline_records: list[dict], records: list[dict], bitwise: bool, portable: bool
+) -> None:
+    """Each run record against the baseline's copy (new ones are drift), then the baseline's
+    records the run lacks (missing ones are drift)."""
     old_records: dict[str, dict] = {}
-    for rec in baseline["records"]:
+    for rec in baseline_records:
         old_records[_unique(old_records, record_key(rec))] = rec
     seen: dict[str, dict] = {}
     for rec in records:
@@ -515,10 +429,10 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
             result.drifts.extend(drifts)
         else:
             result.compared += 1
-            drifts = _metric_drifts(k, old_records[k], rec, bitwise and portable)
+            drifts = metric_drifts(k, old_records[k], rec, bitwise and portable)
             result.drifts.extend(drifts)
             if bitwise and not portable:
-                _bits_changed(result, k, old_records[k], rec)
+                bits_changed(result, k, old_records[k], rec)
         result.results[k] = {
             "status": rec.get("status"),
             "reason": rec.get("reason"),
@@ -539,15 +453,6 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
                 "drifts": [f"{k}: missing from this run (baseline status {rec.get('status')})"],
                 "new": False,
             }
-    return result
-
-
-def _bits_changed(result: Check, key: str, old: dict, new: dict) -> None:
-    """Record (as information) how many of a record's outputs changed bits."""
-    od, nd = old.get("digests"), (new.get("metrics") or {}).get(DIGESTS)
-    if od is not None and nd is not None and od != nd:
-        n = sum(x != y for x, y in zip(od, nd)) + abs(len(od) - len(nd))
-        result.bits_changed.append(f"{key}: {n} of {max(len(od), len(nd))} output(s) changed bits")
 
 
 def _unique(seen: dict, key: str) -> str:

@@ -182,7 +182,7 @@ def test_drift_view_is_offline_and_escapes_what_it_shows(tmp_path):
 
 
 def test_columns_that_give_way_on_narrow_windows_stay_in_the_max_ulp_tooltip(tmp_path):
-    from diag.report.html import fmt_num, fmt_pct
+    from diag.report.tables import fmt_num, fmt_pct
 
     run = make_run(tmp_path)
     html = _html(run)

@@ -48,84 +48,95 @@ def sampling_context(
       the example rows the check kept (row, expected and chosen token, top logits).
     """
     records = list(records)
-    greedy = []
-    for r in _section_records(records, sections, "greedy"):
-        m = r["metrics"]
-        paths = as_mapping(m.get("paths"))
-        examples = []
-        for path, info in paths.items():
-            for ex in (info.get("examples") or [])[:_ROW_LIMIT]:
-                examples.append(
-                    {
-                        "path": path,
-                        "row": ex.get("row"),
-                        "expected": ex.get("expected"),
-                        "chosen": ex.get("chosen"),
-                        "why": (
-                            "probabilities round to a tie"
-                            if ex.get("rounding_tie")
-                            else "tied maximum"
-                            if ex.get("tied_max")
-                            else "wrong token"
-                        ),
-                        "top": [
-                            {
-                                "value": t.get("logit"),
-                                "bits": t.get("bits"),
-                                "index": t.get("index"),
-                            }
-                            for t in ex.get("top3") or []
-                        ],
-                    }
-                )
-        batch = as_mapping(m.get("batch_dependence"))
-        greedy.append(
-            {
-                "status": r.get("status"),
-                "backend": r.get("backend"),
-                "case": r.get("case"),
-                "reason": r.get("reason"),
-                "rows": m.get("rows"),
-                "tied_rows": m.get("tied_rows"),
-                "paths": [
-                    {
-                        "path": p,
-                        "disagree": i.get("disagree", 0),
-                        "rounding_tie": i.get("rounding_tie", 0),
-                        "wrong_on_tie": i.get("wrong_on_tie", 0),
-                    }
-                    for p, i in paths.items()
-                ],
-                "batch_dependent": [
-                    k for k, v in batch.items() if isinstance(v, Mapping) and v.get("rows_differ")
-                ],
-                "examples": examples[: _ROW_LIMIT * 2],
-            }
-        )
-    top_k = []
-    for r in _section_records(records, sections, "top-k"):
-        m = r["metrics"]
-        if r.get("status") in ("pass", "skip") and not m.get("semantics"):
-            continue
-        top_k.append(
-            {
-                "status": r.get("status"),
-                "backend": r.get("backend"),
-                "op": r.get("op"),
-                "case": r.get("case"),
-                "reason": r.get("reason"),
-                "min_recall": m.get("recall_min"),
-                "mean_recall": m.get("recall_mean"),
-                "wrong_rows": m.get("wrong_rows"),
-                "invalid_rows": m.get("invalid_rows"),
-                "semantics": list(m.get("semantics") or []),
-            }
-        )
+    greedy = [_greedy_row(r) for r in _section_records(records, sections, "greedy")]
+    top_k = [
+        _top_k_row(r)
+        for r in _section_records(records, sections, "top-k")
+        if r.get("status") not in ("pass", "skip") or r["metrics"].get("semantics")
+    ]
     if not greedy and not top_k:
         return None
     greedy.sort(key=lambda g: -_RANK.get(str(g["status"]), 0))
     top_k.sort(key=lambda t: -_RANK.get(str(t["status"]), 0))
     return {"greedy": greedy, "top_k": top_k}
+
+
+def _greedy_examples(paths: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The rows a greedy-token check kept, per path: expected and chosen token, why they differ
+    and the top logits with their bits."""
+    examples = []
+    for path, info in paths.items():
+        for ex in (info.get("examples") or [])[:_ROW_LIMIT]:
+            examples.append(
+                {
+                    "path": path,
+                    "row": ex.get("row"),
+                    "expected": ex.get("expected"),
+                    "chosen": ex.get("chosen"),
+                    "why": (
+                        "probabilities round to a tie"
+                        if ex.get("rounding_tie")
+                        else "tied maximum"
+                        if ex.get("tied_max")
+                        else "wrong token"
+                    ),
+                    "top": [
+                        {
+                            "value": t.get("logit"),
+                            "bits": t.get("bits"),
+                            "index": t.get("index"),
+                        }
+                        for t in ex.get("top3") or []
+                    ],
+                }
+            )
+    return examples
+
+
+def _greedy_row(r: Mapping[str, Any]) -> dict[str, Any]:
+    """One greedy-token record: per path how many rows disagree, which batch sizes changed rows,
+    and its example rows."""
+    m = r["metrics"]
+    paths = as_mapping(m.get("paths"))
+    batch = as_mapping(m.get("batch_dependence"))
+    return {
+        "status": r.get("status"),
+        "backend": r.get("backend"),
+        "case": r.get("case"),
+        "reason": r.get("reason"),
+        "rows": m.get("rows"),
+        "tied_rows": m.get("tied_rows"),
+        "paths": [
+            {
+                "path": p,
+                "disagree": i.get("disagree", 0),
+                "rounding_tie": i.get("rounding_tie", 0),
+                "wrong_on_tie": i.get("wrong_on_tie", 0),
+            }
+            for p, i in paths.items()
+        ],
+        "batch_dependent": [
+            k for k, v in batch.items() if isinstance(v, Mapping) and v.get("rows_differ")
+        ],
+        "examples": _greedy_examples(paths)[: _ROW_LIMIT * 2],
+    }
+
+
+def _top_k_row(r: Mapping[str, Any]) -> dict[str, Any]:
+    """One top-k record: its recall against the target, wrong and invalid rows, semantics."""
+    m = r["metrics"]
+    return {
+        "status": r.get("status"),
+        "backend": r.get("backend"),
+        "op": r.get("op"),
+        "case": r.get("case"),
+        "reason": r.get("reason"),
+        "min_recall": m.get("recall_min"),
+        "mean_recall": m.get("recall_mean"),
+        "wrong_rows": m.get("wrong_rows"),
+        "invalid_rows": m.get("invalid_rows"),
+        "semantics": list(m.get("semantics") or []),
+    }
 
 
 def ab_context(
