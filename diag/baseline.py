@@ -9,11 +9,11 @@ the drift rule is the tolerance policy itself (docs/baseline.md has the derivati
   (r_old + r_new) b <= `AGREEMENT_FACTOR` b, the limit every agreement record uses. A ratio
   that moves inside [0, 1] is therefore no evidence of anything; a ratio that crosses 1 (either
   way) is: one of the two runs did not compute what it claims. The same holds for every metric
-  that is judged against an allowance (`RATIOS`: bound ratios, recall against its target, the
-  train-step loss against its ULP screen).
+  that is judged against an allowance (`diag.record_drift.RATIOS`: bound ratios, recall against
+  its target, the train-step loss against its ULP screen).
 * Counts of rule-breaking elements (NaN/Inf where the truth is finite, elements over the bound,
   invalid or wrong top-k rows, greedy paths that pick another token) are zero on every correct
-  implementation; any change in them is drift (`COUNTS`).
+  implementation; any change in them is drift (`diag.record_drift.COUNTS`).
 * A status that changes is drift; a record that disappears or appears is drift (a record the
   baseline lacks is one nothing gates: save the baseline again).
 * A changed precision fingerprint (the arithmetic a backend's matmul uses at a setting) is drift,
@@ -37,34 +37,30 @@ comparison is skipped then (bits legitimately change with either), and the resul
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from diag import tolerance as _tol
+from diag.drift import Check, Drift, feature_drifts, features_of, setting_drifts
+from diag.drift import show as _show
 from diag.errors import UsageError
-from diag.drift import (Check, Drift, feature_drifts, features_of, setting_drifts,
-                        show as _show)
+from diag.record_drift import DIGESTS, bits_changed, kept_metrics, metric_drifts
 from diag.results import RunDir, read_results
 
-__all__ = ["BASELINE_SCHEMA", "BaselineError", "Check", "Drift", "build", "check", "load",
-           "save", "write_junit"]
+__all__ = [
+    "BASELINE_SCHEMA",
+    "BaselineError",
+    "Check",
+    "Drift",
+    "build",
+    "check",
+    "load",
+    "save",
+    "write_junit",
+]
 
 BASELINE_SCHEMA = "diag.baseline/1"
-
-#: Metrics judged against an allowance (`diag.tolerance.RATIOS`, where every allowance lives).
-RATIOS = _tol.RATIOS
-
-#: Counts of elements or rows that break a rule, zero on every correct implementation: any
-#: change is drift.
-COUNTS = ("nan_count", "inf_count", "unexpected_nonfinite", "reference_nonfinite",
-          "bound_exceeded", "narrow_bound_exceeded", "invalid_rows", "wrong_rows",
-          "rows_below_target", "nan_rows", "disagreeing_paths")
-
-#: What a bitwise check compares besides the metrics: the sha256 of each output's bits.
-DIGESTS = "output_digests"
 
 #: The fields of a precision fingerprint that describe the arithmetic (not its evidence).
 FINGERPRINT_FIELDS = ("label", "input_bits", "passes", "accumulator", "input_rounding")
@@ -78,16 +74,6 @@ class BaselineError(UsageError):
     """A baseline file (or a run folder given to `diag check`) diag cannot use: exit 2."""
 
 
-def _num(v: Any) -> Optional[float]:
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if v in ("nan", "inf", "-inf"):
-        return float(v)
-    return None
-
-
 # ---------------------------------------------------------------------------------------------
 # Building a baseline
 
@@ -97,26 +83,16 @@ def record_key(rec: dict) -> str:
     return f"{rec.get('probe')} | {rec.get('case')} | {rec.get('backend')}"
 
 
-def _kept_metrics(metrics: dict) -> dict[str, Any]:
-    """The scalar metrics (and the counted lists) of a record: what the drift rule reads."""
-    kept: dict[str, Any] = {}
-    for name, value in (metrics or {}).items():
-        if name == DIGESTS or isinstance(value, bool):
-            continue
-        if isinstance(value, (int, float)) or value in ("nan", "inf", "-inf"):
-            kept[name] = value
-        elif name in COUNTS and isinstance(value, list):
-            kept[name] = value
-    return kept
-
-
 def _fingerprints(meta: dict) -> dict[str, list[dict]]:
     out = {}
     for name, info in (meta.get("backends") or {}).items():
         fps = info.get("fingerprints")
         if fps:
-            out[name] = [{k: fp.get(k) for k in ("precision", "via") + FINGERPRINT_FIELDS}
-                         for fp in fps if isinstance(fp, dict)]
+            out[name] = [
+                {k: fp.get(k) for k in ("precision", "via") + FINGERPRINT_FIELDS}
+                for fp in fps
+                if isinstance(fp, dict)
+            ]
     return out
 
 
@@ -131,16 +107,17 @@ def run_key(meta: dict) -> dict[str, dict[str, Any]]:
     """
     env = meta.get("environment") or {}
     hardware: dict[str, Any] = {k: env.get(k) for k in ("machine", "cpu_model")}
-    versions: dict[str, Any] = {f"package {p}": v
-                                for p, v in sorted((env.get("packages") or {}).items())
-                                if p != "diag"}
+    versions: dict[str, Any] = {
+        f"package {p}": v for p, v in sorted((env.get("packages") or {}).items()) if p != "diag"
+    }
     settings: dict[str, Any] = {f"env {k}": v for k, v in sorted((env.get("env") or {}).items())}
     for name, info in sorted((meta.get("backends") or {}).items()):
         dev = info.get("device") or {}
         hardware[f"{name} device"] = f"{dev.get('platform')}/{dev.get('kind')} x{dev.get('count')}"
         fw = info.get("framework") or {}
-        versions[f"{name} framework"] = " ".join(str(fw[k]) for k in ("name", "version", "jaxlib")
-                                                 if fw.get(k))
+        versions[f"{name} framework"] = " ".join(
+            str(fw[k]) for k in ("name", "version", "jaxlib") if fw.get(k)
+        )
         for k, v in sorted((info.get("settings") or {}).items()):
             settings[f"{name} {k}"] = v
     return {"hardware": hardware, "versions": versions, "settings": settings}
@@ -160,8 +137,10 @@ def build(run_dir: str | os.PathLike) -> dict[str, Any]:
     """
     meta, records = _read_run(run_dir)
     if meta.get("state") != "finished":
-        raise BaselineError(f"{run_dir}: the run is {meta.get('state')!r}, not finished; a "
-                            "baseline must hold every record: rerun the suite to the end")
+        raise BaselineError(
+            f"{run_dir}: the run is {meta.get('state')!r}, not finished; a "
+            "baseline must hold every record: rerun the suite to the end"
+        )
     return {
         "schema": BASELINE_SCHEMA,
         "created": time.time(),
@@ -171,12 +150,21 @@ def build(run_dir: str | os.PathLike) -> dict[str, Any]:
         "backends": sorted(meta.get("backends") or {}),
         "fingerprints": _fingerprints(meta),
         "features": features_of(meta),
-        "records": [{"probe": r.get("probe"), "case": r.get("case"), "backend": r.get("backend"),
-                     "kind": r.get("kind"), "op": r.get("op"), "dtype": r.get("dtype"),
-                     "params": r.get("params") or {}, "status": r.get("status"),
-                     "metrics": _kept_metrics(r.get("metrics") or {}),
-                     "digests": (r.get("metrics") or {}).get(DIGESTS)}
-                    for r in records],
+        "records": [
+            {
+                "probe": r.get("probe"),
+                "case": r.get("case"),
+                "backend": r.get("backend"),
+                "kind": r.get("kind"),
+                "op": r.get("op"),
+                "dtype": r.get("dtype"),
+                "params": r.get("params") or {},
+                "status": r.get("status"),
+                "metrics": kept_metrics(r.get("metrics") or {}),
+                "digests": (r.get("metrics") or {}).get(DIGESTS),
+            }
+            for r in records
+        ],
     }
 
 
@@ -188,8 +176,9 @@ def save(baseline: dict, path: str | os.PathLike) -> Path:
         tmp.write_text(json.dumps(baseline, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         os.replace(tmp, path)
     except OSError as e:
-        raise BaselineError(f"{path}: cannot write the baseline ({e.strerror}); choose a "
-                            "writable path with -o") from None
+        raise BaselineError(
+            f"{path}: cannot write the baseline ({e.strerror}); choose a writable path with -o"
+        ) from None
     finally:
         tmp.unlink(missing_ok=True)
     return path
@@ -206,18 +195,23 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise BaselineError(f"{p}: no such baseline file; save one with `diag baseline "
-                            "RUN_DIR -o FILE`") from None
+        raise BaselineError(
+            f"{p}: no such baseline file; save one with `diag baseline RUN_DIR -o FILE`"
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         where = f" ({e.msg} at line {e.lineno})" if isinstance(e, json.JSONDecodeError) else ""
-        raise BaselineError(f"{p}: not valid JSON{where}; the baseline is truncated or "
-                            "damaged: restore it or save it again with `diag baseline`") from None
+        raise BaselineError(
+            f"{p}: not valid JSON{where}; the baseline is truncated or "
+            "damaged: restore it or save it again with `diag baseline`"
+        ) from None
     except OSError as e:
         raise BaselineError(f"{p}: cannot read the baseline ({e.strerror})") from None
 
     def bad(what: str) -> BaselineError:
-        return BaselineError(f"{p}: {what}; not a baseline `diag baseline` wrote (schema "
-                             f"{BASELINE_SCHEMA}): save it again")
+        return BaselineError(
+            f"{p}: {what}; not a baseline `diag baseline` wrote (schema "
+            f"{BASELINE_SCHEMA}): save it again"
+        )
 
     if not isinstance(data, dict) or data.get("schema") != BASELINE_SCHEMA:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
@@ -226,14 +220,14 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(key, dict) or not all(isinstance(key.get(s), dict) for s in _KEY_SECTIONS):
         raise bad("field 'key' must hold hardware, versions and settings objects")
     fps = data.get("fingerprints")
-    if not isinstance(fps, dict) or not all(isinstance(v, list) and all(isinstance(f, dict)
-                                                                        for f in v)
-                                            for v in fps.values()):
+    if not isinstance(fps, dict) or not all(
+        isinstance(v, list) and all(isinstance(f, dict) for f in v) for v in fps.values()
+    ):
         raise bad("field 'fingerprints' must map backends to lists of objects")
     feats = data.get("features", {})  # absent from baselines saved before features were
-    if not isinstance(feats, dict) or not all(isinstance(v, list) and all(isinstance(f, dict)
-                                                                          for f in v)
-                                              for v in feats.values()):
+    if not isinstance(feats, dict) or not all(
+        isinstance(v, list) and all(isinstance(f, dict) for f in v) for v in feats.values()
+    ):
         raise bad("field 'features' must map backends to lists of objects")
     if not isinstance(data.get("backends"), list):
         raise bad("field 'backends' must be a list")
@@ -241,8 +235,9 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(records, list):
         raise bad("field 'records' must be a list")
     for i, rec in enumerate(records):
-        if not isinstance(rec, dict) or not all(isinstance(rec.get(f), str)
-                                                for f in ("probe", "case", "backend", "status")):
+        if not isinstance(rec, dict) or not all(
+            isinstance(rec.get(f), str) for f in ("probe", "case", "backend", "status")
+        ):
             raise bad(f"record {i} lacks probe/case/backend/status strings")
         if not isinstance(rec.get("metrics"), dict):
             raise bad(f"record {i} ({record_key(rec)}): field 'metrics' must be an object")
@@ -252,13 +247,16 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
 def _read_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict]]:
     run = RunDir(run_dir)
     if not run.run_json.is_file():
-        raise BaselineError(f"{run_dir}: not a diag run folder (no run.json); pass the folder "
-                            "that `diag run` printed")
+        raise BaselineError(
+            f"{run_dir}: not a diag run folder (no run.json); pass the folder "
+            "that `diag run` printed"
+        )
     meta = run.read_meta()
     read = read_results(run.results_jsonl)
     if read.unreadable:
-        raise BaselineError(f"{run.results_jsonl}: {read.problems(run.results_jsonl)[0]}; "
-                            "rerun the suite")
+        raise BaselineError(
+            f"{run.results_jsonl}: {read.problems(run.results_jsonl)[0]}; rerun the suite"
+        )
     return meta, read.records
 
 
@@ -266,55 +264,16 @@ def _read_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict]]:
 # Checking a run against a baseline
 
 
-def _metric_drifts(where: str, old: dict, new: dict, bitwise: bool) -> list[Drift]:
-    out = []
-    om, nm = old.get("metrics") or {}, _kept_metrics(new.get("metrics") or {})
-    if old.get("status") != new.get("status"):
-        out.append(Drift(where, "status", old.get("status"), new.get("status"),
-                         "the verdict changed"))
-    for name, limit_of in RATIOS.items():
-        a, b = _num(om.get(name)), _num(nm.get(name))
-        if a is None and b is None:
-            continue
-        limit = limit_of(new)
-        if limit is None:
-            continue
-        if a is None or b is None:
-            out.append(Drift(where, name, om.get(name), nm.get(name), "the metric appeared or "
-                             "disappeared"))
-            continue
-        # Recall must stay AT OR ABOVE its target, errors AT OR BELOW their allowance.
-        side = (lambda v: v >= limit) if name.startswith("recall") else (lambda v: v <= limit)
-        if side(a) != side(b) or (math.isnan(a) != math.isnan(b)):
-            out.append(Drift(where, name, a, b, f"crossed its allowance {limit:g}: only one of "
-                             "the two runs keeps the bound every correct implementation keeps"))
-    for name in COUNTS:
-        if name in om or name in nm:
-            a, b = om.get(name), nm.get(name)
-            if a != b:
-                out.append(Drift(where, name, a, b, "a count that is zero on every correct "
-                                 "implementation changed"))
-    if bitwise:
-        reported = {d.what for d in out}
-        for name in sorted(set(om) | set(nm)):
-            if name not in reported and om.get(name) != nm.get(name):
-                out.append(Drift(where, name, om.get(name), nm.get(name), "bitwise: the metric "
-                                 "changed"))
-        od, nd = old.get("digests"), (new.get("metrics") or {}).get(DIGESTS)
-        if od is not None and od != nd:
-            changed = [i for i, (x, y) in enumerate(zip(od, nd or [])) if x != y]
-            first = changed[0] if changed else 0
-            out.append(Drift(where, f"output {first} sha256", od[first] if first < len(od) else
-                             None, (nd or [None])[first] if nd and first < len(nd) else None,
-                             f"bitwise: {len(changed) or len(od)} output(s) differ in their bits"))
-    return out
-
-
 def _fingerprint_drifts(old: dict, new: dict) -> list[Drift]:
-    return setting_drifts(old, new, kind="fingerprint", keys=("precision", "via"),
-                          fields=FINGERPRINT_FIELDS,
-                          why="the matmul arithmetic at this setting changed",
-                          shown=lambda e: e.get("label"))
+    return setting_drifts(
+        old,
+        new,
+        kind="fingerprint",
+        keys=("precision", "via"),
+        fields=FINGERPRINT_FIELDS,
+        why="the matmul arithmetic at this setting changed",
+        shown=lambda e: e.get("label"),
+    )
 
 
 def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) -> Check:
@@ -336,51 +295,116 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
     meta, records = _read_run(run_dir)
     suite = (meta.get("suite") or {}).get("name")
     if baseline.get("suite") and suite != baseline["suite"]:
-        raise BaselineError(f"the baseline is for suite {baseline['suite']!r}, the run is of "
-                            f"suite {suite!r}: check a run of the baseline's suite")
+        raise BaselineError(
+            f"the baseline is for suite {baseline['suite']!r}, the run is of "
+            f"suite {suite!r}: check a run of the baseline's suite"
+        )
     result = Check()
-    key, old_key = run_key(meta), baseline["key"]
+    one_sided = _backend_drifts(result, baseline, meta)
+    portable = _key_drifts(result, baseline["key"], run_key(meta), one_sided, bitwise)
+    _arithmetic_drifts(result, baseline, meta, one_sided)
+    _record_drifts(result, baseline["records"], records, bitwise, portable)
+    return result
+
+
+def _backend_drifts(result: Check, baseline: dict, meta: dict) -> set[str]:
+    """Backends in the baseline that did not run (drift) or ran but are new (a note).
+
+    Returns:
+      The backends on one side only: their settings and arithmetic are not compared.
+    """
     old_backends = set(baseline.get("backends") or [])
     new_backends = set(meta.get("backends") or {})
     for name in sorted(old_backends - new_backends):
-        result.drifts.append(Drift(f"backend {name}", "backend", "ran", "did not run",
-                                   "in the baseline, absent from this run"))
+        result.drifts.append(
+            Drift(
+                f"backend {name}",
+                "backend",
+                "ran",
+                "did not run",
+                "in the baseline, absent from this run",
+            )
+        )
     for name in sorted(new_backends - old_backends):
-        result.notes.append(f"backend {name} ran but is not in the baseline: its records are "
-                            "new")
-    one_sided = old_backends ^ new_backends
+        result.notes.append(f"backend {name} ran but is not in the baseline: its records are new")
+    return old_backends ^ new_backends
+
+
+def _key_drifts(
+    result: Check, old_key: dict, key: dict, one_sided: set[str], bitwise: bool
+) -> bool:
+    """Compare the baseline's key with the run's: a changed setting is drift, changed hardware
+    or versions a key mismatch (noted, with what it means for a bitwise check).
+
+    Returns:
+      Whether bits may be compared (same hardware and versions).
+    """
     for section in _KEY_SECTIONS:
         a, b = old_key.get(section) or {}, key[section]
         for name in sorted(set(a) | set(b)):
             if a.get(name) == b.get(name) or name.split(" ")[0] in one_sided:
                 continue
             if section == "settings":
-                result.drifts.append(Drift(f"setting {name}", "value", a.get(name), b.get(name),
-                                           "a numerics setting changed"))
+                result.drifts.append(
+                    Drift(
+                        f"setting {name}",
+                        "value",
+                        a.get(name),
+                        b.get(name),
+                        "a numerics setting changed",
+                    )
+                )
             else:
-                result.key_mismatch.append(f"{section}: {name} {_show(a.get(name))} -> "
-                                           f"{_show(b.get(name))}")
-    portable = not result.key_mismatch
+                result.key_mismatch.append(
+                    f"{section}: {name} {_show(a.get(name))} -> {_show(b.get(name))}"
+                )
     if result.key_mismatch:
-        result.notes.append("the baseline was saved on other hardware or versions: records "
-                            "are compared by the tolerance rule (it holds on any hardware and "
-                            "version)" + ("; bits may change legitimately with either, so "
-                                          "outputs whose bits changed are listed as "
-                                          "information, not drift" if bitwise else ""))
+        result.notes.append(
+            "the baseline was saved on other hardware or versions: records "
+            "are compared by the tolerance rule (it holds on any hardware and "
+            "version)"
+            + (
+                "; bits may change legitimately with either, so "
+                "outputs whose bits changed are listed as "
+                "information, not drift"
+                if bitwise
+                else ""
+            )
+        )
     elif bitwise:
         result.notes.append("same hardware and versions: outputs compared bit for bit")
-    result.drifts.extend(_fingerprint_drifts(
-        {b: v for b, v in (baseline.get("fingerprints") or {}).items() if b not in one_sided},
-        {b: v for b, v in _fingerprints(meta).items() if b not in one_sided}))
+    return not result.key_mismatch
+
+
+def _arithmetic_drifts(result: Check, baseline: dict, meta: dict, one_sided: set[str]) -> None:
+    """Changed precision fingerprints and matmul features of the backends both runs have."""
+    result.drifts.extend(
+        _fingerprint_drifts(
+            {b: v for b, v in (baseline.get("fingerprints") or {}).items() if b not in one_sided},
+            {b: v for b, v in _fingerprints(meta).items() if b not in one_sided},
+        )
+    )
     if "features" in baseline:
-        result.drifts.extend(feature_drifts(
-            {b: v for b, v in baseline["features"].items() if b not in one_sided},
-            {b: v for b, v in features_of(meta).items() if b not in one_sided}))
+        result.drifts.extend(
+            feature_drifts(
+                {b: v for b, v in baseline["features"].items() if b not in one_sided},
+                {b: v for b, v in features_of(meta).items() if b not in one_sided},
+            )
+        )
     else:
-        result.notes.append("the baseline records no matmul features (saved by an older diag): "
-                            "save it again to gate them")
+        result.notes.append(
+            "the baseline records no matmul features (saved by an older diag): "
+            "save it again to gate them"
+        )
+
+
+def _record_drifts(
+    result: Check, baseline_records: list[dict], records: list[dict], bitwise: bool, portable: bool
+) -> None:
+    """Each run record against the baseline's copy (new ones are drift), then the baseline's
+    records the run lacks (missing ones are drift)."""
     old_records: dict[str, dict] = {}
-    for rec in baseline["records"]:
+    for rec in baseline_records:
         old_records[_unique(old_records, record_key(rec))] = rec
     seen: dict[str, dict] = {}
     for rec in records:
@@ -393,35 +417,42 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
                 result.known_failures.append(result.failures[-1])
         if k not in old_records:
             result.extra.append(k)
-            drifts = [Drift(k, "record", None, rec.get("status"), "not in the baseline, so "
-                            "nothing gates it: save the baseline again")]
+            drifts = [
+                Drift(
+                    k,
+                    "record",
+                    None,
+                    rec.get("status"),
+                    "not in the baseline, so nothing gates it: save the baseline again",
+                )
+            ]
             result.drifts.extend(drifts)
         else:
             result.compared += 1
-            drifts = _metric_drifts(k, old_records[k], rec, bitwise and portable)
+            drifts = metric_drifts(k, old_records[k], rec, bitwise and portable)
             result.drifts.extend(drifts)
             if bitwise and not portable:
-                _bits_changed(result, k, old_records[k], rec)
-        result.results[k] = {"status": rec.get("status"), "reason": rec.get("reason"),
-                             "drifts": [d.text() for d in drifts], "new": k not in old_records}
+                bits_changed(result, k, old_records[k], rec)
+        result.results[k] = {
+            "status": rec.get("status"),
+            "reason": rec.get("reason"),
+            "drifts": [d.text() for d in drifts],
+            "new": k not in old_records,
+        }
     for k, rec in old_records.items():
         if k not in seen:
             result.missing.append(k)
-            result.drifts.append(Drift(k, "record", rec.get("status"), None,
-                                       "in the baseline, missing from this run"))
-            result.results[k] = {"status": None, "reason": "missing from this run",
-                                 "drifts": [f"{k}: missing from this run (baseline status "
-                                            f"{rec.get('status')})"], "new": False}
-    return result
-
-
-def _bits_changed(result: Check, key: str, old: dict, new: dict) -> None:
-    """Record (as information) how many of a record's outputs changed bits."""
-    od, nd = old.get("digests"), (new.get("metrics") or {}).get(DIGESTS)
-    if od is not None and nd is not None and od != nd:
-        n = sum(x != y for x, y in zip(od, nd)) + abs(len(od) - len(nd))
-        result.bits_changed.append(f"{key}: {n} of {max(len(od), len(nd))} output(s) changed "
-                                   "bits")
+            result.drifts.append(
+                Drift(
+                    k, "record", rec.get("status"), None, "in the baseline, missing from this run"
+                )
+            )
+            result.results[k] = {
+                "status": None,
+                "reason": "missing from this run",
+                "drifts": [f"{k}: missing from this run (baseline status {rec.get('status')})"],
+                "new": False,
+            }
 
 
 def _unique(seen: dict, key: str) -> str:

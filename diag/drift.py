@@ -6,16 +6,33 @@ compared) so that renderers and the JUnit writer read a result type, not the com
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-__all__ = ["CAUSE_KINDS", "FEATURE_FIELDS", "Cause", "Check", "Drift", "causes", "feature_drifts",
-           "features_of", "setting_drifts", "show"]
+__all__ = [
+    "CAUSE_KINDS",
+    "FEATURE_FIELDS",
+    "Cause",
+    "Check",
+    "Drift",
+    "causes",
+    "feature_drifts",
+    "features_of",
+    "setting_drifts",
+    "show",
+]
 
 #: The fields of a matmul's recorded features (`diag.precision.features`) that describe its
 #: unit's arithmetic; the evidence and the seconds it took are not compared.
-FEATURE_FIELDS = ("product_exact", "extra_bits", "rounding", "block_fma_width", "order",
-                  "subnormals")
+FEATURE_FIELDS = (
+    "product_exact",
+    "extra_bits",
+    "rounding",
+    "block_fma_width",
+    "order",
+    "subnormals",
+)
 
 
 @dataclass(frozen=True)
@@ -81,7 +98,7 @@ class Check:
     known_failures: list[str] = field(default_factory=list)
     bits_changed: list[str] = field(default_factory=list)
 
-    def causes(self) -> list["Cause"]:
+    def causes(self) -> list[Cause]:
         """The drifts grouped under the changes that explain them (`causes`)."""
         return causes(self.drifts)
 
@@ -90,18 +107,31 @@ class Check:
         each cause with its folded details, the key mismatches, failures, information."""
         return {
             "exit_code": self.exit_code,
-            "summary": {"compared": self.compared, "drifts": len(self.drifts),
-                        "missing": len(self.missing), "new": len(self.extra),
-                        "failed": len(self.failures)},
-            "causes": [{"text": c.text(), "explains": c.text()[len(c.head.text()) + 2:],
-                        "head": _drift_view(c.head),
-                        "same": [_drift_view(d) for d in c.same],
-                        "arithmetic": [_drift_view(d) for d in c.arithmetic],
-                        "records": [{"key": k, "drifts": [_drift_view(d) for d in ds]}
-                                    for k, ds in c.records.items()]}
-                       for c in self.causes()],
-            "key_mismatch": list(self.key_mismatch), "notes": list(self.notes),
-            "failures": list(self.failures), "known_failures": list(self.known_failures),
+            "summary": {
+                "compared": self.compared,
+                "drifts": len(self.drifts),
+                "missing": len(self.missing),
+                "new": len(self.extra),
+                "failed": len(self.failures),
+            },
+            "causes": [
+                {
+                    "text": c.text(),
+                    "explains": c.text()[len(c.head.text()) + 2 :],
+                    "head": _drift_view(c.head),
+                    "same": [_drift_view(d) for d in c.same],
+                    "arithmetic": [_drift_view(d) for d in c.arithmetic],
+                    "records": [
+                        {"key": k, "drifts": [_drift_view(d) for d in ds]}
+                        for k, ds in c.records.items()
+                    ],
+                }
+                for c in self.causes()
+            ],
+            "key_mismatch": list(self.key_mismatch),
+            "notes": list(self.notes),
+            "failures": list(self.failures),
+            "known_failures": list(self.known_failures),
             "bits_changed": list(self.bits_changed),
         }
 
@@ -116,8 +146,7 @@ class Check:
 
 
 def _drift_view(d: Drift) -> dict[str, str]:
-    return {"where": d.where, "what": d.what, "old": show(d.old), "new": show(d.new),
-            "why": d.why}
+    return {"where": d.where, "what": d.what, "old": show(d.old), "new": show(d.new), "why": d.why}
 
 
 def features_of(meta: dict) -> dict[str, list[dict]]:
@@ -127,8 +156,11 @@ def features_of(meta: dict) -> dict[str, list[dict]]:
     for name, info in (meta.get("backends") or {}).items():
         entries = (info or {}).get("features")
         if entries:
-            out[name] = [{k: e.get(k) for k in ("precision", "via", "dtype") + FEATURE_FIELDS}
-                         for e in entries if isinstance(e, dict)]
+            out[name] = [
+                {k: e.get(k) for k in ("precision", "via", "dtype") + FEATURE_FIELDS}
+                for e in entries
+                if isinstance(e, dict)
+            ]
     return out
 
 
@@ -145,14 +177,27 @@ def feature_drifts(old: dict[str, list[dict]], new: dict[str, list[dict]]) -> li
     Returns:
       One Drift per changed feature, and one per (setting, dtype) measured in one run only.
     """
-    return setting_drifts(old, new, kind="features", keys=("precision", "via", "dtype"),
-                          fields=FEATURE_FIELDS, why="the matmul unit's arithmetic changed",
-                          shown=lambda e: "measured")
+    return setting_drifts(
+        old,
+        new,
+        kind="features",
+        keys=("precision", "via", "dtype"),
+        fields=FEATURE_FIELDS,
+        why="the matmul unit's arithmetic changed",
+        shown=lambda e: "measured",
+    )
 
 
-def setting_drifts(old: dict[str, list[dict]], new: dict[str, list[dict]], *, kind: str,
-                   keys: tuple[str, ...], fields: tuple[str, ...], why: str,
-                   shown: Callable[[dict], Any]) -> list[Drift]:
+def setting_drifts(
+    old: dict[str, list[dict]],
+    new: dict[str, list[dict]],
+    *,
+    kind: str,
+    keys: tuple[str, ...],
+    fields: tuple[str, ...],
+    why: str,
+    shown: Callable[[dict], Any],
+) -> list[Drift]:
     """Per backend, the entries measured at each setting (`keys`) that differ in `fields`.
 
     Shared by fingerprints and features: one Drift per changed field, and one per setting
@@ -165,9 +210,15 @@ def setting_drifts(old: dict[str, list[dict]], new: dict[str, list[dict]], *, ki
         for key in sorted(set(a) | set(b), key=str):
             where = f"{kind} {backend} " + " ".join(f"{k}={v}" for k, v in zip(keys, key))
             if key not in a or key not in b:
-                out.append(Drift(where, kind, shown(a[key]) if key in a else None,
-                                 shown(b[key]) if key in b else None,
-                                 "measured in only one of the two runs"))
+                out.append(
+                    Drift(
+                        where,
+                        kind,
+                        shown(a[key]) if key in a else None,
+                        shown(b[key]) if key in b else None,
+                        "measured in only one of the two runs",
+                    )
+                )
                 continue
             for f in fields:
                 if a[key].get(f) != b[key].get(f):
@@ -215,17 +266,22 @@ class Cause:
         """
         names = [d.where.split(" ") for d in [self.head, *self.same]]
         env = {w[2] for w in names if len(w) > 2 and w[:2] == ["setting", "env"]}
-        return {_backend_of(" ".join(w)) for w in names
-                if not (w[0] == "setting" and len(w) > 2 and w[2] in env)} - {""}
+        return {
+            _backend_of(" ".join(w))
+            for w in names
+            if not (w[0] == "setting" and len(w) > 2 and w[2] in env)
+        } - {""}
 
     def text(self) -> str:
         """One line: the change, where else it shows, and how much it explains."""
         parts = [self.head.text()]
-        own = [] if self.head.where.startswith(CAUSE_KINDS) else self.records.get(self.head.where,
-                                                                                 [])
+        own = (
+            [] if self.head.where.startswith(CAUSE_KINDS) else self.records.get(self.head.where, [])
+        )
         if own:  # a record nothing else explains: its other drifts beside the first
-            parts.append("also " + ", ".join(f"{d.what} {show(d.old)} -> {show(d.new)}"
-                                              for d in own))
+            parts.append(
+                "also " + ", ".join(f"{d.what} {show(d.old)} -> {show(d.new)}" for d in own)
+            )
         if self.same:
             parts.append("the same change in " + ", ".join(d.where for d in self.same))
         explained = []
@@ -245,8 +301,13 @@ def _backend_of(where: str) -> str:
     if " | " in where:
         return where.split(" | ")[2] if where.count(" | ") >= 2 else ""
     words = where.split(" ")
-    return words[1] if len(words) > 1 and words[0] in ("fingerprint", "features", "backend",
-                                                       "setting") and words[1] != "env" else ""
+    return (
+        words[1]
+        if len(words) > 1
+        and words[0] in ("fingerprint", "features", "backend", "setting")
+        and words[1] != "env"
+        else ""
+    )
 
 
 def causes(drifts: list[Drift]) -> list[Cause]:
@@ -302,5 +363,6 @@ def _owner(found: list[Cause], backend: str) -> Cause | None:
     """The first cause (not a record's own) that names `backend` (either backend of an
     agreement record's pair `a|b`)."""
     names = set(backend.split("|")) - {""}
-    return next((c for c in found if names & c.backends
-                 and c.head.where.startswith(CAUSE_KINDS)), None)
+    return next(
+        (c for c in found if names & c.backends and c.head.where.startswith(CAUSE_KINDS)), None
+    )

@@ -16,11 +16,12 @@ if TYPE_CHECKING:
 __all__ = ["save", "write"]
 
 
-def write(result: "Check", path: str | os.PathLike, *, name: str = "diag check") -> Path:
+def write(result: Check, path: str | os.PathLike, *, name: str = "diag check") -> Path:
     """One testcase per (probe, case, backend): drift and fail/error records are failures.
 
     Settings, fingerprint, feature and backend drift, which belong to no record, are one testcase
-    per cause (`diag.drift.causes`) in a `settings` class. Written with junitparser (the XML is a library's business).
+    per cause (`diag.drift.causes`) in a `settings` class. Written with junitparser (the XML is a
+    library's business).
 
     Args:
       result: what `check` found.
@@ -53,8 +54,9 @@ def write(result: "Check", path: str | os.PathLike, *, name: str = "diag check")
         if cause.head.where.startswith(CAUSE_KINDS):
             tc = TestCase(cause.head.where, classname="settings")
             tc.result = [Failure(cause.text()[:500], "drift")]
-            tc.system_out = "\n".join(d.text() for d in [cause.head, *cause.same,
-                                                           *cause.arithmetic])
+            tc.system_out = "\n".join(
+                d.text() for d in [cause.head, *cause.same, *cause.arithmetic]
+            )
             suite.add_testcase(tc)
     return save(suite, path)
 

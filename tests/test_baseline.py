@@ -11,6 +11,7 @@ line; the JUnit file validates against the Jenkins JUnit schema.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -137,6 +138,26 @@ def test_changed_setting_drifts_and_names_it(runs, tmp_path):
     assert line.startswith("diag: drift: setting env JAX_DEFAULT_MATMUL_PRECISION: value null "
                            "-> bfloat16 (a numerics setting changed)"), r.stdout
     assert "the same change in setting jax-cpu jax_default_matmul_precision" in line
+
+
+def test_one_xla_flags_change_is_one_drift_in_the_terminal_and_junit(runs, tmp_path):
+    """XLA_FLAGS is the env var and each worker's copy of it: one change, said once."""
+    flags = "--xla_allow_excess_precision=false"
+    r = run_diag("run", "--suite", str(runs["suite"]), "--out", str(tmp_path / "r"),
+                 "--no-report", "-b", "jax-cpu,torch-cpu", env={**runs["env"], "XLA_FLAGS": flags})
+    assert r.returncode == 0, r.stderr
+    junit = tmp_path / "j.xml"
+    r = run_diag("check", str(next((tmp_path / "r").iterdir())), "--baseline",
+                 str(runs["baseline"]), "--junit", str(junit))
+    assert r.returncode == 1, r.stdout + r.stderr
+    (line,) = [x for x in r.stdout.splitlines()
+               if x.startswith("diag: drift:") and "XLA_FLAGS" in x]
+    assert line.startswith(f"diag: drift: setting env XLA_FLAGS: value null -> {flags}"), line
+    copies = re.findall(r"setting ([\w-]+) XLA_FLAGS", line)
+    assert copies == ["env", "jax-cpu", "torch-cpu"], line
+    doc = xmlschema.XMLSchema(str(XSD)).to_dict(str(junit))
+    names = [c["@name"] for c in doc["testsuite"][0]["testcase"] if "XLA_FLAGS" in c["@name"]]
+    assert names == ["setting env XLA_FLAGS"]
 
 
 def test_missing_backend_and_records_drift(runs, tmp_path):

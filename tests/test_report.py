@@ -20,7 +20,7 @@ import pytest
 
 from diag.report import render_report, write_report
 from diag.report.charts import sweep_groups
-from diag.report.html import fmt_num, fmt_pct, fmt_seconds, sort_key
+from diag.report.tables import fmt_num, fmt_pct, fmt_seconds, sort_key
 from diag.results import Record, RunDir
 
 XSS = "<script>alert(1)</script>"

@@ -179,3 +179,15 @@ def test_drift_view_is_offline_and_escapes_what_it_shows(tmp_path):
     assert not re.search(r'(?:src|href)\s*=\s*["\']?\s*(?:https?:|//)', html, re.IGNORECASE)
     assert "<link" not in html.lower()
     assert json.dumps(view)  # plain data: what Check.view() returns
+
+
+def test_columns_that_give_way_on_narrow_windows_stay_in_the_max_ulp_tooltip(tmp_path):
+    from diag.report.tables import fmt_num, fmt_pct
+
+    run = make_run(tmp_path)
+    html = _html(run)
+    rec = run.records()[3]
+    row = re.search(rf'<tr class="row-[^"]*"[^>]*data-i="3".*?</tr>', html, re.DOTALL).group(0)
+    nums = re.findall(r'<td class="num[^"]*"[^>]*?(?:title="([^"]*)")?>', row)
+    assert nums[1] == (f"p99 ULP: {fmt_num(rec['metrics']['p99_ulp'])}; not corr. rounded: "
+                       f"{fmt_pct(rec['metrics']['frac_not_correctly_rounded'])}")

@@ -8,9 +8,9 @@ cell per (probe, dtype, setting, backend) that ran and each cell's records reach
 click, the page height bounded with evidence collapsed, no console error. The expected cells
 are computed here from results.jsonl.
 
-The fast test uses a synthetic run folder; real runs (matmul, sampling, ci and its drift
-view) are `slow`: each is generated once per session with one backend and the smallest suite
-that shows the feature. The traced run is checked in test_trace_report_browser.py with
+The fast tests use a synthetic run folder and drift view; real runs (matmul, sampling, ci and
+its drift view) are `slow`: each is generated once per session with one backend (ci: two) and
+the smallest shipped suite that shows the feature. The traced run is checked in test_trace_report_browser.py with
 `check_layout` from here.
 """
 
@@ -134,6 +134,38 @@ def test_synthetic_report_fits_every_width_and_its_matrix_links_records(driver, 
     assert toggle.get_attribute("aria-expanded") == "false"
     group = toggle.find_element(By.XPATH, "ancestor::tbody")
     assert not any(r.is_displayed() for r in group.find_elements(By.CSS_SELECTOR, "tr[data-i]"))
+
+
+def test_synthetic_drift_view_fits_every_width_with_causes_folded(driver, tmp_path):
+    from diag.drift import Check, Drift
+    from diag.report import write_drift_view
+
+    flags = "--xla_allow_excess_precision=false " * 8  # a long value must wrap, not overflow
+    drifts = [Drift(f"setting {n} XLA_FLAGS", "value", "", flags, "a numerics setting changed")
+              for n in ("env", "jax-cpu", "torch-cpu")]
+    drifts += [Drift("fingerprint torch-cpu precision=default via=none", "label", "F32_F32_F32",
+                     "BF16_BF16_F32", "the matmul arithmetic at this setting changed")]
+    drifts += [Drift(f"mm | d={d} | torch-cpu", "bound_ratio", 0.5, 3.0, "crossed")
+               for d in range(12)]
+    result = Check(drifts=drifts, known_failures=["k | c | jax-cpu: fail: x"],
+                   failures=["k | c | jax-cpu: fail: x", "k2 | c | jax-cpu: fail: y"],
+                   bits_changed=["mm | d=0 | jax-cpu: 1 of 1 output(s) changed bits"])
+    view = write_drift_view(result.view(), tmp_path / "drift.html")
+    driver.get(view.resolve().as_uri())
+    causes = driver.find_elements(By.CSS_SELECTOR, "#causes li.cause")
+    assert [c.get_attribute("data-where") for c in causes] == [
+        "setting env XLA_FLAGS", "fingerprint torch-cpu precision=default via=none"]
+    rows = causes[1].find_elements(By.CSS_SELECTOR, "tr.record-drift")
+    assert len(rows) == 12 and not any(r.is_displayed() for r in rows)
+    causes[1].find_element(By.TAG_NAME, "summary").click()
+    assert all(r.is_displayed() for r in rows)
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#failures li.known")) == 1
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#failures li.new-failure")) == 1
+    for width in WIDTHS:
+        driver.set_window_size(width, 1000)
+        m = driver.execute_script(MEASURE)
+        assert m["scroll"] <= m["client"], (width, m)
+    assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
 
 # --- real runs, generated once per session -------------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import HAS_CHROMIUM, HAS_JAX, HAS_TORCH, NO_CHROMIUM, headless_chromium, run_diag
-from diag.report.html import fmt_num
+from diag.report.tables import fmt_num
 from diag.results import RunDir
 from diag.trace import read_summaries
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -14,10 +13,12 @@ from diag.outputs import prepare_output
 
 @app.command("baseline")
 def baseline_cmd(
-    run_dir: Path = typer.Argument(..., help="A finished run folder (e.g. of `diag run "
-                                             "--suite ci`)."),
-    out: Path = typer.Option(Path("baseline.json"), "--out", "-o",
-                             help="The baseline file to write (commit it)."),
+    run_dir: Path = typer.Argument(
+        ..., help="A finished run folder (e.g. of `diag run --suite ci`)."
+    ),
+    out: Path = typer.Option(
+        Path("baseline.json"), "--out", "-o", help="The baseline file to write (commit it)."
+    ),
 ) -> None:
     """Save a run's verdict-relevant metrics, fingerprints and key as a CI baseline."""
     from diag import baseline, render
@@ -25,26 +26,35 @@ def baseline_cmd(
     data = baseline.build(run_dir)
     path = baseline.save(data, prepare_output(out, "the baseline", "-o"))
     failing = sum(r["status"] in ("fail", "error") for r in data["records"])
-    render.print_line(f"diag: baseline of {len(data['records'])} record(s) of suite "
-                      f"{data['suite']!r} written to {path}")
+    render.print_line(
+        f"diag: baseline of {len(data['records'])} record(s) of suite "
+        f"{data['suite']!r} written to {path}"
+    )
     if failing:
-        render.print_error(f"diag: {failing} record(s) of this run failed or errored: `diag "
-                           "check` lists them as known failures (JUnit failures) and exits 1 "
-                           "when any of them changes")
+        render.print_error(
+            f"diag: {failing} record(s) of this run failed or errored: `diag "
+            "check` lists them as known failures (JUnit failures) and exits 1 "
+            "when any of them changes"
+        )
 
 
 @app.command("check")
 def check_cmd(
     run_dir: Path = typer.Argument(..., help="The run folder to check."),
     baseline_file: Path = typer.Option(..., "--baseline", help="A file `diag baseline` wrote."),
-    bitwise: bool = typer.Option(False, "--bitwise",
-                                 help="Any changed bit is drift (same hardware and versions)."),
-    junit: Optional[Path] = typer.Option(None, "--junit",
-                                         help="Also write a JUnit XML file: one testcase per "
-                                              "(probe, case, backend)."),
-    html: Optional[Path] = typer.Option(None, "--html",
-                                        help="Also write the drift view: one self-contained "
-                                             "HTML file, each drift under its cause."),
+    bitwise: bool = typer.Option(
+        False, "--bitwise", help="Any changed bit is drift (same hardware and versions)."
+    ),
+    junit: Path | None = typer.Option(
+        None,
+        "--junit",
+        help="Also write a JUnit XML file: one testcase per (probe, case, backend).",
+    ),
+    html: Path | None = typer.Option(
+        None,
+        "--html",
+        help="Also write the drift view: one self-contained HTML file, each drift under its cause.",
+    ),
 ) -> None:
     """Compare a run with a baseline: exit 1 naming every drifted record, 0 when none drifted.
 
@@ -72,10 +82,12 @@ def check_cmd(
     for line in result.bits_changed:
         render.print_line(f"diag: bits changed (information, not drift): {line}")
     verdict = "drifted" if result.drifts else "no drift"
-    render.print_line(f"diag: {verdict}: {result.compared} record(s) compared, "
-                      f"{len(result.causes())} cause(s) of {len(result.drifts)} drift(s), "
-                      f"{len(result.missing)} missing, {len(result.extra)} new, "
-                      f"{len(result.failures)} failed")
+    render.print_line(
+        f"diag: {verdict}: {result.compared} record(s) compared, "
+        f"{len(result.causes())} cause(s) of {len(result.drifts)} drift(s), "
+        f"{len(result.missing)} missing, {len(result.extra)} new, "
+        f"{len(result.failures)} failed"
+    )
     code = result.exit_code
     if junit is not None:  # after the verdict: a file that cannot be written loses nothing
         code = write_after_verdict(lambda: baseline.write_junit(result, junit), "junit", code)
@@ -83,8 +95,12 @@ def check_cmd(
         from diag.report import write_drift_view
 
         code = write_after_verdict(
-            lambda: write_drift_view(result.view(), html, run_dir=str(run_dir),
-                                     baseline=str(baseline_file)), "drift view", code)
+            lambda: write_drift_view(
+                result.view(), html, run_dir=str(run_dir), baseline=str(baseline_file)
+            ),
+            "drift view",
+            code,
+        )
     raise typer.Exit(code)
 
 
@@ -99,8 +115,10 @@ def _explained(cause) -> list[str]:
     if cause.head.where in cause.records:  # a record nothing else explains
         return [d.text() for d in cause.records[cause.head.where]]
     lines = [d.text() for d in cause.arithmetic]
-    lines += [f"{k}: " + ", ".join(f"{d.what} {show(d.old)} -> {show(d.new)}" for d in ds)
-              for k, ds in cause.records.items()]
+    lines += [
+        f"{k}: " + ", ".join(f"{d.what} {show(d.old)} -> {show(d.new)}" for d in ds)
+        for k, ds in cause.records.items()
+    ]
     if len(lines) > _SHOWN:
         lines[_SHOWN:] = [f"... and {len(lines) - _SHOWN} more (--html lists them all)"]
     return lines

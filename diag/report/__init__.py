@@ -8,8 +8,8 @@ but neither matplotlib (imported when a chart is drawn) nor any ML framework.
 
 from __future__ import annotations
 
-from diag.report.driftview import render_drift_view, write_drift_view
 from diag.report.damage import damage, lost_records
+from diag.report.driftview import render_drift_view, write_drift_view
 from diag.report.html import render_report, write_report
 
 __all__ = [

@@ -17,19 +17,33 @@ from __future__ import annotations
 import io
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from diag import numerics
 
-__all__ = ["Series", "Sweep", "figure_svg", "panels", "sweep_figure", "sweep_groups", "sweep_svg",
-           "title_and_legend", "to_float", "zero_floor"]
+__all__ = [
+    "Series",
+    "Sweep",
+    "figure_svg",
+    "panels",
+    "sweep_figure",
+    "sweep_groups",
+    "sweep_svg",
+    "title_and_legend",
+    "to_float",
+    "zero_floor",
+]
 
 # The panels of a sweep figure: (metric key, panel title, a reference line or None).
 # ULP and abs error show how error grows; the bound ratio is what decides the verdict:
 # above 1, the backend used less precision than it claims.
-PANELS = (("max_ulp", "max ULP error", None), ("max_abs_err", "max |error|", None),
-          ("bound_ratio", "error / bound (>1: less precise than claimed)", 1.0))
+PANELS = (
+    ("max_ulp", "max ULP error", None),
+    ("max_abs_err", "max |error|", None),
+    ("bound_ratio", "error / bound (>1: less precise than claimed)", 1.0),
+)
 
 
 def to_float(value: Any) -> float | None:
@@ -186,13 +200,19 @@ def _plain_tick(label: str) -> str:
     per label) took most of the time a report spent drawing its charts; Unicode superscripts
     say the same and are drawn as plain ``<text>``. Labels of another form are kept as they are.
     """
-    m = re.fullmatch(r"\$\\mathdefault\{(-?)(?:([0-9.]+)\\times)?"
-                     r"(?:(\d+)\^\{(-?\d+)\}|([0-9.]+))\}\$", label)
+    m = re.fullmatch(
+        r"\$\\mathdefault\{(-?)(?:([0-9.]+)\\times)?"
+        r"(?:(\d+)\^\{(-?\d+)\}|([0-9.]+))\}\$",
+        label,
+    )
     if m is None:
         return label
     sign, coeff, base, exponent, number = m.groups()
-    text = number if number is not None else (
-        (f"{coeff}×" if coeff else "") + base + exponent.translate(_SUPERSCRIPT))
+    text = (
+        number
+        if number is not None
+        else ((f"{coeff}×" if coeff else "") + base + exponent.translate(_SUPERSCRIPT))
+    )
     return ("−" if sign else "") + text
 
 
@@ -207,11 +227,16 @@ def _plain_log_formatters(fig: Any) -> None:
 
     for axis in (a for ax in fig.axes for a in (ax.xaxis, ax.yaxis)):
         base = getattr(axis.get_transform(), "base", None)
-        for fmt, setter in ((axis.get_major_formatter(), axis.set_major_formatter),
-                            (axis.get_minor_formatter(), axis.set_minor_formatter)):
+        for fmt, setter in (
+            (axis.get_major_formatter(), axis.set_major_formatter),
+            (axis.get_minor_formatter(), axis.set_minor_formatter),
+        ):
             if type(fmt) is LogFormatterSciNotation and base is not None:
-                setter(PlainLogFormatter(base, labelOnlyBase=fmt.labelOnlyBase,
-                                         minor_thresholds=fmt.minor_thresholds))
+                setter(
+                    PlainLogFormatter(
+                        base, labelOnlyBase=fmt.labelOnlyBase, minor_thresholds=fmt.minor_thresholds
+                    )
+                )
 
 
 def _set_scale(ax, axis: str, values: list[float], base: float = 10) -> None:
@@ -263,8 +288,9 @@ def _text_width(text: str, size: float) -> float:
     from matplotlib.font_manager import FontProperties
     from matplotlib.textpath import TextToPath
 
-    width, _, _ = TextToPath().get_text_width_height_descent(text, FontProperties(size=size),
-                                                             ismath=False)
+    width, _, _ = TextToPath().get_text_width_height_descent(
+        text, FontProperties(size=size), ismath=False
+    )
     return width / 72
 
 
@@ -278,8 +304,9 @@ def _legend_columns(labels: list[str], width: float) -> int:
     return max(1, min(LEGEND_COLUMNS, len(labels), fit))
 
 
-def panels(n_panels: int, axes_height: float, legend_labels: list[str],
-           last_xtick: str = "") -> tuple[Any, list[Any]]:
+def panels(
+    n_panels: int, axes_height: float, legend_labels: list[str], last_xtick: str = ""
+) -> tuple[Any, list[Any]]:
     """A figure with `n_panels` axes side by side, room above them for a title and below
     them for the x axes and a legend of `legend_labels` (`title_and_legend`).
 
@@ -303,8 +330,13 @@ def panels(n_panels: int, axes_height: float, legend_labels: list[str],
     height = _TOP + axes_height + bottom
     axes_width = (width - _LEFT - right - (n_panels - 1) * _GAP) / n_panels
     fig = Figure(figsize=(width, height))
-    fig.subplots_adjust(left=_LEFT / width, right=1 - right / width, top=1 - _TOP / height,
-                        bottom=bottom / height, wspace=_GAP / axes_width)
+    fig.subplots_adjust(
+        left=_LEFT / width,
+        right=1 - right / width,
+        top=1 - _TOP / height,
+        bottom=bottom / height,
+        wspace=_GAP / axes_width,
+    )
     return fig, list(fig.subplots(1, n_panels, squeeze=False)[0])
 
 
@@ -314,9 +346,16 @@ def title_and_legend(fig: Any, title: str, handles: list[Any], labels: list[str]
     height = fig.get_figheight()
     fig.suptitle(_mpl_text(title), fontsize=11, y=1 - 0.08 / height, va="top")
     # Explicit labels: legend() would silently drop auto-collected labels starting with "_".
-    fig.legend(handles, [_mpl_text(label) for label in labels], loc="lower center",
-               bbox_to_anchor=(0.5, 0.05 / height), borderaxespad=0, frameon=False,
-               ncol=_legend_columns(labels, fig.get_figwidth()), fontsize=LEGEND_SIZE)
+    fig.legend(
+        handles,
+        [_mpl_text(label) for label in labels],
+        loc="lower center",
+        bbox_to_anchor=(0.5, 0.05 / height),
+        borderaxespad=0,
+        frameon=False,
+        ncol=_legend_columns(labels, fig.get_figwidth()),
+        fontsize=LEGEND_SIZE,
+    )
 
 
 def sweep_svg(sweep: Sweep, fig_id: str) -> str:
@@ -342,18 +381,21 @@ def sweep_figure(sweep: Sweep) -> Any:
     import matplotlib
     from matplotlib.ticker import NullLocator
 
-    colors = matplotlib.colormaps["tab10"].colors
+    colors = matplotlib.color_sequences["tab10"]
     markers = "osD^v<>ph*"
     xs_all = sorted({x for s in sweep.series for x in s.points})
     # Up to 12 swept values are each a labelled tick; more get a log axis's own ticks.
     xticks = [numerics.fmt(x, 6, compact=False) for x in xs_all] if len(xs_all) <= 12 else []
-    fig, axes = panels(len(PANELS), 2.6, [s.label for s in sweep.series],
-                       last_xtick=xticks[-1] if xticks else "")
+    fig, axes = panels(
+        len(PANELS), 2.6, [s.label for s in sweep.series], last_xtick=xticks[-1] if xticks else ""
+    )
     handles = []
     for ax, (metric, title, reference) in zip(axes, PANELS):
         ys_all: list[float] = []
-        floor = zero_floor([y for s in sweep.series for y in s.xy(metric)[1]]
-                           + ([reference] if reference is not None else []))
+        floor = zero_floor(
+            [y for s in sweep.series for y in s.xy(metric)[1]]
+            + ([reference] if reference is not None else [])
+        )
         if floor is not None:  # the y axis's title says where an exact 0 sits
             ax.set_ylabel(f"0 drawn at {numerics.fmt(floor)}", fontsize=8, labelpad=1)
         for i, series in enumerate(sweep.series):
@@ -363,10 +405,14 @@ def sweep_figure(sweep: Sweep) -> Any:
             # Backends often agree exactly (CPU results are bit-identical across frameworks):
             # alternate solid/dashed lines and filled/hollow markers so a line drawn on top
             # of another one does not hide it.
-            style = dict(color=colors[i % len(colors)], marker=markers[i % len(markers)],
-                         linestyle="--" if i % 2 else "-", markersize=5 if i % 2 else 4,
-                         markerfacecolor="none" if i % 2 else colors[i % len(colors)],
-                         linewidth=1.4)
+            style = dict(
+                color=colors[i % len(colors)],
+                marker=markers[i % len(markers)],
+                linestyle="--" if i % 2 else "-",
+                markersize=5 if i % 2 else 4,
+                markerfacecolor="none" if i % 2 else colors[i % len(colors)],
+                linewidth=1.4,
+            )
             (line,) = ax.plot(xs, ys, **style)
             line.set_gid(f"{metric}-s{i}")
             if ax is axes[0]:
@@ -388,10 +434,16 @@ def sweep_figure(sweep: Sweep) -> Any:
         if ys_all:
             _set_scale(ax, "y", ys_all)
         else:
-            ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center",
-                    va="center", color="#777")
-    title_and_legend(fig, f"{sweep.probe}  ({sweep.op})", handles,
-                     [s.label for s in sweep.series])
+            ax.text(
+                0.5,
+                0.5,
+                "no finite values",
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                color="#777",
+            )
+    title_and_legend(fig, f"{sweep.probe}  ({sweep.op})", handles, [s.label for s in sweep.series])
     return fig
 
 
@@ -404,8 +456,11 @@ def figure_svg(fig: Any, fig_id: str) -> str:
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none", "font.size": 9}):
         # No metadata: it would carry a creation date and a creator URL into the report.
-        fig.savefig(buf, format="svg",
-                    metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+        fig.savefig(
+            buf,
+            format="svg",
+            metadata={"Date": None, "Creator": None, "Format": None, "Type": None},
+        )
     return _inline_svg(buf.getvalue(), fig_id)
 
 

@@ -8,7 +8,8 @@ with what the runner counted when it wrote run.json.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from diag.results import RunDir
 
@@ -46,11 +47,16 @@ def lost_records(run_dir: str | os.PathLike) -> str | None:
     held = len(read.records) + len(read.unreadable) + (read.torn_last_line is not None)
     if meta.state == "running" or counted <= held:
         return None
-    where = (f"{run.results_jsonl} is missing" if not run.results_jsonl.exists() else
-             f"{run.results_jsonl} holds {len(read.records)} readable record(s)")
-    return (f"{where} while run.json counts {counted} ({_counts_text(meta.counts)}): "
-            f"{counted - held} record(s) are lost and the verdict covers only what is left; "
-            "the run folder is damaged: rerun the suite")
+    where = (
+        f"{run.results_jsonl} is missing"
+        if not run.results_jsonl.exists()
+        else f"{run.results_jsonl} holds {len(read.records)} readable record(s)"
+    )
+    return (
+        f"{where} while run.json counts {counted} ({_counts_text(meta.counts)}): "
+        f"{counted - held} record(s) are lost and the verdict covers only what is left; "
+        "the run folder is damaged: rerun the suite"
+    )
 
 
 def _counts_text(counts: Mapping[str, Any]) -> str:

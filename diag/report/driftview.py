@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from markupsafe import Markup
 
@@ -39,14 +40,23 @@ def render_drift_view(view: Mapping[str, Any], *, run_dir: str = "", baseline: s
     from diag import __version__
     from diag.report.html import asset, environment
 
-    return environment().get_template("drift.html.j2").render(
-        view=view, run_dir=run_dir, baseline=baseline, version=__version__,
-        style=Markup(asset("report.css")),
-        generated=_dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %z"))
+    return (
+        environment()
+        .get_template("drift.html.j2")
+        .render(
+            view=view,
+            run_dir=run_dir,
+            baseline=baseline,
+            version=__version__,
+            style=Markup(asset("report.css")),
+            generated=_dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %z"),
+        )
+    )
 
 
-def write_drift_view(view: Mapping[str, Any], path: str | os.PathLike, *, run_dir: str = "",
-                     baseline: str = "") -> Path:
+def write_drift_view(
+    view: Mapping[str, Any], path: str | os.PathLike, *, run_dir: str = "", baseline: str = ""
+) -> Path:
     """Write the drift view atomically (temp file + rename) and return its path.
 
     Raises:
@@ -62,6 +72,8 @@ def write_drift_view(view: Mapping[str, Any], path: str | os.PathLike, *, run_di
     except OSError as e:
         if tmp.parent.is_dir():
             tmp.unlink(missing_ok=True)
-        raise UsageError(f"cannot write the drift view to '{path}': {e.strerror or e}; pass "
-                         "--html with a writable path") from None
+        raise UsageError(
+            f"cannot write the drift view to '{path}': {e.strerror or e}; pass "
+            "--html with a writable path"
+        ) from None
     return path

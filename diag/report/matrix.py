@@ -12,7 +12,8 @@ here: their "backend" is a pair.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from diag import numerics
 from diag.results import STATUSES, worst_status
@@ -24,11 +25,14 @@ __all__ = ["SETTING_PARAMS", "cell_id", "matrix_context", "row_key"]
 #: claims. A value of "none" (no setting applied) is left out.
 SETTING_PARAMS = ("precision", "precision_via")
 
+
 def row_key(rec: Mapping[str, Any]) -> tuple[str, str, str]:
     """(probe, dtype, setting) of a record: its matrix row."""
-    params = rec.get("params") if isinstance(rec.get("params"), Mapping) else {}
-    setting = " ".join(f"{k}={params[k]}" for k in SETTING_PARAMS
-                       if params.get(k) not in (None, "", "none"))
+    raw = rec.get("params")
+    params: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    setting = " ".join(
+        f"{k}={params[k]}" for k in SETTING_PARAMS if params.get(k) not in (None, "", "none")
+    )
     return str(rec.get("probe", "")), str(rec.get("dtype", "")), setting
 
 
@@ -53,11 +57,15 @@ def _num(value: Any) -> float | None:
 def _figure(records: list[Mapping[str, Any]]) -> tuple[str, str]:
     """The cell's figure and what it is: the worst bound ratio, else the lowest recall, else
     the largest ULP error of its records ("" when none recorded any)."""
-    metrics = [r.get("metrics") for r in records if isinstance(r.get("metrics"), Mapping)]
-    for key, pick, what in (("bound_ratio", max, "worst bound ratio"),
-                            ("recall_min", min, "lowest recall"),
-                            ("recall_mean", min, "lowest mean recall"),
-                            ("max_ulp", max, "largest max ULP")):
+    metrics: list[Mapping[str, Any]] = [
+        m for m in (r.get("metrics") for r in records) if isinstance(m, Mapping)
+    ]
+    for key, pick, what in (
+        ("bound_ratio", max, "worst bound ratio"),
+        ("recall_min", min, "lowest recall"),
+        ("recall_mean", min, "lowest mean recall"),
+        ("max_ulp", max, "largest max ULP"),
+    ):
         values = [v for v in (_num(m.get(key)) for m in metrics) if v is not None]
         if values:
             nan = [v for v in values if v != v]
@@ -66,8 +74,9 @@ def _figure(records: list[Mapping[str, Any]]) -> tuple[str, str]:
     return "", ""
 
 
-def matrix_context(records: Iterable[Mapping[str, Any]],
-                   cells: dict[tuple, str]) -> dict[str, Any] | None:
+def matrix_context(
+    records: Iterable[Mapping[str, Any]], cells: dict[tuple, str]
+) -> dict[str, Any] | None:
     """The matrix's rows and columns, or None when no probe record ran.
 
     Args:
@@ -97,13 +106,25 @@ def matrix_context(records: Iterable[Mapping[str, Any]],
         row = groups.setdefault(probe, {}).setdefault((dtype, setting), {})
         row[backend] = {
             "id": cells.get((probe, dtype, setting, backend), ""),
-            "status": status, "figure": figure, "what": what, "n": len(recs),
+            "status": status,
+            "figure": figure,
+            "what": what,
+            "n": len(recs),
             "title": f"{probe} · {dtype}{' · ' + setting if setting else ''} · {backend}: "
-                     f"{len(recs)} record(s), " + ", ".join(f"{n} {s}" for s, n in counts.items())
-                     + (f"; {what} {figure}" if figure else "")}
-    return {"backends": backends,
-            "groups": [{"probe": probe,
-                        "rows": [{"dtype": dtype, "setting": setting,
-                                  "cells": [row.get(b) for b in backends]}
-                                 for (dtype, setting), row in rows.items()]}
-                       for probe, rows in groups.items()]}
+            f"{len(recs)} record(s), "
+            + ", ".join(f"{n} {s}" for s, n in counts.items())
+            + (f"; {what} {figure}" if figure else ""),
+        }
+    return {
+        "backends": backends,
+        "groups": [
+            {
+                "probe": probe,
+                "rows": [
+                    {"dtype": dtype, "setting": setting, "cells": [row.get(b) for b in backends]}
+                    for (dtype, setting), row in rows.items()
+                ],
+            }
+            for probe, rows in groups.items()
+        ],
+    }

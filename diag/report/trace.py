@@ -16,8 +16,11 @@ converter or a framework: the report stays importable anywhere.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
+
+from diag.report.fields import as_mapping, mapping_or_none
 
 __all__ = ["trace_context"]
 
@@ -39,8 +42,11 @@ def _read(folder: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _fingerprint(backends: Mapping[str, Any], backend: str, params: Mapping[str, Any],
-                 ) -> str | None:
+def _fingerprint(
+    backends: Mapping[str, Any],
+    backend: str,
+    params: Mapping[str, Any],
+) -> str | None:
     """The recorded arithmetic of `backend`'s matmul under the case's precision setting."""
     if "precision" not in params:
         return None
@@ -48,17 +54,23 @@ def _fingerprint(backends: Mapping[str, Any], backend: str, params: Mapping[str,
     via = str(params.get("precision_via", "none")) if precision != "default" else "none"
     info = backends.get(backend) if isinstance(backends, Mapping) else None
     for fp in (info or {}).get("fingerprints") or []:
-        if isinstance(fp, Mapping) and fp.get("precision") == precision and \
-                fp.get("via") == via:
+        if isinstance(fp, Mapping) and fp.get("precision") == precision and fp.get("via") == via:
             return str(fp.get("label") or "")
     return None
 
 
 def _ops(ops: Any) -> list[dict[str, Any]]:
-    return [{"name": str(o.get("name", "")), "per_call_us": o.get("per_call_us"),
-             "count": o.get("count"), "dtype": str(o.get("dtype") or "—"),
-             "shape": str(o.get("shape") or "—")}
-            for o in (ops or [])[:_OPS_SHOWN] if isinstance(o, Mapping)]
+    return [
+        {
+            "name": str(o.get("name", "")),
+            "per_call_us": o.get("per_call_us"),
+            "count": o.get("count"),
+            "dtype": str(o.get("dtype") or "—"),
+            "shape": str(o.get("shape") or "—"),
+        }
+        for o in (ops or [])[:_OPS_SHOWN]
+        if isinstance(o, Mapping)
+    ]
 
 
 def _highest(summary: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -66,15 +78,27 @@ def _highest(summary: Mapping[str, Any]) -> dict[str, Any] | None:
     if not isinstance(high, Mapping):
         return None
     base, cost = summary.get("per_call_us"), high.get("per_call_us")
-    ratio = cost / base if isinstance(base, (int, float)) and base > 0 and \
-        isinstance(cost, (int, float)) else None
+    ratio = (
+        cost / base
+        if isinstance(base, (int, float)) and base > 0 and isinstance(cost, (int, float))
+        else None
+    )
     # Each side's calls, min to max: a difference inside both spreads is timing noise.
     base_range, cost_range = _spread(summary), _spread(high)
-    within = None if base_range is None or cost_range is None else \
-        base_range[0] <= cost_range[1] and cost_range[0] <= base_range[1]
-    return {"per_call_us": cost, "ratio": ratio, "error": high.get("summary_error"),
-            "session": high.get("session"), "range_us": cost_range,
-            "base_range_us": base_range, "within_spread": within}
+    within = (
+        None
+        if base_range is None or cost_range is None
+        else base_range[0] <= cost_range[1] and cost_range[0] <= base_range[1]
+    )
+    return {
+        "per_call_us": cost,
+        "ratio": ratio,
+        "error": high.get("summary_error"),
+        "session": high.get("session"),
+        "range_us": cost_range,
+        "base_range_us": base_range,
+        "within_spread": within,
+    }
 
 
 def _spread(summary: Mapping[str, Any]) -> tuple[float, float] | None:
@@ -83,8 +107,9 @@ def _spread(summary: Mapping[str, Any]) -> tuple[float, float] | None:
     return (min(samples), max(samples)) if samples else None
 
 
-def trace_context(run_dir: str | Path, records: Iterable[Mapping[str, Any]],
-                  backends: Mapping[str, Any]) -> dict[str, Any] | None:
+def trace_context(
+    run_dir: str | Path, records: Iterable[Mapping[str, Any]], backends: Mapping[str, Any]
+) -> dict[str, Any] | None:
     """What the Profile section shows, or None for a run without traces.
 
     Args:
@@ -101,37 +126,59 @@ def trace_context(run_dir: str | Path, records: Iterable[Mapping[str, Any]],
     attributions = _read(run_dir / _PASSES)
     if not summaries and not attributions:
         return None
-    by_key = {(r.get("case"), r.get("backend")): r for r in records
-              if r.get("kind", "probe") == "probe"}
-    cases = []
+    by_key = {
+        (r.get("case"), r.get("backend")): r for r in records if r.get("kind", "probe") == "probe"
+    }
+    cases: list[dict[str, Any]] = []
     for i, s in enumerate(summaries):
         rec = by_key.get((s.get("case"), s.get("backend")), {})
-        metrics = rec.get("metrics") if isinstance(rec.get("metrics"), Mapping) else {}
-        params = rec.get("params") if isinstance(rec.get("params"), Mapping) else {}
+        metrics = as_mapping(rec.get("metrics"))
+        params = as_mapping(rec.get("params"))
         status = str(rec.get("status", "—"))
-        cases.append({
-            "i": i, "case": s.get("case"), "case_id": s.get("case_id"),
-            "backend": s.get("backend"), "op": s.get("op"), "status": status,
-            "dtype": rec.get("dtype"), "reason": rec.get("reason"),
-            "bound_ratio": metrics.get("bound_ratio"), "max_ulp": metrics.get("max_ulp"),
-            "max_rel_err": metrics.get("max_rel_err"),
-            "fingerprint": _fingerprint(backends, str(s.get("backend")), params),
-            "precision": params.get("precision"),
-            "per_call_us": s.get("per_call_us"), "converter": s.get("converter"),
-            "ops": _ops(s.get("ops")), "n_ops": s.get("n_ops"),
-            "error": s.get("summary_error"), "session": s.get("session"), "hlo": s.get("hlo"),
-            "highest": _highest(s)})
+        cases.append(
+            {
+                "i": i,
+                "case": s.get("case"),
+                "case_id": s.get("case_id"),
+                "backend": s.get("backend"),
+                "op": s.get("op"),
+                "status": status,
+                "dtype": rec.get("dtype"),
+                "reason": rec.get("reason"),
+                "bound_ratio": metrics.get("bound_ratio"),
+                "max_ulp": metrics.get("max_ulp"),
+                "max_rel_err": metrics.get("max_rel_err"),
+                "fingerprint": _fingerprint(backends, str(s.get("backend")), params),
+                "precision": params.get("precision"),
+                "per_call_us": s.get("per_call_us"),
+                "converter": s.get("converter"),
+                "ops": _ops(s.get("ops")),
+                "n_ops": s.get("n_ops"),
+                "error": s.get("summary_error"),
+                "session": s.get("session"),
+                "hlo": s.get("hlo"),
+                "highest": _highest(s),
+            }
+        )
     cases.sort(key=lambda c: (_RANK.get(c["status"], 5), c["i"]))
     passes = []
     for a in attributions:
-        first = a.get("first_difference") if isinstance(a.get("first_difference"),
-                                                        Mapping) else None
-        passes.append({"pair": a.get("pair"), "case": a.get("case"),
-                       "setting": a.get("setting"), "error": a.get("error"),
-                       "pass": first.get("pass") if first else None,
-                       "module": first.get("module") if first else None,
-                       "opcodes": dict(first.get("opcodes") or {}) if first else {},
-                       "added": list(first.get("added") or []) if first else [],
-                       "removed": list(first.get("removed") or []) if first else []})
-    return {"cases": cases, "passes": passes,
-            "problems": sum(1 for c in cases if c["status"] in ("warn", "fail", "error"))}
+        first = mapping_or_none(a.get("first_difference"))
+        passes.append(
+            {
+                "pair": a.get("pair"),
+                "case": a.get("case"),
+                "setting": a.get("setting"),
+                "error": a.get("error"),
+                "pass": first.get("pass") if first else None,
+                "module": first.get("module") if first else None,
+                "opcodes": dict(first.get("opcodes") or {}) if first else {},
+                "added": list(first.get("added") or []) if first else [],
+                "removed": list(first.get("removed") or []) if first else [],
+            }
+        )
+    return {
+        "cases": cases,
+        "passes": passes,
+        "problems": sum(1 for c in cases if c["status"] in ("warn", "fail", "error")),
+    }
