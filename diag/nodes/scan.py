@@ -12,6 +12,7 @@ import contextlib
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -20,7 +21,7 @@ from diag.nodes import config, store
 from diag.nodes.distributed import JaxRuntime, StdoutToStderr, import_jax, init_distributed
 from diag.nodes.gather import barrier, gather, gather_texts, gather_ulps
 from diag.nodes.inject import Injection, check_injections, detection_table, injection_outcomes
-from diag.nodes.local import Runtime, hex_digests, local_ulps, run_local
+from diag.nodes.local import LocalRun, Runtime, hex_digests, local_ulps, run_local
 from diag.nodes.result import NodeScan, NodeVote
 from diag.nodes.torch_runtime import TorchRuntime, detect_framework
 from diag.nodes.vote import Observations, analyze, references
@@ -58,8 +59,26 @@ def _start(framework: str, host_devices, platform, distributed, coordinator, num
                       distributed)
 
 
+@dataclass
+class _Seen:
+    """What this process knows after the collectives: every device's observations, every
+    process's configuration, the golden store's entry, and its own run."""
+
+    obs: Observations
+    fingerprints: list[dict[str, str]]
+    golden: dict[str, list[str]]
+    gdir: Path
+    gpath: Path
+    keys: dict[str, str]
+    versions: dict[str, str]
+    local: LocalRun
+    run_s: float
+    pid: int
+    nproc: int
+
+
 def _observe(rt: Runtime, workloads: Sequence[Workload], repeats: int, seed: int,
-             injections: Sequence[Injection], golden_dir, use_golden: bool) -> dict[str, Any]:
+             injections: Sequence[Injection], golden_dir, use_golden: bool) -> _Seen:
     """Run, gather digests and configuration fingerprints, and measure ULPs (collectives:
     every process calls this with the same arguments)."""
     check_injections(injections, rt.all_devices())
@@ -86,9 +105,8 @@ def _observe(rt: Runtime, workloads: Sequence[Workload], repeats: int, seed: int
     ulps = gather_ulps(rt, local_ulps(local, ref), got)
     obs = Observations(got.devices, names, digests, got.nan, got.inf, got.times, got.injected,
                        ulps)
-    return {"obs": obs, "fingerprints": fingerprints, "golden": golden, "gdir": gdir,
-            "gpath": gpath, "keys": keys, "versions": versions, "local": local,
-            "run_s": run_s, "pid": rt.process_index, "nproc": rt.process_count}
+    return _Seen(obs, fingerprints, golden, gdir, gpath, keys, versions, local, run_s,
+                 rt.process_index, rt.process_count)
 
 
 def _selftest(vote: NodeVote, injections, repeats, names, slow_factor):
@@ -100,20 +118,22 @@ def _selftest(vote: NodeVote, injections, repeats, names, slow_factor):
     return {"verdict": "missed" if missed else "found", "injections": outcomes}
 
 
-def _golden_info(seen: dict, vote: NodeVote, save_golden: bool, notes: list,
-                 framework: str) -> dict[str, Any]:
-    info: dict[str, Any] = {"path": str(seen["gpath"]), "compared": sorted(seen["golden"]),
+def _golden_info(seen: _Seen, vote: NodeVote, misconfigured: list, save_golden: bool,
+                 notes: list, framework: str) -> dict[str, Any]:
+    info: dict[str, Any] = {"path": str(seen.gpath), "compared": sorted(seen.golden),
                             "saved": 0}
     if not save_golden:
         return info
     if vote.suspects:
         notes.append("golden not saved: the scan found suspects")
-    elif seen["pid"] == 0:
-        dev = seen["obs"].devices[0]
-        store.mark_cache_folder(seen["gdir"])
-        info["saved"] = store.save_golden(seen["gpath"], seen["keys"], seen["obs"].digests, {
+    elif misconfigured:
+        notes.append("golden not saved: the processes' configurations differ")
+    elif seen.pid == 0:
+        dev = seen.obs.devices[0]
+        store.mark_cache_folder(seen.gdir)
+        info["saved"] = store.save_golden(seen.gpath, seen.keys, seen.obs.digests, {
             "platform": dev["platform"], "device_kind": dev["kind"], "framework": framework,
-            **seen["versions"], "host": dev["host"], "devices": len(seen["obs"].devices)})
+            **seen.versions, "host": dev["host"], "devices": len(seen.obs.devices)})
     return info
 
 
@@ -212,13 +232,12 @@ def _quiet(distributed: bool):
     return StdoutToStderr() if distributed else contextlib.nullcontext()
 
 
-def _result(seen: dict, workloads, framework, repeats, seed, injections, save_golden,
+def _result(seen: _Seen, workloads, framework, repeats, seed, injections, save_golden,
             slow_factor, fail_on_slow, t_start) -> NodeScan:
     """The vote, the configuration comparison and the self-test, as one `NodeScan`."""
     names = [w.name for w in workloads]
-    vote = analyze(seen["obs"], seen["golden"], slow_factor=slow_factor,
-                   fail_on_slow=fail_on_slow)
-    misconfigured, summary, config_notes = config.judge(vote, seen["fingerprints"])
+    vote = analyze(seen.obs, seen.golden, slow_factor=slow_factor, fail_on_slow=fail_on_slow)
+    misconfigured, summary, config_notes = config.judge(vote, seen.fingerprints)
     exit_code, notes = vote.exit_code, list(vote.notes) + config_notes
     verdict = vote.verdict
     if misconfigured:
@@ -227,16 +246,15 @@ def _result(seen: dict, workloads, framework, repeats, seed, injections, save_go
     if selftest and selftest["verdict"] == "missed" and exit_code == 0:
         # A self-test that did not see its own fault must not read as a clean fleet.
         exit_code = EXIT_SELFTEST_MISSED
-    local, obs = seen["local"], seen["obs"]
-    run_s = seen["run_s"]
+    local, obs, run_s = seen.local, seen.obs, seen.run_s
     return NodeScan(
-        process_index=seen["pid"], num_processes=seen["nproc"],
+        process_index=seen.pid, num_processes=seen.nproc,
         platform=obs.devices[0]["platform"], device_kind=obs.devices[0]["kind"],
-        versions=seen["versions"], repeats=repeats, seed=seed,
+        versions=seen.versions, repeats=repeats, seed=seed,
         inputs_per_workload=INPUTS_PER_WORKLOAD,
         workloads=[{"name": w.name, "shape": list(w.shape), "dtype": w.dtype,
                     "key": w.key(seed)} for w in workloads],
-        golden=_golden_info(seen, vote, save_golden, notes, framework),
+        golden=_golden_info(seen, vote, misconfigured, save_golden, notes, framework),
         injections=[{"kind": i.kind, "rate": i.rate, "device": i.device,
                      "process": i.process, "seed": i.seed, "text": i.describe()}
                     for i in injections],

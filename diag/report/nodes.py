@@ -78,9 +78,9 @@ def report_context(nodes: Mapping[str, Any]) -> dict[str, Any]:
         # the processes whose configuration differs (apart from the hardware suspects).
         "notes": [o.get("text", "") for o in (nodes.get("selftest") or {}).get("injections", [])]
         + [
-            f"process {m.get('process_index')} ({m.get('host')}) misconfigured: "
-            f"{m.get('reason', '')}"
-            for m in nodes.get("misconfigured") or []
+            f"process {proc.get('process_index')} ({proc.get('host')}) misconfigured: "
+            f"{proc.get('reason', '')}"
+            for proc in nodes.get("misconfigured") or []
         ]
         + list(nodes.get("notes", [])),
         "injections": [i.get("text", "") for i in nodes.get("injections", [])],
