@@ -105,12 +105,17 @@ REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 
 def diag_script() -> str:
-    """The installed `diag` console script: what a user's shell runs."""
+    """The installed `diag` console script: what a user's shell runs.
+
+    The one beside the interpreter running the tests comes first: a venv's python run without
+    activating the venv must not start another installation's `diag` found on PATH.
+    """
     import shutil
     import sys
     from pathlib import Path
 
-    found = shutil.which("diag") or str(Path(sys.executable).with_name("diag"))
+    beside = Path(sys.executable).with_name("diag")
+    found = str(beside) if beside.exists() else shutil.which("diag") or str(beside)
     assert Path(found).exists(), "the `diag` console script is not installed (pip install -e .)"
     return found
 
