@@ -17,8 +17,6 @@ changes in the compiled function is not seen (`diag run` compares settings for t
 
 from __future__ import annotations
 
-import os
-import re
 from typing import Any, Callable
 
 import numpy as np
