@@ -37,6 +37,7 @@ mul ne eq lt le gt ge neg nextafter pow rem round rsqrt select_n sign sin sinh s
 tan tanh not and or xor add_any
 """.split())
 _MIN_BUCKET = 256
+CACHE_MAX_BYTES = 256 * 2**20  # the persistent cache folder's bound
 
 
 def bind_params(e) -> tuple[tuple, dict]:
@@ -171,15 +172,20 @@ def persistent_cache(folder: Path | None = None) -> Iterator[None]:
     except OSError:  # a read-only home: compile without the cache
         yield
         return
-    before = jax.config.jax_persistent_cache_min_compile_time_secs
+    before = (jax.config.jax_persistent_cache_min_compile_time_secs,
+              jax.config.jax_compilation_cache_max_size)
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    # JAX evicts the least recently used programs past this size (a program of one equation
+    # is a few KiB: ~170 files, 0.7 MB, for a Flax/optax step).
+    jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
     _reset()
     try:
         yield
     finally:
         jax.config.update("jax_compilation_cache_dir", None)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[0])
+        jax.config.update("jax_compilation_cache_max_size", before[1])
         _reset()
 
 
