@@ -7,7 +7,12 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from diag.render import _num
+from diag import numerics
+
+
+def _num(x: Any) -> str:
+    """A figure as the render package shows one (`numerics.fmt`, not compacted)."""
+    return "—" if isinstance(x, bool) else numerics.fmt(x, compact=False)
 
 
 def _curve(values: list[float], first: int | None, width: int = 64,
