@@ -192,3 +192,75 @@ def test_programs_are_kept_in_the_persistent_cache_under_diags_folder(tmp_path):
     second = run_diag("nan", f"{path}:case", "--json", env=env)
     assert json.loads(second.stdout)["report"] == json.loads(first.stdout)["report"]
     assert json.loads(first.stdout)["report"]["primitive"] == "log"
+
+
+CLI_TARGETS = '''
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+
+def loss(p, x):
+    return jnp.mean(jnp.sqrt(x @ p["w"]))
+
+
+tx = optax.adam(1e-2)
+
+
+def train_step(p, s, x):
+    value, g = jax.value_and_grad(loss)(p, x)
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s, value
+
+
+def donated():
+    p = {"w": jnp.array([[1.0], [-3.0]])}
+    x = jnp.ones((4, 2))
+    return jax.jit(train_step, donate_argnums=(0, 1)), (p, tx.init(p), x)
+
+
+class Net(nnx.Module):
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(8, 8, rngs=rngs, dtype=jnp.float16, param_dtype=jnp.float16)
+        self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, x):
+        return self.drop(self.l1(x))
+
+
+net = Net(nnx.Rngs(0, dropout=1))
+net.l1.kernel[...] = jnp.full((8, 8), 10.0, jnp.float16)
+
+
+def forward(x):
+    return net(x)
+
+
+def eager_nnx():
+    return forward, (jnp.full((4, 8), 3000.0, jnp.float16),)
+'''
+
+
+@pytest.mark.parametrize("target, primitive, kind", [("donated", "sqrt", "NaN"),
+                                                     ("eager_nnx", None, "Inf")])
+def test_cli_answers_donated_and_eager_nnx_steps(tmp_path, target, primitive, kind):
+    path = tmp_path / "steps.py"
+    path.write_text(CLI_TARGETS)
+    proc = run_diag("nan", f"{path}:{target}", "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)["report"]
+    assert report["kind"] == kind and report["framework"] == "jax"
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"steps_ref_{target}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    fn, args = getattr(mod, target)()
+    if primitive is None:  # the reference: JAX's own op-by-op mode on the same module
+        with jax.disable_jit(), jax.debug_infs(True), pytest.raises(FloatingPointError) as err:
+            fn(*args)
+        primitive = re.search(r"encountered in (\w+)", str(err.value))[1]
+    else:  # the reference walker on the undonated step
+        assert reference(mod.train_step, *args)[0] == primitive
+    assert report["primitive"] == primitive

@@ -263,3 +263,46 @@ def test_cli_finds_nan_written_into_gradients(tmp_path):
     proc = run_diag("nan", f"{path}:case")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "backward" in proc.stdout and "SqrtBackward0" in proc.stdout
+
+
+GPT2_FILE = '''
+import torch
+import transformers
+
+torch.manual_seed(0)
+cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=128, n_positions=32,
+                              attn_implementation="eager")
+model = transformers.GPT2LMHeadModel(cfg).half().eval()
+with torch.no_grad():
+    model.transformer.h[1].attn.c_attn.weight.mul_(1000.0)
+
+
+def forward(ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def case():
+    return forward, (torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(1)),)
+'''
+
+
+def test_cli_names_gpt2s_attention_matmul(tmp_path):
+    import json
+
+    path = tmp_path / "gpt2_case.py"
+    path.write_text(GPT2_FILE)
+    model = gpt2(scale=1000.0)
+    ids = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(1))
+
+    def forward(i):
+        with torch.no_grad():
+            return model(i).logits
+
+    (want_op, frames), _ = reference(forward, ids)
+    lib = frame_in(frames, "modeling_gpt2.py")
+    proc = run_diag("nan", f"{path}:case", "--json", env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)["report"]
+    assert report["primitive"] == op_name(want_op)
+    assert report["library"].startswith(f"modeling_gpt2.py:{lib.lineno} ")
