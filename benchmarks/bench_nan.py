@@ -17,7 +17,15 @@ clean and with a NaN planted in the optimizer update (eps=0 and a token never se
 and locate/step (PyTorch target <= 3x). The planted steps are rebuilt (fresh parameters) for
 every sample, outside the timed region, so every timed call starts from the same state.
 
-Usage: python benchmarks/bench_nan.py [--repeats N] [--only transformer]
+Fresh processes (`--fresh`), what a user waits for: `diag nan` on a real Flax linen + optax
+Adam step (eps=0 and a token never seen: 0/0 in the update), from process start to verdict,
+next to a fresh process that runs the same step under `jax_debug_nans` until it raises (target:
+diag <= 2x); diag once with an empty compilation cache and once with the programs a previous
+hunt kept (JAX's persistent cache under $DIAG_CACHE_DIR/jax-ops). And the torch case: an RMSE
+distillation step at loss 0 (NaN in every gradient), `diag nan` vs a fresh process under
+`torch.autograd.detect_anomaly` until it raises.
+
+Usage: python benchmarks/bench_nan.py [--repeats N] [--only transformer] [--fresh]
 """
 
 from __future__ import annotations
@@ -293,11 +301,142 @@ def bench_transformer(repeats):
         print(f"  locate / step = {med['locate'] / med['step']:.2f}x{target}")
 
 
+def flax_optax_case():
+    """A Flax linen MLP over an embedding, optax Adam with eps=0, one jitted step; token 99 is
+    never seen, so its embedding row's update is 0/0. For `diag nan FILE:flax_optax_case`."""
+    import flax.linen as nn
+    import optax
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, tok):
+            x = nn.Embed(100, 32)(tok).mean(axis=1)
+            for width in (128, 128, 128, 128):
+                x = nn.LayerNorm()(nn.relu(nn.Dense(width)(x)))
+            return nn.Dense(10)(x)
+
+    model, tx = MLP(), optax.adam(1e-3, eps=0.0)
+
+    def loss_fn(params, tok, y):
+        logits = model.apply(params, tok)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    @jax.jit
+    def train_step(params, opt_state, tok, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tok, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    tok = jax.random.randint(jax.random.key(0), (64, 8), 0, 99)
+    y = jax.random.randint(jax.random.key(1), (64,), 0, 10)
+    params = model.init(jax.random.key(2), tok)
+    return train_step, (params, tx.init(params), tok, y)
+
+
+def torch_rmse_case():
+    """An MLP student equal to its teacher, loss sqrt(mse) = 0: backward writes NaN/Inf into
+    every gradient. For `diag nan FILE:torch_rmse_case`."""
+    import torch
+
+    torch.manual_seed(0)
+    student = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256),
+                                                        torch.nn.Tanh()) for _ in range(8)])
+    teacher = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256),
+                                                        torch.nn.Tanh()) for _ in range(8)])
+    teacher.load_state_dict(student.state_dict())
+    x = torch.randn(128, 256)
+
+    def step():
+        with torch.no_grad():
+            target = teacher(x)
+        loss = torch.sqrt(torch.nn.functional.mse_loss(student(x), target))
+        loss.backward()
+        return loss.detach()
+
+    return step, ()
+
+
+def _child(which: str) -> None:
+    """A fresh process's run of a case under the framework's own tool, until it raises."""
+    if which == "debug_nans":
+        step, args = flax_optax_case()
+        jax.config.update("jax_debug_nans", True)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                jax.block_until_ready(step(*args))
+        except FloatingPointError as e:
+            print(f"raised: {str(e).splitlines()[0][:90]}")
+    else:
+        import torch
+
+        step, args = torch_rmse_case()
+        try:
+            with torch.autograd.detect_anomaly(), contextlib.redirect_stderr(io.StringIO()):
+                step(*args)
+        except RuntimeError as e:
+            print(f"raised: {str(e).splitlines()[0][:90]}")
+
+
+def bench_fresh(repeats: int) -> None:
+    """Wall time from process start to verdict: diag nan vs the framework's own tool."""
+    import os
+    import subprocess
+    import tempfile
+
+    here = Path(__file__).resolve()
+    diag_cli = str(Path(sys.executable).parent / "diag")
+    cache = tempfile.mkdtemp(prefix="diag-bench-cache-")
+
+    def run(argv, env=None):
+        t0 = time.perf_counter()
+        p = subprocess.run(argv, capture_output=True, text=True,
+                           env={**os.environ, **(env or {})})
+        took = time.perf_counter() - t0
+        return took, (p.stdout.strip().splitlines() or [p.stderr.strip()[-200:]])[-1]
+
+    def fresh_cache():
+        import shutil
+
+        shutil.rmtree(Path(cache) / "jax-ops", ignore_errors=True)
+        return {"DIAG_CACHE_DIR": cache}
+
+    variants = {
+        "diag nan, cache empty": lambda: run([diag_cli, "nan", f"{here}:flax_optax_case"],
+                                             fresh_cache()),
+        "diag nan, cache kept": lambda: run([diag_cli, "nan", f"{here}:flax_optax_case"],
+                                            {"DIAG_CACHE_DIR": cache}),
+        "jax_debug_nans": lambda: run([sys.executable, str(here), "--child", "debug_nans"]),
+        "diag nan, torch": lambda: run([diag_cli, "nan", f"{here}:torch_rmse_case"]),
+        "detect_anomaly": lambda: run([sys.executable, str(here), "--child", "anomaly"]),
+    }
+    samples: dict = {k: [] for k in variants}
+    said = {}
+    for _ in range(repeats):
+        for k, f in variants.items():
+            took, said[k] = f()
+            samples[k].append(took)
+    print("fresh processes, start to verdict (wall time; raw samples in s):")
+    med = {}
+    for k, s in samples.items():
+        med[k], text = describe(s)
+        print(f"  {k:22s} {text}  raw {[round(x, 2) for x in s]}\n    -> {said[k][:150]}")
+    for k in ("diag nan, cache empty", "diag nan, cache kept"):
+        print(f"  {k} / jax_debug_nans = {med[k] / med['jax_debug_nans']:.2f}x (target <= 2x)")
+    print(f"  diag nan, torch / detect_anomaly = "
+          f"{med['diag nan, torch'] / med['detect_anomaly']:.2f}x")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--only", choices=["transformer"], default=None)
+    ap.add_argument("--fresh", action="store_true", help="only the fresh-process comparison")
+    ap.add_argument("--child", choices=["debug_nans", "anomaly"], help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.child:
+        return _child(a.child)
+    if a.fresh:
+        return bench_fresh(a.repeats)
     print(f"jax {jax.__version__} on {jax.default_backend()}")
     bench_transformer(a.repeats)
     if a.only:

@@ -104,8 +104,12 @@ def test_taps_repeat_names_and_the_name_map_pairs_them():
     rep = diag.diverge.compare(a, b, name_map={"y": "x"})
     assert [t.name for t in rep.taps] == ["x", "x#1", "x#2"]
     assert rep.first.name == "x#2" and rep.first.max_rel == pytest.approx(0.5 / 2.5)
-    rep = diag.diverge.compare(a, b)
-    assert rep.first is None and rep.only_a == ("x", "x#1", "x#2")
+    # Without the map nothing is shared: no verdict can be given (exit 2 from the CLI), and
+    # the error names what each side tapped.
+    with pytest.raises(diag.diverge.NothingCompared, match=r"run A: x, x#1, x#2; run B: y, "
+                                                           r"y#1, y#2") as err:
+        diag.diverge.compare(a, b)
+    assert err.value.exit_code == 2
 
 
 def test_tap_is_an_identity_outside_compare():

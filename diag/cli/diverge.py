@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import List
+from typing import List, Optional
 
 import typer
 
@@ -19,22 +19,28 @@ def diverge_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
     modules: bool = typer.Option(False, "--modules", help="Compare: also tap every torch "
                                  "nn.Module and flax linen module output by its path."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=0.1, help="Seconds the "
+                                            "targets may run; past them diag stops with "
+                                            "exit 4."),
 ) -> None:
-    """Name the first divergent op or tap (exit 1 if one is found, 0 if none, 2 bad usage)."""
+    """Name the first divergent op or tap (exit 1 if one is found, 0 if none, 2 bad usage or
+    nothing to compare, 4 the target raised or ran past --timeout)."""
     from diag import diverge, nan, render
     from diag.flags import validate_xla_flags
+    from diag.interp.guard import user_code
 
     if len(targets) > 2:
         raise UsageError(f"diag diverge takes one target (shadow) or two (compare), got "
                          f"{len(targets)}; see 'diag diverge --help'")
     validate_xla_flags()  # before a target imports jax: a bad flag would abort it (exit 2)
-    loaded = [nan.load_target(t) for t in targets]
-    if len(loaded) == 1:
-        fn, args, kwargs = loaded[0]
-        report = diverge.shadow(fn, *args, **kwargs)
-    else:
-        runs = [(lambda f=f, a=a, k=k: f(*a, **k)) for f, a, k in loaded]
-        report = diverge.compare(runs[0], runs[1], modules=modules)
+    with user_code(" ".join(targets), diverge.DivergeError, timeout):
+        loaded = [nan.load_target(t) for t in targets]
+        if len(loaded) == 1:
+            fn, args, kwargs = loaded[0]
+            report = diverge.shadow(fn, *args, **kwargs)
+        else:
+            runs = [(lambda f=f, a=a, k=k: f(*a, **k)) for f, a, k in loaded]
+            report = diverge.compare(runs[0], runs[1], modules=modules)
     if as_json:
         render.out.print_json(json.dumps({"targets": list(targets),
                                           "found": report.first is not None,

@@ -16,14 +16,19 @@ def nan_cmd(
     target: str = typer.Argument(..., help="FILE.py:FUNCTION; FUNCTION returns (fn, args) to "
                                            "hunt, or is hunted itself with no arguments."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=0.1, help="Seconds the "
+                                            "target may run (loading and hunt); past them "
+                                            "diag stops with exit 4."),
 ) -> None:
     """Find the op that first produced a NaN/Inf reaching FUNCTION's results (exit 1 if any)."""
     from diag import nan, render
     from diag.flags import validate_xla_flags
+    from diag.interp.guard import user_code
 
     validate_xla_flags()  # before the target imports jax: a bad flag would abort it (exit 2)
-    fn, args, kwargs = nan.load_target(target)
-    report = nan.hunt(fn, args, kwargs)
+    with user_code(target, nan.NanHuntError, timeout):
+        fn, args, kwargs = nan.load_target(target)
+        report = nan.hunt(fn, args, kwargs)
     if as_json:
         render.out.print_json(json.dumps({
             "target": target, "found": report is not None, "reason": nan.reason(report),

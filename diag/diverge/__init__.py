@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from diag.diverge.records import (CompareReport, DivergeError, OpRecord, ShadowReport,
-                                  TapRecord)
+from diag.diverge.records import (CompareReport, DivergeError, NothingCompared, OpRecord,
+                                  ShadowReport, TapRecord)
 from diag.interp import framework_of
 
-__all__ = ["CompareReport", "DivergeError", "OpRecord", "ShadowReport", "TapRecord", "compare",
-           "shadow", "tap"]
+__all__ = ["CompareReport", "DivergeError", "NothingCompared", "OpRecord", "ShadowReport",
+           "TapRecord", "compare", "shadow", "tap"]
 
 
 def shadow(fn: Callable, *args: Any, **kwargs: Any) -> ShadowReport:
@@ -82,6 +82,8 @@ def compare(run_a: Callable[[], Any], run_b: Callable[[], Any], *, modules: bool
 
     Raises:
         DivergeError: a run raised.
+        NothingCompared: the runs share no tap name (or one tapped nothing): the message
+            names what each tapped.
     """
     from diag.diverge import compare_runs
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from diag.diverge.records import CompareReport, DivergeError, TapRecord
+from diag.diverge.records import CompareReport, DivergeError, NothingCompared, TapRecord
 from diag.diverge.rules import absdiff
 from diag.diverge.taps import recording
 from diag.tolerance import diverge_tap_allowance
@@ -75,6 +75,19 @@ def _figures(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     return rel(dmax, top), rel(dmean, mean)
 
 
+def _nothing_shared(taps_a: dict, taps_b: dict, shown: int = 8) -> str:
+    """The names each run tapped, when they share none (or one run tapped nothing)."""
+
+    def names(taps: dict) -> str:
+        got = list(taps)
+        more = f", ... ({len(got) - shown} more)" if len(got) > shown else ""
+        return ", ".join(got[:shown]) + more if got else "no taps"
+
+    return (f"nothing to compare: the two runs share no tap name (run A: {names(taps_a)}; "
+            f"run B: {names(taps_b)}); tap the same names with diag.tap (or --modules, "
+            f"with a name map for another framework's module paths)")
+
+
 def compare(run_a: Callable[[], Any], run_b: Callable[[], Any], *, modules: bool = False,
             name_map: dict[str, str] | Callable[[str], str | None] | None = None
             ) -> CompareReport:
@@ -109,6 +122,8 @@ def compare(run_a: Callable[[], Any], run_b: Callable[[], Any], *, modules: bool
         records.append(TapRecord(name=name, index=len(records), dtype=dtype_a,
                                  shape=tuple(shape_a), max_rel=max_rel, mean_rel=mean_rel,
                                  allowed=allowed, ratio=ratio, note=note))
+    if not records:
+        raise NothingCompared(_nothing_shared(taps_a, taps_b))
     first = next((r for r in records if r.beyond), None)
     return CompareReport(first=first, taps=tuple(records),
                          only_a=tuple(n for n in taps_a if n not in taps_b),

@@ -17,8 +17,6 @@ changes in the compiled function is not seen (`diag run` compares settings for t
 
 from __future__ import annotations
 
-import os
-import re
 from typing import Any, Callable
 
 import numpy as np
@@ -31,7 +29,8 @@ from diag.diverge.records import DivergeError, ShadowReport
 from diag.diverge.rules import release_scratch
 from diag.interp.jax_program import Program
 from diag.interp.jax_source import where as source_and_library
-from diag.interp.jaxpr import Evaluator, Value, bind, bind_params, is_inexact
+from diag.interp.jax_compile import bind, bind_params
+from diag.interp.jaxpr import Evaluator, Value, is_inexact
 from diag.tolerance import diverge_carried_threshold
 
 _F64 = np.dtype(np.float64)

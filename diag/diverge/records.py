@@ -5,13 +5,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from diag.errors import EXIT_WORKER_CRASH, DiagError
+from diag.errors import EXIT_USAGE, EXIT_WORKER_CRASH, DiagError
 
 
 class DivergeError(DiagError):
     """The function could not be run op by op: it raised, or could not be traced."""
 
     exit_code = EXIT_WORKER_CRASH
+
+
+class NothingCompared(DivergeError):
+    """`compare`'s two runs tapped no name in common: no verdict can be given (bad input)."""
+
+    exit_code = EXIT_USAGE
 
 
 @dataclasses.dataclass(frozen=True)

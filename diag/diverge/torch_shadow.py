@@ -182,6 +182,7 @@ class _Mode(OpMode):
                 else None, _host(s), dtype, carried_in, thr, where, path, phase,
                 facts=facts, terms=terms, longest=int(longest))
             self._keep(y, s, err, thr)
+        self.observe(func, ins, lows)  # each tensor's float64 shadow: `shadow_of`
         return out
 
     def _plain(self, func, args, kwargs, ran: Any = None):

@@ -27,7 +27,8 @@ from typing import Any, Callable
 
 from diag.errors import DiagError
 
-__all__ = ["InterpError", "framework_of", "leaves"]
+__all__ = ["InterpError", "framework_of", "leaves", "modules_seen", "names_framework",
+           "values_framework"]
 
 
 class InterpError(DiagError):
@@ -47,12 +48,17 @@ def leaves(tree: Any):
 
 
 def framework_of(fn: Callable, args: tuple, kwargs: dict) -> str:
-    """Which framework `fn` computes with (``jax`` or ``torch``), from the values it handles.
+    """Which framework `fn` computes with (``jax`` or ``torch``), as well as it can be told
+    without running it: `values_framework`, else `names_framework`, else what is imported."""
+    got = values_framework(fn, args, kwargs) or names_framework(fn)
+    if got is not None:
+        return got
+    return "torch" if "torch" in sys.modules and "jax" not in sys.modules else "jax"
 
-    The arguments decide first (a torch tensor or module, a JAX array); then the modules,
-    modules' objects and closure values its code names (a module that imports ``jax.numpy``
-    but whose function only names ``torch`` computes with torch); last, what is imported.
-    """
+
+def values_framework(fn: Callable, args: tuple, kwargs: dict) -> str | None:
+    """``torch`` or ``jax`` when the values the function is given (or the module it is)
+    belong to one framework; None when they say nothing (no tensor, no array)."""
     torch = sys.modules.get("torch")
     got = list(leaves((args, kwargs)))
     if torch is not None:
@@ -63,14 +69,15 @@ def framework_of(fn: Callable, args: tuple, kwargs: dict) -> str:
     jax = sys.modules.get("jax")
     if jax is not None and any(isinstance(x, jax.Array) for x in got):
         return "jax"
+    return None
+
+
+def names_framework(fn: Callable) -> str | None:
+    """The one framework the function's code names (`modules_seen`); None for both or none
+    (a module that imports ``jax.numpy`` while its function imports torch inside says
+    nothing: only running it does)."""
     seen = modules_seen(fn)
-    if "torch" in seen and "jax" not in seen:
-        return "torch"
-    if "jax" in seen:
-        return "jax"
-    if torch is not None and jax is None:
-        return "torch"
-    return "jax"
+    return next(iter(seen)) if len(seen) == 1 else None
 
 
 _JAX_FAMILY = ("jax", "jaxlib", "flax", "optax", "equinox")

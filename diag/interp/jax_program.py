@@ -6,6 +6,7 @@ the hunt runs so the hunt starts from what the user's call started from.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from typing import Any, Callable
@@ -38,7 +39,9 @@ class Program:
     def __init__(self, fn: Callable, args: tuple, kwargs: dict):
         self.fn, self.args, self.kwargs = fn, args, kwargs
         nnx = sys.modules.get("flax.nnx")
-        self.nnx = nnx if nnx is not None and _holds_nnx(nnx, fn, args, kwargs) else None
+        self._refs = _referenced_nodes(nnx, fn) if nnx is not None else []
+        self.nnx = (nnx if nnx is not None and (self._refs or _holds_nnx(nnx, fn, args, kwargs))
+                    else None)
         if self.nnx is None:
             leaves, self._treedef = jax.tree_util.tree_flatten((args, kwargs))
             self._leaves = leaves
@@ -53,7 +56,7 @@ class Program:
         if self_obj is not None and not nnx.graph.is_graph_node(self_obj):
             self_obj = None
         self._method = None if self_obj is None or self_obj is fn else fn.__func__
-        self._obj = (self_obj, args, kwargs)
+        self._obj = (self_obj, args, kwargs, tuple(node for _, _, node in self._refs))
         self._graph, state = nnx.split(self._obj)
         flat_state = jax.tree_util.tree_flatten_with_path(state)
         self._state_def = jax.tree_util.tree_structure(state)
@@ -63,6 +66,9 @@ class Program:
         var_state = jax.tree_util.tree_flatten_with_path(nnx.state(self._obj, nnx.Variable))
         self._var_def = jax.tree_util.tree_structure(nnx.state(self._obj, nnx.Variable))
         self.state_names = [_state_name(jax.tree_util.keystr(p)) for p, _ in var_state[0]]
+        ref_names = [name for _, name, _ in self._refs]
+        self.names = [_ref_name(n, ref_names) for n in self.names]
+        self.state_names = [_ref_name(n, ref_names) for n in self.state_names]
 
     def flat(self, *arrays):
         if self.nnx is None:
@@ -74,13 +80,16 @@ class Program:
         nnx = self.nnx
         state = jax.tree_util.tree_unflatten(self._state_def, list(arrays))
         obj = nnx.merge(self._graph, state)
-        self_obj, a, k = obj
-        if self._method is not None:
-            out = self._method(self_obj, *a, **k)
-        elif self_obj is not None:
-            out = self_obj(*a, **k)
-        else:
-            out = self.fn(*a, **k)
+        self_obj, a, k, refs = obj
+        # The modules the function names (a global, a closure cell) are swapped for their
+        # fresh copies for the call: NNX forbids writing the originals from inside a trace.
+        with _swapped(self._refs, refs):
+            if self._method is not None:
+                out = self._method(self_obj, *a, **k)
+            elif self_obj is not None:
+                out = self_obj(*a, **k)
+            else:
+                out = self.fn(*a, **k)
         return out, jax.tree_util.tree_leaves(nnx.state(obj, nnx.Variable))
 
     def write_back(self, new_state: list) -> None:
@@ -88,6 +97,58 @@ class Program:
         if self.nnx is None or len(new_state) != self._var_def.num_leaves:
             return
         self.nnx.update(self._obj, jax.tree_util.tree_unflatten(self._var_def, new_state))
+
+
+def _referenced_nodes(nnx, fn: Callable) -> list[tuple[Any, str, Any]]:
+    """(holder, name, node) for each NNX module or Variable the function's code names: a
+    global (holder: the globals dict) or a closure cell (holder: the cell)."""
+    fn = getattr(fn, "__wrapped__", fn)
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+
+    def is_node(x):
+        return nnx.graph.is_graph_node(x) or isinstance(x, nnx.Variable)
+
+    found = []
+    glob = getattr(fn, "__globals__", {})
+    for name in code.co_names:
+        if name in glob and is_node(glob[name]):
+            found.append((glob, name, glob[name]))
+    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if is_node(value):
+            found.append((cell, name, value))
+    return found
+
+
+@contextlib.contextmanager
+def _swapped(refs: list, copies: tuple):
+    """Point each global or closure cell in `refs` at its copy for the duration."""
+
+    def put(holder, name, value):
+        if isinstance(holder, dict):
+            holder[name] = value
+        else:
+            holder.cell_contents = value
+
+    for (holder, name, _), copy in zip(refs, copies):
+        put(holder, name, copy)
+    try:
+        yield
+    finally:
+        for holder, name, node in refs:
+            put(holder, name, node)
+
+
+def _ref_name(name: str, ref_names: list[str]) -> str:
+    """``global[0].l.kernel`` -> ``model.l.kernel`` (the name the function uses)."""
+    m = re.match(r"global\[(\d+)\]", name)
+    return f"{ref_names[int(m[1])]}{name[m.end():]}" if m else name
 
 
 def _holds_nnx(nnx, fn, args, kwargs) -> bool:
@@ -119,4 +180,6 @@ def _state_name(keystr: str) -> str:
         return f"args{keystr[3:]}"
     if keystr.startswith("[2]"):
         return f"kwargs{keystr[3:]}"
+    if keystr.startswith("[3]"):
+        return f"global{keystr[3:]}"
     return keystr

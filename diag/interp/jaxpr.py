@@ -8,14 +8,12 @@ tells the equations that exist only for a gradient (backward) from the primal on
 first-order equation, and `observe(e, ins, outs, path, backward)` is called with every
 first-order equation's inputs and outputs after it ran (the policy callback).
 
-Each distinct equation (primitive, parameters, input shapes and dtypes) is compiled once and the
-executable reused (`bind`): a training step's layers repeat the same few signatures, and JAX's
-own op-by-op dispatch would compile one program per call site.
+Equations run through `diag.interp.jax_compile.bind`: one compiled program per signature,
+reused across equations and kept in JAX's persistent compilation cache.
 """
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -23,6 +21,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from diag.interp.jax_compile import bind
 from diag.interp.jax_source import Literal, name_stack
 
 
@@ -183,9 +182,13 @@ class Evaluator:
                 env[v] = o
         return [read(v) for v in jaxpr.outvars]
 
+    #: Run elementwise equations on flat, padded copies (`jax_compile.bind`): fewer
+    #: programs to compile; a policy that measures errors bit for bit may turn it off.
+    bucket = True
+
     def apply(self, e, ins: list[Value], path: str, backward: bool) -> list[Value]:
         """Bind one first-order equation on concrete values; hand it to `observe`."""
-        outs = [self.wrap(v) for v in bind(e, [i.val for i in ins])]
+        outs = [self.wrap(v) for v in bind(e, [i.val for i in ins], bucket=self.bucket)]
         self.observe(e, ins, outs, path, backward)
         return outs
 
@@ -193,60 +196,6 @@ class Evaluator:
         """The policy callback: one equation's inputs and outputs, after it ran. `path` is
         where it sits (``jit[step]/scan[3]``), `backward` whether it exists for a gradient;
         `self.outer` holds the enclosing higher-order equations. Does nothing here."""
-
-
-_COMPILED: dict = {}  # (primitive, parameters) -> jitted bind, or _DIRECT
-
-
-def bind_params(e) -> tuple[tuple, dict]:
-    """(sub-functions, parameters) to bind equation `e`'s primitive with."""
-    try:
-        params = e.primitive.get_bind_params(e.params)
-    except AttributeError:  # pragma: no cover - older JAX
-        params = e.params
-    if isinstance(params, tuple):  # (subfuns, params) in some JAX versions
-        return tuple(params[0]), params[1]
-    return (), params
-
-
-def bind(e, vals: list, params: dict | None = None) -> list:
-    """Run one first-order equation on concrete values; its outputs as a list.
-
-    The equation is compiled once per primitive and parameters (`jax.jit` then keys its own
-    cache by the inputs' shapes and dtypes) and the executable is reused by every later
-    equation of the same signature; parameters that cannot be hashed bind directly. `params`
-    replaces the equation's own (``diag.diverge`` widens their dtypes to float64).
-    """
-    subfuns, own = bind_params(e)
-    params = own if params is None else params
-    prim = e.primitive
-    key = None
-    if not subfuns:
-        try:
-            key = (prim, tuple(sorted(params.items())))
-            hash(key)
-        except TypeError:  # an unhashable parameter
-            key = None
-    fn = _COMPILED.get(key) if key is not None else _DIRECT
-    if fn is not _DIRECT:
-        try:
-            if fn is None:
-                fn = _COMPILED[key] = jax.jit(partial(_bind_one, prim, params))
-            out = fn(*vals)
-        except Exception:  # noqa: BLE001 - a primitive jit cannot wrap alone (shard_map)
-            _COMPILED[key] = _DIRECT
-            fn = _DIRECT
-    if fn is _DIRECT:
-        out = prim.bind(*subfuns, *vals, **params)
-    return list(out) if prim.multiple_results else [out]
-
-
-_DIRECT = object()  # marks a primitive that binds directly, uncompiled
-
-
-def _bind_one(prim, params: dict, *vals):
-    out = prim.bind(*vals, **params)
-    return list(out) if prim.multiple_results else out
 
 
 def join_path(path: str, part: str) -> str:

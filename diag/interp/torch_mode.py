@@ -55,7 +55,9 @@ class OpMode(TorchDispatchMode):
         return source_from_node(node, self.key), "backward", type(node).__name__
 
     def observe(self, func, ins: list, outs: list) -> None:
-        """The policy callback: an op's input and output tensors after it ran."""
+        """The policy callback: an op's input and output tensors after it ran (the diverge
+        policy calls it with every float op it measured; each tensor's float64 shadow is then
+        `shadow_of(t)`). Does nothing here: a subclass of a policy overrides it."""
 
     @contextlib.contextmanager
     def running(self) -> Iterator["OpMode"]:

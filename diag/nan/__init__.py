@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from diag.errors import DiagError
-from diag.interp import framework_of
+from diag.interp import names_framework, values_framework
 from diag.nan.report import PHASES, NanHuntError, NanReport, TensorSummary
 
 __all__ = [
@@ -70,7 +70,9 @@ def hunt(fn: Callable, args: tuple = (), kwargs: dict | None = None, *,
     Args:
         fn: the function to run; for JAX it must be traceable (`jax.make_jaxpr`).
         args, kwargs: what to call it with.
-        framework: ``jax``, ``torch`` or None to infer it from the arguments and the function.
+        framework: ``jax``, ``torch`` or None to tell it from the values the function is
+            given, else from the names its code uses, else by running it once under the
+            torch hunt (a function that runs no torch op is then hunted as JAX).
 
     Returns:
         The report of the earliest NaN/Inf birth that reaches the function's results, or None
@@ -80,7 +82,17 @@ def hunt(fn: Callable, args: tuple = (), kwargs: dict | None = None, *,
         NanHuntError: the function raised or could not be traced.
     """
     kwargs = dict(kwargs or {})
-    framework = framework or framework_of(fn, args, kwargs)
+    framework = framework or values_framework(fn, args, kwargs) or names_framework(fn)
+    if framework is None and "torch" in sys.modules:
+        # Neither what it is given nor the names its code uses tell (a module importing
+        # jax.numpy whose function imports torch inside): run it once under the torch hunt,
+        # which sees torch's ops only. A function that ran none is JAX's and runs again.
+        from diag.nan import torch_hunt
+
+        handled, report = torch_hunt.locate_if_torch(fn, args, kwargs)
+        if handled:
+            return report
+    framework = framework or "jax"
     if framework == "jax":
         from diag.nan import jax_hunt as impl
     elif framework == "torch":

@@ -22,6 +22,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from diag.interp.jax_compile import persistent_cache
 from diag.interp.jax_program import Program, is_array
 from diag.interp.jax_source import Literal, inner_source, jcore, library_line, source
 from diag.interp.jaxpr import Evaluator, Value, flags, wrap_value
@@ -71,12 +72,25 @@ class BirthHunt(Evaluator):
                 o.taint = taint
 
 
+def _foreign(leaf: Any) -> Any:
+    """Another framework's tensor (torch) as a float64 numpy array, else None: a result is
+    checked whatever computed it, so that a function is never called clean unread."""
+    if hasattr(leaf, "detach") and hasattr(leaf, "double"):
+        try:
+            return leaf.detach().cpu().double().numpy()
+        except Exception:  # noqa: BLE001 - not a float tensor
+            return None
+    return None
+
+
 def _nonfinite_leaves(tree: Any) -> list[tuple[str, str]]:
     """(path, "NaN"/"Inf") of every non-finite array leaf in `tree`."""
     found = []
     for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         if not is_array(leaf) and not isinstance(leaf, float):
-            continue
+            leaf = _foreign(leaf)
+            if leaf is None:
+                continue
         nan, inf = flags(leaf)
         if nan or inf:
             found.append((jax.tree_util.keystr(keypath), "NaN" if nan else "Inf"))
@@ -201,8 +215,9 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     hunt = BirthHunt()
     out_bwd = tuple(False for _ in closed.jaxpr.outvars)
     try:
-        outs = hunt.eval(closed.jaxpr, hunt.consts(closed), [wrap_value(a) for a in prog.arrays],
-                         "", out_bwd)
+        with persistent_cache():
+            outs = hunt.eval(closed.jaxpr, hunt.consts(closed),
+                             [wrap_value(a) for a in prog.arrays], "", out_bwd)
     except NanHuntError:
         raise
     except Exception as e:  # noqa: BLE001

@@ -30,7 +30,7 @@ from diag.interp.torch_source import library_from_stack, source_from_node, sourc
 from diag.nan.report import NanHuntError, NanReport
 from diag.nan.summary import first_bad_index, summarize, values_at
 from diag.nan.torch_names import arrived as arrived_facts
-from diag.nan.torch_names import named_inputs, sinks
+from diag.nan.torch_names import gradient_versions, named_inputs, sinks
 
 
 class _Birth:
@@ -52,6 +52,7 @@ class BirthHunter(OpMode):
         self._taint: dict[int, tuple[weakref.ref, int]] = {}
         self.written: dict[int, weakref.ref] = {}  # by id: an optimizer writes each often
         self.grads: list[weakref.ref] = []
+        self.ops = 0  # aten ops seen
         self._known: dict[int, tuple[weakref.ref, tuple[int, ...], tuple[bool, bool]]] = {}
         # (birth its bad inputs descend from, whether it had bad inputs, what happened) for
         # the first op that raised.
@@ -113,6 +114,7 @@ class BirthHunter(OpMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self.ops += 1
         writes = written_args(func)
         if writes is VIEW:
             # A view holds its input's values: it cannot give birth, and carries the birth
@@ -313,11 +315,22 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
         return _locate(fn, args, kwargs)
 
 
-def _locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
-    name = getattr(fn, "__name__", None) or type(fn).__name__
+def locate_if_torch(fn: Callable, args: tuple, kwargs: dict) -> tuple[bool, NanReport | None]:
+    """`locate`, and whether the function ran any torch op (if not, it is not torch's and the
+    report says nothing)."""
     hunter = BirthHunter()
+    with np.errstate(over="ignore", invalid="ignore"):
+        report = _locate(fn, args, kwargs, hunter)
+    return hunter.ops > 0, report
+
+
+def _locate(fn: Callable, args: tuple, kwargs: dict,
+            hunter: BirthHunter | None = None) -> NanReport | None:
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    hunter = hunter or BirthHunter()
     named = named_inputs(fn, args, kwargs)
     arrived = arrived_facts(named, hunter.flags)
+    grads_before = gradient_versions(named)
     try:
         with hunter.running():
             result = fn(*args, **kwargs)
@@ -326,7 +339,7 @@ def _locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     # Gradients may have been made after `named` was built: name them too.
     named.update({k: v for k, v in named_inputs(fn, args, kwargs).items() if k not in named})
     bad = []
-    for where, t in sinks(result, named, hunter.grads, hunter.written):
+    for where, t in sinks(result, named, hunter.grads, hunter.written, grads_before):
         nan, inf = hunter.flags(t)
         if nan or inf:
             bad.append((where, t, "NaN" if nan else "Inf"))

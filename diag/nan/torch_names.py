@@ -104,14 +104,32 @@ def arrived(named: dict[int, tuple[str, Any]],
     return facts
 
 
-def sinks(result: Any, named: dict, grads: list, written: dict):
+def gradient_versions(named: dict[int, tuple[str, Any]]) -> dict[int, tuple[int, int]]:
+    """id of each named tensor that requires grad -> (id, version) of its ``.grad`` now."""
+    got = {}
+    for k, (_, t) in named.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad and t.grad is not None:
+            got[k] = (id(t.grad), t.grad._version)
+    return got
+
+
+def sinks(result: Any, named: dict, grads: list, written: dict,
+          grads_before: dict[int, tuple[int, int]] | None = None):
     """Every tensor the function's effect is visible in: what it returns, the gradients
-    autograd accumulated (`grads`: weak references), and every tensor an op wrote (`written`:
-    id -> weak reference; an optimizer's update, a buffer). What it was given and left alone
-    is not a result, whatever it holds."""
+    autograd accumulated (`grads`: weak references), the ``.grad`` of every named tensor that
+    backward set or changed (`grads_before`: `gradient_versions` before the call; autograd
+    hands a fresh gradient over without an op the mode could see), and every tensor an op
+    wrote (`written`: id -> weak reference; an optimizer's update, a buffer). What it was given
+    and left alone is not a result, whatever it holds."""
     sinks: list[tuple[str, torch.Tensor]] = []
     sinks += [("result", t) for t in tree_leaves(result) if is_float(t)]
     seen = {id(t) for _, t in sinks}
+    if grads_before is not None:
+        for k, now in gradient_versions(named).items():
+            grad = named[k][1].grad
+            if grads_before.get(k) != now and id(grad) not in seen and is_float(grad):
+                seen.add(id(grad))
+                sinks.append((f"gradient of {named[k][0].removeprefix('parameter ')}", grad))
     for r in grads:
         t = r()
         if t is not None and id(t) not in seen:

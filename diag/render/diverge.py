@@ -7,7 +7,12 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from diag.render import _num
+from diag import numerics
+
+
+def _num(x: Any) -> str:
+    """A figure as the render package shows one (`numerics.fmt`, not compacted)."""
+    return "—" if isinstance(x, bool) else numerics.fmt(x, compact=False)
 
 
 def _curve(values: list[float], first: int | None, width: int = 64,
@@ -15,6 +20,10 @@ def _curve(values: list[float], first: int | None, width: int = 64,
     """An error along the ops or taps as one line of blocks (log scale), the first marked."""
     import math
 
+    if not values:
+        return f"{what.format(0)}: nothing to draw"
+    if not any(values):
+        return f"{what.format(len(values))}: 0 at every one"
     logs = [math.log10(v) if 0 < v < math.inf else (3.0 if v else -17.0) for v in values]
     step = max(1, math.ceil(len(logs) / width))
     cols = [max(logs[i:i + step]) for i in range(0, len(logs), step)] or [0.0]
@@ -43,6 +52,20 @@ def _rows_table(title: str, cols: list[tuple[str, Any]], rows: list, first: Any)
     return table
 
 
+def _tap_verdict(f: Any) -> str:
+    """The verdict line for the first divergent tap; an infinite ratio said in words."""
+    import math
+
+    if math.isinf(f.ratio):
+        why = f.note or (f"one run is non-finite (or all zero) where the other is not, so the "
+                         f"relative difference is {_num(f.max_rel)}")
+        return (f"diag diverge: {f.name} differs beyond any allowance: {why} (two correct "
+                f"{f.dtype} implementations may differ by {_num(f.allowed)})")
+    return (f"diag diverge: {f.name} differs by {_num(f.max_rel)} (normwise), {_num(f.ratio)}x "
+            f"what two correct {f.dtype} implementations may differ by "
+            f"({_num(f.allowed)})")
+
+
 def diverge_tables(report: Any) -> list:
     """A `diag.diverge` report (shadow or compare) as a table, a curve and a verdict line."""
     f = report.first
@@ -57,9 +80,7 @@ def diverge_tables(report: Any) -> list:
                             what="difference along {} taps"))
         parts += [escape(f"{label}: {', '.join(names)}") for label, names in
                   (("only in A", report.only_a), ("only in B", report.only_b)) if names]
-        parts.append(escape(f"diag diverge: {f.name} differs by {_num(f.max_rel)} (normwise), "
-                            f"{_num(f.ratio)}x what two correct {f.dtype} implementations may "
-                            f"differ by ({_num(f.allowed)})") if f else
+        parts.append(escape(_tap_verdict(f)) if f else
                      f"diag diverge: {len(report.taps)} shared taps within what two correct "
                      f"implementations may differ by")
         return parts
