@@ -59,14 +59,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from diag.registry import FINGERPRINT_OP, implementation, ops_for
-
-
-def build(backend, op: str, **op_args):
-    """The function of device arrays that runs `op` on `backend` (a set-up backend module):
-    the op module's implementation for the framework whose ops the backend runs."""
-    runs = getattr(backend, "IMPLEMENTATION", backend.FRAMEWORK)
-    return implementation(op, runs)(backend, **op_args)
+from diag.registry import FINGERPRINT_OP, build, ops_for
 
 
 def _protocol_stream():
