@@ -222,6 +222,7 @@ MAX_FUNCTION_LINES = 80
 # judging machinery): every function in them is under MAX_FUNCTION_LINES.
 REBUILT = [*_sources(PROBES_DIR), *_sources(DIAG / "backends"), *_sources(DIAG / "compare"),
            DIAG / "registry.py", DIAG / "probe.py", DIAG / "judge.py", DIAG / "tolerance.py",
+           DIAG / "protocol.py",
            *_sources(DIAG / "train")]
 
 
