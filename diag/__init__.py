@@ -11,21 +11,17 @@ from __future__ import annotations
 import importlib
 
 from diag.errors import (
-    BackendUnavailable,
     DiagError,
     SuiteError,
     UsageError,
-    WorkerCrashed,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BackendUnavailable",
     "DiagError",
     "SuiteError",
     "UsageError",
-    "WorkerCrashed",
     "ab",
     "baseline",
     "compare",

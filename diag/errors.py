@@ -11,8 +11,6 @@ __all__ = [
     "DiagError",
     "UsageError",
     "SuiteError",
-    "BackendUnavailable",
-    "WorkerCrashed",
     "EXIT_OK",
     "EXIT_NUMERICAL_FAILURE",
     "EXIT_USAGE",
@@ -51,13 +49,3 @@ class SuiteError(DiagError):
     def __init__(self, path: str, field: str, expected: str):
         self.path, self.field, self.expected = str(path), field, expected
         super().__init__(f"{self.path}: field '{field}': {expected}")
-
-
-class BackendUnavailable(DiagError):
-    """A backend's framework or device is not present on this machine."""
-
-
-class WorkerCrashed(DiagError):
-    """A backend worker process died, crashed or hung past its timeout."""
-
-    exit_code = EXIT_WORKER_CRASH

@@ -21,7 +21,7 @@ from types import ModuleType
 
 from diag.probe import Probe
 
-__all__ = ["PROBES", "FINGERPRINT_OP", "REPORT_SECTIONS", "SUITE_DIR", "discover", "implementation",
+__all__ = ["PROBES", "FINGERPRINT_OP", "REPORT_SECTIONS", "SUITE_DIR", "build", "discover", "implementation",
            "ops_for", "probe_module"]
 
 PACKAGE = "diag.probes"
@@ -78,6 +78,14 @@ REPORT_SECTIONS = {p.op: p.report_section for p in PROBES.values() if p.report_s
 def ops_for(framework: str) -> tuple[str, ...]:
     """The ops with an implementation for `framework` (`BackendSpec.ops`)."""
     return tuple(op for op, p in PROBES.items() if framework in p.implementations)
+
+
+def build(backend, op: str, **op_args):
+    """The function of device arrays that runs `op` on `backend` (a set-up backend module):
+    the op module's implementation for the framework whose ops the backend runs (its
+    `IMPLEMENTATION`, else its `FRAMEWORK`)."""
+    runs = getattr(backend, "IMPLEMENTATION", backend.FRAMEWORK)
+    return implementation(op, runs)(backend, **op_args)
 
 
 def implementation(op: str, framework: str):

@@ -40,6 +40,7 @@ from diag.flags import check_flags
 from diag.judge import Judge
 from diag.compare.outcome import Outcome
 from diag.outputs import is_no_space, no_space, run_disk_full
+from diag.protocol import CaseJob, Job
 from diag.registry import PROBES, REPORT_SECTIONS
 from diag.results import (Interrupted, Record, RunDir, RunResult, new_run_id,
                           worst_status)
@@ -246,20 +247,20 @@ class _Run:
         settings = {("default", "none")} | {
             (c.params.get("precision", "default"), c.params.get("precision_via", "none"))
             for c in fingerprinted}
-        job = {"backend": spec.name, "label": spec.label, "out_dir": str(self.work),
-               "repeats": self.repeats, "repeat_budget_s": self.repeat_budget,
-               "hlo": self.ab is not None,
-               "trace": trace_capture.job_field(self.trace, cases),  # --trace (diag.trace)
-               "fingerprint": sorted(settings, key=lambda p: (p != ("default", "none"), p))
-               if fingerprinted else [],
-               "cases": [{"id": c.id, "op": c.op,
-                          "op_args": {**PROBES[c.op].fixed_args, **c.op_args},
-                          "hunt_nans": PROBES[c.op].hunt_nans,
-                          "inputs": self.inputs.paths(c),
-                          "input_dtypes": [c.dtype] * len(self.inputs.paths(c))}
-                         for c in cases]}
+        job = Job(backend=spec.name, label=spec.label, out_dir=str(self.work),
+                  repeats=self.repeats, repeat_budget_s=self.repeat_budget,
+                  hlo=self.ab is not None,
+                  trace=trace_capture.job_field(self.trace, cases),  # --trace (diag.trace)
+                  fingerprint=sorted(settings, key=lambda p: (p != ("default", "none"), p))
+                  if fingerprinted else [],
+                  cases=[CaseJob(id=c.id, op=c.op,
+                                 op_args={**PROBES[c.op].fixed_args, **c.op_args},
+                                 hunt_nans=PROBES[c.op].hunt_nans,
+                                 inputs=self.inputs.paths(c),
+                                 input_dtypes=[c.dtype] * len(self.inputs.paths(c)))
+                         for c in cases])
         job_path = self.work / f"job-{spec.label}.json"
-        job_path.write_text(json.dumps(job))
+        job_path.write_text(json.dumps(job.to_json()))
         logs = self.run_dir.path / "logs"
         logs.mkdir(exist_ok=True)
         env = self.ab.worker_env(spec, self.env) if self.ab is not None else self.env

@@ -41,7 +41,8 @@ from diag.errors import UsageError
 from diag.numerics import DTypeLike, gamma
 
 __all__ = ["AGREEMENT_FACTOR", "GELU_TANH_ULP", "SOFTMAX_EXP_ULP", "TOPK_EXACT_RECALL",
-           "TRAIN_LOSS_ULP_SCREEN", "TRAIN_RUN_RTOL",
+           "TRAIN_LOSS_ULP_SCREEN", "TRAIN_RUN_RTOL", "TRAIN_REFERENCE_ERROR_FACTOR",
+           "train_run_allowed",
            "Tolerance", "tolerance", "matmul_error_bound", "matmul_bound",
            "softmax_error_bound", "softmax_ulp_tolerance", "gelu_error_bound"]
 
@@ -317,6 +318,19 @@ TRAIN_RUN_RTOL: dict[str, dict[str, float]] = {
     "float32": {"loss": 1e-5, "grad": 1e-4, "update": 1e-2},
     "bfloat16": {"loss": 2e-3, "grad": 0.5, "update": 1.0},
 }
+
+#: The float64 reference's own error in a `train` run, estimated per step from a float32
+#: run's: the same dynamics amplify float64's rounding, 2**-29 (= u64 / u32) times float32's
+#: (docs/train.md).
+TRAIN_REFERENCE_ERROR_FACTOR = 2.0**-29
+
+
+def train_run_allowed(compute: str, factor: float = 1.0) -> dict[str, float]:
+    """What a `train` run in `compute` may differ by, per stage (`TRAIN_RUN_RTOL`; a compute
+    dtype without a row is held to float32's), times `factor` (`AGREEMENT_FACTOR` for two
+    backends)."""
+    rtol = TRAIN_RUN_RTOL.get(compute, TRAIN_RUN_RTOL["float32"])
+    return {k: factor * v for k, v in rtol.items()}
 
 
 # ---------------------------------------------------------------------------------------------

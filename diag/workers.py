@@ -31,7 +31,7 @@ DISCOVERY_TIMEOUT = 180.0
 
 
 # ---------------------------------------------------------------------------------------------
-# Per-framework Python (issue 17): a framework's workers may run under another interpreter,
+# Per-framework Python: a framework's workers may run under another interpreter,
 # e.g. torch_xla, which needs its own torch. The mapping travels in the workers' environment
 # as DIAG_PYTHON_<FRAMEWORK> (`--python torch-xla=PATH` sets DIAG_PYTHON_TORCH_XLA), so a
 # user can also set it once in their shell, and every worker start (runs, discovery, `diag

@@ -21,16 +21,11 @@ import numpy as np
 
 from diag.compare.outcome import Evaluation, Outcome
 from diag.probe import Probe
-from diag.tolerance import AGREEMENT_FACTOR, TRAIN_RUN_RTOL
+from diag.tolerance import AGREEMENT_FACTOR, TRAIN_REFERENCE_ERROR_FACTOR, train_run_allowed
 from diag.train.config import from_case, init_params, make_batches, n_params
 
 __all__ = ["PROBE", "evaluate", "agree", "judge", "make_inputs", "input_shapes", "truth",
            "label", "host_bytes", "validate"]
-
-
-def _allowed(params: dict, factor: float = 1.0) -> dict[str, float]:
-    rtol = TRAIN_RUN_RTOL.get(params.get("compute", "float32"), TRAIN_RUN_RTOL["float32"])
-    return {k: factor * v for k, v in rtol.items()}
 
 
 def _worst_text(summary: dict) -> str:
@@ -73,7 +68,7 @@ def _summary(o: Outcome, ref: dict, factor: float) -> dict[str, Any]:
     from diag.train.config import from_case
 
     cfg = from_case(o.params)
-    allowed = _allowed(o.params, factor)
+    allowed = train_run_allowed(o.params.get("compute", "float32"), factor)
     return summarize(trajectory_errors(cfg, o.named, ref, o.inputs[0]), allowed)
 
 
@@ -86,7 +81,8 @@ def evaluate(o: Outcome) -> Evaluation:
     # The reference's own error, estimated per step from this run's (docs/train.md): the
     # same dynamics amplify float64's rounding, 2^-29 times float32's.
     if o.params.get("compute", "float32") == "float32":
-        summary["reference_error_estimate"] = [e * 2.0**-29 for e in summary["curve"]["grad_err"]]
+        summary["reference_error_estimate"] = [e * TRAIN_REFERENCE_ERROR_FACTOR
+                                               for e in summary["curve"]["grad_err"]]
     status, reason = judge(summary, o.params.get("compute", "float32"), "the float64 reference")
     return Evaluation(status, reason, summary)
 

@@ -4,7 +4,7 @@
 jax-cpu, torch-cpu and emu-bf16x1 on every shipped suite's cases up to `MAX_HOST_BYTES`,
 keeps their outputs (tests/data/judge_reference.npz) and diag's verdicts on them, each
 backend's and each pair's agreement (tests/data/judge_reference.json). Recorded on the code
-before issue 28 moved every op into its own module under probes/.
+before every op moved into its own module under probes/.
 
 The outputs are stored, not recomputed, so that what is compared does not depend on the CPU
 (bf16 units, BLAS kernels): `tests/test_judge_reference.py` judges the stored bits again with

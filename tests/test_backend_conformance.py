@@ -22,7 +22,7 @@ from diag.backends.worker import _named_outputs
 from diag.oracle.cache import GroundTruthCache
 from diag.compare.outcome import Outcome
 from diag.inputs import INPUT_MAKERS
-from diag.backends.worker import build
+from diag.registry import build
 from diag.registry import PROBES
 from diag.suite import load_suite
 from tests.conftest import assert_bits_equal

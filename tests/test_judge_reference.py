@@ -1,4 +1,4 @@
-"""Moving every op into its own module (issue 28) changed where the code lives, not one
+"""Moving every op into its own module under probes/ changed where the code lives, not one
 verdict: a recorded run of every shipped suite (tests/judge_reference.py) is judged again by
 today's code, and every record (each backend's verdict and each pair's agreement: status,
 reason and metrics) must be the one recorded before the move.

@@ -1,12 +1,13 @@
 """What a backend module is: the `Backend` protocol every `diag.backends.*_backend` keeps.
 
 A backend module moves arrays to its device and back, compiles (or warms up) an op and runs
-it; the ops themselves are module functions under the probe table's names (`matmul`,
-`softmax`, ...), each a builder: `getattr(module, op)(**op_args)` returns the function the
-worker times. Which ops a backend has is data (`BackendSpec.ops`), and one test runs every
-backend x op it declares against the oracle (tests/test_backend_conformance.py), as optax's
-common test runs every transformation. Adding a backend is one module that satisfies this
-protocol plus one `BackendSpec` row.
+it, and owns its precision knobs and HLO; the ops themselves live in their own modules under
+probes/ (`diag.probes.<op>`), each with a builder per framework: `on_jax(backend,
+**op_args)` returns the function the worker times (`diag.backends.worker.build`). Which ops a
+backend runs follows from those builders (`BackendSpec.ops`), and one test runs every
+backend x op against the oracle (tests/test_backend_conformance.py), as optax's common test
+runs every transformation. Adding a backend is one module that satisfies this protocol plus
+one `BackendSpec` row.
 
 Modules satisfy a Protocol structurally (PEP 544): `isinstance(module, Backend)` checks the
 members exist, a type checker checks their signatures.

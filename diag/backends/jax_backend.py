@@ -7,7 +7,7 @@ and compiles it so compile time is measured apart from run time.
 
 Verified on CPU only (jaxlib CPU); the GPU/TPU paths are the same code with another platform
 string. On CPU, matmul precision settings are accepted but do not change the arithmetic
-(field notes: bit-identical to f32 for every setting).
+(measured, jax 0.10.2 on CPU: bit-identical to f32 for every setting).
 """
 
 from __future__ import annotations

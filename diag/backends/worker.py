@@ -11,7 +11,8 @@ Why a subprocess per backend: a TPU can be opened by one process at a time, JAX 
 must not share a process, XLA reads its flags once at start-up, and a crash or hang in a
 framework must not take the run down with it.
 
-Protocol: one JSON object per line on the protocol stream (the original stdout; anything the
+Protocol (typed in `diag.protocol`: `Job`, `CaseJob` and one dataclass per event, which both
+ends use): one JSON object per line on the protocol stream (the original stdout; anything the
 framework prints is redirected to stderr so it cannot corrupt the stream):
   {"event": "ready", "device": {...}, "framework": {...}, "settings": {...}}
   {"event": "result", "case": ID, "outputs": [{"name", "path", "dtype", "shape"}, ...],
@@ -60,14 +61,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from diag.registry import FINGERPRINT_OP, implementation, ops_for
-
-
-def build(backend, op: str, **op_args):
-    """The function of device arrays that runs `op` on `backend` (a set-up backend module):
-    the op module's implementation for the framework whose ops the backend runs."""
-    runs = getattr(backend, "IMPLEMENTATION", backend.FRAMEWORK)
-    return implementation(op, runs)(backend, **op_args)
+from diag.protocol import (Arithmetic, CaseError, CaseJob, Done, Event, Job, Platforms, Ready,
+                           Result)
+from diag.registry import FINGERPRINT_OP, build, ops_for
 
 
 def _protocol_stream():
@@ -81,6 +77,11 @@ def _protocol_stream():
 def _emit(stream, **event) -> None:
     stream.write(json.dumps(event, default=str) + "\n")
     stream.flush()
+
+
+def _send(stream, event: Event) -> None:
+    """One typed event (`diag.protocol`) on the protocol stream."""
+    _emit(stream, **event.to_json())
 
 
 def _fault(backend: str, case_id: str) -> str | None:
@@ -134,45 +135,48 @@ def _hunt(fn, args) -> dict:
         return {"reason": f"the NaN hunt failed: {type(e).__name__}: {e}"[:300]}
 
 
-def run_job(job: dict, stream) -> None:
+def run_job(job_json: dict, stream) -> None:
+    """Run one backend's cases (the job the host wrote, `diag.protocol.Job`), streaming
+    events."""
     from diag import faults, numerics
     from diag.backends import get_spec
     from diag.trace.capture import trace_case
 
-    spec = get_spec(job["backend"])
-    label = job.get("label", spec.name)  # BackendSpec.label: `<backend>+B` on an A/B B side
+    job = Job.from_json(job_json)
+    spec = get_spec(job.backend)
+    label = job.label  # BackendSpec.label: `<backend>+B` on an A/B B side
     _inject_fault(_fault(label, "start"), "start")
     backend = importlib.import_module(spec.module)
     info = backend.setup(spec.platform)
-    _emit(stream, event="ready", **info)
+    _send(stream, Ready(**info))
 
-    out_dir = job["out_dir"]
-    repeats = max(1, int(job.get("repeats", 3)))
+    out_dir = job.out_dir
+    repeats = max(1, int(job.repeats))
     # A case stops repeating once its timed runs add up to this many seconds: a quarter
     # second of runs already gives a steady time, and a slow case (a float16 matmul without
     # float16 hardware, a sampler's op-by-op paths) is not run three times over for it.
-    budget = float(job.get("repeat_budget_s", float("inf")))
+    budget = float(job.repeat_budget_s)
     programs: dict[str, tuple[Any, str]] = {}  # program key -> (the op's function, first case)
     written = _Written()
-    for case in job["cases"]:
-        fault = _fault(label, case["id"])
-        _inject_fault(fault, case["id"])
+    for case in job.cases:
+        fault = _fault(label, case.id)
+        _inject_fault(fault, case.id)
         try:
             t0 = time.perf_counter()
             host_inputs = [
                 numerics.from_bits(np.load(path, mmap_mode="r"), dtype)
-                for path, dtype in zip(case["inputs"], case["input_dtypes"])
+                for path, dtype in zip(case.inputs, case.input_dtypes)
             ]
             # One function per distinct program (op, its arguments, input shapes and dtypes):
             # the backend compiles it once (`prepare` caches by function and signature) and
             # the record says which earlier case it shares its compiled program with.
-            key = json.dumps([case["op"], case.get("op_args", {}),
+            key = json.dumps([case.op, case.op_args,
                               [[list(x.shape), str(x.dtype)] for x in host_inputs]],
                              sort_keys=True, default=str)
             fn, shared_with = programs.get(key, (None, None))
             if fn is None:
-                fn = build(backend, case["op"], **case.get("op_args", {}))
-                programs[key] = (fn, case["id"])
+                fn = build(backend, case.op, **case.op_args)
+                programs[key] = (fn, case.id)
             if fault == "corrupt_input":
                 host_inputs[0] = faults.corrupt(host_inputs[0], "double")
             args = [backend.put(x) for x in host_inputs]
@@ -197,22 +201,23 @@ def run_job(job: dict, stream) -> None:
                     backend.block(out)
                     samples.append(time.perf_counter() - t0)
             # --trace: the same calls again inside a profiler session (diag.trace; else nothing).
-            trace_case(job, backend, label, case, fn, args, thunk, calls=len(samples))
+            trace_case(job_json, backend, label, case.to_json(), fn, args, thunk,
+                       calls=len(samples))
             t0 = time.perf_counter()
-            outputs, finite = _write_outputs(backend, out, fault, label, case["id"], out_dir,
+            outputs, finite = _write_outputs(backend, out, fault, label, case.id, out_dir,
                                              written)
             transfer_s += time.perf_counter() - t0
             nan_report = None
             hunt_s = 0.0
-            if case.get("hunt_nans") and not finite:
+            if case.hunt_nans and not finite:
                 t0 = time.perf_counter()
                 nan_report = _hunt(fn, args)
                 hunt_s = time.perf_counter() - t0
             hlo = None
-            if job.get("hlo") and hasattr(backend, "hlo_text"):
+            if job.hlo and hasattr(backend, "hlo_text"):
                 text = backend.hlo_text(fn, args)
                 if text is not None:
-                    hlo = os.path.join(out_dir, f"{case['id']}.{label}.hlo.txt")
+                    hlo = os.path.join(out_dir, f"{case.id}.{label}.hlo.txt")
                     with open(hlo, "w") as f:
                         f.write(text)
             timings = {**_timings(compile_s, samples), "transfer_s": transfer_s}
@@ -222,12 +227,12 @@ def run_job(job: dict, stream) -> None:
                 timings["first_call"] = True
             if shared_with is not None:
                 timings["compile_shared_with"] = shared_with
-            _emit(stream, event="result", case=case["id"], outputs=outputs, hlo=hlo,
-                  nan_report=nan_report, timings=timings, input_digests=received)
+            _send(stream, Result(case=case.id, outputs=outputs, hlo=hlo, nan_report=nan_report,
+                                 timings=timings, input_digests=received))
         except Exception as e:  # a failing op is a record, not the end of the worker
-            _emit(stream, event="case_error", case=case["id"],
-                  error=f"{type(e).__name__}: {e}".splitlines()[0][:500],
-                  traceback=traceback.format_exc()[-4000:])
+            _send(stream, CaseError(case=case.id,
+                                    error=f"{type(e).__name__}: {e}".splitlines()[0][:500],
+                                    traceback=traceback.format_exc()[-4000:]))
     # The arithmetic is measured after the cases, while the host judges the last results
     # (before them, the host would wait idle for it); nothing the cases do is left behind
     # (each precision setting is restored after its call).
@@ -235,16 +240,16 @@ def run_job(job: dict, stream) -> None:
     t0 = time.perf_counter()
     arithmetic = _arithmetic(backend, job)
     if arithmetic:
-        _emit(stream, event="arithmetic", seconds=time.perf_counter() - t0, **arithmetic)
-    _emit(stream, event="done")
+        _send(stream, Arithmetic(seconds=time.perf_counter() - t0, **arithmetic))
+    _send(stream, Done())
 
 
-def _arithmetic(backend, job: dict) -> dict:
+def _arithmetic(backend, job: Job) -> dict:
     """What arithmetic this backend's matmul uses under each setting the cases use
     (`fingerprints`), and how its unit adds (`features`, diag.precision.features: float32
     at the default setting only, one features() call per backend per run, ~0.3 s on CPU,
     for the CI gate); {} when no case asked for it."""
-    settings = job.get("fingerprint")
+    settings = job.fingerprint
     runs = getattr(backend, "IMPLEMENTATION", backend.FRAMEWORK)
     if not settings or FINGERPRINT_OP not in ops_for(runs):
         return {}
@@ -252,7 +257,7 @@ def _arithmetic(backend, job: dict) -> dict:
             "features": matmul_features(backend, [("default", "none")], dtypes=("float32",))}
 
 
-def _timed_call(case: dict):
+def _timed_call(case: CaseJob):
     """The context every timed call of a case runs in (one place to wrap it, e.g. a trace)."""
     return contextlib.nullcontext()
 
@@ -320,7 +325,7 @@ def discover(framework: str, stream) -> None:
 
     module = next(s.module for s in BACKENDS.values() if s.framework == framework)
     backend = importlib.import_module(module)
-    _emit(stream, event="platforms", platforms=backend.discover())
+    _send(stream, Platforms(platforms=backend.discover()))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -346,7 +346,8 @@ def judge_top_k(metrics: dict[str, Any], *, approx: bool,
             note += (f"; {metrics['semantic_diff_rows']} / {rows} rows choose or order equal "
                      f"values differently from diag's order (not an error)")
         return "pass", f"exact top-k in all {rows} rows{note}"
-    target = recall_target if recall_target is not None else metrics.get("recall_target") or 1.0
+    target = (recall_target if recall_target is not None
+              else metrics.get("recall_target") or TOPK_EXACT_RECALL)
     mean = metrics["recall_mean"]
     if mean < target:
         # A mean below the target puts at least one row below it: m counts them.
@@ -362,7 +363,7 @@ def judge_top_k(metrics: dict[str, Any], *, approx: bool,
 def agree_top_k(x: np.ndarray, a: tuple, b: tuple, k: int,
                 names: tuple[str, str]) -> tuple[str, str, dict[str, Any]]:
     """Do two backends' top-k outputs select the same VALUES per row (ties may pick different
-    indices, field notes: bf16 has many)? Returns (status, reason, metrics); differing values
+    indices, and bf16 logits have many)? Returns (status, reason, metrics); differing values
     -> warn (each output is judged against the exact top-k on its own)."""
     x2, va, _ = _rows3(x, *a)
     _, vb, _ = _rows3(x, *b)

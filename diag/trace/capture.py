@@ -174,10 +174,12 @@ def _compare_highest(framework: str, backend, case: dict, op_args: dict, args, r
                      label: str, calls: int) -> dict[str, Any]:
     """Profile the same case at `highest` precision: its per-call op time, for the cost of
     the precise setting next to the default one."""
+    from diag.registry import build
+
     name = session_name(case["id"], label, "highest")
     folder = run_dir / SESSIONS_DIR / name
     try:
-        fn = getattr(backend, case["op"])(**op_args)
+        fn = build(backend, case["op"], **op_args)
         thunk = backend.prepare(fn, args).run
         with _SESSIONS[framework](folder, name):
             for _ in range(calls):

@@ -190,7 +190,7 @@ def _compile(job_path: str) -> int:
 
     from diag import numerics
     from diag.backends import get_spec
-    from diag.backends.worker import build
+    from diag.registry import build
 
     import numpy as np
 

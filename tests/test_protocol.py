@@ -1,0 +1,61 @@
+"""The worker protocol is typed at both ends (diag.protocol): a job survives its JSON trip,
+every line a real worker writes parses into its event type, and an unknown event is refused.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from diag.protocol import (EVENTS, CaseError, CaseJob, Done, Job, Ready, Result, parse_event)
+from tests.conftest import needs_jax
+
+
+def test_a_job_survives_its_json_round_trip():
+    job = Job(backend="jax-cpu", label="jax-cpu+B", out_dir="/tmp/x", repeats=2,
+              repeat_budget_s=0.25, hlo=True, fingerprint=[("default", "none"), ("high", "config")],
+              cases=[CaseJob(id="c0001", op="matmul", op_args={"precision": "high"},
+                             inputs=["a.npy", "b.npy"], input_dtypes=["float32", "float32"])])
+    wire = json.loads(json.dumps(job.to_json()))
+    assert wire["fingerprint"] == [["default", "none"], ["high", "config"]]
+    assert Job.from_json(wire) == job
+
+
+def test_a_job_without_a_label_is_labelled_by_its_backend():
+    job = Job.from_json({"backend": "torch-cpu", "out_dir": "/o", "cases": []})
+    assert job.label == "torch-cpu" and job.fingerprint == [] and job.repeats == 3
+
+
+def test_every_event_kind_parses_back_to_its_type_and_an_unknown_one_is_refused():
+    for event in (Ready(device={"id": 0}, framework={"name": "jax"}, settings={}),
+                  Result(case="c0000", outputs=[], timings={}, input_digests=["ab"]),
+                  CaseError(case="c0002", error="ValueError: x"), Done()):
+        assert parse_event(json.loads(json.dumps(event.to_json()))) == event
+    assert set(EVENTS) == {"ready", "result", "case_error", "arithmetic", "platforms",
+                           "backend", "done"}
+    with pytest.raises(ValueError, match="unknown worker event 'exploded'"):
+        parse_event({"event": "exploded"})
+
+
+@needs_jax
+def test_a_real_workers_stream_is_typed_events(tmp_path):
+    import numpy as np
+
+    from diag.backends.worker import run_job
+
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.save(tmp_path / "a.npy", a.view(np.uint32))  # inputs travel as raw bits
+    np.save(tmp_path / "b.npy", a.T.copy().view(np.uint32))
+    job = Job(backend="jax-cpu", label="jax-cpu", out_dir=str(tmp_path), repeats=1,
+              cases=[CaseJob(id="c0000", op="matmul", op_args={},
+                             inputs=[str(tmp_path / "a.npy"), str(tmp_path / "b.npy")],
+                             input_dtypes=["float32", "float32"])])
+    stream = io.StringIO()
+    run_job(job.to_json(), stream)
+    events = [parse_event(json.loads(line)) for line in stream.getvalue().splitlines()]
+    assert [type(e) for e in events] == [Ready, Result, Done]
+    (result,) = [e for e in events if isinstance(e, Result)]
+    out = np.load(result.outputs[0]["path"]).view(np.float32)
+    assert (out == a @ a.T).all()  # small integers: exact in float32
