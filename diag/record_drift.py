@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from diag import tolerance
+from diag.tolerance.gate import RATIOS as GATE_RATIOS
 from diag.drift import Check, Drift
 
 __all__ = [
@@ -23,8 +23,8 @@ __all__ = [
     "metric_drifts",
 ]
 
-#: Metrics judged against an allowance (`diag.tolerance.RATIOS`, where every allowance lives).
-RATIOS = tolerance.RATIOS
+#: Metrics judged against an allowance (`diag.tolerance.gate.RATIOS`, where every allowance lives).
+RATIOS = GATE_RATIOS
 
 #: Counts of elements or rows that break a rule, zero on every correct implementation: any
 #: change is drift.

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 import jax.numpy as jnp  # noqa: E402
 
 import diag  # noqa: E402
-from diag.tolerance import diverge_tap_allowance as tap_allowance  # noqa: E402
+from diag.tolerance.diverge import diverge_tap_allowance as tap_allowance  # noqa: E402
 
 D, T = 32, 16
 RNG = np.random.default_rng(7)

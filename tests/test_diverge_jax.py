@@ -21,7 +21,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import diag  # noqa: E402
-from diag.tolerance import diverge_carried_threshold as carried_threshold  # noqa: E402
+from diag.tolerance.diverge import diverge_carried_threshold as carried_threshold  # noqa: E402
 from tests.conftest import REPO_ROOT  # noqa: E402
 
 

@@ -14,10 +14,10 @@ import pytest
 from diag import numerics
 from diag.diverge.ledger import Ledger
 from diag.diverge.rules import carried_error, op_class, own_error, ulp_of
-from diag.tolerance import DIVERGE_LIBRARY_ULP as LIBRARY_ULP
-from diag.tolerance import DIVERGE_ROUNDED_ULP as ROUNDED_ULP
-from diag.tolerance import diverge_carried_threshold as carried_threshold
-from diag.tolerance import diverge_tap_allowance as tap_allowance
+from diag.tolerance.diverge import DIVERGE_LIBRARY_ULP as LIBRARY_ULP
+from diag.tolerance.diverge import DIVERGE_ROUNDED_ULP as ROUNDED_ULP
+from diag.tolerance.diverge import diverge_carried_threshold as carried_threshold
+from diag.tolerance.diverge import diverge_tap_allowance as tap_allowance
 
 F32, BF16 = np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)
 

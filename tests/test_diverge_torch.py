@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import diag  # noqa: E402
-from diag.tolerance import diverge_carried_threshold as carried_threshold  # noqa: E402
+from diag.tolerance.diverge import diverge_carried_threshold as carried_threshold  # noqa: E402
 from tests.test_diverge_jax import line_of  # noqa: E402
 
 

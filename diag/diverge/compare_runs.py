@@ -4,7 +4,7 @@ Each run is called once under a recorder. Taps are paired by name (a name tapped
 ``name``, ``name#1``, ... ``name#k-1``), run B's names first passed through the name map. Per
 pair: the normwise relative difference ``max|a - b| / max|b|`` and the mean one, against what
 two correct implementations in the tap's dtype may differ by: u^(2/3) of the narrower of the
-two dtypes (`diag.tolerance.diverge_tap_allowance`, derived there: each correct implementation
+two dtypes (`diag.tolerance.diverge.diverge_tap_allowance`, derived there: each correct implementation
 keeps about k*u of the truth after k well-conditioned ops, so two differ by at most about 2k*u,
 far below a third of the significand bits unless one computes something else). `first` is the first tap in run A's order
 beyond it: the layer where the port broke (later taps inherit its difference).
@@ -20,7 +20,7 @@ import numpy as np
 from diag.diverge.records import CompareReport, DivergeError, NothingCompared, TapRecord
 from diag.diverge.rules import absdiff
 from diag.diverge.taps import recording
-from diag.tolerance import diverge_tap_allowance
+from diag.tolerance.diverge import diverge_tap_allowance
 
 
 def _run(fn: Callable[[], Any], label: str, modules: bool) -> list:

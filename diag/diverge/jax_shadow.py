@@ -31,7 +31,7 @@ from diag.interp.jax_program import Program
 from diag.interp.jax_source import where as source_and_library
 from diag.interp.jax_compile import bind, bind_params
 from diag.interp.jaxpr import Evaluator, Value, is_inexact
-from diag.tolerance import diverge_carried_threshold
+from diag.tolerance.diverge import diverge_carried_threshold
 
 _F64 = np.dtype(np.float64)
 

@@ -40,7 +40,7 @@ dtype claims (a bf16 accumulator where float32 was claimed, a fast-math approxim
 Carried error: the normwise relative error of the value against its float64 shadow,
 ``max|y - s| / max|s|``. The normwise form is the textbook one for tensors (Higham, ch. 6): an
 element that is nearly zero in a centred tensor (x - mean) does not make the whole tensor
-"wrong". The threshold is `diag.tolerance.diverge_carried_threshold`: sqrt(u) of the value's dtype (float32 2.4e-4,
+"wrong". The threshold is `diag.tolerance.diverge.diverge_carried_threshold`: sqrt(u) of the value's dtype (float32 2.4e-4,
 float16 2.2e-2, bfloat16 6.25e-2): the value has lost half of its significand bits. A
 well-conditioned chain of k correctly rounded ops carries at most about k*u (worst case; the
 usual random-walk growth is sqrt(k)*u), so the threshold allows u^(-1/2) such ops from the
@@ -49,7 +49,7 @@ in the usual case; only an ill-conditioned step (cancellation, overflow, a lost 
 a long chain of lost bits crosses it. (A benign cancellation such as Adam's bias correction
 1 - 0.999^t, which loses 9 bits in float32 at step 1, stays below it.)
 
-Two implementations compared tap by tap (`diag.tolerance.diverge_tap_allowance`) may differ by u^(2/3) (float32
+Two implementations compared tap by tap (`diag.tolerance.diverge.diverge_tap_allowance`) may differ by u^(2/3) (float32
 1.5e-5): each is within about k*u of the truth, so the two within 2k*u, which allows
 u^(-1/3)/2 worst-case ops between them (128 in float32); a port of the same math agrees far
 more closely (3.5e-7 measured on examples/diverge_port.py), a different formula (GELU's tanh
@@ -71,7 +71,7 @@ import threading
 import numpy as np
 
 from diag import numerics
-from diag.tolerance import (DIVERGE_COMPOSITE_EXTRA_STEPS, DIVERGE_LIBRARY_ULP,
+from diag.tolerance.diverge import (DIVERGE_COMPOSITE_EXTRA_STEPS, DIVERGE_LIBRARY_ULP,
                             DIVERGE_ROUNDED_ULP)
 
 # Op classes by primitive name: JAX jaxpr primitives and aten op names (without the overload).

@@ -32,7 +32,7 @@ from diag.diverge.rules import op_class, release_scratch
 from diag.interp.torch_mode import OpMode
 from diag.interp.torch_ops import (OP_KIND, VIEW, flat_args, is_float, op_kind, written_args,
                                    written_tensors)
-from diag.tolerance import diverge_carried_threshold
+from diag.tolerance.diverge import diverge_carried_threshold
 
 _NP = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
        torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16)}
