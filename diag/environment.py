@@ -116,7 +116,7 @@ def env_report(*, fingerprints: bool = True, timeout: float = _flags.ENV_TIMEOUT
     """
     from diag.backends import BACKENDS
     from diag.flags import FLAG_VARS, findings, host_flags, parse_flags, validate_xla_flags
-    from diag.workers import _available, run_env_worker
+    from diag.workers import framework_available, run_env_worker
 
     environ = dict(os.environ if environ is None else environ)
     for var in FLAG_VARS:
@@ -124,7 +124,7 @@ def env_report(*, fingerprints: bool = True, timeout: float = _flags.ENV_TIMEOUT
     check = validate_xla_flags(environ)
     frameworks: dict[str, Any] = {}
     for fw in ("jax", "torch", "torch_xla"):
-        if not _available(fw, environ):
+        if not framework_available(fw, environ):
             hint = next(s.install_hint for s in BACKENDS.values() if s.framework == fw)
             frameworks[fw] = {"backends": {}, "error": f"{fw} is not installed ({hint})"}
             continue

@@ -44,7 +44,7 @@ import ml_dtypes
 import numpy as np
 
 from diag.unit_model import (  # the model each hypothesis is run through
-    _K, _MAX_EXTRA, _P, _WIDTHS, ORDERS, ROUNDINGS, UNITS, Unit, _dtype)
+    K_PROBE, MAX_EXTRA_BITS, ACC_BITS, BLOCK_WIDTHS, ORDERS, ROUNDINGS, UNITS, Unit, as_unit_dtype)
 
 __all__ = ["UNITS", "Feature", "Features", "Unit", "features"]
 
@@ -114,9 +114,9 @@ class _Battery:
         return self
 
     def matrices(self) -> tuple[np.ndarray, np.ndarray]:
-        n = max(len(self.rows), _K)  # at least 64 x 64: BLAS picks kernels by size
-        a = np.zeros((n, _K), np.float64)
-        b = np.zeros((_K, n), np.float64)
+        n = max(len(self.rows), K_PROBE)  # at least 64 x 64: BLAS picks kernels by size
+        a = np.zeros((n, K_PROBE), np.float64)
+        b = np.zeros((K_PROBE, n), np.float64)
         for i, row in enumerate(self.rows):
             for k, x, y in row:
                 a[i, k], b[k, i] = x, y
@@ -187,12 +187,12 @@ def _rounding(dtype) -> _Battery:
 def _extra_bits(dtype, p: int) -> _Battery:
     """1 - d: d below float32's last place, kept only with enough extra alignment bits."""
     bat = _Battery(dtype)
-    for k in range(1, _MAX_EXTRA + 2):  # truncation: any kept bit moves 1 - 2^-(23+k) down
+    for k in range(1, MAX_EXTRA_BITS + 2):  # truncation: any kept bit moves 1 - 2^-(23+k) down
         bat.add(f"1 - 2^-{23 + k}", [(0, 1.0), (1, -(2.0 ** -(23 + k)))])
         bat.add(f"1 + 2^-{23 + k}", [(0, 1.0), (1, 2.0 ** -(23 + k))])  # rounding up
     bat.add("1 - 3*2^-25", [(0, 1.0), (1, -3 * 2.0 ** -25)])
     bat.add("1 + 3*2^-25", [(0, 1.0), (1, 3 * 2.0 ** -25)])
-    for k in range(2, _MAX_EXTRA + 2):  # 0.75 ulp below 1, truncated to 0.5 or 0 ulp
+    for k in range(2, MAX_EXTRA_BITS + 2):  # 0.75 ulp below 1, truncated to 0.5 or 0 ulp
         bat.add(f"1 - 3*2^-{24 + k}", [(0, 1.0), (1, -3 * 2.0 ** -(24 + k))])
         bat.add(f"1 + 3*2^-{24 + k}", [(0, 1.0), (1, 3 * 2.0 ** -(24 + k))])
     for j in range(1, p):  # nearest: a tie 1 - 2^-25 tipped by 2^-(25+j), one product
@@ -208,7 +208,7 @@ def _block(dtype, extra: int | None) -> _Battery:
     """Where a fused step ends: what is lost with the 1 in one step survives across steps."""
     bat = _Battery(dtype)
     h = 2.0 ** -24
-    for m in range(2, _K):
+    for m in range(2, K_PROBE):
         if extra is None or extra >= 1:  # [1, h, h]: 1 + 2^-23 only if one step adds all
             bat.add(f"1@0 + 2^-24@1 + 2^-24@{m}", [(0, 1.0), (1, h), (m, h)])
         if extra is not None:  # [1, -1, s]: s lost in alignment if it joins the 1
@@ -216,11 +216,11 @@ def _block(dtype, extra: int | None) -> _Battery:
             bat.add(f"1@0 - 1@1 + 2^-{25 + extra}@{m}", [(0, 1.0), (1, -1.0), (m, s)])
     bat.add("1@0 + 2^-24@2 + 2^-24@3", [(0, 1.0), (2, h), (3, h)])
     s = 2.0 ** -(25 + extra) if extra is not None else h
-    for a in range(1, _K - 2):  # 1, -1 in one step, or across a boundary that keeps 1
+    for a in range(1, K_PROBE - 2):  # 1, -1 in one step, or across a boundary that keeps 1
         bat.add(f"1@{a} - 1@{a + 1} + {s:g}@{a + 2}", [(a, 1.0), (a + 1, -1.0), (a + 2, s)])
     for row, label in list(zip(bat.rows, bat.labels)):  # mirrored, for backward orders
-        bat.rows.append([(_K - 1 - k, x, y) for k, x, y in row])
-        bat.labels.append(f"{label}, k -> {_K - 1}-k")
+        bat.rows.append([(K_PROBE - 1 - k, x, y) for k, x, y in row])
+        bat.labels.append(f"{label}, k -> {K_PROBE - 1}-k")
     return bat
 
 
@@ -231,8 +231,8 @@ def _order(dtype, width: int, extra: int | None) -> _Battery:
     bat = _Battery(dtype)
     s = 2.0 ** -(25 + (extra or 0)) if extra is not None else 2.0 ** -24
     for places in ((0, width, 2 * width), (0, 2 * width, 3 * width), (0, width, 3 * width),
-                   (0, 1, _K - 1), (0, _K // 2, _K - 1)):
-        places = tuple(min(p, _K - 1) for p in places)
+                   (0, 1, K_PROBE - 1), (0, K_PROBE // 2, K_PROBE - 1)):
+        places = tuple(min(p, K_PROBE - 1) for p in places)
         if len(set(places)) < 3:
             continue
         for perm in itertools.permutations((1.0, -1.0, s)):
@@ -246,7 +246,7 @@ def _products(dtype, p: int) -> _Battery:
     bat = _Battery(dtype)
     x = 1 + 2.0 ** -(p - 1)
     bat.add(f"({x!r})^2 alone", [(0, x, x)])
-    if p == _P:  # x^2 = 1 + 2^-22 + 2^-46: only the fused sum with -(1 + 2^-22) shows 2^-46
+    if p == ACC_BITS:  # x^2 = 1 + 2^-22 + 2^-46: only the fused sum with -(1 + 2^-22) shows 2^-46
         c = -(1 + 2.0 ** -22)
         bat.add("-(1+2^-22)@0 + x^2@1", [(0, c, 1.0), (1, x, x)])
         bat.add("x^2@0 - (1+2^-22)@1", [(0, x, x), (1, c, 1.0)])
@@ -301,7 +301,7 @@ def features(matmul: Callable[[np.ndarray, np.ndarray], Any], dtype: Any = "floa
     Raises:
       ValueError: an unsupported dtype, or the matmul returned the wrong shape.
     """
-    dt = _dtype(dtype)
+    dt = as_unit_dtype(dtype)
     p = {"float32": 24, "bfloat16": 8, "float16": 11}[dt.name]
     odt: list[str] = []
     base = Unit()
@@ -319,8 +319,8 @@ def features(matmul: Callable[[np.ndarray, np.ndarray], Any], dtype: Any = "floa
     r, _ = step("rounding", lambda: _rounding(dt),
                 {r: replace(base, rounding=r) for r in ROUNDINGS})
     base = replace(base, rounding=r if r in ROUNDINGS else "nearest")
-    hyps = {e: replace(base, extra_bits=e) for e in range(_MAX_EXTRA + 1)}
-    hyps[f">={_MAX_EXTRA + 1}"] = replace(base, extra_bits=None)
+    hyps = {e: replace(base, extra_bits=e) for e in range(MAX_EXTRA_BITS + 1)}
+    hyps[f">={MAX_EXTRA_BITS + 1}"] = replace(base, extra_bits=None)
     e, _ = step("extra_bits", lambda: _extra_bits(dt, p), hyps, needs=("rounding",))
     extra = e if isinstance(e, int) else None
     base = replace(base, extra_bits=extra)
@@ -332,7 +332,7 @@ def features(matmul: Callable[[np.ndarray, np.ndarray], Any], dtype: Any = "floa
         return bat
 
     _, fits = step("block_fma_width", width_order,
-                   {(w, o): replace(base, block=w, order=o) for w in _WIDTHS for o in ORDERS},
+                   {(w, o): replace(base, block=w, order=o) for w in BLOCK_WIDTHS for o in ORDERS},
                    needs=("rounding", "extra_bits"))
     joint = details.pop()
     for name, i in (("block_fma_width", 0), ("order", 1)):
@@ -344,7 +344,7 @@ def features(matmul: Callable[[np.ndarray, np.ndarray], Any], dtype: Any = "floa
     w, o = details[-2].value, details[-1].value
     base = replace(base, block=w if isinstance(w, int) else 1,
                    order=o if o in ORDERS else "sequential")
-    if p == _P:  # float32: the exact product shows only through a fused sum
+    if p == ACC_BITS:  # float32: the exact product shows only through a fused sum
         pe, _ = step("product_exact", lambda: _products(dt, p),
                      {True: base, False: replace(base, product_exact=False)},
                      needs=("rounding", "extra_bits", "block_fma_width", "order"))

@@ -47,7 +47,7 @@ from diag.results import (Interrupted, Record, RunDir, RunResult, new_run_id,
 from diag.suite import (Case, Suite, check_applicable, check_memory, load_suite,
                         planned_records)
 from diag.trace import capture as trace_capture, passes as trace_passes
-from diag.workers import _Worker, candidate_backends, resolve_backends, worker_env
+from diag.workers import Worker, candidate_backends, resolve_backends, worker_env
 
 __all__ = ["run", "RunResult", "Interrupted", "resolve_backends", "candidate_backends", "check_applicable",
            "check_flags", "parse_ab", "DEFAULT_CASE_TIMEOUT"]
@@ -92,10 +92,10 @@ class _Run:
         self.outcomes: dict[str, dict[str, tuple[BackendSpec, dict, list[str]]]] = {}
         self.left: Counter[str] = Counter()  # case id -> backends yet to report it
         self.backend_info: dict[str, Any] = {}
-        self.worker: _Worker | None = None
-        self.exiting: list[_Worker] = []  # done with their job, exiting (`_Worker.finish`)
+        self.worker: Worker | None = None
+        self.exiting: list[Worker] = []  # done with their job, exiting (`Worker.finish`)
         #: framework -> the worker that listed its devices, parked for its first backend
-        self.parked: dict[str, _Worker] = {}
+        self.parked: dict[str, Worker] = {}
         self.ab = Experiment(ab_env, run_dir.path) if ab_env else None
         self.verdicts: dict[str, dict[str, dict]] = {}  # case id -> backend label -> its record
         self.trace: Path | None = None  # the run folder when traced (diag.trace)
@@ -271,7 +271,7 @@ class _Run:
             parked.adopt(spec, job_path, log)
             self.worker = worker = parked
         else:
-            self.worker = worker = _Worker.for_job(spec, job_path, log, env)
+            self.worker = worker = Worker.for_job(spec, job_path, log, env)
         seconds = self.judge.seconds[spec.label]
         by_id = {c.id: c for c in cases}
         index = 0
@@ -412,7 +412,7 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
     run_id = new_run_id()
     work = Path(tempfile.mkdtemp(prefix=f"diag-{run_id}-"))
     judge = Judge(work, cache_dir)
-    parked: dict[str, _Worker] = {}
+    parked: dict[str, Worker] = {}
     try:
         # Every input is drawn and written while the frameworks list their devices, which
         # the host would otherwise wait for idle (~0.4 s of the matmul suite's start).

@@ -14,21 +14,22 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["ORDERS", "ROUNDINGS", "UNITS", "Unit"]
+__all__ = ["ACC_BITS", "BLOCK_WIDTHS", "K_PROBE", "MAX_EXTRA_BITS", "ORDERS", "ROUNDINGS", "UNITS",
+           "Unit", "as_unit_dtype"]
 
-_K = 64
-_P = 24  # float32 significand bits (the accumulator)
+K_PROBE = 64
+ACC_BITS = 24  # float32 significand bits (the accumulator)
 _EXACT_BITS = 29  # `extra_bits=None`: bits kept below the last place (int64 sums)
 ROUNDINGS = ("nearest", "nearest_away", "toward_zero", "up", "down")
 ORDERS = ("sequential", "reverse", "pairwise")
-_MAX_EXTRA = 8  # extra bits hypotheses 0..8; more is reported as ">=9"
-_WIDTHS = tuple(range(1, 17)) + (32, 64)
+MAX_EXTRA_BITS = 8  # extra bits hypotheses 0..8; more is reported as ">=9"
+BLOCK_WIDTHS = tuple(range(1, 17)) + (32, 64)
 
 _DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
            "float16": np.dtype(np.float16)}
 
 
-def _dtype(dtype: Any) -> np.dtype:
+def as_unit_dtype(dtype: Any) -> np.dtype:
     d = np.dtype(dtype) if not isinstance(dtype, str) else _DTYPES.get(dtype)
     if d is None or d.name not in _DTYPES:
         raise ValueError(f"diag: features need float32, bfloat16 or float16 inputs, "
@@ -107,7 +108,7 @@ class Unit:
         _, e = np.frexp(np.where(nz, t, 1.0))
         emax = np.max(np.where(nz, e.astype(np.int64), -10_000), axis=0) - 1  # of the largest
         extra = _EXACT_BITS if self.extra_bits is None else self.extra_bits
-        qexp = emax - (_P - 1) - extra  # the aligned addends are multiples of 2^qexp
+        qexp = emax - (ACC_BITS - 1) - extra  # the aligned addends are multiples of 2^qexp
         ints = np.trunc(np.ldexp(t, -qexp[None])).astype(np.int64)
         s = ints.sum(axis=0)
         out = _round_int(s, qexp, self.rounding)
@@ -124,7 +125,7 @@ def _round_int(s: np.ndarray, qexp: np.ndarray, mode: str) -> np.ndarray:
     msb = np.where((mag >> np.maximum(msb, 0)) == 0, msb - 1, msb)
     msb = np.where((mag >> np.minimum(msb + 1, 62)) != 0, msb + 1, msb)
     # Keep 24 bits, or fewer where the result falls below float32's normal range.
-    sh = np.maximum(msb - (_P - 1), -149 - qexp)
+    sh = np.maximum(msb - (ACC_BITS - 1), -149 - qexp)
     sh = np.clip(sh, 0, 62)
     q = mag >> sh
     rem = mag - (q << sh)

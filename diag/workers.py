@@ -83,7 +83,7 @@ def _python(framework: str, env: Mapping[str, str]) -> str:
     return _checked_python(env[var], var) if env.get(var) else sys.executable
 
 
-def _available(framework: str, env: Mapping[str, str]) -> bool:
+def framework_available(framework: str, env: Mapping[str, str]) -> bool:
     """Whether a worker could import `framework`: it has its own Python, or diag's has it."""
     return bool(env.get(python_var(framework))) or framework_installed(framework)
 
@@ -154,12 +154,12 @@ def _events(stdout: str):
 
 
 def _discover(framework: str, env: dict[str, str]
-              ) -> tuple[list[str], str | None, "_Worker | None"]:
+              ) -> tuple[list[str], str | None, "Worker | None"]:
     """Platforms a framework sees, from a worker started with the workers' environment;
     (platforms, error, the worker parked for a job).
 
     The worker that listed the devices stays up with its framework imported, parked, and
-    runs the first of that framework's backends the runner hands it (`_Worker.adopt`):
+    runs the first of that framework's backends the runner hands it (`Worker.adopt`):
     a run pays for one import per framework, not two, and the second framework's worker is
     ready while the first backend runs.
 
@@ -169,7 +169,7 @@ def _discover(framework: str, env: dict[str, str]
     """
     from diag.flags import flag_error
 
-    worker = _Worker(framework, ["--discover", framework, "--then-job"], env, park=True)
+    worker = Worker(framework, ["--discover", framework, "--then-job"], env, park=True)
     try:
         event = worker.next_event(DISCOVERY_TIMEOUT)
     except queue.Empty:
@@ -206,7 +206,7 @@ def _result_or_error(job):
 
 
 def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
-                     ) -> tuple[list[BackendSpec], dict[str, str], dict[str, "_Worker"]]:
+                     ) -> tuple[list[BackendSpec], dict[str, str], dict[str, "Worker"]]:
     """Which backends can run and which cannot (with the reason).
 
     Args:
@@ -216,7 +216,7 @@ def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
     Returns:
       (backends that can run, {backend: why not} for the rest, {framework: its discovery
       worker, parked for the first of its backends to run}); the caller owns the parked
-      workers (`_Worker.adopt` one, `kill` the rest).
+      workers (`Worker.adopt` one, `kill` the rest).
 
     Raises:
       UsageError: an unknown backend name.
@@ -231,7 +231,7 @@ def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
     # Each framework lists its devices in its own process; they start side by side (mostly
     # import time: ~2 s for jax, ~3 s for torch here), not one after the other.
     frameworks = list(dict.fromkeys(s.framework for s in specs
-                                    if _available(s.framework, env)))
+                                    if framework_available(s.framework, env)))
     with ThreadPoolExecutor(max_workers=max(1, len(frameworks))) as pool:
         pending = {fw: pool.submit(_discover, fw, env) for fw in frameworks}
         results = {fw: _result_or_error(job) for fw, job in pending.items()}
@@ -313,7 +313,7 @@ def load_output(meta: dict) -> np.ndarray:
     return numerics.from_bits(data, meta["dtype"])
 
 
-class _Worker:
+class Worker:
     """A backend worker process and its event stream, read with a timeout.
 
     Started either for a job (`for_job`), or parked (`park=True`, by `_discover`): it lists
@@ -342,7 +342,7 @@ class _Worker:
 
     @classmethod
     def for_job(cls, spec: BackendSpec, job_path: Path, log_path: Path,
-                env: dict[str, str]) -> "_Worker":
+                env: dict[str, str]) -> "Worker":
         worker = cls(spec.framework, [str(job_path)], env, log_path=log_path)
         worker.spec = spec
         return worker

@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from diag import numerics
+from diag.render.cells import STYLE, badge, num
 from diag.results import STATUSES, worst_status
 
 if TYPE_CHECKING:
@@ -56,12 +57,6 @@ def _console(stderr: bool) -> Console:
 console = _console(stderr=True)
 out = _console(stderr=False)
 
-_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "error": "bold magenta",
-          "skip": "dim"}
-
-
-def badge(status: str) -> str:
-    return f"[{_STYLE.get(status, '')}]{escape(str(status))}[/]"
 
 
 def print_error(message: str) -> None:
@@ -135,11 +130,6 @@ class RunProgress:
             self._progress = None
 
 
-def _num(x: Any) -> str:
-    # A bool is a flag, not a measure: shown as missing, as the table always did.
-    return "—" if isinstance(x, bool) else numerics.fmt(x, compact=False)
-
-
 # ULP metrics the summary shows where no error bound applies (see `summary_table`).
 _ULP_KEYS = ("max_ulp", "max_ulp_between", "loss_ulp")
 
@@ -175,8 +165,8 @@ def summary_table(records: Iterable[dict[str, Any]]) -> Table:
         ulps = [] if ratios else [r["metrics"].get(k) for r in rs for k in _ULP_KEYS
                                   if isinstance(r["metrics"].get(k), int)]
         table.add_row(escape(probe), escape(str(backend)), escape(str(dtype)),
-                      badge(worst_status(statuses)), _num(max(ratios)) if ratios else "—",
-                      _num(max(ulps)) if ulps else "—", counts)
+                      badge(worst_status(statuses)), num(max(ratios)) if ratios else "—",
+                      num(max(ulps)) if ulps else "—", counts)
     return table
 
 
@@ -406,7 +396,7 @@ def nan_report_table(report: Any) -> Table:
     if report.output is not None:
         rows.append(("output", report.output.short()))
     if report.bad_index is not None:
-        at = (", ".join(_num(v) for v in report.inputs_at_index)
+        at = (", ".join(num(v) for v in report.inputs_at_index)
               if report.inputs_at_index is not None else "—")
         rows.append(("first bad element", f"index {list(report.bad_index)}; inputs there: {at}"))
     rows.append(("births seen", str(report.births)))

@@ -7,7 +7,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from diag.render import _num, badge
+from diag.render.cells import badge, num
 
 
 def trace_tables(context: dict[str, Any], top: int = 5) -> list:
@@ -17,11 +17,11 @@ def trace_tables(context: dict[str, Any], top: int = 5) -> list:
     for c in context["cases"]:
         title = (f"{badge(c['status'])} {escape(str(c['op']))} · {escape(str(c['case']))} · "
                  f"{escape(str(c['backend']))}")
-        figures = [f"bound ratio {_num(c['bound_ratio'])}", f"max ULP {_num(c['max_ulp'])}"]
+        figures = [f"bound ratio {num(c['bound_ratio'])}", f"max ULP {num(c['max_ulp'])}"]
         if c["fingerprint"]:
             figures.append(f"fingerprint {escape(c['fingerprint'])}")
         if c["per_call_us"] is not None:
-            figures.append(f"{_num(c['per_call_us'])} µs per call")
+            figures.append(f"{num(c['per_call_us'])} µs per call")
         high = c["highest"]
         if high and high.get("per_call_us") is not None and high.get("ratio") is not None:
             figures.append(_highest_words(high))
@@ -30,7 +30,7 @@ def trace_tables(context: dict[str, Any], top: int = 5) -> list:
                              ("dtype", "left"), ("shape", "left")):
             table.add_column(col, justify=justify, overflow="fold")
         for o in c["ops"][:top]:
-            table.add_row(escape(o["name"]), _num(o["per_call_us"]), _num(o["count"]),
+            table.add_row(escape(o["name"]), num(o["per_call_us"]), num(o["count"]),
                           escape(o["dtype"]), escape(o["shape"]))
         if c["error"]:
             table.add_row(f"[yellow]{escape(str(c['error']))}[/]", "", "", "", "")
@@ -50,12 +50,12 @@ def trace_tables(context: dict[str, Any], top: int = 5) -> list:
 def _highest_words(high: dict[str, Any]) -> str:
     """What `highest` costs, with each side's spread of calls: a ratio inside both spreads is
     timing noise and is said to be, not shown as a cost."""
-    words = f"at highest {_num(high['per_call_us'])} µs ({_num(high['ratio'])}x"
+    words = f"at highest {num(high['per_call_us'])} µs ({num(high['ratio'])}x"
     base, cost = high.get("base_range_us"), high.get("range_us")
     if base is None or cost is None:
         return words + ")"
-    spread = (f"calls {_num(base[0])}-{_num(base[1])} µs at default, "
-              f"{_num(cost[0])}-{_num(cost[1])} µs at highest")
+    spread = (f"calls {num(base[0])}-{num(base[1])} µs at default, "
+              f"{num(cost[0])}-{num(cost[1])} µs at highest")
     verdict = ("within the spread: no cost measured" if high.get("within_spread")
                else "beyond the spread")
     return f"{words}; {spread}: {verdict})"
