@@ -7,6 +7,7 @@ throwaway worker, and a running worker whose JSON event stream is read with a ti
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -23,7 +24,7 @@ from diag import numerics
 from diag.backends import BACKENDS, BackendSpec, framework_installed, get_spec
 from diag.errors import UsageError
 
-__all__ = ["worker_env", "jax_cache_env", "candidate_backends", "resolve_backends", "run_env_worker",
+__all__ = ["worker_env", "jax_cache_env", "jax_cache_for_import", "candidate_backends", "resolve_backends", "run_env_worker",
            "parse_python", "python_var", "DISCOVERY_TIMEOUT"]
 
 DISCOVERY_TIMEOUT = 180.0
@@ -140,6 +141,23 @@ def jax_cache_env(env: Mapping[str, str]) -> dict[str, str]:
     out = {"JAX_COMPILATION_CACHE_DIR": str(path)}
     out.update({k: v for k, v in JAX_CACHE_VARS.items() if k not in env})
     return out
+
+
+@contextlib.contextmanager
+def jax_cache_for_import():
+    """For a framework scan in this process (`diag preflight`'s node scan): os.environ holds
+    `jax_cache_env` while jax is first imported, and is as it was afterwards (JAX has read its
+    settings by then). Nothing changes when jax is already imported."""
+    added = {} if "jax" in sys.modules else {
+        k: v for k, v in jax_cache_env(os.environ).items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        if added:
+            import jax  # noqa: F401  (reads JAX_COMPILATION_CACHE_DIR now)
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
 
 
 def _events(stdout: str):
