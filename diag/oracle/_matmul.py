@@ -196,11 +196,13 @@ def _first_stage(a: np.ndarray, b: np.ndarray, out: np.ndarray, na: np.ndarray,
     abs_b32: list[np.ndarray] = []  # made once, if a block needs the tight bound
     # Temporaries are allocated once and reused: on a shared VM, touching fresh pages costs
     # about as much as the arithmetic on them.
-    a_buf, approx_buf, d_buf = np.empty((rb, kb)), np.empty((rb, n)), np.empty((rb, n))
+    approx_buf, d_buf = np.empty((rb, n)), np.empty((rb, n))
     if kb == k:
-        b64 = b.astype(np.float64)
+        a_buf, b64 = np.empty((rb, kb)), b.astype(np.float64)
     else:
-        b_buf, part = np.empty((kb, n)), np.empty((rb, n))
+        # K blocks per batched GEMM: their partial products stay ~8 MB.
+        g = max(1, min(-(-k // kb), (1 << 20) // (rb * n)))
+        bufs = (np.empty((g, rb, kb)), np.empty((g, kb, n)), np.empty((g, rb, n)))
     for r0 in range(0, m, rb):
         r1 = min(m, r0 + rb)
         h = r1 - r0
@@ -209,13 +211,7 @@ def _first_stage(a: np.ndarray, b: np.ndarray, out: np.ndarray, na: np.ndarray,
             np.copyto(a_buf[:h], a[r0:r1])
             np.matmul(a_buf[:h], b64, out=approx)
         else:
-            approx[...] = 0.0
-            for k0 in range(0, k, kb):
-                w = min(kb, k - k0)
-                np.copyto(a_buf[:h, :w], a[r0:r1, k0:k0 + w])
-                np.copyto(b_buf[:w], b[k0:k0 + w])
-                np.matmul(a_buf[:h, :w], b_buf[:w], out=part[:h])
-                approx += part[:h]
+            _ksplit_product(a[r0:r1], b, kb, approx, bufs)
         d = np.multiply(fa[r0:r1, None], nb[None, :], out=d_buf[:h])
         und = _decide(approx, d, out_dt, out[r0:r1], scratch32)
         if und.sum() * TIGHT_FRACTION > und.size:
@@ -226,6 +222,36 @@ def _first_stage(a: np.ndarray, b: np.ndarray, out: np.ndarray, na: np.ndarray,
         if idx.size:
             undecided.append(idx + r0 * n)
     return undecided
+
+
+def _ksplit_product(a_rows: np.ndarray, b: np.ndarray, kb: int, approx: np.ndarray,
+                    bufs: tuple) -> None:
+    """approx = the sum of the float64 GEMMs a_rows[:, blk] @ b[blk] over K blocks of kb.
+
+    Each block's product is computed alone (error gamma_kb) and the nb products are added in
+    float64 in some order and grouping (gamma_{nb-1}, whatever the order). Up to g blocks go to
+    BLAS as one batched matmul (numpy loops over them in C), so a small output does not pay
+    Python's per-call cost for each of its 256 blocks.
+    """
+    a_buf, b_buf, part = bufs  # [g, rb, kb], [g, kb, n], [g, rb, n] float64
+    h, k = a_rows.shape
+    n = b.shape[1]
+    g = a_buf.shape[0]
+    full = (k // kb) * kb
+    approx[...] = 0.0
+    for k0 in range(0, full, g * kb):
+        gg = min(g, (full - k0) // kb)
+        k1 = k0 + gg * kb
+        np.copyto(a_buf[:gg, :h], a_rows[:, k0:k1].reshape(h, gg, kb).transpose(1, 0, 2))
+        np.copyto(b_buf[:gg], b[k0:k1].reshape(gg, kb, n))
+        np.matmul(a_buf[:gg, :h], b_buf[:gg], out=part[:gg, :h])
+        approx += part[0, :h] if gg == 1 else part[:gg, :h].sum(axis=0)
+    if full < k:
+        w = k - full
+        np.copyto(a_buf[0, :h, :w], a_rows[:, full:])
+        np.copyto(b_buf[0, :w], b[full:])
+        np.matmul(a_buf[0, :h, :w], b_buf[0, :w], out=part[0, :h])
+        approx += part[0, :h]
 
 
 def _retry_tight(a_blk: np.ndarray, abs_b32: np.ndarray, b: np.ndarray, approx: np.ndarray,

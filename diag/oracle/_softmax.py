@@ -104,7 +104,7 @@ def softmax_core(x: np.ndarray, out_dt: np.dtype, slack: float = 1.0):
         elements settled by mpmath; the row lists are Python ints.
     """
     rows, n = x.shape
-    out = np.zeros((rows, n), out_dt)
+    out = np.empty((rows, n), out_dt)  # every element is written below
     if rows == 0 or n == 0:
         return out, 0, [], []
     nan_row = (np.isnan(x) | (x == np.inf)).any(axis=1)
