@@ -89,12 +89,16 @@ def main() -> None:
             res["warm"].append(preflight(root / "warm"))
             res["warm, no JAX cache"].append(preflight(root / "warm", jax_cache=False))
     med = {k: statistics.median(w for w, _, _ in v) for k, v in res.items()}
+    cpu = {k: statistics.median(c for _, c, _ in v) for k, v in res.items()}
     for k in kinds:
         walls = [w for w, _, _ in res[k]]
         cpus = ", ".join(f"{c:.2f}" for _, c, _ in res[k])
         ratio = "" if k == "floor" else f"  = {med[k] / med['floor']:.2f}x the floor"
         print(f"{k:<19} {describe(walls)}{ratio}")
-        print(f"{'':<19} CPU seconds (user+sys, all processes): {cpus}")
+        # Under other load the wall time of a 3 s import swings 2-5x; CPU seconds do not.
+        cratio = "" if k == "floor" else f" = {cpu[k] / cpu['floor']:.2f}x the floor's"
+        print(f"{'':<19} CPU seconds (user+sys, all processes): median {cpu[k]:.2f}{cratio}; "
+              f"samples {cpus}")
     warm = sorted(res["warm"], key=lambda s: s[0])[(args.repeats - 1) // 2]
     steps = ", ".join(f"{s['name']} {s['seconds']:.1f}" for s in json.loads(warm[2])["steps"])
     print(f"steps of the median warm sample (s): {steps}")
