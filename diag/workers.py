@@ -126,17 +126,19 @@ def jax_cache_env(env: Mapping[str, str]) -> dict[str, str]:
     """The variables that give JAX workers a persistent compilation cache in diag's cache folder.
 
     Nothing when the user set JAX_COMPILATION_CACHE_DIR (their cache, their thresholds; an empty
-    value turns it off) or when the folder cannot be created (JAX would warn on every compile).
+    value turns it off), when XLA_FLAGS asks for dumps (`--xla_dump_to`: a program found in the
+    cache is not compiled, so not dumped), or when the folder could not be created (JAX would
+    warn on every compile). Nothing is written here: JAX creates the folder on its first entry.
     """
-    if "JAX_COMPILATION_CACHE_DIR" in env:
+    if "JAX_COMPILATION_CACHE_DIR" in env or "--xla_dump_to" in env.get("XLA_FLAGS", ""):
         return {}
-    from diag.oracle.cache import GroundTruthCache, default_cache_dir, jax_cache_dir
+    from diag.oracle.cache import jax_cache_dir
 
     path = jax_cache_dir(env)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        GroundTruthCache(default_cache_dir(env)).mark()  # `diag cache clear` may empty it
-    except OSError:
+    probe = path
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not (probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)):
         return {}
     out = {"JAX_COMPILATION_CACHE_DIR": str(path)}
     out.update({k: v for k, v in JAX_CACHE_VARS.items() if k not in env})
