@@ -339,14 +339,17 @@ def _probes(environ: dict[str, str], result: Preflight, cache_dir: Optional[str]
 def _nodes(environ: dict[str, str], result: Preflight, injections: tuple) -> None:
     from diag import nodes
     from diag.backends import framework_installed
+    from diag.workers import jax_cache_for_import
 
     if not framework_installed("jax"):  # the scan's workloads are JAX's
         result.findings.append(Finding("nodes", "devices", "skip",
                                        "jax is not installed: the node scan runs on JAX",
                                        "pip install 'diag[jax]' to scan the devices"))
         return
-    # In this process (jax is imported here, with this process's XLA_FLAGS), as `diag nodes`.
-    scan = nodes.scan(repeats=NODE_REPEATS, injections=injections)
+    # In this process (jax is imported here, with this process's XLA_FLAGS), as `diag nodes`,
+    # with the JAX workers' persistent compilation cache (read once, when jax is imported).
+    with jax_cache_for_import():
+        scan = nodes.scan(repeats=NODE_REPEATS, injections=injections)
     for s in scan.suspects:
         result.findings.append(Finding(
             "nodes", f"device {s.get('device_id')} on {s.get('host')}", "fail",

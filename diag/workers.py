@@ -7,6 +7,7 @@ throwaway worker, and a running worker whose JSON event stream is read with a ti
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -23,8 +24,8 @@ from diag import numerics
 from diag.backends import BACKENDS, BackendSpec, framework_installed, get_spec
 from diag.errors import UsageError
 
-__all__ = ["load_output", "worker_env", "jax_cache_env", "candidate_backends", "resolve_backends",
-           "run_env_worker",
+__all__ = ["load_output", "worker_env", "jax_cache_env", "jax_cache_for_import",
+           "candidate_backends", "resolve_backends", "run_env_worker",
            "parse_python", "python_var", "DISCOVERY_TIMEOUT"]
 
 DISCOVERY_TIMEOUT = 180.0
@@ -126,21 +127,40 @@ def jax_cache_env(env: Mapping[str, str]) -> dict[str, str]:
     """The variables that give JAX workers a persistent compilation cache in diag's cache folder.
 
     Nothing when the user set JAX_COMPILATION_CACHE_DIR (their cache, their thresholds; an empty
-    value turns it off) or when the folder cannot be created (JAX would warn on every compile).
+    value turns it off), when XLA_FLAGS asks for dumps (`--xla_dump_to`: a program found in the
+    cache is not compiled, so not dumped), or when the folder could not be created (JAX would
+    warn on every compile). Nothing is written here: JAX creates the folder on its first entry.
     """
-    if "JAX_COMPILATION_CACHE_DIR" in env:
+    if "JAX_COMPILATION_CACHE_DIR" in env or "--xla_dump_to" in env.get("XLA_FLAGS", ""):
         return {}
-    from diag.oracle.cache import GroundTruthCache, default_cache_dir, jax_cache_dir
+    from diag.oracle.cache import jax_cache_dir
 
     path = jax_cache_dir(env)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        GroundTruthCache(default_cache_dir(env)).mark()  # `diag cache clear` may empty it
-    except OSError:
+    probe = path
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not (probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)):
         return {}
     out = {"JAX_COMPILATION_CACHE_DIR": str(path)}
     out.update({k: v for k, v in JAX_CACHE_VARS.items() if k not in env})
     return out
+
+
+@contextlib.contextmanager
+def jax_cache_for_import():
+    """For a framework scan in this process (`diag preflight`'s node scan): os.environ holds
+    `jax_cache_env` while jax is first imported, and is as it was afterwards (JAX has read its
+    settings by then). Nothing changes when jax is already imported."""
+    added = {} if "jax" in sys.modules else {
+        k: v for k, v in jax_cache_env(os.environ).items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        if added:
+            import jax  # noqa: F401  (reads JAX_COMPILATION_CACHE_DIR now)
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
 
 
 def _events(stdout: str):

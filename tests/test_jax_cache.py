@@ -1,8 +1,9 @@
 """JAX workers keep compiled programs in diag's cache folder, and the NaN hunt's time is shown.
 
 Claims: `worker_env` points JAX's persistent compilation cache at ``<diag cache>/jax`` with
-every program kept (thresholds 0 and -1), leaves a user's own JAX_COMPILATION_CACHE_DIR and
-thresholds alone, and sets nothing when the folder cannot be created; a JAX process started
+every program kept (thresholds 0 and -1) without writing anything, leaves a user's own
+JAX_COMPILATION_CACHE_DIR and thresholds alone, and sets nothing when the folder cannot be
+created or XLA_FLAGS asks for dumps; a JAX process started
 with that environment really writes its compiled programs there; `diag cache info` reports the
 folder and `diag cache clear` empties it (through the real `diag` script); and `diag run`'s
 `diag: time:` line and run.json's phases include the NaN hunt of the planted float16 overflow,
@@ -24,7 +25,14 @@ def test_worker_env_points_jax_at_diags_cache_folder(tmp_path):
     assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "c" / "jax")
     assert env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
     assert env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] == "-1"
-    assert (tmp_path / "c" / "jax").is_dir() and (tmp_path / "c" / "CACHEDIR.TAG").is_file()
+    assert not (tmp_path / "c").exists()  # nothing written before a worker compiles
+
+
+def test_xla_dumps_turn_the_cache_off(tmp_path):
+    # A cached program is not compiled, so XLA would dump nothing for it.
+    env = worker_env(base={"DIAG_CACHE_DIR": str(tmp_path / "c"),
+                           "XLA_FLAGS": f"--xla_dump_to={tmp_path / 'dump'}"})
+    assert not any(k.startswith("JAX_") for k in env)
 
 
 def test_worker_env_leaves_a_users_jax_cache_alone(tmp_path):

@@ -112,7 +112,8 @@ def matmul_result(a, b, out_dtype=None, *, cache: Optional[GroundTruthCache] = N
         if hit is not None:
             return _cached(hit, t0)
     m, n = a.shape[-2], b.shape[-1]
-    value = np.empty(batch + (m, n), out_dt) if batch else None
+    # 2-D: the core's own array is the value (no copy); batched: one slice per product.
+    value = np.empty(batch + (m, n) if batch else (0, 0), out_dt)
     a_b = np.broadcast_to(a, batch + a.shape[-2:])
     b_b = np.broadcast_to(b, batch + b.shape[-2:])
     methods: list[str] = []
@@ -121,10 +122,10 @@ def matmul_result(a, b, out_dtype=None, *, cache: Optional[GroundTruthCache] = N
         # Overflow to inf in casts and bounds is expected and handled (IEEE semantics).
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             v, method, fb, ex = matmul_core(a_b[idx], b_b[idx], out_dt)
-        if value is None:
-            value = v  # 2-D: no copy
-        else:
+        if batch:
             value[idx] = v
+        else:
+            value = v
         fallbacks += fb
         exact += ex
         if method not in methods:

@@ -76,7 +76,8 @@ def row_sums(x: np.ndarray, passes: int, max_abs: float | None = None):
         else:
             mu = np.abs(r).max(axis=1) if n else np.zeros(c)
         sigma = np.ldexp(1.0, np.frexp(mu)[1] + m_bits)[:, None]  # >= 2**m_bits * mu
-        q = (r + sigma) - sigma
+        q = r + sigma
+        q -= sigma
         r = r - q
         tau = q.sum(axis=1)  # exact: Lemma 3.4
         hi, e = _two_sum(hi, tau)

@@ -39,7 +39,7 @@ exact stages, each COUNTED in `OracleResult.fallbacks` / `exact`:
 3. What is left (exact ties, sums beyond that) is summed exactly with math.fsum
    (`_exact_element`).
 
-float64 output. Here the float64 rounding itself must be decided, so every scalar product (exact)
+float64 output (diag/oracle/_matmul_dd.py). Here the float64 rounding itself must be decided: every product (exact)
 is accumulated in double-double (K rank-1 passes; slow for long K, not a target) and the
 decision uses the exact remainder of the final TwoSum.
 
@@ -60,6 +60,7 @@ import numpy as np
 from diag.numerics import round_to_dtype
 from diag.oracle._eft import gamma as _gamma
 from diag.oracle._eft import row_sums, split_bits, split_rows
+from diag.oracle._matmul_dd import bound_f32, decide_f64, stage_dd
 from diag.oracle._matmul_special import apply_specials, zero_signs
 
 __all__ = ["BLOCK_ELEMENTS", "KSPLIT_THRESHOLD", "matmul_core"]
@@ -124,18 +125,6 @@ def _norms(x: np.ndarray, axis: int) -> np.ndarray:
     return np.sqrt(acc)
 
 
-def _two_sum_acc(hi: np.ndarray, lo: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Return new hi = fl(hi + x); lo += exact error of that addition (TwoSum)."""
-    s = hi + x
-    a1 = s - x           # the part of s that came from hi
-    b1 = s - a1          # the part of s that came from x
-    np.subtract(hi, a1, out=a1)  # da = hi - a1
-    np.subtract(x, b1, out=b1)   # db = x - b1
-    np.add(a1, b1, out=a1)       # e = da + db (exact: hi + x == s + e)
-    np.add(lo, a1, out=lo)
-    return s
-
-
 def _decide(approx: np.ndarray, d: np.ndarray, out_dt: np.dtype, out_blk: np.ndarray,
             scratch32: Optional[np.ndarray]) -> np.ndarray:
     """Write round(approx + d) into out_blk; return a bool mask of elements not proven.
@@ -143,7 +132,7 @@ def _decide(approx: np.ndarray, d: np.ndarray, out_dt: np.dtype, out_blk: np.nda
     Proven means round(fl(approx - d)) and round(fl(approx + d)) have the same bits.
     """
     if out_dt == _F64:
-        return _decide_f64(approx, np.zeros_like(approx), d, out_blk)
+        return decide_f64(approx, np.zeros_like(approx), d, out_blk)
     if out_dt == _F32:
         # One pass each: the subtraction is done in float64 and its result rounded (RNE) to f32.
         lo32 = (np.empty(approx.shape, np.float32) if scratch32 is None
@@ -183,40 +172,6 @@ def _exact_element(arow: np.ndarray, bcol: np.ndarray, out_dt: np.dtype) -> np.g
     return round_to_dtype(np.array(s1), out_dt)[()]
 
 
-def _bound_f32(abs_a32: np.ndarray, abs_b32: np.ndarray, f: float, k: int):
-    """D >= f * sum_k |a_ik b_kj| from an sgemm on |A|, |B| (half the traffic of float64).
-
-    float32 model with underflow: every operation is exact-or-(1 + d), |d| <= 2**-24, except a
-    product (or FMA) whose result is subnormal, which errs by <= 2**-150 absolutely. So
-    C32 >= (sum|p| - K 2**-150)(1 - gamma_K(2**-24)), and D = f (C32 / (1 - gamma) + K 2**-149)
-    bounds it (f's 1.25 slack pays for the float64 roundings here). Returns (D, C32), or
-    (None, None) if C32 has an inf (overflow: the caller uses float64 instead).
-    """
-    c32 = abs_a32 @ abs_b32
-    if np.isinf(c32).any():
-        return None, None
-    g32 = k * 2.0**-24
-    scale = f * (1.0 + 2.0**-30) / (1.0 - g32 / (1.0 - g32))
-    d = np.multiply(c32, scale, dtype=_F64)
-    d += f * k * 2.0**-149
-    return d, c32
-
-
-def _decide_f64(hi: np.ndarray, lo: np.ndarray, d: np.ndarray, out_blk: np.ndarray) -> np.ndarray:
-    """float64 output: S lies in r + e +- d with (r, e) = TwoSum(hi, lo) exact.
-
-    RN64(S) == r if r + e - d > r - gap_down / 2 and r + e + d < r + gap_up / 2; the gaps are
-    exact (Sterbenz) and their halves representable, so comparing the ROUNDED e +- d against them
-    is rigorous by monotonicity of rounding.
-    """
-    r = hi + lo
-    z = r - hi
-    e = (hi - (r - z)) + (lo - z)
-    up = np.nextafter(r, np.inf) - r
-    down = r - np.nextafter(r, -np.inf)
-    ok = ((e + d) < up * 0.5) & ((e - d) > down * -0.5)
-    out_blk[...] = r
-    return ~ok
 def _first_stage(a: np.ndarray, b: np.ndarray, out: np.ndarray, na: np.ndarray,
                  nb: np.ndarray) -> list[np.ndarray]:
     """One float64 GEMM (K-split above KSPLIT_THRESHOLD) + the rank-one bound; returns the
@@ -241,11 +196,15 @@ def _first_stage(a: np.ndarray, b: np.ndarray, out: np.ndarray, na: np.ndarray,
     abs_b32: list[np.ndarray] = []  # made once, if a block needs the tight bound
     # Temporaries are allocated once and reused: on a shared VM, touching fresh pages costs
     # about as much as the arithmetic on them.
-    a_buf, approx_buf, d_buf = np.empty((rb, kb)), np.empty((rb, n)), np.empty((rb, n))
+    approx_buf, d_buf = np.empty((rb, n)), np.empty((rb, n))
     if kb == k:
-        b64 = b.astype(np.float64)
+        a_buf, b64 = np.empty((rb, kb)), b.astype(np.float64)
     else:
-        b_buf, part = np.empty((kb, n)), np.empty((rb, n))
+        # K blocks per batched GEMM, their operands and partial products ~4 MB in all (measured
+        # for [64,65536]x[65536,64], one thread: 16 blocks at a time 28 ms, 1 at a time 32 ms,
+        # all 256 at once 36 ms, against 25 ms for one float64 GEMM).
+        g = max(1, min(-(-k // kb), (1 << 19) // (rb * kb + kb * n + rb * n)))
+        bufs = (np.empty((g, rb, kb)), np.empty((g, kb, n)), np.empty((g, rb, n)))
     for r0 in range(0, m, rb):
         r1 = min(m, r0 + rb)
         h = r1 - r0
@@ -254,13 +213,7 @@ def _first_stage(a: np.ndarray, b: np.ndarray, out: np.ndarray, na: np.ndarray,
             np.copyto(a_buf[:h], a[r0:r1])
             np.matmul(a_buf[:h], b64, out=approx)
         else:
-            approx[...] = 0.0
-            for k0 in range(0, k, kb):
-                w = min(kb, k - k0)
-                np.copyto(a_buf[:h, :w], a[r0:r1, k0:k0 + w])
-                np.copyto(b_buf[:w], b[k0:k0 + w])
-                np.matmul(a_buf[:h, :w], b_buf[:w], out=part[:h])
-                approx += part[:h]
+            _ksplit_product(a[r0:r1], b, kb, approx, bufs)
         d = np.multiply(fa[r0:r1, None], nb[None, :], out=d_buf[:h])
         und = _decide(approx, d, out_dt, out[r0:r1], scratch32)
         if und.sum() * TIGHT_FRACTION > und.size:
@@ -273,9 +226,39 @@ def _first_stage(a: np.ndarray, b: np.ndarray, out: np.ndarray, na: np.ndarray,
     return undecided
 
 
+def _ksplit_product(a_rows: np.ndarray, b: np.ndarray, kb: int, approx: np.ndarray,
+                    bufs: tuple) -> None:
+    """approx = the sum of the float64 GEMMs a_rows[:, blk] @ b[blk] over K blocks of kb.
+
+    Each block's product is computed alone (error gamma_kb) and the nb products are added in
+    float64 in some order and grouping (gamma_{nb-1}, whatever the order). Up to g blocks go to
+    BLAS as one batched matmul (numpy loops over them in C), so a small output does not pay
+    Python's per-call cost for each of its 256 blocks.
+    """
+    a_buf, b_buf, part = bufs  # [g, rb, kb], [g, kb, n], [g, rb, n] float64
+    h, k = a_rows.shape
+    n = b.shape[1]
+    g = a_buf.shape[0]
+    full = (k // kb) * kb
+    approx[...] = 0.0
+    for k0 in range(0, full, g * kb):
+        gg = min(g, (full - k0) // kb)
+        k1 = k0 + gg * kb
+        np.copyto(a_buf[:gg, :h], a_rows[:, k0:k1].reshape(h, gg, kb).transpose(1, 0, 2))
+        np.copyto(b_buf[:gg], b[k0:k1].reshape(gg, kb, n))
+        np.matmul(a_buf[:gg, :h], b_buf[:gg], out=part[:gg, :h])
+        approx += part[0, :h] if gg == 1 else part[:gg, :h].sum(axis=0)
+    if full < k:
+        w = k - full
+        np.copyto(a_buf[0, :h, :w], a_rows[:, full:])
+        np.copyto(b_buf[0, :w], b[full:])
+        np.matmul(a_buf[0, :h, :w], b_buf[0, :w], out=part[0, :h])
+        approx += part[0, :h]
+
+
 def _retry_tight(a_blk: np.ndarray, abs_b32: np.ndarray, b: np.ndarray, approx: np.ndarray,
                  err: float, out_blk: np.ndarray, scratch32) -> np.ndarray:
-    """Decide a block again with the elementwise bound f |A||B| (an sgemm, `_bound_f32`).
+    """Decide a block again with the elementwise bound f |A||B| (an sgemm, `bound_f32`).
 
     For blocks the rank-one bound leaves largely undecided (sparse or structured inputs, where
     Cauchy-Schwarz is loose and many sums are exact zeros of disjoint supports). Elements
@@ -284,7 +267,7 @@ def _retry_tight(a_blk: np.ndarray, abs_b32: np.ndarray, b: np.ndarray, approx: 
     k = a_blk.shape[1]
     out_dt = out_blk.dtype
     f = _bound_factor(err)
-    d, c32 = _bound_f32(np.abs(a_blk.astype(np.float32)), abs_b32, f, k)
+    d, c32 = bound_f32(np.abs(a_blk.astype(np.float32)), abs_b32, f, k)
     if d is None:
         d = np.abs(a_blk.astype(np.float64)) @ (np.abs(b.astype(np.float64)) * f)
         cand = d == 0
@@ -300,46 +283,6 @@ def _retry_tight(a_blk: np.ndarray, abs_b32: np.ndarray, b: np.ndarray, approx: 
         und &= ~zero
         und |= cand & ~zero  # tiny products lost to float32 underflow in the bound
     return und
-
-
-def _stage_dd(a: np.ndarray, b: np.ndarray, out: np.ndarray, maybe_zero: bool
-              ) -> list[np.ndarray]:
-    """float64 output: exact products accumulated in double-double, bound from an sgemm."""
-    m, k = a.shape
-    n = b.shape[1]
-    f = 1.25 * 3.0 * (k + 1) ** 2 * _U * _U
-    rb = max(1, BLOCK_ELEMENTS // n)
-    abs_a32 = np.abs(a.astype(np.float32))
-    abs_b32 = np.abs(b.astype(np.float32))
-    b64 = b.astype(np.float64)
-    undecided: list[np.ndarray] = []
-    for r0 in range(0, m, rb):
-        r1 = min(m, r0 + rb)
-        out_blk = out[r0:r1]
-        d, c32 = _bound_f32(abs_a32[r0:r1], abs_b32, f, k)
-        if d is None:
-            d = np.abs(a[r0:r1].astype(np.float64)) @ (np.abs(b64) * f)
-            cand = d == 0
-        else:
-            cand = c32 == 0  # all products zero, or lost to underflow: checked below
-        hi = np.zeros((r1 - r0, n))
-        lo = np.zeros((r1 - r0, n))
-        a_blk = a[r0:r1].astype(np.float64)
-        for kk in range(k):
-            hi = _two_sum_acc(hi, lo, np.multiply.outer(a_blk[:, kk], b64[kk]))
-        und = _decide_f64(hi, lo, d, out_blk)
-        if maybe_zero and cand.any():
-            a_sign = a[r0:r1].astype(np.float32)
-            nonzero = (a_sign != 0).astype(np.float64) @ (b.astype(np.float32) != 0)
-            zero = cand & (nonzero == 0)  # every product is exactly zero
-            neg = zero_signs(a_sign, b.astype(np.float32), k)
-            out_blk[zero] = np.where(neg[zero], -0.0, 0.0)
-            und &= ~zero
-            und |= cand & ~zero  # tiny products lost to float32 underflow in the bound
-        idx = np.flatnonzero(und)
-        if idx.size:
-            undecided.append(idx + r0 * n)
-    return undecided
 
 
 def _settle_zero_lines(a: np.ndarray, b: np.ndarray, out: np.ndarray, na: np.ndarray,
@@ -439,7 +382,7 @@ def _refine(a: np.ndarray, b: np.ndarray, flat_idx: np.ndarray, out_dt: np.dtype
             hi, lo, err = row_sums(x[sub], passes)
             val = np.empty(sub.size, out_dt)
             if out_dt == _F64:
-                u2 = _decide_f64(hi, lo, 1.01 * err, val)
+                u2 = decide_f64(hi, lo, 1.01 * err, val)
             else:
                 approx = hi + lo
                 u2 = _decide(approx, 1.1 * err + 3.0 * _U * np.abs(approx), out_dt, val, None)
@@ -481,7 +424,7 @@ def matmul_core(a: np.ndarray, b: np.ndarray, out_dt: np.dtype):
     if out_dt == _F64:
         method = "dd-exact-products"
         maybe_zero = not (bool(a.all()) and bool(b.all()))
-        parts = _stage_dd(a, b, out, maybe_zero)
+        parts = stage_dd(a, b, out, maybe_zero)
         und = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     else:
         method = "f64-ksplit" if k > KSPLIT_THRESHOLD else "f64-bound"

@@ -104,7 +104,7 @@ def softmax_core(x: np.ndarray, out_dt: np.dtype, slack: float = 1.0):
         elements settled by mpmath; the row lists are Python ints.
     """
     rows, n = x.shape
-    out = np.zeros((rows, n), out_dt)
+    out = np.empty((rows, n), out_dt)  # every element is written below
     if rows == 0 or n == 0:
         return out, 0, [], []
     nan_row = (np.isnan(x) | (x == np.inf)).any(axis=1)
@@ -164,11 +164,15 @@ def _rows(xr: np.ndarray, out: np.ndarray, slack: float) -> np.ndarray:
     # TwoSum error of x - m (exact); -inf entries give NaN here and get t = 0 (t is otherwise
     # finite and tiny, so its sum is NaN exactly when one entry is).
     back = d - xr
-    t = (xr - (d - back)) + (-m - back)
+    t = d - back
+    np.subtract(xr, t, out=t)
+    np.subtract(-m, back, out=back)
+    t += back  # (x - (d - back)) + (-m - back), in place: fewer fresh temporaries
     if np.isnan(t.sum()):
         t[np.isnan(t)] = 0.0
     e = np.exp(d)
-    e += e * t  # exp(d + t) = exp(d) (1 + t + O(t**2))
+    t *= e
+    e += t  # exp(d + t) = exp(d) (1 + t + O(t**2))
     # Every e_i <= 2 (d_i <= 0, |t_i| tiny): one pass suffices up to n = 2**16, two beyond.
     hi, lo, err = row_sums(e, 1 if n <= 1 << 16 else 2, max_abs=2.0)
     s = hi + lo

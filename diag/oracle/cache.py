@@ -429,7 +429,11 @@ class GroundTruthCache:
         """
         if not self.root.exists():
             return 0
-        if not self.marked:
+        try:  # a folder of nothing but diag's own (JAX's cache alone, say) is marked as diag's
+            marked = self.marked or self.mark()
+        except OSError:
+            marked = False
+        if not marked:
             raise NotACache(f"{self.root} is not a diag cache folder (no {MARKER} marker "
                             "written by diag): nothing removed; pass the folder `diag cache "
                             "info` shows, or delete an old diag cache by hand")

@@ -118,6 +118,8 @@ def _compile_side(job: dict, env: dict[str, str], folder: Path) -> str | None:
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(env)
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {DUMP_FLAGS.format(dir=folder)}".strip()
+    # A program found in JAX's persistent compilation cache is not compiled, so not dumped.
+    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     job_path = folder.parent / f"{folder.name}.job.json"
     job_path.write_text(json.dumps(job))
     try:
