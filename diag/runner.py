@@ -58,18 +58,13 @@ DEFAULT_CASE_TIMEOUT = 600.0
 #: what `timeit.Timer.autorange` aims for; a case slower than this is timed once.
 DEFAULT_REPEAT_BUDGET = 0.25
 
-#: Where a backend's time goes, in run.json's `phases`: its worker's start (import, device,
-#: and the fingerprints it measures after the cases), compile, the timed runs, the transfers
-#: of inputs and outputs and the NaN hunt of non-finite outputs (measured in the worker), then
-#: on the host the ground truth, judging and writing records; `wall` is the whole, wall minus
-#: the rest the protocol's own cost.
+#: Where a backend's time goes, in run.json's `phases`: its worker's start (import, device, the
+#: fingerprints it measures after the cases), compile, timed runs, transfers and the NaN hunt
+#: of non-finite outputs (in the worker), then on the host the ground truth, judging and
+#: writing records; `wall` is the whole, wall minus the rest the protocol's own cost.
 PHASES = ("start", "compile", "run", "transfer", "hunt", "truth", "judge", "write", "wall")
 DEFAULT_STARTUP_TIMEOUT = 300.0
 MAX_RESTARTS = 3
-
-
-# ---------------------------------------------------------------------------------------------
-# The run
 
 
 class _Run:

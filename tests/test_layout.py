@@ -3,11 +3,11 @@
 Claims under test: every op is one module under `probes/` (installed as
 `diag.probes`), found by `diag.registry`, and its name appears nowhere else in the package:
 no module outside probes/ holds an op's name as a string (`c.op == "matmul"`, `"softmax" in
-name`, a table keyed by it), except `diag/tolerance.py`, whose rows the op modules refer to;
+name`, a table keyed by it), except the rows of `diag/tolerance/` the op modules refer to;
 so adding an op is one module and a suite entry. `diag.report` imports only the records' and
 run.json's schema (`diag.results`), `diag.numerics`, `diag.errors` and its own modules, so a
 report can be rendered from a run folder alone. No module is over 500 lines and no function
-over 80 in the rebuilt modules (probes/, backends, compare, registry); the import graph of diag and probes (lazy imports in
+over 80 (a shrinking list of functions not yet split); the import graph of diag and probes (lazy imports in
 functions included, `if TYPE_CHECKING:` blocks not) has no cycle, and no module imports
 another module's private (underscore) name. All checked on the source with `ast`.
 """
@@ -219,14 +219,6 @@ def test_pyproject_installs_every_package_and_maps_probes_into_diag():
 
 
 MAX_FUNCTION_LINES = 80
-# The modules rebuilt around probes/ (each op's module, the registry, the backends, the shared
-# judging machinery): every function in them is under MAX_FUNCTION_LINES.
-REBUILT = [*_sources(PROBES_DIR), *_sources(DIAG / "backends"), *_sources(DIAG / "compare"),
-           DIAG / "registry.py", DIAG / "probe.py", DIAG / "judge.py", DIAG / "tolerance" / "__init__.py",
-           DIAG / "protocol.py",
-           *_sources(DIAG / "train")]
-
-
 def _long_functions(paths) -> list[str]:
     out = []
     for p in paths:
@@ -238,20 +230,26 @@ def _long_functions(paths) -> list[str]:
     return out
 
 
-# Judging functions moved whole into probes/ or kept in diag/compare, not yet
-# split (their metrics are pinned by tests/test_judge_reference.py, so a split can be
-# checked record for record); the list can only shrink.
-LONG_PENDING = {"probes/greedy_token.py": "check_greedy", "probes/softmax.py": "compare_softmax",
-                "diag/backends/worker.py": "run_job", "diag/compare/elementwise.py": "compare",
-                "diag/compare/topk.py": "check_top_k"}
+# Functions over MAX_FUNCTION_LINES not yet split, as {file: function}: the list can only
+# shrink (the test fails when an entry is split). The judging ones have their metrics pinned
+# record for record by tests/test_judge_reference.py, so a split is checkable.
+LONG_PENDING = {
+    "probes/greedy_token.py": "check_greedy", "probes/softmax.py": "compare_softmax",
+    "diag/backends/worker.py": "run_job", "diag/compare/elementwise.py": "compare",
+    "diag/compare/topk.py": "check_top_k", "diag/runner.py": "run",
+    "diag/runner.py#2": "_run_worker", "diag/suite.py": "_expand",
+    "diag/features.py": "features", "diag/nodes/vote.py": "analyze",
+    "diag/cli/devices.py": "nodes_cmd", "diag/cli/run.py": "run",
+}
 
 
-def test_no_function_over_80_lines_in_the_rebuilt_modules():
-    long = _long_functions(REBUILT)
-    unexpected = [h for h in long if not any(h.startswith(f + ":") and f": {fn} (" in h
-                                             for f, fn in LONG_PENDING.items())]
+def test_no_function_over_80_lines_in_diag_and_probes():
+    long = _long_functions([*_sources(DIAG), *_sources(PROBES_DIR)])
+    pending = {(f.split("#")[0], fn) for f, fn in LONG_PENDING.items()}
+    unexpected = [h for h in long
+                  if not any(h.startswith(f + ":") and f": {fn} (" in h for f, fn in pending)]
     assert not unexpected, "functions over 80 lines:\n" + "\n".join(unexpected)
-    assert len(long) == len(LONG_PENDING), "remove split functions from LONG_PENDING"
+    assert len(long) == len(pending), "remove split functions from LONG_PENDING"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,36 +343,14 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-# Other engineers' areas still in flux (a shared instrumentation kernel is planned): their
-# cycles and private imports are reported by the xfail tests below, never by the tests of
-# the rebuilt modules.
-OTHERS = ("diag.nan", "diag.diverge", "diag.render", "diag.nodes", "diag/nan/", "diag/diverge/",
-          "diag/render/", "diag/nodes/", "diag/features.py", "diag/environment.py",
-          "diag/runner.py", "diag/oracle/")
-
-
 def test_the_cycle_finder_finds_a_lazy_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_import_cycle_through_the_rebuilt_modules():
-    mine = [c for c in _cycles(_graph()[0]) if not all(m.startswith(OTHERS) for m in c)]
-    assert not mine, f"import cycles: {mine}"
-
-
-def test_the_rebuilt_modules_import_no_private_name():
-    mine = [p for p in _graph()[1] if not p.startswith(OTHERS)]
-    assert not mine, "private names imported from another module:\n" + "\n".join(mine)
-
-
-@pytest.mark.xfail(strict=False, reason="diag.nan, diag.diverge and diag.render still import "
-                                        "each other (a shared kernel is planned)")
 def test_no_import_cycle_in_diag_and_probes():
     assert _cycles(_graph()[0]) == []
 
 
-@pytest.mark.xfail(strict=False, reason="diag.diverge imports diag.nan's private names, "
-                                        "diag.oracle the kernels' (other engineers' areas)")
 def test_no_private_name_is_imported_from_another_module():
     assert _graph()[1] == []

@@ -21,7 +21,7 @@ from diag.oracle import mp
 from diag.oracle._args import check_matmul_args
 from diag.errors import UsageError
 from diag.numerics import as_dtype, dtype_name
-from diag.oracle._matmul import _INPUT_DTYPES, matmul_core
+from diag.oracle._matmul import MATMUL_INPUT_DTYPES, matmul_core
 from diag.oracle._gelu import GELU_DTYPES, gelu_core
 from diag.oracle._softmax import SOFTMAX_INPUT_DTYPES, SOFTMAX_OUTPUT_DTYPES, softmax_core
 from diag.oracle._topk import check_k, rank_key, top_k_core
@@ -104,7 +104,7 @@ def matmul_result(a, b, out_dtype=None, *, cache: Optional[GroundTruthCache] = N
             out_dtype.
     """
     t0 = time.perf_counter()
-    a, b, out_dt, batch = check_matmul_args(a, b, out_dtype, "oracle.matmul", _INPUT_DTYPES)
+    a, b, out_dt, batch = check_matmul_args(a, b, out_dtype, "oracle.matmul", MATMUL_INPUT_DTYPES)
     key = None
     if cache is not None:
         key = cache.key("matmul", [a, b], out_dt)

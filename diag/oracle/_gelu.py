@@ -43,7 +43,7 @@ import mpmath
 import numpy as np
 
 from diag.numerics import as_dtype
-from diag.oracle._softmax import EXP_ULP, _round_pair
+from diag.oracle._softmax import EXP_ULP, round_pair
 from diag.oracle.mp import round_mpf
 
 __all__ = ["gelu_core", "gelu_mp", "GELU_DTYPES", "GELU_K", "GELU_A"]
@@ -123,7 +123,7 @@ def gelu_core(x: np.ndarray, out_dt: np.dtype, slack: float = 1.0) -> tuple[np.n
     finite = np.isfinite(x64)
     tiny = finite & (z < 0) & (2.0 * np.abs(z) > _UNDERFLOW_2Z)
     live = finite & ~tiny
-    val, undecided = _round_pair(g[live] - d[live], g[live] + d[live], out_dt)
+    val, undecided = round_pair(g[live] - d[live], g[live] + d[live], out_dt)
     out[live] = val
     # The window of a zero g is empty: g is exactly +-0 (x = +-0), sign kept.
     zero = live & (g == 0)

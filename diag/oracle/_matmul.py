@@ -63,7 +63,7 @@ from diag.oracle._eft import row_sums, split_bits, split_rows
 from diag.oracle._matmul_dd import bound_f32, decide_f64, stage_dd
 from diag.oracle._matmul_special import apply_specials, zero_signs
 
-__all__ = ["BLOCK_ELEMENTS", "KSPLIT_THRESHOLD", "matmul_core"]
+__all__ = ["BLOCK_ELEMENTS", "KSPLIT_THRESHOLD", "MATMUL_INPUT_DTYPES", "matmul_core"]
 
 _U = 2.0**-53  # float64 unit roundoff
 #: Contraction length above which K is split into blocks of ~sqrt(K).
@@ -83,7 +83,7 @@ OZAKI_LINE_COST = 140
 #: is decided again with the elementwise bound |A||B| (one sgemm).
 TIGHT_FRACTION = 64
 
-_INPUT_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16),
+MATMUL_INPUT_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16),
                  np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2))
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)

@@ -44,7 +44,7 @@ from diag.numerics import round_to_dtype
 from diag.oracle import mp
 from diag.oracle._eft import row_sums
 
-__all__ = ["softmax_core", "EXP_ULP", "SOFTMAX_INPUT_DTYPES", "SOFTMAX_OUTPUT_DTYPES"]
+__all__ = ["softmax_core", "round_pair", "EXP_ULP", "SOFTMAX_INPUT_DTYPES", "SOFTMAX_OUTPUT_DTYPES"]
 
 _U = 2.0**-53
 #: Assumed worst error of numpy's float64 exp, in ulp (measured < 1; see the module docstring).
@@ -81,7 +81,7 @@ def _bounds(n: int, rs: np.ndarray, slack: float = 1.0) -> np.ndarray:
 CHUNK_ELEMENTS = 1 << 18
 
 
-def _round_pair(lo: np.ndarray, hi: np.ndarray, out_dt: np.dtype):
+def round_pair(lo: np.ndarray, hi: np.ndarray, out_dt: np.dtype):
     """Round both ends to out_dt; return (rounded hi, mask where the ends differ in bits)."""
     if out_dt == _F32:
         a, b = lo.astype(np.float32), hi.astype(np.float32)
@@ -196,7 +196,7 @@ def _rows(xr: np.ndarray, out: np.ndarray, slack: float) -> np.ndarray:
     else:
         y = e / s[:, None]
         dd = y * f[:, None]
-        out[...], und = _round_pair(y - dd, y + dd, out_dt)
+        out[...], und = round_pair(y - dd, y + dd, out_dt)
     if d.min() < _ZERO_BELOW:
         dead = d < _ZERO_BELOW  # exactly +0 in every output dtype
         out[dead] = 0
