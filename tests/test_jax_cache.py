@@ -67,10 +67,12 @@ def test_a_jax_process_with_the_workers_env_writes_its_programs_there_and_cache_
     subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
     written = [p for p in (cache / "jax").rglob("*") if p.is_file()]
     assert written, "JAX wrote nothing to its persistent cache"
-    info = run_diag("cache", "info", "--cache-dir", str(cache))
+    info = run_diag("cache", "info", "--json", "--cache-dir", str(cache))
     assert info.returncode == 0
     jc = json.loads(info.stdout)["jax_compilation_cache"]
     assert jc["path"] == str(cache / "jax") and jc["files"] == len(written) and jc["bytes"] > 0
+    human = run_diag("cache", "info", "--cache-dir", str(cache))
+    assert f"JAX compilation cache {cache / 'jax'}: {len(written)} file(s)" in human.stdout
     cleared = run_diag("cache", "clear", "--cache-dir", str(cache))
     assert cleared.returncode == 0
     assert f"removed {len(written)} cached file(s)" in cleared.stdout + cleared.stderr

@@ -167,6 +167,10 @@ def cache_info(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir"),
     marked = "" if info["marked"] else " (not marked as diag's cache: `clear` leaves it)"
     render.print_line(f"diag: ground-truth cache {info['path']}{marked}: {info['entries']} "
                       f"entries, {human_bytes(info['bytes'])}")
+    jc = info.get("jax_compilation_cache")
+    if jc:
+        render.print_line(f"diag: JAX compilation cache {jc['path']}: {jc['files']} file(s), "
+                          f"{human_bytes(jc['bytes'])}")
 
 
 @cache_app.command("clear")
