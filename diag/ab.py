@@ -42,7 +42,7 @@ def _hlo_ops(lines: list[str]) -> dict[str, int]:
 
 
 def parse_ab(assignments: list[str] | None,
-             base: dict[str, str] | None = None) -> dict[str, str]:
+             base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of an A/B experiment's B side from `NAME=VALUE` assignments.
 
     `XLA_FLAGS` and `LIBTPU_INIT_ARGS` values are appended to the flags in effect on the A

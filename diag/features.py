@@ -97,7 +97,9 @@ class _Battery:
     """Patterns (each a list of (k, a, b)), laid out on the diagonal of one matmul."""
 
     def __init__(self, dtype: np.dtype):
-        self.dtype, self.rows, self.labels = dtype, [], []
+        self.dtype = dtype
+        self.rows: list[list[tuple[int, float, float]]] = []
+        self.labels: list[str] = []
 
     def add(self, label: str, terms: list[tuple[int, float]] | list[tuple[int, float, float]]):
         row = []
@@ -145,7 +147,7 @@ def _diag(unit, a, b) -> np.ndarray:
 
 
 def _decide(name: str, matmul: Callable, bat: _Battery, hyps: dict[Any, Unit],
-            out_dtype: list[str], note: str = "") -> Feature:
+            out_dtype: list[str], note: str = "") -> tuple[Feature, list[Any]]:
     """Run the battery; keep the hypotheses that predict every output bit for bit."""
     a, b, got, odt = _run(matmul, bat)
     out_dtype[:] = [odt]
@@ -230,9 +232,9 @@ def _order(dtype, width: int, extra: int | None) -> _Battery:
 
     bat = _Battery(dtype)
     s = 2.0 ** -(25 + (extra or 0)) if extra is not None else 2.0 ** -24
-    for places in ((0, width, 2 * width), (0, 2 * width, 3 * width), (0, width, 3 * width),
-                   (0, 1, K_PROBE - 1), (0, K_PROBE // 2, K_PROBE - 1)):
-        places = tuple(min(p, K_PROBE - 1) for p in places)
+    for spots in ((0, width, 2 * width), (0, 2 * width, 3 * width), (0, width, 3 * width),
+                  (0, 1, K_PROBE - 1), (0, K_PROBE // 2, K_PROBE - 1)):
+        places = tuple(min(p, K_PROBE - 1) for p in spots)
         if len(set(places)) < 3:
             continue
         for perm in itertools.permutations((1.0, -1.0, s)):
@@ -305,7 +307,7 @@ def features(matmul: Callable[[np.ndarray, np.ndarray], Any], dtype: Any = "floa
     p = {"float32": 24, "bfloat16": 8, "float16": 11}[dt.name]
     odt: list[str] = []
     base = Unit()
-    details = []
+    details: list[Feature] = []
 
     def step(name, battery, hyps, needs=(), note=""):
         missing = [f.name for f in details if f.name in needs and f.value == "unknown"]
@@ -319,7 +321,7 @@ def features(matmul: Callable[[np.ndarray, np.ndarray], Any], dtype: Any = "floa
     r, _ = step("rounding", lambda: _rounding(dt),
                 {r: replace(base, rounding=r) for r in ROUNDINGS})
     base = replace(base, rounding=r if r in ROUNDINGS else "nearest")
-    hyps = {e: replace(base, extra_bits=e) for e in range(MAX_EXTRA_BITS + 1)}
+    hyps: dict[Any, Unit] = {e: replace(base, extra_bits=e) for e in range(MAX_EXTRA_BITS + 1)}
     hyps[f">={MAX_EXTRA_BITS + 1}"] = replace(base, extra_bits=None)
     e, _ = step("extra_bits", lambda: _extra_bits(dt, p), hyps, needs=("rounding",))
     extra = e if isinstance(e, int) else None

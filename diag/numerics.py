@@ -151,7 +151,9 @@ def bits_digest(arr) -> str:
     import hashlib
 
     # The buffer itself, not a bytes copy of it (an output can be hundreds of MB).
-    return hashlib.sha256(memoryview(np.ascontiguousarray(bits_view(arr))).cast("B")).hexdigest()
+    # (numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12.)
+    view = memoryview(np.ascontiguousarray(bits_view(arr)))  # type: ignore[arg-type]
+    return hashlib.sha256(view.cast("B")).hexdigest()
 
 
 def from_bits(bits, dtype: DTypeLike) -> np.ndarray:

@@ -84,7 +84,7 @@ class _Run:
         # case id -> backend label -> (its spec, its result event, its output digests): the
         # outputs stay files in the work folder, mapped again when a later backend's output
         # is compared with them, until every backend is done with the case (`finished`)
-        self.outcomes: dict[str, dict[str, tuple[BackendSpec, dict, list[str]]]] = {}
+        self.outcomes: dict[str, dict[str, tuple[BackendSpec, dict, list[str] | None]]] = {}
         self.left: Counter[str] = Counter()  # case id -> backends yet to report it
         self.backend_info: dict[str, Any] = {}
         self.worker: Worker | None = None

@@ -312,6 +312,7 @@ def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int
         template = _shape_dims(path, f"{where}.shape", entry["shape"], sweep, probe.dims)
         if len(sweep) > 1:
             raise SuiteError(str(path), f"{where}.sweep", "at most one swept parameter")
+        shapes: list[tuple[list, dict[str, Any]]]
         if not sweep:
             shapes = [(template, {})]
         else:

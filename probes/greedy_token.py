@@ -184,6 +184,7 @@ def judge_greedy(metrics: dict[str, Any]) -> tuple[str, str]:
     bad = metrics["disagreeing_paths"]
     m = greedy_mismatch(metrics)
     if bad:
+        assert m is not None  # greedy_mismatch decides in the same order
         # One count per path before one shared total ("a 3; b 2 of 64 rows"): the form
         # tests/test_compare_sampling.py pins, so the paths read as one sentence.
         parts = "; ".join(f"{name} {_path_mismatch(metrics, name).count}" for name in bad)
@@ -198,6 +199,7 @@ def judge_greedy(metrics: dict[str, Any]) -> tuple[str, str]:
                 if metrics["tied_rows"] else "")
     rounded = metrics.get("rounding_tie_paths") or []
     if rounded:
+        assert m is not None
         return "warn", (f"argmax over rounded probabilities drops the most probable token in "
                         f"{format_mismatch(m)} ({', '.join(rounded)}): the top two "
                         f"logits round to the same probability in this dtype (first: "
@@ -205,6 +207,7 @@ def judge_greedy(metrics: dict[str, Any]) -> tuple[str, str]:
                         f"from the logits or from float32 probabilities{tie_note}")
     if dep:
         key, v = next(iter(dep.items()))
+        assert m is not None
         return "warn", (f"every path picks the exact greedy token, but {key} depends on the "
                         f"batch size in {format_mismatch(m)} "
                         f"({', '.join(v['paths'])}){tie_note}")
@@ -286,7 +289,7 @@ def on_jax(backend, batches: tuple[int, ...] = ()):
                 out[f"jit/batch{b}/{name}"] = jnp.concatenate([c[name] for c in chunks])
         return out
 
-    paths.eager = True
+    setattr(paths, "eager", True)  # noqa: B010 - read as getattr(fn, "eager", False); mypy has no fn attrs
     return paths
 
 

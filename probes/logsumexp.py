@@ -251,11 +251,13 @@ def evaluate(o: Outcome) -> Evaluation:
     expected = o.truth.value
     output = only_output(o, expected)
     tol = tolerance_row(numerics.dtype_name(expected.dtype), "float32")
+    assert tol.bound is not None  # the op's row sets it
     bound = tol.bound(o.inputs[0], expected)
     metrics = compare(output, expected, bound)
     status, reason = judge(metrics, claim=CLAIM, setting=o.setting, promised=o.promised)
     if status == "fail" and not metrics["unexpected_nonfinite"]:
         narrow = numerics.dtype_name(expected.dtype)
+        assert tol.loose_bound is not None  # the op's row sets it
         loose = tol.loose_bound(o.inputs[0], expected)
         err = np.abs(output.astype(np.float64) - expected.astype(np.float64))
         with np.errstate(invalid="ignore", divide="ignore"):

@@ -10,6 +10,7 @@ row's ULP form (`softmax_ulp_tolerance`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Optional
 
 import numpy as np
@@ -57,7 +58,9 @@ def _sum_minus_one(row: np.ndarray) -> float:
 
 
 def compare_softmax(output: np.ndarray, truth: np.ndarray, x: np.ndarray, *,
-                    compute_dtype="float32", shared=None) -> dict[str, Any]:
+                    compute_dtype="float32",
+                    shared: Callable[[str, Callable[[], Any]], Any] | None = None
+                    ) -> dict[str, Any]:
     """Metrics of a backend's softmax over the last axis against the correctly rounded truth.
 
     Rows are split by what the math says about them. Defined rows (finite or -inf entries, at
@@ -91,25 +94,27 @@ def compare_softmax(output: np.ndarray, truth: np.ndarray, x: np.ndarray, *,
     rows_def = np.flatnonzero(defined)
     xd, od, td = x2[rows_def], o2[rows_def], t2[rows_def]
     tol = tolerance("softmax", x.dtype, compute_dtype)
+    bound_of, loose_bound_of = tol.bound, tol.loose_bound
+    assert bound_of is not None and loose_bound_of is not None  # softmax's row sets both
 
     def once(name, compute):
         return shared(f"{name}-{numerics.dtype_name(compute_dtype)}", compute) if shared \
             else compute()
 
-    bound = once("bound", lambda: tol.bound(xd, td))
+    bound = once("bound", lambda: bound_of(xd, td))
     metrics = compare(od, td, bound)
     if "worst" in metrics:
-        r, c = (int(v) for v in metrics["worst"]["index"].strip("()").split(","))
-        metrics["worst"]["index"] = f"(row {int(rows_def[r])}, {c})"
+        wr, wc = (int(v) for v in metrics["worst"]["index"].strip("()").split(","))
+        metrics["worst"]["index"] = f"(row {int(rows_def[wr])}, {wc})"
     # The looser claim: x - max, exp and the division in the input dtype, only the sum in
     # compute_dtype (jax's bf16 softmax on CPU measures like this). Beyond the strict bound but
     # within this one is a warn, not a fail.
     in_dt = numerics.as_dtype(x.dtype)
     if numerics.unit_roundoff(in_dt) > numerics.unit_roundoff(compute_dtype):
-        loose = once("loose_bound", lambda: tol.loose_bound(xd, td))
-        err = np.abs(od.astype(np.float64) - td.astype(np.float64))
-        ok = np.isfinite(err)
-        ratio = np.divide(err, loose, out=np.zeros(err.shape), where=ok)
+        loose = once("loose_bound", lambda: loose_bound_of(xd, td))
+        abs_err = np.abs(od.astype(np.float64) - td.astype(np.float64))
+        ok = np.isfinite(abs_err)
+        ratio = np.divide(abs_err, loose, out=np.zeros(abs_err.shape), where=ok)
         metrics["narrow_dtype"] = numerics.dtype_name(in_dt)
         metrics["narrow_bound_ratio"] = float(ratio.max()) if ratio.size else 0.0
         metrics["narrow_bound_exceeded"] = int(np.count_nonzero(ratio > 1.0))
@@ -179,6 +184,7 @@ def judge_softmax(metrics: dict[str, Any], dtype) -> tuple[str, str]:
         hazard = "hazard: " + "; ".join(parts)
     m = softmax_mismatch(metrics)
     if metrics["unexpected_nonfinite"]:
+        assert m is not None  # softmax_mismatch counts these first
         return "fail", (f"{name} softmax: {format_mismatch(m)} are NaN/Inf where the exact "
                         f"result is finite (or the reverse)")
     if m is not None:

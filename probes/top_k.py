@@ -17,7 +17,8 @@ from diag.probe import FLOATS, LOGIT_MAKERS, Probe, check_k, rows_bytes, rows_la
 
 
 def truth(inputs: list, params: dict, cache):
-    return oracle.top_k_result(*inputs, params["k"], cache=cache)
+    (x,) = inputs
+    return oracle.top_k_result(x, params["k"], cache=cache)
 
 
 def top_k_outputs(o: Outcome) -> tuple[np.ndarray, np.ndarray]:

@@ -96,7 +96,9 @@ def judge_train_step(metrics: dict[str, Any], *, nan_reason: str | None = None
             fits = (f"; the step does not fit this dtype: even the float64 reference overflows "
                     f"it in {metrics['reference_nonfinite']} elements (use a wider dtype or "
                     f"loss scaling)")
-        return "fail", (f"the step went non-finite: {format_mismatch(train_mismatch(metrics))} "
+        m = train_mismatch(metrics)
+        assert m is not None  # train_mismatch counts these non-finite elements
+        return "fail", (f"the step went non-finite: {format_mismatch(m)} "
                         f"are NaN/Inf where the "
                         f"float64 reference is finite or a different value (loss "
                         f"{fmt(metrics['loss'])}, reference {fmt(metrics['loss_ref'])})"
@@ -167,7 +169,8 @@ def label(params: dict) -> str:
 
 
 def truth(inputs: list, params: dict, cache):
-    return oracle.train_step_result(*inputs, params["lr"], cache=cache)
+    x, w1, w2 = inputs
+    return oracle.train_step_result(x, w1, w2, params["lr"], cache=cache)
 
 
 def _jax_loss(w1, w2, x):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from typing import TypedDict
 
 from diag.backends.base import Backend
 
@@ -84,19 +85,31 @@ class BackendSpec:
         return f"{self.name}+{self.variant}" if self.variant else self.name
 
 
-_JAX = dict(framework="jax", module="diag.backends.jax_backend",
+class _Family(TypedDict, total=False):
+    """The BackendSpec fields shared by a framework's backends (keyword arguments)."""
+
+    framework: str
+    module: str
+    precision_via: tuple[str, ...]
+    precisions: tuple[str, ...]
+    argument_precisions: tuple[str, ...]
+    implementation: str
+    install_hint: str
+
+
+_JAX: _Family = dict(framework="jax", module="diag.backends.jax_backend",
             # jax.lax.Precision has DEFAULT/HIGH/HIGHEST; jax_default_matmul_precision also
             # takes 'bfloat16' (what diag calls 'medium', as torch does).
             precision_via=("argument", "config"),
             precisions=("default", "high", "highest", "medium"),
             argument_precisions=("default", "high", "highest"),
             install_hint="pip install 'diag[jax]'")
-_TORCH = dict(framework="torch", module="diag.backends.torch_backend",
+_TORCH: _Family = dict(framework="torch", module="diag.backends.torch_backend",
               # torch has no per-op matmul precision: only torch.set_float32_matmul_precision.
               precision_via=("config",),
               precisions=("default", "high", "highest", "medium"),
               install_hint="pip install 'diag[torch]'")
-_TORCH_XLA = dict(framework="torch_xla", module="diag.backends.torch_xla_backend",
+_TORCH_XLA: _Family = dict(framework="torch_xla", module="diag.backends.torch_xla_backend",
                   precision_via=("config",), precisions=("default", "high", "highest"),
                   implementation="torch",
                   install_hint="create its environment with scripts/torch-xla-env.sh DEST, then "

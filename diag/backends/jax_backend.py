@@ -59,9 +59,10 @@ def setup(platform: str) -> dict:
             # XLA reads these once, at start-up: what this worker's results were computed under.
             "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
             "LIBTPU_INIT_ARGS": os.environ.get("LIBTPU_INIT_ARGS", ""),
-            "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
-            "jax_enable_x64": jax.config.jax_enable_x64,
-            "jax_debug_nans": jax.config.jax_debug_nans,
+            # (jax declares its options on Config at run time: the stubs lack them)
+            "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,  # type: ignore[attr-defined]
+            "jax_enable_x64": jax.config.jax_enable_x64,  # type: ignore[attr-defined]
+            "jax_debug_nans": jax.config.jax_debug_nans,  # type: ignore[attr-defined]
         },
     }
 

@@ -57,7 +57,7 @@ import statistics
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -253,7 +253,8 @@ def _arithmetic(backend, job: Job) -> dict:
     runs = getattr(backend, "IMPLEMENTATION", backend.FRAMEWORK)
     if not settings or FINGERPRINT_OP not in ops_for(runs):
         return {}
-    return {"fingerprints": matmul_fingerprints(backend, [tuple(p) for p in settings]),
+    return {"fingerprints": matmul_fingerprints(
+        backend, [cast("tuple[str, str]", tuple(p)) for p in settings]),
             "features": matmul_features(backend, [("default", "none")], dtypes=("float32",))}
 
 

@@ -14,7 +14,8 @@ click that typer vendors; the `click` package itself may not be installed).
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn, cast
 
 import typer
 
@@ -36,7 +37,9 @@ def _usage_line(e: Exception) -> str:
     if ctx is not None and ctx.command_path:
         where = ctx.command_path
     else:  # the parser raised before it made a context: the command is the first known word
-        names = [c.name or c.callback.__name__ for c in app.registered_commands]
+        # (typer's command decorator always sets the callback)
+        names: list[str | None] = [c.name or cast(Callable[..., Any], c.callback).__name__
+                                   for c in app.registered_commands]
         names += [g.name for g in app.registered_groups]
         word = next((a for a in sys.argv[1:] if a in names), None)
         where = f"diag {word}" if word else "diag"

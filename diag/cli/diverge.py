@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from diag.cli._app import app
 from diag.errors import UsageError
+
+if TYPE_CHECKING:
+    from diag.diverge import CompareReport, ShadowReport
 
 
 @app.command("diverge")
@@ -35,6 +38,7 @@ def diverge_cmd(
     validate_xla_flags()  # before a target imports jax: a bad flag would abort it (exit 2)
     with user_code(" ".join(targets), diverge.DivergeError, timeout):
         loaded = [nan.load_target(t) for t in targets]
+        report: ShadowReport | CompareReport
         if len(loaded) == 1:
             fn, args, kwargs = loaded[0]
             report = diverge.shadow(fn, *args, **kwargs)

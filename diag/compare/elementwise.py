@@ -281,6 +281,7 @@ def judge(metrics: dict[str, Any], *, promised: bool, claim: str, setting: str) 
     """
     m = mismatch(metrics)
     if metrics["unexpected_nonfinite"]:
+        assert m is not None  # mismatch() reports the non-finite elements first
         return "fail", (f"{format_mismatch(m)} are NaN/Inf where the exact result is not "
                         f"(or the reverse)")
     summary = (f"{metrics['frac_not_correctly_rounded']:.1%} not correctly rounded, "
@@ -380,7 +381,9 @@ def agree_values(x: np.ndarray, y: np.ndarray, names: tuple[str, str], *,
     w = ulp_max.index
     metrics["worst"] = {"index": format_index(w, x.shape), "a": float(xf[w]),
                         "b": float(yf[w])}
-    detail = f"{names[0]} and {names[1]} differ in {format_mismatch(agreement_mismatch(metrics))}"
+    differ = agreement_mismatch(metrics)
+    assert differ is not None  # metrics["mismatched"] is mism, nonzero here
+    detail = f"{names[0]} and {names[1]} differ in {format_mismatch(differ)}"
     if metrics["max_ulp_between"] <= allowed_ulp:
         return "pass", f"{detail}; within the {allowed_ulp:g} ULP two correct backends may differ", \
             metrics

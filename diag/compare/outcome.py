@@ -56,7 +56,7 @@ class Outcome:
         outcomes = (self, *others)
         if self.recall is None or any(o.digests is None for o in outcomes):
             return compute()
-        return self.recall((name, *(tuple(o.digests) for o in outcomes)), compute)
+        return self.recall((name, *(tuple(o.digests or ()) for o in outcomes)), compute)
 
     @property
     def named(self) -> dict:

@@ -324,11 +324,13 @@ def judge_top_k(metrics: dict[str, Any], *, approx: bool,
     what = "approximate top-k" if approx else "top-k"
     m = top_k_mismatch(metrics, approx=approx)
     if metrics["invalid_rows"]:
+        assert m is not None  # top_k_mismatch counts the invalid rows first
         ex = metrics["invalid_examples"][0]
         return "fail", (f"{what}: {format_mismatch(m)} are not a valid top-k (first: row "
                         f"{ex['row']}: {ex['problem']})")
     wrong = metrics["misses_max_rows"] if approx else metrics["wrong_rows"]
     if wrong:
+        assert m is not None  # top_k_mismatch counts the wrong rows next
         ex = metrics["wrong_examples"][0]
         why = ("misses the row maximum" if ex["missed_max"]
                else "leaves out a value larger than one it returned")
@@ -351,6 +353,7 @@ def judge_top_k(metrics: dict[str, Any], *, approx: bool,
     mean = metrics["recall_mean"]
     if mean < target:
         # A mean below the target puts at least one row below it: m counts them.
+        assert m is not None
         return "fail", (f"approximate top-k mean recall {mean:.4g} is below the promised "
                         f"{target:g}; {format_mismatch(m)} below; {worst}")
     if m is not None:

@@ -131,7 +131,7 @@ def matmul_result(a, b, out_dtype=None, *, cache: Optional[GroundTruthCache] = N
         if method not in methods:
             methods.append(method)
     method = "+".join(methods) or "empty"
-    if cache is not None:
+    if cache is not None and key is not None:  # key is set whenever cache is
         cache.put(key, value, {"op": "matmul", "method": method, "fallbacks": fallbacks,
                                "exact": exact})
     return OracleResult(value=value, method=method, fallbacks=fallbacks,
@@ -156,7 +156,8 @@ def train_step_result(x, w1, w2, lr: float = 0.1, *,
     arrays = [np.asarray(a) for a in (x, w1, w2)]
     dt = arrays[0].dtype
     as_dtype(dt)
-    loss, n1, n2 = train_step_core(*(a.astype(np.float64) for a in arrays), lr)
+    x64, w1_64, w2_64 = (a.astype(np.float64) for a in arrays)
+    loss, n1, n2 = train_step_core(x64, w1_64, w2_64, lr)
     with np.errstate(over="ignore", invalid="ignore"):
         value = round_to_dtype(np.asarray(loss), dt)
         extra = {"w1": round_to_dtype(n1, dt), "w2": round_to_dtype(n2, dt)}
@@ -225,7 +226,7 @@ def softmax_result(x, out_dtype=None, *, cache: Optional[GroundTruthCache] = Non
     value = value.reshape(x.shape)
     method = "f64-exp-bound" if value.size else "empty"
     extra = {"undefined_rows": undefined, "nan_rows": nan_rows}
-    if cache is not None:
+    if cache is not None and key is not None:  # key is set whenever cache is
         cache.put(key, value, {"op": "softmax", "method": method, "fallbacks": fallbacks,
                                **extra})
     return OracleResult(value=value, method=method, fallbacks=fallbacks,
@@ -267,7 +268,7 @@ def gelu_result(x, out_dtype=None, *, cache: Optional[GroundTruthCache] = None,
             return _cached(hit, t0)
     value, fallbacks = gelu_core(x, out_dt, _slack)
     method = "f64-exp-bound" if value.size else "empty"
-    if cache is not None:
+    if cache is not None and key is not None:  # key is set whenever cache is
         cache.put(key, value, {"op": "gelu", "method": method, "fallbacks": fallbacks})
     return OracleResult(value=value, method=method, fallbacks=fallbacks,
                         elements=int(value.size), cache_hit=False,
@@ -312,7 +313,7 @@ def top_k_result(x, k: int, *, cache: Optional[GroundTruthCache] = None) -> Orac
     values = values.reshape(x.shape[:-1] + (k,))
     idx = idx.reshape(x.shape[:-1] + (k,))
     method = "stable-sort" if values.size else "empty"
-    if cache is not None:
+    if cache is not None and key is not None:  # key is set whenever cache is
         # Indices < 2**53 are exact in float64, which the cache stores bit for bit.
         cache.put(key + "-indices", idx.astype(np.float64), {"op": "top_k/indices"})
         cache.put(key, values, {"op": "top_k", "method": method, "k": k})

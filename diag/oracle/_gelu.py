@@ -65,7 +65,7 @@ def gelu_mp(values: Iterable[float], dtype) -> list:
     same bits of `dtype`, that is the answer, else the precision doubles.
     """
     dt = as_dtype(dtype)
-    out = []
+    out: list = []  # numpy scalars of dt
     for v in values:
         v = float(v)
         if math.isnan(v):

@@ -52,7 +52,7 @@ product is -0.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, cast
 
 import ml_dtypes
 import numpy as np
@@ -158,18 +158,19 @@ def _exact_element(arow: np.ndarray, bcol: np.ndarray, out_dt: np.dtype) -> np.g
     p = arow * bcol
     if not p.any():
         neg = p.size > 0 and bool(np.signbit(p).all())
-        return np.array(-0.0 if neg else 0.0).astype(out_dt)[()]
+        return cast(np.generic, np.array(-0.0 if neg else 0.0).astype(out_dt)[()])
     terms = p.tolist()
     s1 = math.fsum(terms)
     if s1 == 0.0:
-        return np.array(0.0).astype(out_dt)[()]  # exact cancellation: +0 (S == 0 iff s1 == 0)
+        # exact cancellation: +0 (S == 0 iff s1 == 0)
+        return cast(np.generic, np.array(0.0).astype(out_dt)[()])
     if out_dt == _F64:
         return np.float64(s1)
     terms.append(-s1)
     s2 = math.fsum(terms)
     if s2 != 0.0 and (np.array(s1).view(np.uint64) & 1) == 0:
         s1 = math.nextafter(s1, math.copysign(math.inf, s2))
-    return round_to_dtype(np.array(s1), out_dt)[()]
+    return cast(np.generic, round_to_dtype(np.array(s1), out_dt)[()])
 
 
 def _first_stage(a: np.ndarray, b: np.ndarray, out: np.ndarray, na: np.ndarray,
@@ -374,7 +375,7 @@ def _refine(a: np.ndarray, b: np.ndarray, flat_idx: np.ndarray, out_dt: np.dtype
         c1 = min(flat_idx.size, c0 + step)
         x = a[rows[c0:c1]].astype(np.float64) * bt[cols[c0:c1]].astype(np.float64)
         all_zero = ~x.any(axis=1)
-        all_neg = np.signbit(x).all(axis=1)
+        all_neg = cast(np.ndarray, np.signbit(x).all(axis=1))  # x is 2-D: an array
         blk = np.empty(c1 - c0, out_dt)
         und = np.ones(c1 - c0, bool)
         for passes in (1, 3):

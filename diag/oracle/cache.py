@@ -152,7 +152,9 @@ def _checksum(meta: dict, bits: np.ndarray) -> str:
     h = _meta_hash(meta)
     bits = np.ascontiguousarray(bits)
     h.update(f"|{bits.dtype.str}{bits.shape}|".encode())
-    h.update(memoryview(bits).cast("B"))  # the buffer itself: no copy of a large value
+    # The buffer itself: no copy of a large value. (numpy's stubs declare ndarray.__buffer__
+    # only for Python >= 3.12.)
+    h.update(memoryview(bits).cast("B"))  # type: ignore[arg-type]
     return h.hexdigest()
 
 
@@ -202,7 +204,8 @@ class GroundTruthCache:
         for x in inputs:
             x = np.ascontiguousarray(x)
             h.update(f"|{dtype_name(x.dtype)}{x.shape}|".encode())
-            h.update(memoryview(bits_view(x)).cast("B"))
+            # numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12
+            h.update(memoryview(bits_view(x)).cast("B"))  # type: ignore[arg-type]
         return h.hexdigest()
 
     @staticmethod

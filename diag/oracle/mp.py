@@ -22,7 +22,7 @@ loop ends.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence, cast
 
 import ml_dtypes
 import mpmath
@@ -43,6 +43,11 @@ def _format(dt: np.dtype):
     return p, emin, float(fi.max), has_inf
 
 
+def _scalar(v, dt: np.dtype) -> np.generic:
+    """`v` as a numpy scalar of `dt` (numpy's stubs type the 0-d index `[()]` as an array)."""
+    return cast(np.generic, np.array(v).astype(dt)[()])
+
+
 def round_mpf(x: mpmath.mpf, dtype) -> np.generic:
     """Round an exact `mpf` to `dtype` once, to nearest, ties to even (IEEE overflow/underflow).
 
@@ -56,13 +61,13 @@ def round_mpf(x: mpmath.mpf, dtype) -> np.generic:
     """
     dt = as_dtype(dtype)
     if mpmath.isnan(x):
-        return np.array(np.nan).astype(dt)[()]
+        return _scalar(np.nan, dt)
     p, emin, fmax, has_inf = _format(dt)
     overflow = np.inf if has_inf else np.nan
     if mpmath.isinf(x):
-        return np.array(math.copysign(overflow, float(x))).astype(dt)[()]
+        return _scalar(math.copysign(overflow, float(x)), dt)
     if x == 0:
-        return np.array(0.0).astype(dt)[()]
+        return _scalar(0.0, dt)
     sign, man, exp, _ = x._mpf_  # x = (-1)**sign * man * 2**exp exactly, man odd
     neg, m = bool(sign), int(man)
     e = exp + m.bit_length() - 1  # floor(log2 |x|)
@@ -84,10 +89,10 @@ def round_mpf(x: mpmath.mpf, dtype) -> np.generic:
         if v > fmax:
             v = overflow
     # v is representable in dt (or inf/nan), so this cast does not round.
-    return np.array(-v if neg else v).astype(dt)[()]
+    return _scalar(-v if neg else v, dt)
 
 
-def dot(a: Sequence[float], b: Sequence[float]) -> tuple[mpmath.mpf, Optional[float]]:
+def dot(a: Iterable[float], b: Iterable[float]) -> tuple[mpmath.mpf, Optional[float]]:
     """Exact sum of a_k * b_k.
 
     Args:
@@ -133,7 +138,7 @@ def dot(a: Sequence[float], b: Sequence[float]) -> tuple[mpmath.mpf, Optional[fl
 def _element(a2: np.ndarray, b2: np.ndarray, i: int, j: int, dt: np.dtype) -> np.generic:
     s, special = dot(a2[i, :].astype(np.float64), b2[:, j].astype(np.float64))
     if special is not None:
-        return np.array(special).astype(dt)[()]
+        return _scalar(special, dt)
     return round_mpf(s, dt)
 
 
@@ -163,8 +168,8 @@ def matmul(a, b, out_dtype=None, elements: Optional[Iterable[Sequence[int]]] = N
             out[idx] = _element(a[idx[:-2]], b[idx[:-2]], idx[-2], idx[-1], dt)
         return out
     vals = []
-    for idx in elements:
-        idx = tuple(int(t) for t in idx)
+    for element in elements:
+        idx = tuple(int(t) for t in element)
         if len(idx) != len(out_shape):
             raise UsageError(f"mp.matmul: element index {idx} does not match output shape "
                              f"{out_shape}")
@@ -200,8 +205,8 @@ def softmax_row(row: Sequence[float], dtype, elements: Optional[Iterable[int]] =
                          "exp(-200) are returned as +0, exact only for narrower dtypes)")
     xs = [float(v) for v in row]
     idx = list(range(len(xs))) if elements is None else [int(i) for i in elements]
-    nan = np.array(np.nan).astype(dt)[()]
-    zero = np.array(0.0).astype(dt)[()]
+    nan = _scalar(np.nan, dt)
+    zero = _scalar(0.0, dt)
     if any(math.isnan(v) or v == math.inf for v in xs) or all(v == -math.inf for v in xs):
         return [nan for _ in idx]
     m = max(xs)

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, cast
 
 from rich.console import Console
 from rich.markup import escape
@@ -27,6 +27,9 @@ from diag.render.cells import STYLE, badge, num
 from diag.results import STATUSES, worst_status
 
 if TYPE_CHECKING:
+    from rich.console import JustifyMethod
+    from rich.progress import TaskID
+
     from diag.nodes import NodeScan
 
 __all__ = ["console", "out", "RunProgress", "summary_table", "problems_table", "print_error",
@@ -83,7 +86,7 @@ class RunProgress:
         self.enabled = enabled
         self.live = console.is_terminal if live is None else live
         self._progress: Progress | None = None
-        self._task = None
+        self._task: TaskID | None = None
         self._counts: dict[str, int] = defaultdict(int)
         self._total = 0
         self._done = 0
@@ -117,7 +120,7 @@ class RunProgress:
                        f"({time.monotonic() - self._t0:.1f} s)", err=True)
             sys.stderr.flush()
             return
-        if not self._progress:
+        if not self._progress or self._task is None:  # both are set in start()
             return
         counts = " ".join(f"{badge(s)} {self._counts[s]}" for s in STATUSES if self._counts[s])
         self._progress.update(self._task, advance=advance,
@@ -156,7 +159,7 @@ def summary_table(records: Iterable[dict[str, Any]]) -> Table:
                          ("verdict", "left"), ("bound ratio", "right"), ("ULP", "right"),
                          ("records", "left")):
         # Wrap rather than cut: `softmax_vocab` and `softmax_hazards` must stay apart.
-        table.add_column(col, justify=justify, overflow="fold")
+        table.add_column(col, justify=cast("JustifyMethod", justify), overflow="fold")
     for (probe, backend, dtype), rs in groups.items():
         statuses = [r["status"] for r in rs]
         counts = ", ".join(f"{statuses.count(s)} {s}" for s in STATUSES if s in statuses)
@@ -306,7 +309,7 @@ def nodes_tables(nodes: NodeScan) -> list:
                          ("verdict", "left"), ("wrong", "right"), ("NaN+Inf", "right"),
                          ("max ULP", "right"), ("median", "right"), ("x med", "right"),
                          ("evidence", "left")):
-        table.add_column(col, justify=justify, overflow="fold")
+        table.add_column(col, justify=cast("JustifyMethod", justify), overflow="fold")
     for d in nodes.devices:
         v = d["verdict"]
         table.add_row(str(d["process_index"]), escape(str(d["host"])), str(d["device_id"]),

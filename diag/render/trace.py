@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
 
 from diag.render.cells import badge, num
 
@@ -28,7 +31,7 @@ def trace_tables(context: dict[str, Any], top: int = 5) -> list:
         table = Table(title=title, caption=escape("; ".join(figures)), title_justify="left")
         for col, justify in (("op", "left"), ("µs per call", "right"), ("count", "right"),
                              ("dtype", "left"), ("shape", "left")):
-            table.add_column(col, justify=justify, overflow="fold")
+            table.add_column(col, justify=cast("JustifyMethod", justify), overflow="fold")
         for o in c["ops"][:top]:
             table.add_row(escape(o["name"]), num(o["per_call_us"]), num(o["count"]),
                           escape(o["dtype"]), escape(o["shape"]))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -102,7 +102,8 @@ def with_bug(cfg: TrainConfig, bug: Optional[str]) -> TrainConfig:
 
         raise UsageError(f"unknown porting bug {bug!r}; known: {', '.join(PORT_BUGS)}")
     name, value, _ = PORT_BUGS[bug]
-    return replace(cfg, **{name: value})
+    changes: dict[str, Any] = {name: value}  # PORT_BUGS's values have the field's type
+    return replace(cfg, **changes)
 
 
 def param_layout(cfg: TrainConfig) -> list[tuple[str, tuple[int, ...]]]:
@@ -111,7 +112,7 @@ def param_layout(cfg: TrainConfig) -> list[tuple[str, tuple[int, ...]]]:
     Weight matrices are stored [in, out] (x @ w), in every implementation alike.
     """
     d, v = cfg.width, cfg.vocab
-    out = [("wte", (v, d)), ("wpe", (cfg.seq, d))]
+    out: list[tuple[str, tuple[int, ...]]] = [("wte", (v, d)), ("wpe", (cfg.seq, d))]
     for i in range(cfg.layers):
         p = f"h{i}."
         out += [(p + "ln1.g", (d,)), (p + "ln1.b", (d,)),

@@ -10,7 +10,7 @@ Python loop around a jitted step, which `diag.nan` does not trace.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -57,6 +57,10 @@ def locate_nan(impl: str, cfg: TrainConfig, params: np.ndarray, batches: np.ndar
     if t is None:
         return None
     flat = _params_before(cfg, run, params, t)
+    # The step, its compute dtype and its arguments are the chosen framework's own types.
+    step: Callable[..., Any]
+    cd: Any
+    args: tuple[Any, ...]
     if impl == "jax":
         import jax
         import jax.numpy as jnp

@@ -96,7 +96,7 @@ def op(compute: str, case: dict, device=None):
     def train(params, batches):
         return run(cfg, np.asarray(params), np.asarray(batches), compute, device)
 
-    train.eager = True
+    setattr(train, "eager", True)  # noqa: B010 - read as getattr(fn, "eager", False); mypy has no fn attrs
     return train
 
 

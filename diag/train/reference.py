@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from diag.train.config import TrainConfig, decayed, param_layout, unpack
 
@@ -39,7 +40,7 @@ class Arith:
     tanh: Callable
     erf: Callable
     num: Callable  # a Python float as a number of this arithmetic
-    dtype: object
+    dtype: DTypeLike
 
 
 FLOAT64 = Arith(exp=np.exp, sqrt=np.sqrt, log=np.log, tanh=np.tanh,

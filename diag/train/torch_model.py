@@ -142,6 +142,8 @@ def run(cfg: TrainConfig, flat_params, batches, compute: str = "float32",
         out["loss"].append(loss.detach().cpu().numpy())
         for name in model.names:
             prm = model.param(name)
+            if prm.grad is None:  # every parameter is in the loss: backward() set its grad
+                raise RuntimeError(f"backward() left no gradient for {name}")
             out.setdefault(f"grad/{name}", []).append(prm.grad.detach().cpu().numpy().copy())
             out.setdefault(f"param/{name}", []).append(prm.detach().cpu().numpy().copy())
     return {k: np.stack(v) for k, v in out.items()}
