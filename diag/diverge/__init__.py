@@ -47,10 +47,12 @@ def shadow(fn: Callable, *args: Any, **kwargs: Any) -> ShadowReport:
     """
     framework = framework_of(fn, args, kwargs)
     if framework == "torch":
-        from diag.diverge import torch_shadow as impl
-    else:
-        from diag.diverge import jax_shadow as impl
-    return impl.shadow(fn, args, kwargs)
+        from diag.diverge import torch_shadow
+
+        return torch_shadow.shadow(fn, args, kwargs)
+    from diag.diverge import jax_shadow
+
+    return jax_shadow.shadow(fn, args, kwargs)
 
 
 def tap(name: str, x: Any) -> Any:

@@ -101,7 +101,7 @@ def compare(run_a: Callable[[], Any], run_b: Callable[[], Any], *, modules: bool
         rename_b = lambda n: n  # noqa: E731
     taps_a = _numbered(_run(run_a, "A", modules), lambda n: n)
     taps_b = _numbered(_run(run_b, "B", modules), rename_b)
-    records = []
+    records: list[TapRecord] = []
     for name, (order, a, dtype_a, shape_a) in sorted(taps_a.items(), key=lambda kv: kv[1][0]):
         if name not in taps_b:
             continue

@@ -17,7 +17,7 @@ changes in the compiled function is not seen (`diag run` compares settings for t
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -45,7 +45,8 @@ class _SV(Value):
         super().__init__(val)
         self.sh, self.err = sh, err
         dtype = getattr(val, "dtype", None)
-        self.thr = max(thr, diverge_carried_threshold(dtype)) if _is_float(dtype) else np.inf
+        self.thr = (max(thr, diverge_carried_threshold(dtype))
+                    if dtype is not None and _is_float(dtype) else np.inf)
 
 
 def _is_float(dtype: Any) -> bool:
@@ -92,8 +93,9 @@ class _Shadow(Evaluator):
     def wrap(self, val: Any) -> _SV:
         return _SV(val, _widen(val))
 
-    def index(self, v: _SV, i: int) -> _SV:
-        return _SV(v.val[i], v.sh[i], v.err, v.thr)
+    def index(self, v: Value, i: int) -> _SV:
+        sv = cast(_SV, v)  # this evaluator makes only _SV values (wrap/index/stack/apply)
+        return _SV(sv.val[i], sv.sh[i], sv.err, sv.thr)
 
     def stack(self, vs: list, aval) -> _SV:
         if not vs:

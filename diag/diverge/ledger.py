@@ -23,6 +23,21 @@ class _Entry:
     __slots__ = ("index", "primitive", "cls", "where", "path", "phase", "dtype", "shape",
                  "own_ulps", "own_ratio", "carried_in", "carried", "carried_ulps", "threshold",
                  "reason")
+    index: int
+    primitive: str
+    cls: str
+    where: Callable[[], tuple[str, str]]
+    path: str
+    phase: str
+    dtype: str
+    shape: tuple[int, ...]
+    own_ulps: float
+    own_ratio: float
+    carried_in: float
+    carried: float
+    carried_ulps: float
+    threshold: float
+    reason: str
 
     def __init__(self, **kw):
         for k, v in kw.items():

@@ -214,6 +214,7 @@ _COUNTS: dict = {}
 
 def _count(func, args, kwargs, k: int) -> Any:
     """The op on ones: how many terms each element of output k sums (a number or an array)."""
+    key: tuple[Any, int, Any, Any] | None
     try:
         key = (func, k, _signature(args), _signature(kwargs))
         got = _COUNTS.get(key)
@@ -225,7 +226,8 @@ def _count(func, args, kwargs, k: int) -> Any:
     if key is not None and cnt.size and cnt.min() == cnt.max():
         if len(_COUNTS) > 4096:
             _COUNTS.clear()
-        cnt = _COUNTS[key] = float(cnt.flat[0])
+        one = _COUNTS[key] = float(cnt.flat[0])
+        return one
     return cnt
 
 

@@ -19,7 +19,7 @@ import contextlib
 import os
 from functools import partial
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -64,7 +64,7 @@ def bind(e, vals: list, params: dict | None = None, *, bucket: bool = False) -> 
     subfuns, own = bind_params(e)
     params = own if params is None else params
     prim = e.primitive
-    fn = _compiled(prim, params) if not subfuns else _DIRECT
+    fn: Any = _compiled(prim, params) if not subfuns else _DIRECT  # a jitted bind or _DIRECT
     if bucket and _ON_CPU and prim.name in _MOVES:
         moved = _move(prim.name, vals, params)
         if moved is not None:
@@ -163,7 +163,7 @@ def persistent_cache(folder: Path | None = None) -> Iterator[None]:
     """Compile into (and load from) JAX's persistent compilation cache under `folder` for the
     duration, every program however fast it compiled; the user's own setting is restored
     after. A user who configured a cache folder keeps theirs."""
-    if jax.config.jax_compilation_cache_dir:
+    if jax.config.jax_compilation_cache_dir:  # type: ignore[attr-defined]  # flags: no stubs
         yield
         return
     folder = folder or cache_folder()
@@ -172,8 +172,9 @@ def persistent_cache(folder: Path | None = None) -> Iterator[None]:
     except OSError:  # a read-only home: compile without the cache
         yield
         return
-    before = (jax.config.jax_persistent_cache_min_compile_time_secs,
-              jax.config.jax_compilation_cache_max_size)
+    # jax.config's flags are set at run time: its stubs declare none of them.
+    before = (jax.config.jax_persistent_cache_min_compile_time_secs,  # type: ignore[attr-defined]
+              jax.config.jax_compilation_cache_max_size)  # type: ignore[attr-defined]
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     # JAX evicts the least recently used programs past this size (a program of one equation

@@ -51,11 +51,13 @@ class Program:
             self.names = [_arg_name(jax.tree_util.keystr(paths[i][0])) for i in self._dyn]
             self.state_names = []
             return
+        nnx = self.nnx  # the module itself here (not None)
         # The callee is a module (or a bound method of one): its state is split with the rest.
         self_obj = fn if nnx.graph.is_graph_node(fn) else getattr(fn, "__self__", None)
         if self_obj is not None and not nnx.graph.is_graph_node(self_obj):
             self_obj = None
-        self._method = None if self_obj is None or self_obj is fn else fn.__func__
+        method: Any = fn  # a bound method of self_obj when it is not fn itself
+        self._method = None if self_obj is None or self_obj is fn else method.__func__
         self._obj = (self_obj, args, kwargs, tuple(node for _, _, node in self._refs))
         self._graph, state = nnx.split(self._obj)
         flat_state = jax.tree_util.tree_flatten_with_path(state)
@@ -94,7 +96,8 @@ class Program:
 
     def write_back(self, new_state: list) -> None:
         """Leave the user's NNX objects as one call of the function would have left them."""
-        if self.nnx is None or len(new_state) != self._var_def.num_leaves:
+        # jax's PyTreeDef stub lacks num_leaves (the object has it)
+        if self.nnx is None or len(new_state) != self._var_def.num_leaves:  # type: ignore[attr-defined]
             return
         self.nnx.update(self._obj, jax.tree_util.tree_unflatten(self._var_def, new_state))
 

@@ -114,7 +114,8 @@ class Evaluator:
             if not isinstance(v, Literal) and not b:
                 primal_use[v] = True
         n = len(jaxpr.eqns)
-        bwd, only_bwd_outs = [False] * n, [()] * n
+        bwd = [False] * n
+        only_bwd_outs: list[tuple[bool, ...]] = [()] * n
         for k in range(n - 1, -1, -1):
             e = jaxpr.eqns[k]
             ns = name_stack(e)

@@ -11,6 +11,7 @@ import os
 import re
 import sys
 import sysconfig
+from types import FrameType
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -41,7 +42,7 @@ def is_user_file(path: str) -> bool:
 
 def source_from_stack() -> tuple[str, int, str]:
     """(file, line, function) of the innermost frame of the user's own code."""
-    f = sys._getframe(1)
+    f: FrameType | None = sys._getframe(1)
     while f is not None:
         if is_user_file(f.f_code.co_filename):
             return f.f_code.co_filename, f.f_lineno, f.f_code.co_name
@@ -58,7 +59,7 @@ def library_from_stack() -> str:
     """``modeling_gpt2.py:58 (eager_attention_forward)``: the innermost frame of an installed
     library (not torch, not diag) below the user's line, or "" when the op was called from
     the user's own code."""
-    f = sys._getframe(1)
+    f: FrameType | None = sys._getframe(1)
     while f is not None:
         path = f.f_code.co_filename
         if is_user_file(path):

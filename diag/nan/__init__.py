@@ -94,12 +94,14 @@ def hunt(fn: Callable, args: tuple = (), kwargs: dict | None = None, *,
             return report
     framework = framework or "jax"
     if framework == "jax":
-        from diag.nan import jax_hunt as impl
-    elif framework == "torch":
-        from diag.nan import torch_hunt as impl
-    else:
-        raise NanHuntError(f"unknown framework {framework!r}; use 'jax' or 'torch'")
-    return impl.locate(fn, args, kwargs)
+        from diag.nan import jax_hunt
+
+        return jax_hunt.locate(fn, args, kwargs)
+    if framework == "torch":
+        from diag.nan import torch_hunt
+
+        return torch_hunt.locate(fn, args, kwargs)
+    raise NanHuntError(f"unknown framework {framework!r}; use 'jax' or 'torch'")
 
 
 def locate(fn: Callable, *args: Any, **kwargs: Any) -> NanReport | None:

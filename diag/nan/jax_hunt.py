@@ -205,9 +205,9 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
         raise NanHuntError(f"{name} raised {type(e).__name__}: {e}") from e
     names = _names_of_results(out_tree, n_state, prog.state_names)
-    bad_results = [(names[k], *_kind(x)) for k, x in enumerate(result_leaves)
-                   if is_array(x) or isinstance(x, float)]
-    bad_results = [(w, k) for w, k, bad in bad_results if bad]
+    judged = [(names[k], *_kind(x)) for k, x in enumerate(result_leaves)
+              if is_array(x) or isinstance(x, float)]
+    bad_results = [(w, k) for w, k, bad in judged if bad]
     if prog.nnx is not None:
         prog.write_back(list(result_leaves[len(result_leaves) - n_state:]))
     if not bad_results:

@@ -81,8 +81,10 @@ class BirthHunter(OpMode):
     def _finite_copy(self, args: tuple, outs: list) -> bool:
         """A copy of a tensor known finite is finite (same dtype: a narrowing cast can
         overflow)."""
-        src = args[0] if args else None
-        if not isinstance(src, torch.Tensor) or any(t.dtype != src.dtype for t in outs):
+        if not args or not isinstance(args[0], torch.Tensor):
+            return False
+        src = args[0]
+        if any(t.dtype != src.dtype for t in outs):
             return False
         got = self._known.get(id(src))
         return (got is not None and got[0]() is src and src._version in got[1]
@@ -210,8 +212,8 @@ class BirthHunter(OpMode):
         in_bad = any(n or i for n, i in in_flags)
         out_nan = any(n for n, _ in out_flags)
         out_inf = any(i for _, i in out_flags)
-        inherited = [self.taint_of(t) for t, (n, i) in zip(ins, in_flags) if n or i]
-        inherited = [x for x in inherited if x is not None]
+        in_taints = [self.taint_of(t) for t, (n, i) in zip(ins, in_flags) if n or i]
+        inherited = [x for x in in_taints if x is not None]
         taint = min(inherited) if inherited else None
         kind = None
         if (out_nan and not in_nan) or (out_inf and not in_bad):
@@ -236,8 +238,8 @@ class BirthHunter(OpMode):
             return
         bad = [(t, tensor_flags(t)) for t in flat_in if is_float(t)]
         bad = [(t, f) for t, f in bad if f[0] or f[1]]
-        taints = [self.taint_of(t) for t, _ in bad]
-        taints = [x for x in taints if x is not None]
+        bad_taints = [self.taint_of(t) for t, _ in bad]
+        taints = [x for x in bad_taints if x is not None]
         node = torch._C._current_autograd_node()
         file, line, fn = source_from_stack() if node is None else source_from_node(node,
                                                                                      self.key)
@@ -345,8 +347,8 @@ def _locate(fn: Callable, args: tuple, kwargs: dict,
             bad.append((where, t, "NaN" if nan else "Inf"))
     if not bad:
         return None
-    roots = [hunter.taint_of(t) for _, t, _ in bad]
-    roots = [r for r in roots if r is not None]
+    bad_taints = [hunter.taint_of(t) for _, t, _ in bad]
+    roots = [r for r in bad_taints if r is not None]
     if roots:
         return _with(_report(hunter.births[min(roots)], len(hunter.births)), arrived=arrived)
     if hunter.births and not arrived:

@@ -66,8 +66,8 @@ def named_inputs(fn: Callable, args: tuple, kwargs: dict) -> dict[int, tuple[str
     opts = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.optim.Optimizer)]
     opts += [x for _, x in ref if isinstance(x, torch.optim.Optimizer)]
     for opt in opts:
-        for p, st in opt.state.items():
-            pname = named.get(id(p), ("a parameter",))[0]
+        for param, st in opt.state.items():
+            pname = named.get(id(param), ("a parameter",))[0]
             for k, v in st.items():
                 if isinstance(v, torch.Tensor):
                     named.setdefault(id(v), (f"optimizer state {k} of {pname}", v))

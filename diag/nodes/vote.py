@@ -148,23 +148,24 @@ def analyze(obs: Observations, golden: Optional[Mapping[str, Sequence[str]]] = N
 
     devices, suspects, stragglers = [], [], []
     for d, dev in enumerate(obs.devices):
-        kinds, why, evidence = [], [], []
+        kinds, why = [], []
+        evidence: list[dict[str, Any]] = []
         for w, name in enumerate(names):
             for flag, label in ((mismatch[d, w], "differs from the majority"),
                                 (undecided[d, w], "no majority"),
                                 (intermittent[d, w], "repeats of the same input disagree"),
                                 (golden_bad[d, w], "differs from the stored golden digest"),
                                 (bad_nonfinite[d, w], "NaN/Inf where the reference has none")):
-                rs = [int(r) for r in np.nonzero(flag)[0]]
-                if rs:
-                    item = {"workload": name, "what": label, "repeats": rs}
+                bad_rs = [int(r) for r in np.nonzero(flag)[0]]
+                if bad_rs:
+                    item: dict[str, Any] = {"workload": name, "what": label, "repeats": bad_rs}
                     if label == "differs from the majority" and obs.max_ulp is not None:
-                        ulps = obs.max_ulp[d, w, rs]
+                        ulps = obs.max_ulp[d, w, bad_rs]
                         ulps = ulps[np.isfinite(ulps)]
                         if ulps.size:
                             item["max_ulp"] = float(ulps.max())
                     evidence.append(item)
-        counts = {
+        per_kind = {
             "mismatch": int(mismatch[d].sum()),
             "no-majority": int(undecided[d].sum()),
             "intermittent": int(intermittent[d].sum()),
@@ -179,7 +180,7 @@ def analyze(obs: Observations, golden: Optional[Mapping[str, Sequence[str]]] = N
             "golden": "differs from the stored golden digest on {n}/{c} calls",
             "nan": "NaN/Inf where the reference has none on {n} calls",
         }
-        for kind, n in counts.items():
+        for kind, n in per_kind.items():
             if n:
                 kinds.append(kind)
                 why.append(texts[kind].format(n=n, c=W * R))
@@ -202,10 +203,11 @@ def analyze(obs: Observations, golden: Optional[Mapping[str, Sequence[str]]] = N
         entry = {
             **dev, "verdict": verdict, "kinds": kinds,
             "reason": "; ".join(why) if why else "agrees with the majority on every call",
-            "calls": W * R, "mismatched_calls": counts["mismatch"],
+            "calls": W * R, "mismatched_calls": per_kind["mismatch"],
             "nan_count": int(obs.nan[d].sum()), "inf_count": int(obs.inf[d].sum()),
-            "intermittent_calls": counts["intermittent"],
-            "golden_mismatch_calls": counts["golden"], "undecided_calls": counts["no-majority"],
+            "intermittent_calls": per_kind["intermittent"],
+            "golden_mismatch_calls": per_kind["golden"],
+            "undecided_calls": per_kind["no-majority"],
             "max_ulp": max(ulp_values) if ulp_values else None,
             "injected_calls": int(obs.injected[d].sum()),
             "injected_caught": int((obs.injected[d] & (mismatch[d] | intermittent[d]
