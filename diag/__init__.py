@@ -54,10 +54,34 @@ __all__ = [
 
 # The library's modules, loaded on first attribute access (none imports a framework at
 # import time). `cli` and `render` are the command line's, not the library's.
-_LAZY_MODULES = {"ab", "baseline", "compare", "diverge", "drift", "environment", "errors", "faults",
-                 "features", "flags", "inputs", "junit", "nan", "nodes", "numerics", "oracle",
-                 "precision", "preflight", "probes", "report", "results", "runner", "suite",
-                 "tolerance", "train", "workers"}
+_LAZY_MODULES = {
+    "ab",
+    "baseline",
+    "compare",
+    "diverge",
+    "drift",
+    "environment",
+    "errors",
+    "faults",
+    "features",
+    "flags",
+    "inputs",
+    "junit",
+    "nan",
+    "nodes",
+    "numerics",
+    "oracle",
+    "precision",
+    "preflight",
+    "probes",
+    "report",
+    "results",
+    "runner",
+    "suite",
+    "tolerance",
+    "train",
+    "workers",
+}
 
 
 def run(*args, **kwargs):

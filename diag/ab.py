@@ -14,9 +14,10 @@ import dataclasses
 import difflib
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from diag import numerics
 from diag.backends import BackendSpec
@@ -41,8 +42,9 @@ def _hlo_ops(lines: list[str]) -> dict[str, int]:
     return counts
 
 
-def parse_ab(assignments: list[str] | None,
-             base: Mapping[str, str] | None = None) -> dict[str, str]:
+def parse_ab(
+    assignments: list[str] | None, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The environment of an A/B experiment's B side from `NAME=VALUE` assignments.
 
     `XLA_FLAGS` and `LIBTPU_INIT_ARGS` values are appended to the flags in effect on the A
@@ -63,8 +65,10 @@ def parse_ab(assignments: list[str] | None,
         name, sep, value = item.partition("=")
         name = name.strip()
         if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise UsageError(f"--ab expects NAME=VALUE (an environment variable or a JAX "
-                             f"config option), got {item!r}")
+            raise UsageError(
+                f"--ab expects NAME=VALUE (an environment variable or a JAX "
+                f"config option), got {item!r}"
+            )
         if name.lower().startswith("jax_"):
             name = name.upper()
         if name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS"):
@@ -101,8 +105,17 @@ class Experiment:
         """The environment of `spec`'s worker: the B side gets the setting on top."""
         return {**env, **self.env} if spec.variant == B else dict(env)
 
-    def attribute(self, case_id: str, a: str, x, b: str, y, verdicts: tuple[Mapping, Mapping],
-                  agree: Callable[..., tuple], context: Any) -> tuple[str, str, dict]:
+    def attribute(
+        self,
+        case_id: str,
+        a: str,
+        x,
+        b: str,
+        y,
+        verdicts: tuple[Mapping, Mapping],
+        agree: Callable[..., tuple],
+        context: Any,
+    ) -> tuple[str, str, dict]:
         """What the setting changed in one case on one backend: an `ab` record's
         (status, reason, metrics).
 
@@ -114,22 +127,32 @@ class Experiment:
           agree: the probe's agreement check, for the size of the difference.
           context: what the B side's output was judged by (its bound).
         """
-        changed = [n for n, u, v in zip(x.names, x.outputs, y.outputs)
-                   if numerics.bits_digest(u) != numerics.bits_digest(v)]
+        changed = [
+            n
+            for n, u, v in zip(x.names, x.outputs, y.outputs)
+            if numerics.bits_digest(u) != numerics.bits_digest(v)
+        ]
         _, _, difference = agree(x, y, (a, b), context)
         va, vb = verdicts
         metrics: dict[str, Any] = {
-            "changed_outputs": changed, "difference": difference,
+            "changed_outputs": changed,
+            "difference": difference,
             "status": [va["status"], vb["status"]],
-            "max_ulp": [va["metrics"].get("max_ulp"), vb["metrics"].get("max_ulp")]}
+            "max_ulp": [va["metrics"].get("max_ulp"), vb["metrics"].get("max_ulp")],
+        }
         if not changed:
-            return ("pass", f"{self.setting} changes nothing in {a}'s results (bit for bit)",
-                    metrics)
+            return (
+                "pass",
+                f"{self.setting} changes nothing in {a}'s results (bit for bit)",
+                metrics,
+            )
         what = ", ".join(changed)
         n, k = difference.get("elements"), difference.get("mismatched")
         amount = f"{k} / {n} elements, " if n and k is not None else ""
-        reason = (f"{self.setting} changes {a}'s {what} ({amount}verdict {va['status']} -> "
-                  f"{vb['status']}): drift attributed to this setting")
+        reason = (
+            f"{self.setting} changes {a}'s {what} ({amount}verdict {va['status']} -> "
+            f"{vb['status']}): drift attributed to this setting"
+        )
         hlo = self.hlo_diff(case_id, a, b)
         if hlo:
             metrics["hlo_diff"] = hlo
@@ -149,11 +172,17 @@ class Experiment:
         path = folder / f"{case_id}.{a}.hlo.diff"
         path.write_text("\n".join(diff) + "\n")
         count_a, count_b = _hlo_ops(text_a), _hlo_ops(text_b)
-        ops = {op: (count_a.get(op, 0), count_b.get(op, 0))
-               for op in sorted(set(count_a) | set(count_b))
-               if count_a.get(op, 0) != count_b.get(op, 0)}
+        ops = {
+            op: (count_a.get(op, 0), count_b.get(op, 0))
+            for op in sorted(set(count_a) | set(count_b))
+            if count_a.get(op, 0) != count_b.get(op, 0)
+        }
         changed = sum(1 for line in diff if line[:1] in "+-" and line[:3] not in ("+++", "---"))
         # The changed lines without their context, for the record and the report.
         excerpt = [line for line in diff[2:] if line[:1] in "+-@"][:HLO_EXCERPT_LINES]
-        return {"path": str(path.relative_to(self.folder)), "changed_lines": changed,
-                "ops": ops, "excerpt": excerpt}
+        return {
+            "path": str(path.relative_to(self.folder)),
+            "changed_lines": changed,
+            "ops": ops,
+            "excerpt": excerpt,
+        }

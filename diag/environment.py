@@ -12,7 +12,8 @@ import platform
 import socket
 import subprocess
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from diag import flags as _flags
 
@@ -37,8 +38,17 @@ NUMERICS_ENV_VARS = (
     "TPU_VISIBLE_CHIPS",
 )
 
-_PACKAGES = ("diag", "jax", "jaxlib", "torch", "torch_xla", "libtpu", "numpy", "ml_dtypes",
-             "mpmath")
+_PACKAGES = (
+    "diag",
+    "jax",
+    "jaxlib",
+    "torch",
+    "torch_xla",
+    "libtpu",
+    "numpy",
+    "ml_dtypes",
+    "mpmath",
+)
 
 
 def _version(pkg: str) -> str | None:
@@ -50,8 +60,9 @@ def _version(pkg: str) -> str | None:
 
 def _git_revision(cwd: str) -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
-                             text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
@@ -85,8 +96,11 @@ def collect(argv: list[str] | None = None) -> dict[str, Any]:
         "git_revision": _git_revision(cwd),
         "packages": {p: v for p in _PACKAGES if (v := _version(p))},
         # XLA_FLAGS and LIBTPU_INIT_ARGS always (None: unset); the others when set.
-        "env": {k: os.environ.get(k) for k in NUMERICS_ENV_VARS
-                if k in os.environ or k in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")},
+        "env": {
+            k: os.environ.get(k)
+            for k in NUMERICS_ENV_VARS
+            if k in os.environ or k in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
+        },
         # XLA_FLAGS / LIBTPU_INIT_ARGS parsed, and what the settings rules say about the
         # environment variables and flags (diag.flags; host side, no framework imported).
         "flags": _flags.host_flags(),
@@ -94,8 +108,13 @@ def collect(argv: list[str] | None = None) -> dict[str, Any]:
     }
 
 
-def env_report(*, fingerprints: bool = True, timeout: float = _flags.ENV_TIMEOUT,
-               environ: Mapping[str, str] | None = None, deep: bool = False) -> dict[str, Any]:
+def env_report(
+    *,
+    fingerprints: bool = True,
+    timeout: float = _flags.ENV_TIMEOUT,
+    environ: Mapping[str, str] | None = None,
+    deep: bool = False,
+) -> dict[str, Any]:
     """Everything numerics-relevant in effect here: what `diag env` shows.
 
     Args:
@@ -137,16 +156,23 @@ def env_report(*, fingerprints: bool = True, timeout: float = _flags.ENV_TIMEOUT
 
     flags = host_flags(environ)
     host = collect()
-    env_vars = {k: environ[k] for k in environ
-                if k in NUMERICS_ENV_VARS or k.startswith("JAX_")}
+    env_vars = {k: environ[k] for k in environ if k in NUMERICS_ENV_VARS or k.startswith("JAX_")}
     return {
-        "host": {k: host[k] for k in ("host", "platform", "machine", "cpu_count", "python",
-                                      "packages")},
+        "host": {
+            k: host[k] for k in ("host", "platform", "machine", "cpu_count", "python", "packages")
+        },
         "env": env_vars,
         "flags": flags,
         "xla_flags_check": check,
         "frameworks": frameworks,
-        "findings": findings({"env": environ, "flags": flags, "jax": settings("jax"),
-                              "torch": settings("torch"), "torch_xla": settings("torch_xla"),
-                              "backends": present}),
+        "findings": findings(
+            {
+                "env": environ,
+                "flags": flags,
+                "jax": settings("jax"),
+                "torch": settings("torch"),
+                "torch_xla": settings("torch_xla"),
+                "backends": present,
+            }
+        ),
     }

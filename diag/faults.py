@@ -11,8 +11,6 @@ output (the scan needs it for a ``stuck`` device's next call).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
 from diag.numerics import bits_view, is_supported
@@ -33,8 +31,9 @@ OUTPUT_FAULTS = ("double", "truncate", "nan", "bitflip", "stuck")
 WORKER_OUTPUT_FAULTS = {"corrupt": "double", "truncate": "truncate"}
 
 
-def corrupt(out, kind: str, *, rng: Optional[np.random.Generator] = None,
-            stale: Optional[np.ndarray] = None) -> np.ndarray:
+def corrupt(
+    out, kind: str, *, rng: np.random.Generator | None = None, stale: np.ndarray | None = None
+) -> np.ndarray:
     """A corrupted copy of `out` (never `out` itself).
 
     Args:
@@ -61,8 +60,9 @@ def corrupt(out, kind: str, *, rng: Optional[np.random.Generator] = None,
     if kind == "truncate":
         return np.ascontiguousarray(np.asarray(out)[..., :-1])
     if kind not in ("nan", "bitflip"):
-        raise ValueError(f"corrupt: unknown fault kind {kind!r}; expected one of "
-                         f"{', '.join(OUTPUT_FAULTS)}")
+        raise ValueError(
+            f"corrupt: unknown fault kind {kind!r}; expected one of {', '.join(OUTPUT_FAULTS)}"
+        )
     if rng is None:
         raise ValueError(f"corrupt: kind {kind!r} needs a random generator (rng=)")
     bad = np.array(out, copy=True)

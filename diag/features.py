@@ -37,16 +37,27 @@ of C is ignored), with K = 64 zero-padded products, the size `fingerprint` uses.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 from diag.unit_model import (  # the model each hypothesis is run through
-    K_PROBE, MAX_EXTRA_BITS, ACC_BITS, BLOCK_WIDTHS, ORDERS, ROUNDINGS, UNITS, Unit, as_unit_dtype)
+    ACC_BITS,
+    BLOCK_WIDTHS,
+    K_PROBE,
+    MAX_EXTRA_BITS,
+    ORDERS,
+    ROUNDINGS,
+    UNITS,
+    Unit,
+    as_unit_dtype,
+)
 
 __all__ = ["UNITS", "Feature", "Features", "Unit", "features"]
+
 
 @dataclass(frozen=True)
 class Feature:
@@ -110,7 +121,7 @@ class _Battery:
         self.rows.append(row)
         self.labels.append(label)
 
-    def extend(self, other: "_Battery") -> "_Battery":
+    def extend(self, other: _Battery) -> _Battery:
         self.rows += other.rows
         self.labels += other.labels
         return self
@@ -123,8 +134,10 @@ class _Battery:
             for k, x, y in row:
                 a[i, k], b[k, i] = x, y
         a, b = a.astype(self.dtype), b.astype(self.dtype)
-        for m, want in ((a, [(i, k, x) for i, r in enumerate(self.rows) for k, x, _ in r]),
-                        (b, [(k, i, y) for i, r in enumerate(self.rows) for k, _, y in r])):
+        for m, want in (
+            (a, [(i, k, x) for i, r in enumerate(self.rows) for k, x, _ in r]),
+            (b, [(k, i, y) for i, r in enumerate(self.rows) for k, _, y in r]),
+        ):
             for i, j, v in want:
                 if float(m[i, j]) != v:  # a construction bug, not a measurement
                     raise AssertionError(f"{v!r} is not exact in {self.dtype.name}")
@@ -137,8 +150,10 @@ def _run(matmul: Callable, bat: _Battery) -> tuple[np.ndarray, np.ndarray, np.nd
         out = np.asarray(matmul(a, b))
     n = len(bat.rows)
     if out.shape != (a.shape[0], b.shape[1]):
-        raise ValueError(f"diag: the matmul returned shape {out.shape} for {a.shape} @ "
-                         f"{b.shape}, expected {(a.shape[0], b.shape[1])}")
+        raise ValueError(
+            f"diag: the matmul returned shape {out.shape} for {a.shape} @ "
+            f"{b.shape}, expected {(a.shape[0], b.shape[1])}"
+        )
     return a, b, np.diagonal(out)[:n].astype(np.float64), out.dtype.name
 
 
@@ -146,27 +161,39 @@ def _diag(unit, a, b) -> np.ndarray:
     return unit.diagonal(a, b) if hasattr(unit, "diagonal") else np.diagonal(unit(a, b))
 
 
-def _decide(name: str, matmul: Callable, bat: _Battery, hyps: dict[Any, Unit],
-            out_dtype: list[str], note: str = "") -> tuple[Feature, list[Any]]:
+def _decide(
+    name: str,
+    matmul: Callable,
+    bat: _Battery,
+    hyps: dict[Any, Unit],
+    out_dtype: list[str],
+    note: str = "",
+) -> tuple[Feature, list[Any]]:
     """Run the battery; keep the hypotheses that predict every output bit for bit."""
     a, b, got, odt = _run(matmul, bat)
     out_dtype[:] = [odt]
     with np.errstate(all="ignore"):
-        preds = {h: _diag(u, a, b)[:len(got)].astype(odt).astype(np.float64)
-                 for h, u in hyps.items()}
+        preds = {
+            h: _diag(u, a, b)[: len(got)].astype(odt).astype(np.float64) for h, u in hyps.items()
+        }
     fits = [h for h, p in preds.items() if np.array_equal(p, got)]
     evidence = []
     for i, label in enumerate(bat.labels):
         vals = {str(h): float(p[i]) for h, p in preds.items()}
         if len(set(vals.values())) > 1 or got[i] not in vals.values():
-            evidence.append({
-                "input": label,
-                "products": [[k, float(x) * float(y)] for k, x, y in bat.rows[i]],
-                "output": float(got[i]), "predicted": vals})
+            evidence.append(
+                {
+                    "input": label,
+                    "products": [[k, float(x) * float(y)] for k, x, y in bat.rows[i]],
+                    "output": float(got[i]),
+                    "predicted": vals,
+                }
+            )
     value = fits[0] if len(fits) == 1 else "unknown"
     if len(fits) > 1:
         note = (note + "; " if note else "") + (
-            f"the inputs cannot tell apart {', '.join(map(str, fits))}")
+            f"the inputs cannot tell apart {', '.join(map(str, fits))}"
+        )
     elif not fits:
         note = (note + "; " if note else "") + "no hypothesis predicts the outputs"
     return Feature(name, value, tuple(evidence[:12]), note), fits
@@ -181,8 +208,10 @@ def _rounding(dtype) -> _Battery:
     bat = _Battery(dtype)
     for s in (1.0, 3.0):
         for sign in (1.0, -1.0):
-            bat.add(f"{sign * s:g} + 2^23 + 2^23",
-                    [(0, sign * s), (1, sign * 2.0 ** 23), (2, sign * 2.0 ** 23)])
+            bat.add(
+                f"{sign * s:g} + 2^23 + 2^23",
+                [(0, sign * s), (1, sign * 2.0**23), (2, sign * 2.0**23)],
+            )
     return bat
 
 
@@ -192,24 +221,28 @@ def _extra_bits(dtype, p: int) -> _Battery:
     for k in range(1, MAX_EXTRA_BITS + 2):  # truncation: any kept bit moves 1 - 2^-(23+k) down
         bat.add(f"1 - 2^-{23 + k}", [(0, 1.0), (1, -(2.0 ** -(23 + k)))])
         bat.add(f"1 + 2^-{23 + k}", [(0, 1.0), (1, 2.0 ** -(23 + k))])  # rounding up
-    bat.add("1 - 3*2^-25", [(0, 1.0), (1, -3 * 2.0 ** -25)])
-    bat.add("1 + 3*2^-25", [(0, 1.0), (1, 3 * 2.0 ** -25)])
+    bat.add("1 - 3*2^-25", [(0, 1.0), (1, -3 * 2.0**-25)])
+    bat.add("1 + 3*2^-25", [(0, 1.0), (1, 3 * 2.0**-25)])
     for k in range(2, MAX_EXTRA_BITS + 2):  # 0.75 ulp below 1, truncated to 0.5 or 0 ulp
         bat.add(f"1 - 3*2^-{24 + k}", [(0, 1.0), (1, -3 * 2.0 ** -(24 + k))])
         bat.add(f"1 + 3*2^-{24 + k}", [(0, 1.0), (1, 3 * 2.0 ** -(24 + k))])
     for j in range(1, p):  # nearest: a tie 1 - 2^-25 tipped by 2^-(25+j), one product
         for sign in (-1.0, 1.0):
-            bat.add(f"1 {'-+'[sign > 0]} 2^-25*(1+2^-{j})",
-                    [(0, 1.0, 1.0), (1, sign * (1 + 2.0 ** -j) * 2.0 ** -13, 2.0 ** -12)])
-            bat.add(f"1 {'-+'[sign > 0]} 2^-24*(1+2^-{j})",
-                    [(0, 1.0, 1.0), (1, sign * (1 + 2.0 ** -j) * 2.0 ** -12, 2.0 ** -12)])
+            bat.add(
+                f"1 {'-+'[sign > 0]} 2^-25*(1+2^-{j})",
+                [(0, 1.0, 1.0), (1, sign * (1 + 2.0**-j) * 2.0**-13, 2.0**-12)],
+            )
+            bat.add(
+                f"1 {'-+'[sign > 0]} 2^-24*(1+2^-{j})",
+                [(0, 1.0, 1.0), (1, sign * (1 + 2.0**-j) * 2.0**-12, 2.0**-12)],
+            )
     return bat
 
 
 def _block(dtype, extra: int | None) -> _Battery:
     """Where a fused step ends: what is lost with the 1 in one step survives across steps."""
     bat = _Battery(dtype)
-    h = 2.0 ** -24
+    h = 2.0**-24
     for m in range(2, K_PROBE):
         if extra is None or extra >= 1:  # [1, h, h]: 1 + 2^-23 only if one step adds all
             bat.add(f"1@0 + 2^-24@1 + 2^-24@{m}", [(0, 1.0), (1, h), (m, h)])
@@ -231,15 +264,19 @@ def _order(dtype, width: int, extra: int | None) -> _Battery:
     import itertools
 
     bat = _Battery(dtype)
-    s = 2.0 ** -(25 + (extra or 0)) if extra is not None else 2.0 ** -24
-    for spots in ((0, width, 2 * width), (0, 2 * width, 3 * width), (0, width, 3 * width),
-                  (0, 1, K_PROBE - 1), (0, K_PROBE // 2, K_PROBE - 1)):
+    s = 2.0 ** -(25 + (extra or 0)) if extra is not None else 2.0**-24
+    for spots in (
+        (0, width, 2 * width),
+        (0, 2 * width, 3 * width),
+        (0, width, 3 * width),
+        (0, 1, K_PROBE - 1),
+        (0, K_PROBE // 2, K_PROBE - 1),
+    ):
         places = tuple(min(p, K_PROBE - 1) for p in spots)
         if len(set(places)) < 3:
             continue
         for perm in itertools.permutations((1.0, -1.0, s)):
-            bat.add(" + ".join(f"{v:g}@{k}" for v, k in zip(perm, places)),
-                    list(zip(places, perm)))
+            bat.add(" + ".join(f"{v:g}@{k}" for v, k in zip(perm, places)), list(zip(places, perm)))
     return bat
 
 
@@ -249,7 +286,7 @@ def _products(dtype, p: int) -> _Battery:
     x = 1 + 2.0 ** -(p - 1)
     bat.add(f"({x!r})^2 alone", [(0, x, x)])
     if p == ACC_BITS:  # x^2 = 1 + 2^-22 + 2^-46: only the fused sum with -(1 + 2^-22) shows 2^-46
-        c = -(1 + 2.0 ** -22)
+        c = -(1 + 2.0**-22)
         bat.add("-(1+2^-22)@0 + x^2@1", [(0, c, 1.0), (1, x, x)])
         bat.add("x^2@0 - (1+2^-22)@1", [(0, x, x), (1, c, 1.0)])
     return bat
@@ -262,7 +299,7 @@ def _subnormals(dtype) -> _Battery:
     scale = 2.0 ** (10 if dtype.name == "float16" else 30)  # into float32's normal range
     bat.add(f"subnormal input 3*{sub:g} * {scale:g}", [(0, 3 * sub, scale)])
     if dtype.name != "float16":  # float16 products never reach float32's subnormals
-        bat.add("2^-70 * 2^-70 (float32 subnormal)", [(0, 2.0 ** -70, 2.0 ** -70)])
+        bat.add("2^-70 * 2^-70 (float32 subnormal)", [(0, 2.0**-70, 2.0**-70)])
     return bat
 
 
@@ -281,8 +318,7 @@ class _NarrowProducts:
         return prods.sum(axis=1).astype(np.float32)
 
 
-def features(matmul: Callable[[np.ndarray, np.ndarray], Any], dtype: Any = "float32"
-             ) -> Features:
+def features(matmul: Callable[[np.ndarray, np.ndarray], Any], dtype: Any = "float32") -> Features:
     """Measure the arithmetic features of a matmul with crafted inputs (module docstring).
 
     Args:
@@ -318,14 +354,16 @@ def features(matmul: Callable[[np.ndarray, np.ndarray], Any], dtype: Any = "floa
         details.append(feature)
         return feature.value, fits
 
-    r, _ = step("rounding", lambda: _rounding(dt),
-                {r: replace(base, rounding=r) for r in ROUNDINGS})
+    r, _ = step(
+        "rounding", lambda: _rounding(dt), {r: replace(base, rounding=r) for r in ROUNDINGS}
+    )
     base = replace(base, rounding=r if r in ROUNDINGS else "nearest")
     hyps: dict[Any, Unit] = {e: replace(base, extra_bits=e) for e in range(MAX_EXTRA_BITS + 1)}
     hyps[f">={MAX_EXTRA_BITS + 1}"] = replace(base, extra_bits=None)
     e, _ = step("extra_bits", lambda: _extra_bits(dt, p), hyps, needs=("rounding",))
     extra = e if isinstance(e, int) else None
     base = replace(base, extra_bits=extra)
+
     # Width and order together: a reversed or pairwise order moves the block boundaries.
     def width_order():
         bat = _block(dt, extra)
@@ -333,36 +371,67 @@ def features(matmul: Callable[[np.ndarray, np.ndarray], Any], dtype: Any = "floa
             bat.extend(_order(dt, w, extra))
         return bat
 
-    _, fits = step("block_fma_width", width_order,
-                   {(w, o): replace(base, block=w, order=o) for w in BLOCK_WIDTHS for o in ORDERS},
-                   needs=("rounding", "extra_bits"))
+    _, fits = step(
+        "block_fma_width",
+        width_order,
+        {(w, o): replace(base, block=w, order=o) for w in BLOCK_WIDTHS for o in ORDERS},
+        needs=("rounding", "extra_bits"),
+    )
     joint = details.pop()
     for name, i in (("block_fma_width", 0), ("order", 1)):
         vals = sorted({f[i] for f in fits}, key=str)
         value = vals[0] if len(vals) == 1 else "unknown"
-        note = "" if len(vals) == 1 else joint.note if not vals else (
-            f"the inputs cannot tell apart {', '.join(map(str, vals))}")
+        note = (
+            ""
+            if len(vals) == 1
+            else joint.note
+            if not vals
+            else (f"the inputs cannot tell apart {', '.join(map(str, vals))}")
+        )
         details.append(Feature(name, value, joint.evidence if i == 0 else (), note))
     w, o = details[-2].value, details[-1].value
-    base = replace(base, block=w if isinstance(w, int) else 1,
-                   order=o if o in ORDERS else "sequential")
+    base = replace(
+        base, block=w if isinstance(w, int) else 1, order=o if o in ORDERS else "sequential"
+    )
     if p == ACC_BITS:  # float32: the exact product shows only through a fused sum
-        pe, _ = step("product_exact", lambda: _products(dt, p),
-                     {True: base, False: replace(base, product_exact=False)},
-                     needs=("rounding", "extra_bits", "block_fma_width", "order"))
+        pe, _ = step(
+            "product_exact",
+            lambda: _products(dt, p),
+            {True: base, False: replace(base, product_exact=False)},
+            needs=("rounding", "extra_bits", "block_fma_width", "order"),
+        )
     else:  # a product of two narrow inputs fits float32: read it alone
-        pe, _ = step("product_exact", lambda: _products(dt, p),
-                     {True: base, "rounded to the input format": _NarrowProducts(dt)})
+        pe, _ = step(
+            "product_exact",
+            lambda: _products(dt, p),
+            {True: base, "rounded to the input format": _NarrowProducts(dt)},
+        )
     base = replace(base, product_exact=pe if isinstance(pe, bool) else True)
-    step("subnormals", lambda: _subnormals(dt),
-         {s: replace(base, subnormals=s) for s in ("kept", "flushed")})
+    step(
+        "subnormals",
+        lambda: _subnormals(dt),
+        {s: replace(base, subnormals=s) for s in ("kept", "flushed")},
+    )
 
     if odt and odt[0] != "float32":
-        details = [replace(f, note=(f.note + "; " if f.note else "") +
-                           f"the output is {odt[0]}: sums below its precision are not "
-                           f"observable") for f in details]
+        details = [
+            replace(
+                f,
+                note=(f.note + "; " if f.note else "")
+                + f"the output is {odt[0]}: sums below its precision are not "
+                f"observable",
+            )
+            for f in details
+        ]
     v = {f.name: f.value for f in details}
-    return Features(dtype=dt.name, output_dtype=odt[0] if odt else "?",
-                    product_exact=v["product_exact"], extra_bits=v["extra_bits"],
-                    rounding=v["rounding"], block_fma_width=v["block_fma_width"],
-                    order=v["order"], subnormals=v["subnormals"], details=tuple(details))
+    return Features(
+        dtype=dt.name,
+        output_dtype=odt[0] if odt else "?",
+        product_exact=v["product_exact"],
+        extra_bits=v["extra_bits"],
+        rounding=v["rounding"],
+        block_fma_width=v["block_fma_width"],
+        order=v["order"],
+        subnormals=v["subnormals"],
+        details=tuple(details),
+    )

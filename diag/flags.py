@@ -23,8 +23,9 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from diag.errors import UsageError
 
@@ -57,8 +58,10 @@ class BadFlag(UsageError):
 
     def __init__(self, var: str, flag: str, why: str):
         self.var, self.flag = var, flag
-        super().__init__(f"{var}: bad flag '{flag}': {why}; fix or remove it (every XLA "
-                         f"process started with it would abort)")
+        super().__init__(
+            f"{var}: bad flag '{flag}': {why}; fix or remove it (every XLA "
+            f"process started with it would abort)"
+        )
 
 
 @dataclass(frozen=True)
@@ -112,8 +115,10 @@ def host_flags(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 _UNKNOWN = re.compile(r"Unknown flags? in (\w+): (\S+)")
 _BAD_VALUE = re.compile(r"Couldn't interpret value (.*) for flag (\S+?)\.?$", re.M)
-_NOT_FILE = re.compile(r'Could not open file "([^"]*)" to read flags for environment '
-                       r'variable "(\w+)"')
+_NOT_FILE = re.compile(
+    r'Could not open file "([^"]*)" to read flags for environment '
+    r'variable "(\w+)"'
+)
 
 
 def flag_error(stderr: str) -> BadFlag | None:
@@ -121,8 +126,11 @@ def flag_error(stderr: str) -> BadFlag | None:
     if m := _UNKNOWN.search(stderr):
         return BadFlag(m.group(1), m.group(2), "XLA does not know this flag")
     if m := _BAD_VALUE.search(stderr):
-        return BadFlag("XLA_FLAGS", f"--{m.group(2)}={m.group(1)}",
-                       f"XLA cannot interpret the value '{m.group(1)}' for --{m.group(2)}")
+        return BadFlag(
+            "XLA_FLAGS",
+            f"--{m.group(2)}={m.group(1)}",
+            f"XLA cannot interpret the value '{m.group(1)}' for --{m.group(2)}",
+        )
     if m := _NOT_FILE.search(stderr):
         return BadFlag(m.group(2), m.group(1), "a flag must look like --name=value")
     return None
@@ -131,8 +139,9 @@ def flag_error(stderr: str) -> BadFlag | None:
 _VALIDATE = "import jax.numpy as jnp; jnp.ones(2).sum().block_until_ready()"
 
 
-def validate_xla_flags(environ: Mapping[str, str] | None = None,
-                       timeout: float = VALIDATE_TIMEOUT) -> str:
+def validate_xla_flags(
+    environ: Mapping[str, str] | None = None, timeout: float = VALIDATE_TIMEOUT
+) -> str:
     """Start a throwaway JAX process (CPU only) with these XLA_FLAGS and run a tiny op.
 
     XLA aborts any process whose XLA_FLAGS hold an unknown flag or a bad value; doing it
@@ -154,8 +163,13 @@ def validate_xla_flags(environ: Mapping[str, str] | None = None,
     env = {k: v for k, v in environ.items() if k != "LIBTPU_INIT_ARGS"}
     env["JAX_PLATFORMS"] = "cpu"
     try:
-        proc = subprocess.run([sys.executable, "-c", _VALIDATE], capture_output=True,
-                              text=True, timeout=timeout, env=env)
+        proc = subprocess.run(
+            [sys.executable, "-c", _VALIDATE],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
     except subprocess.TimeoutExpired:
         return f"not validated (the check did not finish within {timeout:g} s)"
     if proc.returncode == 0:
@@ -179,8 +193,7 @@ def _set(v: Any) -> bool:
     return v is not None
 
 
-_LOW_JAX_PRECISION = ("default", "fastest", "bfloat16", "tensorfloat32", "bfloat16_3x",
-                      "high")
+_LOW_JAX_PRECISION = ("default", "fastest", "bfloat16", "tensorfloat32", "bfloat16_3x", "high")
 
 
 @dataclass(frozen=True)
@@ -213,83 +226,186 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("xla-excess-precision", "xla", "xla_allow_excess_precision",
-         lambda v: v is None or _truthy(v), "note",
-         "XLA may keep bf16 intermediates in float32, so two parts of a bf16 program (a "
-         "sampler's softmax and its argmax) can disagree, e.g. on the top token",
-         "--xla_allow_excess_precision=false in XLA_FLAGS (and LIBTPU_INIT_ARGS on TPU) "
-         "where bf16 results must be reproducible", unset="unset (default true)"),
-    Rule("xla-cpu-fast-math", "xla", "xla_cpu_enable_fast_math", _truthy, "risk",
-         "XLA:CPU may reassociate, approximate functions and assume no NaN/Inf",
-         "--xla_cpu_enable_fast_math=false"),
-    Rule("xla-gpu-fast-min-max", "xla", "xla_gpu_enable_fast_min_max", _truthy, "risk",
-         "XLA:GPU min/max may drop NaNs, hiding a diverged value",
-         "--xla_gpu_enable_fast_min_max=false"),
-    Rule("xla-use-bf16", "env", "XLA_USE_BF16", _truthy, "risk",
-         "torch_xla stores and computes every float32 tensor as bf16",
-         "unset XLA_USE_BF16; cast to torch.bfloat16 explicitly where bf16 is wanted"),
-    Rule("xla-downcast-bf16", "env", "XLA_DOWNCAST_BF16", _truthy, "risk",
-         "torch_xla computes float32 as bf16 (and float64 as float32) on the device",
-         "unset XLA_DOWNCAST_BF16; cast explicitly where bf16 is wanted"),
+    Rule(
+        "xla-excess-precision",
+        "xla",
+        "xla_allow_excess_precision",
+        lambda v: v is None or _truthy(v),
+        "note",
+        "XLA may keep bf16 intermediates in float32, so two parts of a bf16 program (a "
+        "sampler's softmax and its argmax) can disagree, e.g. on the top token",
+        "--xla_allow_excess_precision=false in XLA_FLAGS (and LIBTPU_INIT_ARGS on TPU) "
+        "where bf16 results must be reproducible",
+        unset="unset (default true)",
+    ),
+    Rule(
+        "xla-cpu-fast-math",
+        "xla",
+        "xla_cpu_enable_fast_math",
+        _truthy,
+        "risk",
+        "XLA:CPU may reassociate, approximate functions and assume no NaN/Inf",
+        "--xla_cpu_enable_fast_math=false",
+    ),
+    Rule(
+        "xla-gpu-fast-min-max",
+        "xla",
+        "xla_gpu_enable_fast_min_max",
+        _truthy,
+        "risk",
+        "XLA:GPU min/max may drop NaNs, hiding a diverged value",
+        "--xla_gpu_enable_fast_min_max=false",
+    ),
+    Rule(
+        "xla-use-bf16",
+        "env",
+        "XLA_USE_BF16",
+        _truthy,
+        "risk",
+        "torch_xla stores and computes every float32 tensor as bf16",
+        "unset XLA_USE_BF16; cast to torch.bfloat16 explicitly where bf16 is wanted",
+    ),
+    Rule(
+        "xla-downcast-bf16",
+        "env",
+        "XLA_DOWNCAST_BF16",
+        _truthy,
+        "risk",
+        "torch_xla computes float32 as bf16 (and float64 as float32) on the device",
+        "unset XLA_DOWNCAST_BF16; cast explicitly where bf16 is wanted",
+    ),
     # torch_xla 2.9 still reads both variables (it only warns that XLA_USE_BF16 "will be
     # deprecated"); its worker measures whether float32 really was computed in bf16.
-    Rule("torch-xla-float32-as-bf16", "torch_xla", "float32_computed_as_bf16", _truthy, "risk",
-         "measured: torch_xla computed a float32 tensor in bf16 (1 + 2^-12 came back as 1), "
-         "so every float32 result on the XLA device has bf16's 8-bit significand",
-         "unset XLA_USE_BF16 and XLA_DOWNCAST_BF16; cast to torch.bfloat16 explicitly"),
-    Rule("torch-xla-matmul-precision", "torch_xla", "mat_mul_precision",
-         lambda v: v is not None and v != "highest", "risk",
-         "torch_xla's 'default' float32 matmul is one bf16 pass on TPU ('high': three)",
-         "torch_xla.backends.set_mat_mul_precision('highest') where float32 matmuls matter",
-         needs=("torch-xla-tpu", "torch-xla-cuda")),
-    Rule("nvidia-tf32-override", "env", "NVIDIA_TF32_OVERRIDE", lambda v: _set(v) and v != "0",
-         "note",
-         "only NVIDIA_TF32_OVERRIDE=0 forbids TF32; any other value leaves each library's "
-         "default, so float32 matmuls may still run in TF32 (10-bit significands)",
-         "NVIDIA_TF32_OVERRIDE=0 to keep float32 matmuls in float32 on NVIDIA GPUs"),
-    Rule("torch-tf32-cublas-override", "env", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", _truthy,
-         "risk", "torch uses TF32 for every float32 cuBLAS matmul whatever allow_tf32 says",
-         "unset TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"),
-    Rule("jax-matmul-precision-env", "env", "JAX_DEFAULT_MATMUL_PRECISION",
-         lambda v: _set(v) and v.lower() in _LOW_JAX_PRECISION, "note",
-         "on TPU and NVIDIA GPUs this lets every float32 matmul run in bf16 or TF32",
-         "JAX_DEFAULT_MATMUL_PRECISION=highest, or precision=HIGHEST on the matmuls that "
-         "need float32"),
-    Rule("jax-matmul-precision", "jax", "jax_default_matmul_precision",
-         lambda v: v is None or str(v).lower() in _LOW_JAX_PRECISION, "risk",
-         "float32 matmuls use DEFAULT precision: one bf16 pass on TPU, TF32 on NVIDIA GPUs",
-         "jax.config.update('jax_default_matmul_precision', 'highest'), or "
-         "precision=HIGHEST on the matmuls that need float32",
-         needs=("jax-gpu", "jax-tpu"), unset="unset (DEFAULT)"),
-    Rule("jax-debug-nans", "jax", "jax_debug_nans", _truthy, "note",
-         "every op's output is checked for NaN and re-run op by op: slow, for debugging",
-         "leave jax_debug_nans off outside a NaN hunt (diag nan locates the first NaN)"),
-    Rule("torch-matmul-precision", "torch", "float32_matmul_precision",
-         lambda v: _set(v) and v != "highest", "risk",
-         "'high' lets float32 matmuls use TF32 and 'medium' bf16 (measured: torch-cpu "
-         "multiplies in bf16 under 'medium' on some CPUs, float32 on others)",
-         "torch.set_float32_matmul_precision('highest')"),
-    Rule("torch-cuda-tf32", "torch", "cuda.matmul.allow_tf32", _truthy, "risk",
-         "float32 matmuls on NVIDIA Ampere and later run in TF32 (10-bit significands)",
-         "torch.backends.cuda.matmul.allow_tf32 = False", needs=("torch-cuda",)),
-    Rule("torch-cudnn-tf32", "torch", "cudnn.allow_tf32", _truthy, "risk",
-         "float32 convolutions on NVIDIA Ampere and later run in TF32 (torch's default)",
-         "torch.backends.cudnn.allow_tf32 = False", needs=("torch-cuda",)),
-    Rule("torch-bf16-reduction", "torch",
-         "cuda.matmul.allow_bf16_reduced_precision_reduction", _truthy, "note",
-         "bf16 matmuls may reduce partial sums in bf16 instead of float32",
-         "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False",
-         needs=("torch-cuda",)),
-    Rule("torch-fp16-reduction", "torch",
-         "cuda.matmul.allow_fp16_reduced_precision_reduction", _truthy, "note",
-         "fp16 matmuls may reduce partial sums in fp16 instead of float32",
-         "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False",
-         needs=("torch-cuda",)),
-    Rule("torch-nondeterministic", "torch", "deterministic_algorithms",
-         lambda v: v is False, "note",
-         "CUDA kernels with atomics may give different float results run to run",
-         "torch.use_deterministic_algorithms(True) with CUBLAS_WORKSPACE_CONFIG=:4096:8",
-         needs=("torch-cuda",)),
+    Rule(
+        "torch-xla-float32-as-bf16",
+        "torch_xla",
+        "float32_computed_as_bf16",
+        _truthy,
+        "risk",
+        "measured: torch_xla computed a float32 tensor in bf16 (1 + 2^-12 came back as 1), "
+        "so every float32 result on the XLA device has bf16's 8-bit significand",
+        "unset XLA_USE_BF16 and XLA_DOWNCAST_BF16; cast to torch.bfloat16 explicitly",
+    ),
+    Rule(
+        "torch-xla-matmul-precision",
+        "torch_xla",
+        "mat_mul_precision",
+        lambda v: v is not None and v != "highest",
+        "risk",
+        "torch_xla's 'default' float32 matmul is one bf16 pass on TPU ('high': three)",
+        "torch_xla.backends.set_mat_mul_precision('highest') where float32 matmuls matter",
+        needs=("torch-xla-tpu", "torch-xla-cuda"),
+    ),
+    Rule(
+        "nvidia-tf32-override",
+        "env",
+        "NVIDIA_TF32_OVERRIDE",
+        lambda v: _set(v) and v != "0",
+        "note",
+        "only NVIDIA_TF32_OVERRIDE=0 forbids TF32; any other value leaves each library's "
+        "default, so float32 matmuls may still run in TF32 (10-bit significands)",
+        "NVIDIA_TF32_OVERRIDE=0 to keep float32 matmuls in float32 on NVIDIA GPUs",
+    ),
+    Rule(
+        "torch-tf32-cublas-override",
+        "env",
+        "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+        _truthy,
+        "risk",
+        "torch uses TF32 for every float32 cuBLAS matmul whatever allow_tf32 says",
+        "unset TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    ),
+    Rule(
+        "jax-matmul-precision-env",
+        "env",
+        "JAX_DEFAULT_MATMUL_PRECISION",
+        lambda v: _set(v) and v.lower() in _LOW_JAX_PRECISION,
+        "note",
+        "on TPU and NVIDIA GPUs this lets every float32 matmul run in bf16 or TF32",
+        "JAX_DEFAULT_MATMUL_PRECISION=highest, or precision=HIGHEST on the matmuls that "
+        "need float32",
+    ),
+    Rule(
+        "jax-matmul-precision",
+        "jax",
+        "jax_default_matmul_precision",
+        lambda v: v is None or str(v).lower() in _LOW_JAX_PRECISION,
+        "risk",
+        "float32 matmuls use DEFAULT precision: one bf16 pass on TPU, TF32 on NVIDIA GPUs",
+        "jax.config.update('jax_default_matmul_precision', 'highest'), or "
+        "precision=HIGHEST on the matmuls that need float32",
+        needs=("jax-gpu", "jax-tpu"),
+        unset="unset (DEFAULT)",
+    ),
+    Rule(
+        "jax-debug-nans",
+        "jax",
+        "jax_debug_nans",
+        _truthy,
+        "note",
+        "every op's output is checked for NaN and re-run op by op: slow, for debugging",
+        "leave jax_debug_nans off outside a NaN hunt (diag nan locates the first NaN)",
+    ),
+    Rule(
+        "torch-matmul-precision",
+        "torch",
+        "float32_matmul_precision",
+        lambda v: _set(v) and v != "highest",
+        "risk",
+        "'high' lets float32 matmuls use TF32 and 'medium' bf16 (measured: torch-cpu "
+        "multiplies in bf16 under 'medium' on some CPUs, float32 on others)",
+        "torch.set_float32_matmul_precision('highest')",
+    ),
+    Rule(
+        "torch-cuda-tf32",
+        "torch",
+        "cuda.matmul.allow_tf32",
+        _truthy,
+        "risk",
+        "float32 matmuls on NVIDIA Ampere and later run in TF32 (10-bit significands)",
+        "torch.backends.cuda.matmul.allow_tf32 = False",
+        needs=("torch-cuda",),
+    ),
+    Rule(
+        "torch-cudnn-tf32",
+        "torch",
+        "cudnn.allow_tf32",
+        _truthy,
+        "risk",
+        "float32 convolutions on NVIDIA Ampere and later run in TF32 (torch's default)",
+        "torch.backends.cudnn.allow_tf32 = False",
+        needs=("torch-cuda",),
+    ),
+    Rule(
+        "torch-bf16-reduction",
+        "torch",
+        "cuda.matmul.allow_bf16_reduced_precision_reduction",
+        _truthy,
+        "note",
+        "bf16 matmuls may reduce partial sums in bf16 instead of float32",
+        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False",
+        needs=("torch-cuda",),
+    ),
+    Rule(
+        "torch-fp16-reduction",
+        "torch",
+        "cuda.matmul.allow_fp16_reduced_precision_reduction",
+        _truthy,
+        "note",
+        "fp16 matmuls may reduce partial sums in fp16 instead of float32",
+        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False",
+        needs=("torch-cuda",),
+    ),
+    Rule(
+        "torch-nondeterministic",
+        "torch",
+        "deterministic_algorithms",
+        lambda v: v is False,
+        "note",
+        "CUDA kernels with atomics may give different float results run to run",
+        "torch.use_deterministic_algorithms(True) with CUBLAS_WORKSPACE_CONFIG=:4096:8",
+        needs=("torch-cuda",),
+    ),
 )
 
 
@@ -309,9 +425,13 @@ def findings(facts: Mapping[str, Any], rules: tuple[Rule, ...] = RULES) -> list[
         rule is skipped when that framework's settings are None (not examined), a
         rule with `needs` when none of those backends is present.
     """
-    sources = {"env": facts.get("env") or {}, "xla": _merged_xla(facts.get("flags") or {}),
-               "jax": facts.get("jax"), "torch": facts.get("torch"),
-               "torch_xla": facts.get("torch_xla")}
+    sources = {
+        "env": facts.get("env") or {},
+        "xla": _merged_xla(facts.get("flags") or {}),
+        "jax": facts.get("jax"),
+        "torch": facts.get("torch"),
+        "torch_xla": facts.get("torch_xla"),
+    }
     present = set(facts.get("backends") or ())
     out = []
     for rule in rules:
@@ -321,11 +441,23 @@ def findings(facts: Mapping[str, Any], rules: tuple[Rule, ...] = RULES) -> list[
         value = values.get(rule.key)
         if not rule.risky(value):
             continue
-        setting = {"env": rule.key, "xla": f"--{rule.key}", "jax": f"jax.config.{rule.key}",
-                   "torch": f"torch {rule.key}", "torch_xla": f"torch_xla {rule.key}"}[rule.source]
-        out.append({"rule": rule.id, "severity": rule.severity, "setting": setting,
-                    "value": (rule.unset or "unset") if value is None else str(value),
-                    "why": rule.why, "instead": rule.instead})
+        setting = {
+            "env": rule.key,
+            "xla": f"--{rule.key}",
+            "jax": f"jax.config.{rule.key}",
+            "torch": f"torch {rule.key}",
+            "torch_xla": f"torch_xla {rule.key}",
+        }[rule.source]
+        out.append(
+            {
+                "rule": rule.id,
+                "severity": rule.severity,
+                "setting": setting,
+                "value": (rule.unset or "unset") if value is None else str(value),
+                "why": rule.why,
+                "instead": rule.instead,
+            }
+        )
     return out
 
 
@@ -335,8 +467,7 @@ def host_findings(environ: Mapping[str, str] | None = None) -> list[dict]:
     return findings({"env": dict(environ), "flags": host_flags(environ)})
 
 
-def check_flags(specs: list, env: dict[str, str],
-                ab_env: dict[str, str]) -> None:
+def check_flags(specs: list, env: dict[str, str], ab_env: dict[str, str]) -> None:
     """Refuse XLA_FLAGS/LIBTPU_INIT_ARGS that a JAX worker would abort on (as `diag env`).
 
     Only when a JAX backend is among `specs`. Syntax is checked here, on the host; whether

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any
 
 import ml_dtypes
 import numpy as np
@@ -217,8 +216,10 @@ class InputStore:
         if key in self._arrays:
             # A large input is mapped afresh for each use and let go after it: a map held
             # for the whole run would keep every page it touched resident.
-            return [a if a is not None else _mapped(p, self._dtypes[key])
-                    for a, p in zip(self._arrays[key], self._paths[key])]
+            return [
+                a if a is not None else _mapped(p, self._dtypes[key])
+                for a, p in zip(self._arrays[key], self._paths[key])
+            ]
         probe = PROBES[case.op]
         dtype = numerics.as_dtype(case.dtype)
         self._dtypes[key] = dtype
@@ -231,10 +232,14 @@ class InputStore:
         if probe.make_inputs is not None:  # inputs made as a set (a model's weights)
             arrays = probe.make_inputs(rng, case.params, dtype)
         else:
-            arrays = [INPUT_MAKERS[case.inputs](rng, shape, dtype)
-                      for shape in probe.input_shapes(case.params)]
-        stored = [self.cache.put_mapped(k, a, {"kind": "inputs", "case": case.label})
-                  for k, a in zip(keys, arrays)]
+            arrays = [
+                INPUT_MAKERS[case.inputs](rng, shape, dtype)
+                for shape in probe.input_shapes(case.params)
+            ]
+        stored = [
+            self.cache.put_mapped(k, a, {"kind": "inputs", "case": case.label})
+            for k, a in zip(keys, arrays)
+        ]
         if keys and all(e is not None for e in stored):
             self._keep(key, stored)
             return arrays
@@ -260,11 +265,18 @@ class InputStore:
         if sum(math.prod(s) for s in shapes) * dtype.itemsize < STORE_INPUT_BYTES:
             return []
         maker = INPUT_MAKERS[case.inputs]
-        recipe = {"maker": case.inputs, "code": source_digest(maker), "shapes": shapes,
-                  "dtype": numerics.dtype_name(dtype), "seed": case.seed,
-                  "numpy": np.__version__, "ml_dtypes": ml_dtypes.__version__}
-        return [self.cache.derived_key("inputs", {**recipe, "index": i})
-                for i in range(len(shapes))]
+        recipe = {
+            "maker": case.inputs,
+            "code": source_digest(maker),
+            "shapes": shapes,
+            "dtype": numerics.dtype_name(dtype),
+            "seed": case.seed,
+            "numpy": np.__version__,
+            "ml_dtypes": ml_dtypes.__version__,
+        }
+        return [
+            self.cache.derived_key("inputs", {**recipe, "index": i}) for i in range(len(shapes))
+        ]
 
     def _keep(self, key: str, stored: list) -> None:
         """Use verified cache entries as the input set `key`: mapped, never copied."""
@@ -322,19 +334,24 @@ class TruthStore:
         from diag.oracle.cache import GroundTruthCache, default_cache_dir
 
         #: The ground-truth cache (`cache_dir` may be one already, shared with the inputs).
-        self.cache = (cache_dir if isinstance(cache_dir, GroundTruthCache)
-                      else GroundTruthCache(cache_dir or default_cache_dir()))
+        self.cache = (
+            cache_dir
+            if isinstance(cache_dir, GroundTruthCache)
+            else GroundTruthCache(cache_dir or default_cache_dir())
+        )
         self._inputs = inputs
         self._memo = memo if memo is not None else CostMemo(MEMO_BYTES)
 
     def key(self, case: Case) -> str:
         """What identifies a case's truth: the oracle, the inputs and the truth's parameters."""
         probe = PROBES[case.op]
-        return json.dumps([probe.truth_name, case.input_key,
-                           [case.params[a] for a in probe.truth_args]])
+        return json.dumps(
+            [probe.truth_name, case.input_key, [case.params[a] for a in probe.truth_args]]
+        )
 
     def get(self, case: Case):
         return self._memo.get(
             self.key(case),
             lambda: PROBES[case.op].truth(self._inputs.get(case), case.params, self.cache),
-            _value_bytes)
+            _value_bytes,
+        )

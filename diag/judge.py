@@ -1,7 +1,8 @@
 """Judge what a worker returned against the truth, holding as little as possible in memory.
 
 The runner hands every result event here; this module builds the `Outcome` the probe table
-judges (each op's module, `diag.registry`), applies the run-level rules (inputs must arrive bit-identical, an
+judges (each op's module, `diag.registry`), applies the run-level rules (inputs must arrive
+bit-identical, an
 emulation promises nothing), and keeps the time each host-side phase took per backend.
 
 What the host holds between cases is bounded: inputs and outputs are .npy files (in the
@@ -24,17 +25,18 @@ import json
 import os
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 from diag import numerics, tolerance
 from diag.backends import BackendSpec, promises_full_precision
+from diag.compare.outcome import Evaluation, Outcome
 from diag.inputs import MEMO_BYTES, CostMemo, InputStore, TruthStore
 from diag.oracle.cache import GroundTruthCache, default_cache_dir, source_digest
-from diag.compare.outcome import Evaluation, Outcome
 from diag.probe import expected_outcome
 from diag.registry import PROBES
 from diag.suite import Case
@@ -67,9 +69,14 @@ def as_emulation(ev: Evaluation) -> Evaluation:
     """
     if ev.status != "fail":
         return ev
-    return dataclasses.replace(ev, status="warn", reason=(
-        f"{ev.reason}; an emulation promises nothing, so this is what the emulated algorithm "
-        f"does here, not a failure"))
+    return dataclasses.replace(
+        ev,
+        status="warn",
+        reason=(
+            f"{ev.reason}; an emulation promises nothing, so this is what the emulated algorithm "
+            f"does here, not a failure"
+        ),
+    )
 
 
 class Judge:
@@ -82,8 +89,14 @@ class Judge:
         (`STORE_MIN_SECONDS`, `STORE_RATE`).
     """
 
-    def __init__(self, work: Path, cache_dir: str | None, *,
-                 store_min_seconds: float = STORE_MIN_SECONDS, store_rate: float = STORE_RATE):
+    def __init__(
+        self,
+        work: Path,
+        cache_dir: str | None,
+        *,
+        store_min_seconds: float = STORE_MIN_SECONDS,
+        store_rate: float = STORE_RATE,
+    ):
         self.work = work
         self.store_min_seconds, self.store_rate = store_min_seconds, store_rate
         self.cache = GroundTruthCache(cache_dir or default_cache_dir())
@@ -124,9 +137,11 @@ class Judge:
         def memo(name: str, compute: Callable[[], np.ndarray]) -> np.ndarray:
             # A mapped array counts its full size: pages it touched stay resident while the
             # memo holds it, and it took only a map and a digest to get, so it goes first.
-            return self._shared.get(json.dumps([base, name]),
-                                    lambda: self._stored(case, name, compute),
-                                    lambda a: a.nbytes)
+            return self._shared.get(
+                json.dumps([base, name]),
+                lambda: self._stored(case, name, compute),
+                lambda a: a.nbytes,
+            )
 
         return memo
 
@@ -161,12 +176,21 @@ class Judge:
         and bit digest, the name (the claimed arithmetic), the source of the code that
         computes it (tolerance.py, numerics.py, the caller's module) and numpy's and
         ml_dtypes' versions (the float64 BLAS and the casts)."""
-        inputs = [[numerics.dtype_name(a.dtype), list(a.shape), d]
-                  for a, d in zip(self.inputs.get(case), self.inputs.digests(case))]
-        return self.cache.derived_key("shared", {
-            "truth": self.truth.key(case), "inputs": inputs, "name": name,
-            "code": source_digest(tolerance, numerics, compute),
-            "numpy": np.__version__, "ml_dtypes": ml_dtypes.__version__})
+        inputs = [
+            [numerics.dtype_name(a.dtype), list(a.shape), d]
+            for a, d in zip(self.inputs.get(case), self.inputs.digests(case))
+        ]
+        return self.cache.derived_key(
+            "shared",
+            {
+                "truth": self.truth.key(case),
+                "inputs": inputs,
+                "name": name,
+                "code": source_digest(tolerance, numerics, compute),
+                "numpy": np.__version__,
+                "ml_dtypes": ml_dtypes.__version__,
+            },
+        )
 
     def _stored(self, case: Case, name: str, compute: Callable[[], np.ndarray]) -> np.ndarray:
         """`compute()`, or the same bytes mapped from the on-disk cache where an earlier run
@@ -179,10 +203,15 @@ class Judge:
         t0 = time.process_time()
         value = compute()
         seconds = time.process_time() - t0
-        if (seconds >= self.store_min_seconds and value.nbytes <= seconds * self.store_rate
-                and self.cache.put_mapped(key, value, {"kind": "shared", "name": name,
-                                                       "case": case.label,
-                                                       "seconds": round(seconds, 4)})):
+        if (
+            seconds >= self.store_min_seconds
+            and value.nbytes <= seconds * self.store_rate
+            and self.cache.put_mapped(
+                key,
+                value,
+                {"kind": "shared", "name": name, "case": case.label, "seconds": round(seconds, 4)},
+            )
+        ):
             self.stored["stored"] += 1
         else:
             # Too cheap for the cache on disk (a K=4 product's bound: 134 MB in ~0.06 s):
@@ -192,8 +221,9 @@ class Judge:
             self.stored["computed"] += 1
         return value
 
-    def outcome(self, case: Case, spec: BackendSpec, event: dict,
-                digests: list[str] | None = None) -> Outcome:
+    def outcome(
+        self, case: Case, spec: BackendSpec, event: dict, digests: list[str] | None = None
+    ) -> Outcome:
         """What `spec` returned for `case` (its outputs memory-mapped), ready to be judged.
 
         `digests`: the outputs' sha256 (`numerics.bits_digest`) where an earlier call computed
@@ -201,13 +231,19 @@ class Judge:
         precision = case.params.get("precision", "default")
         outputs = [load_output(o) for o in event["outputs"]]
         return Outcome(
-            inputs=self.inputs.get(case), outputs=outputs,
-            names=[o["name"] for o in event["outputs"]], truth=self.truth.get(case),
-            params=case.params, promised=promises_full_precision(spec, case.dtype, precision),
-            setting=f"precision={precision}", nan_report=event.get("nan_report"),
-            shared=self.shared(case), recall=self.recall(case),
-            digests=digests or [self.output_digest(meta["path"], o)
-                                for meta, o in zip(event["outputs"], outputs)])
+            inputs=self.inputs.get(case),
+            outputs=outputs,
+            names=[o["name"] for o in event["outputs"]],
+            truth=self.truth.get(case),
+            params=case.params,
+            promised=promises_full_precision(spec, case.dtype, precision),
+            setting=f"precision={precision}",
+            nan_report=event.get("nan_report"),
+            shared=self.shared(case),
+            recall=self.recall(case),
+            digests=digests
+            or [self.output_digest(meta["path"], o) for meta, o in zip(event["outputs"], outputs)],
+        )
 
     def output_digest(self, path: str, array: np.ndarray) -> str:
         """sha256 of the bits of `array`, the output file at `path`, once per file."""
@@ -237,5 +273,9 @@ class Judge:
         truth = self.truth.get(case)
         if truth is None:
             return {}
-        return {"method": truth.method, "fallbacks": truth.fallbacks,
-                "cache_hit": truth.cache_hit, "seconds": round(truth.seconds, 4)}
+        return {
+            "method": truth.method,
+            "fallbacks": truth.fallbacks,
+            "cache_hit": truth.cache_hit,
+            "seconds": round(truth.seconds, 4),
+        }

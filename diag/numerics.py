@@ -18,7 +18,7 @@ Numerical traps written down where they bite:
 from __future__ import annotations
 
 import math
-from typing import Any, Union
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -42,7 +42,7 @@ __all__ = [
     "fmt",
 ]
 
-DTypeLike = Union[str, np.dtype, type]
+DTypeLike = str | np.dtype | type
 
 #: Names diag accepts for its floating-point dtypes, mapped to the numpy / ml_dtypes dtype.
 DTYPES: dict[str, np.dtype] = {
@@ -53,8 +53,15 @@ DTYPES: dict[str, np.dtype] = {
     "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
     "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
 }
-_ALIASES = {"f64": "float64", "f32": "float32", "bf16": "bfloat16", "f16": "float16",
-            "half": "float16", "fp8_e4m3fn": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+_ALIASES = {
+    "f64": "float64",
+    "f32": "float32",
+    "bf16": "bfloat16",
+    "f16": "float16",
+    "half": "float16",
+    "fp8_e4m3fn": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+}
 _NAMES = {dt: name for name, dt in DTYPES.items()}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -165,8 +172,10 @@ def from_bits(bits, dtype: DTypeLike) -> np.ndarray:
     dt = as_dtype(dtype)
     bits = np.asarray(bits)
     if bits.dtype != np.dtype(_UINT[dt.itemsize]):
-        raise UsageError(f"from_bits: {bits.dtype} bits cannot hold {dtype_name(dt)}; "
-                         f"expected {np.dtype(_UINT[dt.itemsize])}")
+        raise UsageError(
+            f"from_bits: {bits.dtype} bits cannot hold {dtype_name(dt)}; "
+            f"expected {np.dtype(_UINT[dt.itemsize])}"
+        )
     return bits.view(dt)
 
 
@@ -196,8 +205,10 @@ def ulp_distance(x, y) -> np.ndarray:
     """
     x, y = np.asarray(x), np.asarray(y)
     if x.dtype != y.dtype:
-        raise UsageError(f"ulp_distance: dtypes differ ({x.dtype} vs {y.dtype}); cast one side "
-                         "to the other's dtype first")
+        raise UsageError(
+            f"ulp_distance: dtypes differ ({x.dtype} vs {y.dtype}); cast one side "
+            "to the other's dtype first"
+        )
     as_dtype(x.dtype)
     x, y = np.broadcast_arrays(x, y)
     shape = x.shape

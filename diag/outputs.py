@@ -12,12 +12,19 @@ import contextlib
 import errno
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from diag.errors import UsageError
 
-__all__ = ["human_bytes", "no_space", "prepare_output", "output_errors", "is_no_space", "run_disk_full"]
+__all__ = [
+    "human_bytes",
+    "no_space",
+    "prepare_output",
+    "output_errors",
+    "is_no_space",
+    "run_disk_full",
+]
 
 
 def is_no_space(e: BaseException) -> bool:
@@ -41,8 +48,10 @@ def no_space(folder: str | os.PathLike, needed: float | None = None) -> str:
     except OSError:
         free = ""
     need = f"; about {human_bytes(needed)} more needed" if needed else ""
-    return (f"no space left on the device holding '{folder}'{free}{need}; free some space or "
-            "choose another folder")
+    return (
+        f"no space left on the device holding '{folder}'{free}{need}; free some space or "
+        "choose another folder"
+    )
 
 
 def prepare_output(path: str | os.PathLike, what: str, option: str) -> Path:
@@ -66,17 +75,20 @@ def prepare_output(path: str | os.PathLike, what: str, option: str) -> Path:
     path = Path(path)
     hint = f"pass {option} with a writable file path"
     if path.is_dir() or str(path).endswith(os.sep):
-        raise UsageError(f"cannot write {what} to '{path}': it is a folder; {hint} "
-                         f"(e.g. '{path / 'out'}')")
+        raise UsageError(
+            f"cannot write {what} to '{path}': it is a folder; {hint} (e.g. '{path / 'out'}')"
+        )
     blocker = next((p for p in reversed(path.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
-        raise UsageError(f"cannot write {what} to '{path}': '{blocker}' is a file, not a "
-                         f"folder; {hint}")
+        raise UsageError(
+            f"cannot write {what} to '{path}': '{blocker}' is a file, not a folder; {hint}"
+        )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UsageError(f"cannot write {what} to '{path}': {_why(e, path.parent)}; "
-                         f"{hint}") from None
+        raise UsageError(
+            f"cannot write {what} to '{path}': {_why(e, path.parent)}; {hint}"
+        ) from None
     return path
 
 
@@ -95,8 +107,9 @@ def _why(e: OSError, folder: Path, needed: float | None = None) -> str:
 
 
 @contextlib.contextmanager
-def output_errors(path: str | os.PathLike, what: str, option: str,
-                  needed: float | None = None) -> Iterator[Path]:
+def output_errors(
+    path: str | os.PathLike, what: str, option: str, needed: float | None = None
+) -> Iterator[Path]:
     """Write `path` inside this block: an OSError (a full disk, no permission) becomes one
     UsageError line naming the file and the cause, and a partial file is removed."""
     path = prepare_output(path, what, option)
@@ -107,8 +120,9 @@ def output_errors(path: str | os.PathLike, what: str, option: str,
         with contextlib.suppress(OSError):
             if path.is_file() and _stamp(path) != before:  # cut short here: not a file to keep
                 path.unlink()
-        raise UsageError(f"cannot write {what} to '{path}': {_why(e, path.parent, needed)}")\
-            from None
+        raise UsageError(
+            f"cannot write {what} to '{path}': {_why(e, path.parent, needed)}"
+        ) from None
 
 
 def run_disk_full(folder: Path, results: Path, written: int, planned: int) -> str:
@@ -124,5 +138,4 @@ def run_disk_full(folder: Path, results: Path, written: int, planned: int) -> st
     except OSError:
         meta = 0
     need = per * max(planned - written, 0) + meta
-    return (f"run aborted: {no_space(folder, need)}; {written} finished record(s) kept "
-            f"in {folder}")
+    return f"run aborted: {no_space(folder, need)}; {written} finished record(s) kept in {folder}"

@@ -40,8 +40,9 @@ precision"; XLA's dot-algorithm rewriter and Triton's `BF16DotTC` pass for the s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np

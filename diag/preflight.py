@@ -41,12 +41,18 @@ import sys
 import tempfile
 import time
 import types
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
-from diag.errors import (EXIT_BAD_NODE, EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH,
-                         UsageError)
+from diag.errors import (
+    EXIT_BAD_NODE,
+    EXIT_NUMERICAL_FAILURE,
+    EXIT_OK,
+    EXIT_WORKER_CRASH,
+    UsageError,
+)
 
 __all__ = ["preflight", "Preflight", "Finding", "StepResult", "STEPS", "DEFAULT_BUDGET",
            "timings_path", "write_junit", "progress_line"]
@@ -296,7 +302,7 @@ def _judge_backends(environ: dict[str, str], result: Preflight,
                 f"float32 matmul is {FULL_PRECISION} at precision {settings_seen}"))
 
 
-def _probes(environ: dict[str, str], result: Preflight, cache_dir: Optional[str],
+def _probes(environ: dict[str, str], result: Preflight, cache_dir: str | None,
             with_fingerprints: bool) -> None:
     from diag import runner
 
@@ -371,9 +377,9 @@ def _nodes(environ: dict[str, str], result: Preflight, injections: tuple) -> Non
 # The preflight
 
 
-def preflight(budget: float = DEFAULT_BUDGET, *, environ: Optional[dict[str, str]] = None,
-              cache_dir: Optional[str] = None, injections: tuple = (),
-              on_step: Optional[Callable[[int, int, StepResult, list[Finding]], None]] = None
+def preflight(budget: float = DEFAULT_BUDGET, *, environ: dict[str, str] | None = None,
+              cache_dir: str | None = None, injections: tuple = (),
+              on_step: Callable[[int, int, StepResult, list[Finding]], None] | None = None
               ) -> Preflight:
     """Run the preflight steps that fit in `budget` seconds; mirrors ``diag preflight``.
 

@@ -11,8 +11,9 @@ in `if op == ...` in the runner or the tests.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 import numpy as np
 
@@ -20,15 +21,38 @@ from diag import numerics
 from diag.compare.outcome import Evaluation, Outcome
 from diag.tolerance import Tolerance, tolerance
 
-__all__ = ["Probe", "EXPECTATIONS", "expected_outcome", "FLOATS", "LOGIT_MAKERS", "F64",
-           "ROWS_COPIES", "rows_shapes", "rows_bytes", "rows_label", "check_k", "no_check",
-           "same"]
+__all__ = [
+    "Probe",
+    "EXPECTATIONS",
+    "expected_outcome",
+    "FLOATS",
+    "LOGIT_MAKERS",
+    "F64",
+    "ROWS_COPIES",
+    "rows_shapes",
+    "rows_bytes",
+    "rows_label",
+    "check_k",
+    "no_check",
+    "same",
+]
 
 #: The float dtypes diag's probes take.
 FLOATS = ("float32", "bfloat16", "float16")
 #: The input makers (`diag.inputs.INPUT_MAKERS`) of a row of logits.
-LOGIT_MAKERS = ("normal", "normal5", "near_1e4", "masked_half", "fully_masked", "ties",
-                "special", "all_equal", "near_ties", "uniform", "wide")
+LOGIT_MAKERS = (
+    "normal",
+    "normal5",
+    "near_1e4",
+    "masked_half",
+    "fully_masked",
+    "ties",
+    "special",
+    "all_equal",
+    "near_ties",
+    "uniform",
+    "wide",
+)
 
 # Bytes per element the host holds at once while a case is drawn, its ground truth computed
 # and an output judged, in float64-sized units (8 bytes): see `Probe.host_bytes`.
@@ -49,7 +73,7 @@ def rows_bytes(params: dict) -> int:
     return F64 * ROWS_COPIES * params["rows"] * params["n"]
 
 
-def rows_label(*extra: str, quiet: Optional[dict] = None) -> Callable[[dict], str]:
+def rows_label(*extra: str, quiet: dict | None = None) -> Callable[[dict], str]:
     """Labels like `16x32768 bfloat16 ties k=64`; parameters in `quiet` are left out while
     they hold the value given there (the op's own default)."""
     quiet = quiet or {}
@@ -66,7 +90,7 @@ def rows_label(*extra: str, quiet: Optional[dict] = None) -> Callable[[dict], st
     return label
 
 
-def check_k(params: dict) -> Optional[str]:
+def check_k(params: dict) -> str | None:
     """k of a top-k must be in 1 ... n."""
     k, n = params["k"], params["n"]
     if not 1 <= k <= n:
@@ -74,7 +98,7 @@ def check_k(params: dict) -> Optional[str]:
     return None
 
 
-def no_check(params: dict) -> Optional[str]:
+def no_check(params: dict) -> str | None:
     return None
 
 
@@ -145,15 +169,15 @@ class Probe:
     label: Callable[[dict], str]
     implementations: Mapping[str, Callable[..., Callable]] = field(default_factory=dict)
     truth_args: tuple[str, ...] = ()
-    validate: Callable[[dict], Optional[str]] = no_check
+    validate: Callable[[dict], str | None] = no_check
     normalize: Callable[[dict], dict] = same
     input_family: str = ""
     fingerprint: bool = False
     fixed_args: dict = field(default_factory=dict)
     hunt_nans: bool = False
     report_section: str = ""
-    make_inputs: Optional[Callable[..., list]] = None
-    tolerance: Optional[Callable[[str, str], Tolerance]] = None
+    make_inputs: Callable[..., list] | None = None
+    tolerance: Callable[[str, str], Tolerance] | None = None
 
     def tolerance_of(self, dtype, claim="float32") -> Tolerance:
         """What this op on `dtype` is allowed when the backend claims `claim` arithmetic."""
@@ -182,11 +206,14 @@ EXPECTATIONS: dict[str, str] = {
 
 
 def _nonfinite_count(outputs: list) -> int:
-    return sum(int(np.count_nonzero(~np.isfinite(np.asarray(a).astype(np.float64))))
-               for a in outputs if numerics.is_supported(np.asarray(a).dtype))
+    return sum(
+        int(np.count_nonzero(~np.isfinite(np.asarray(a).astype(np.float64))))
+        for a in outputs
+        if numerics.is_supported(np.asarray(a).dtype)
+    )
 
 
-def expected_outcome(expect: Optional[str], ev: Evaluation, o: Outcome) -> Evaluation:
+def expected_outcome(expect: str | None, ev: Evaluation, o: Outcome) -> Evaluation:
     """The verdict of a case whose suite entry plants an outcome (`expect`).
 
     A planted overflow is caught when the probe's own verdict is `fail` with NaN/Inf in the
@@ -204,13 +231,23 @@ def expected_outcome(expect: Optional[str], ev: Evaluation, o: Outcome) -> Evalu
     caught = ev.status == "fail" and nonfinite > 0
     metrics = {**ev.metrics, "expect": expect, "expect_caught": caught}
     if caught:
-        return Evaluation("pass", f"planted NaN/Inf caught, as the suite expects "
-                                  f"(expect = \"{expect}\"): {ev.reason}", metrics, ev.context)
+        return Evaluation(
+            "pass",
+            f'planted NaN/Inf caught, as the suite expects (expect = "{expect}"): {ev.reason}',
+            metrics,
+            ev.context,
+        )
     if nonfinite == 0:
-        why = ("every output is finite: the planted overflow did not happen, so this case "
-               "checked nothing")
+        why = (
+            "every output is finite: the planted overflow did not happen, so this case "
+            "checked nothing"
+        )
     else:
         why = f"{nonfinite} output elements are NaN/Inf but the verdict did not flag them"
-    return Evaluation("fail", f"the suite plants NaN/Inf here (expect = \"{expect}\") but "
-                              f"{why}; verdict without the plant: {ev.status}: {ev.reason}",
-                      metrics, ev.context)
+    return Evaluation(
+        "fail",
+        f'the suite plants NaN/Inf here (expect = "{expect}") but '
+        f"{why}; verdict without the plant: {ev.status}: {ev.reason}",
+        metrics,
+        ev.context,
+    )

@@ -12,10 +12,23 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
-__all__ = ["CaseJob", "Job", "Output", "Event", "Ready", "Result", "CaseError", "Arithmetic",
-           "Platforms", "BackendInfo", "Done", "EVENTS", "parse_event"]
+__all__ = [
+    "CaseJob",
+    "Job",
+    "Output",
+    "Event",
+    "Ready",
+    "Result",
+    "CaseError",
+    "Arithmetic",
+    "Platforms",
+    "BackendInfo",
+    "Done",
+    "EVENTS",
+    "parse_event",
+]
 
 
 @dataclass(frozen=True)
@@ -74,7 +87,7 @@ class Job:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Job":
+    def from_json(cls, data: dict[str, Any]) -> Job:
         known = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in data.items() if k in known}
         fields["cases"] = [CaseJob(**c) for c in data.get("cases", [])]
@@ -122,8 +135,8 @@ class Result(Event):
     outputs: list[dict[str, Any]]
     timings: dict[str, Any]
     input_digests: list[str]
-    hlo: Optional[str] = None
-    nan_report: Optional[dict[str, Any]] = None
+    hlo: str | None = None
+    nan_report: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -164,7 +177,7 @@ class BackendInfo(Event):
     device: dict[str, Any] = field(default_factory=dict)
     framework: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
-    features: Optional[list[dict[str, Any]]] = None
+    features: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -172,11 +185,12 @@ class Done(Event):
     """The worker finished (for `diag env`: with the platforms it saw)."""
 
     kind: ClassVar[str] = "done"
-    platforms: Optional[list[str]] = None
+    platforms: list[str] | None = None
 
 
-EVENTS: dict[str, type] = {c.kind: c for c in (Ready, Result, CaseError, Arithmetic,
-                                                Platforms, BackendInfo, Done)}
+EVENTS: dict[str, type] = {
+    c.kind: c for c in (Ready, Result, CaseError, Arithmetic, Platforms, BackendInfo, Done)
+}
 
 
 def parse_event(data: dict[str, Any]) -> Event:
@@ -187,6 +201,7 @@ def parse_event(data: dict[str, Any]) -> Event:
     """
     cls = EVENTS.get(data.get("event", ""))
     if cls is None:
-        raise ValueError(f"unknown worker event {data.get('event')!r}; expected one of "
-                         f"{', '.join(EVENTS)}")
+        raise ValueError(
+            f"unknown worker event {data.get('event')!r}; expected one of {', '.join(EVENTS)}"
+        )
     return cls(**{k: v for k, v in data.items() if k != "event"})

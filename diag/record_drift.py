@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from diag.tolerance.gate import RATIOS as GATE_RATIOS
 from diag.drift import Check, Drift
+from diag.tolerance.gate import RATIOS as GATE_RATIOS
 
 __all__ = [
     "COUNTS",

@@ -21,8 +21,17 @@ from types import ModuleType
 
 from diag.probe import Probe
 
-__all__ = ["PROBES", "FINGERPRINT_OP", "REPORT_SECTIONS", "SUITE_DIR", "build", "discover", "implementation",
-           "ops_for", "probe_module"]
+__all__ = [
+    "PROBES",
+    "FINGERPRINT_OP",
+    "REPORT_SECTIONS",
+    "SUITE_DIR",
+    "build",
+    "discover",
+    "implementation",
+    "ops_for",
+    "probe_module",
+]
 
 PACKAGE = "diag.probes"
 
@@ -34,7 +43,8 @@ def _probes_package() -> ModuleType:
     except ModuleNotFoundError:
         folder = Path(__file__).resolve().parent.parent / "probes"
         spec = importlib.util.spec_from_file_location(
-            PACKAGE, folder / "__init__.py", submodule_search_locations=[str(folder)])
+            PACKAGE, folder / "__init__.py", submodule_search_locations=[str(folder)]
+        )
         if spec is None or spec.loader is None:
             raise
         module = importlib.util.module_from_spec(spec)
@@ -58,8 +68,10 @@ def discover() -> dict[str, Probe]:
             continue
         row = getattr(probe_module(info.name), "PROBE", None)
         if not isinstance(row, Probe) or row.op != info.name:
-            raise TypeError(f"{PACKAGE}.{info.name} must define PROBE, a diag.probe.Probe "
-                            f"with op = '{info.name}'")
+            raise TypeError(
+                f"{PACKAGE}.{info.name} must define PROBE, a diag.probe.Probe "
+                f"with op = '{info.name}'"
+            )
         rows[row.op] = row
     return rows
 
@@ -93,5 +105,6 @@ def implementation(op: str, framework: str):
     try:
         return PROBES[op].implementations[framework]
     except KeyError:
-        raise KeyError(f"op '{op}' has no {framework} implementation "
-                       f"(its module: {PACKAGE}.{op})") from None
+        raise KeyError(
+            f"op '{op}' has no {framework} implementation (its module: {PACKAGE}.{op})"
+        ) from None

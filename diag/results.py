@@ -15,11 +15,13 @@ import math
 import os
 import time
 import uuid
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, UsageError
+
 # Where an output file is prepared and its errors worded (diag.outputs), for the report too.
 from diag.outputs import output_errors, prepare_output
 
@@ -192,7 +194,7 @@ class RunMeta:
         return str(value) if value else None
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "RunMeta":
+    def from_dict(cls, data: Mapping[str, Any]) -> RunMeta:
         """run.json's contents as a RunMeta; a field of the wrong JSON type (a hand-edited or
         damaged file) reads as absent, unknown keys go to `extra`."""
         kwargs: dict[str, Any] = {}
@@ -342,7 +344,7 @@ class RunDir:
         return self.path / "results.jsonl"
 
     @classmethod
-    def create(cls, root: str | os.PathLike, run_id: str, env: dict[str, Any]) -> "RunDir":
+    def create(cls, root: str | os.PathLike, run_id: str, env: dict[str, Any]) -> RunDir:
         run = cls(Path(root) / run_id)
         run.path.mkdir(parents=True, exist_ok=False)
         run.write_meta(RunMeta(run_id=run_id, state="running", started=time.time(),

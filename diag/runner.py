@@ -26,31 +26,31 @@ import tempfile
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from threadpoolctl import threadpool_limits
 
 from diag import environment
 from diag.ab import Experiment, parse_ab, with_b_sides
 from diag.backends import BackendSpec, not_applicable
+from diag.compare.outcome import Outcome
 from diag.errors import UsageError
 from diag.flags import check_flags
 from diag.judge import Judge
-from diag.compare.outcome import Outcome
 from diag.outputs import is_no_space, no_space, run_disk_full
 from diag.protocol import CaseJob, Job
 from diag.registry import PROBES, REPORT_SECTIONS
-from diag.results import (Interrupted, Record, RunDir, RunResult, new_run_id,
-                          worst_status)
-from diag.suite import (Case, Suite, check_applicable, check_memory, load_suite,
-                        planned_records)
-from diag.trace import capture as trace_capture, passes as trace_passes
+from diag.results import Interrupted, Record, RunDir, RunResult, new_run_id, worst_status
+from diag.suite import Case, Suite, check_applicable, check_memory, load_suite, planned_records
+from diag.trace import capture as trace_capture
+from diag.trace import passes as trace_passes
 from diag.workers import Worker, candidate_backends, resolve_backends, worker_env
 
-__all__ = ["run", "RunResult", "Interrupted", "resolve_backends", "candidate_backends", "check_applicable",
-           "check_flags", "parse_ab", "DEFAULT_CASE_TIMEOUT"]
+__all__ = ["run", "RunResult", "Interrupted", "resolve_backends", "candidate_backends",
+           "check_applicable", "check_flags", "parse_ab", "DEFAULT_CASE_TIMEOUT"]
 
 DEFAULT_CASE_TIMEOUT = 600.0
 
@@ -74,7 +74,8 @@ class _Run:
                  on_record: Callable[[dict], None] | None):
         self.suite, self.skipped = suite, skipped
         self.run_dir, self.work = run_dir, judge.work
-        self.repeats, self.case_timeout, self.startup_timeout = repeats, case_timeout, startup_timeout
+        self.repeats, self.case_timeout = repeats, case_timeout
+        self.startup_timeout = startup_timeout
         self.repeat_budget = repeat_budget
         self.env = env
         self.on_record = on_record

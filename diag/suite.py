@@ -1,7 +1,8 @@
 """Load and validate suite files (TOML) into cases.
 
 A suite is a list of probe entries; each entry names an op from the probe table
-(`diag.registry.PROBES`: one module per op under probes/) and a grid of parameters. Every field is checked before any worker
+(`diag.registry.PROBES`: one module per op under probes/) and a grid of parameters. Every field is
+checked before any worker
 starts: a bad file raises `SuiteError` naming the file, the field and what was expected.
 
     [suite]
@@ -50,16 +51,35 @@ from diag.errors import SuiteError, UsageError
 from diag.probe import EXPECTATIONS
 from diag.registry import PROBES, SUITE_DIR
 
-__all__ = ["Case", "Suite", "load_suite", "suite_names", "check_memory", "memory_limit",
-           "check_applicable", "total_planned", "planned_records", "SUITE_DIR"]
+__all__ = [
+    "Case",
+    "Suite",
+    "load_suite",
+    "suite_names",
+    "check_memory",
+    "memory_limit",
+    "check_applicable",
+    "total_planned",
+    "planned_records",
+    "SUITE_DIR",
+]
 
 GIB = 2**30
 FALLBACK_MEMORY_LIMIT = 8 * GIB  # where the physical memory cannot be read
 
 
 # Fields every entry may have; each probe adds its own grid parameters (`Probe.params`).
-_ENTRY_FIELDS = {"name", "op", "description", "inputs", "dtypes", "shape", "shapes", "sweep",
-                 "expect"}
+_ENTRY_FIELDS = {
+    "name",
+    "op",
+    "description",
+    "inputs",
+    "dtypes",
+    "shape",
+    "shapes",
+    "sweep",
+    "expect",
+}
 
 
 @dataclass(frozen=True)
@@ -118,8 +138,11 @@ def _resolve(name_or_path: str) -> Path:
         return p
     shipped = SUITE_DIR / f"{name_or_path}.toml"
     if not shipped.is_file():
-        raise SuiteError(name_or_path, "suite",
-                         f"a suite name ({', '.join(suite_names())}) or a path to a .toml file")
+        raise SuiteError(
+            name_or_path,
+            "suite",
+            f"a suite name ({', '.join(suite_names())}) or a path to a .toml file",
+        )
     return shipped
 
 
@@ -138,32 +161,45 @@ def _str_list(path: Path, where: str, value: Any, allowed=None) -> list[str]:
     for i, v in enumerate(value):
         _expect(path, f"{where}[{i}]", v, str, "a string")
         if allowed is not None and v not in allowed:
-            raise SuiteError(str(path), f"{where}[{i}]",
-                             f"expected one of {', '.join(allowed)}, got {v!r}")
+            raise SuiteError(
+                str(path), f"{where}[{i}]", f"expected one of {', '.join(allowed)}, got {v!r}"
+            )
     return value
 
 
-def _shape_dims(path: Path, where: str, shape: Any, sweep: dict | None,
-                dims: tuple[str, ...]) -> list:
+def _shape_dims(
+    path: Path, where: str, shape: Any, sweep: dict | None, dims: tuple[str, ...]
+) -> list:
     """Check a shape of the probe's dims; with `sweep` a string may name a swept param."""
     names = "[" + ", ".join(d.upper() if len(d) == 1 else d for d in dims) + "]"
     _expect(path, where, shape, list, f"a list {names}")
     if len(shape) != len(dims):
-        raise SuiteError(str(path), where,
-                         f"expected {len(dims)} dimensions {names}, got {len(shape)}")
+        raise SuiteError(
+            str(path), where, f"expected {len(dims)} dimensions {names}, got {len(shape)}"
+        )
     for i, dim in enumerate(shape):
         if isinstance(dim, str) and sweep is not None:
             if dim not in sweep:
-                raise SuiteError(str(path), f"{where}[{i}]",
-                                 f"'{dim}' is not a swept parameter (sweep has: "
-                                 f"{', '.join(sweep) or 'nothing'})")
+                raise SuiteError(
+                    str(path),
+                    f"{where}[{i}]",
+                    f"'{dim}' is not a swept parameter (sweep has: "
+                    f"{', '.join(sweep) or 'nothing'})",
+                )
         else:
-            _expect(path, f"{where}[{i}]", dim, int,
-                    "a positive integer or a sweep name" if sweep is not None else
-                    "a positive integer")
+            _expect(
+                path,
+                f"{where}[{i}]",
+                dim,
+                int,
+                "a positive integer or a sweep name" if sweep is not None else "a positive integer",
+            )
             if dim < 1:
-                raise SuiteError(str(path), f"{where}[{i}]",
-                                 f"expected >= 1 ({dims[i]} may not be empty), got {dim}")
+                raise SuiteError(
+                    str(path),
+                    f"{where}[{i}]",
+                    f"expected >= 1 ({dims[i]} may not be empty), got {dim}",
+                )
     return shape
 
 
@@ -172,16 +208,22 @@ def _grid_values(path: Path, where: str, value: Any, typ, allowed) -> list:
     values = list(value) if isinstance(value, list) else [value]  # never the probe's default
     if not values:
         raise SuiteError(str(path), where, "expected a value or a non-empty list")
-    what = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
-            list: "a list"}[typ]
+    what = {
+        int: "an integer",
+        float: "a number",
+        bool: "true or false",
+        str: "a string",
+        list: "a list",
+    }[typ]
     for j, v in enumerate(values):
         at = f"{where}[{j}]" if isinstance(value, list) else where
         if typ is float and isinstance(v, int) and not isinstance(v, bool):
             values[j] = v = float(v)
         _expect(path, at, v, typ, what)
         if allowed is not None and v not in allowed:
-            raise SuiteError(str(path), at,
-                             f"expected one of {', '.join(map(str, allowed))}, got {v!r}")
+            raise SuiteError(
+                str(path), at, f"expected one of {', '.join(map(str, allowed))}, got {v!r}"
+            )
     return values
 
 
@@ -218,11 +260,14 @@ def check_memory(suite: Suite, max_memory: float | None = None) -> None:
     limit, source = memory_limit(max_memory)
     for case in suite.cases:
         if case.host_bytes > limit:
-            raise SuiteError(suite.path, f"{case.where}.shape" if case.where else "shape",
-                             f"case '{case.label}' needs about {_gib(case.host_bytes)} of host "
-                             f"memory (inputs, ground truth, verdict), more than the limit of "
-                             f"{_gib(limit)} ({source}); use smaller shapes, "
-                             f"or raise the limit with --max-memory GIB (library: max_memory=)")
+            raise SuiteError(
+                suite.path,
+                f"{case.where}.shape" if case.where else "shape",
+                f"case '{case.label}' needs about {_gib(case.host_bytes)} of host "
+                f"memory (inputs, ground truth, verdict), more than the limit of "
+                f"{_gib(limit)} ({source}); use smaller shapes, "
+                f"or raise the limit with --max-memory GIB (library: max_memory=)",
+            )
 
 
 def load_suite(name_or_path: str, max_memory: float | None = None) -> Suite:
@@ -247,8 +292,7 @@ def load_suite(name_or_path: str, max_memory: float | None = None) -> Suite:
 
     head = _expect(path, "suite", data.get("suite", {}), dict, "a [suite] table")
     name = _expect(path, "suite.name", head.get("name", path.stem), str, "a string")
-    description = _expect(path, "suite.description", head.get("description", ""), str,
-                          "a string")
+    description = _expect(path, "suite.description", head.get("description", ""), str, "a string")
     seed = _expect(path, "suite.seed", head.get("seed", 0), int, "an integer")
     unknown = set(data) - {"suite", "probe"}
     if unknown:
@@ -261,8 +305,7 @@ def load_suite(name_or_path: str, max_memory: float | None = None) -> Suite:
     seen: set[str] = set()
     for i, entry in enumerate(entries):
         cases.extend(_expand(path, f"probe[{i}]", entry, seed, seen, start=len(cases)))
-    suite = Suite(name=name, path=str(path), description=description, seed=seed,
-                  cases=tuple(cases))
+    suite = Suite(name=name, path=str(path), description=description, seed=seed, cases=tuple(cases))
     check_memory(suite, max_memory)
     return suite
 
@@ -282,19 +325,26 @@ def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int
     known = _ENTRY_FIELDS | set(probe.params)
     unknown = set(entry) - known
     if unknown:
-        raise SuiteError(str(path), f"{where}.{sorted(unknown)[0]}",
-                         f"a known field for op '{op}' ({', '.join(sorted(known))})")
-    inputs = _grid_values(path, f"{where}.inputs", entry.get("inputs", "normal"), str,
-                          probe.inputs)
+        raise SuiteError(
+            str(path),
+            f"{where}.{sorted(unknown)[0]}",
+            f"a known field for op '{op}' ({', '.join(sorted(known))})",
+        )
+    inputs = _grid_values(path, f"{where}.inputs", entry.get("inputs", "normal"), str, probe.inputs)
     dtypes = _str_list(path, f"{where}.dtypes", entry.get("dtypes"), probe.dtypes)
     expect = entry.get("expect")
     if expect is not None:
         _expect(path, f"{where}.expect", expect, str, "a string")
         if expect not in EXPECTATIONS:
-            raise SuiteError(str(path), f"{where}.expect",
-                             f"expected one of {', '.join(EXPECTATIONS)}, got {expect!r}")
-    grid = {name: _grid_values(path, f"{where}.{name}", entry.get(name, default), typ, allowed)
-            for name, (typ, allowed, default) in probe.params.items()}
+            raise SuiteError(
+                str(path),
+                f"{where}.expect",
+                f"expected one of {', '.join(EXPECTATIONS)}, got {expect!r}",
+            )
+    grid = {
+        name: _grid_values(path, f"{where}.{name}", entry.get(name, default), typ, allowed)
+        for name, (typ, allowed, default) in probe.params.items()
+    }
 
     sweep = _expect(path, f"{where}.sweep", entry.get("sweep", {}), dict, "a table of lists")
     for key, values in sweep.items():
@@ -306,8 +356,9 @@ def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int
             if v < 1:
                 raise SuiteError(str(path), f"{where}.sweep.{key}[{j}]", f"expected >= 1, got {v}")
     if ("shape" in entry) == ("shapes" in entry):
-        raise SuiteError(str(path), f"{where}.shape",
-                         "exactly one of 'shape' (with 'sweep') or 'shapes'")
+        raise SuiteError(
+            str(path), f"{where}.shape", "exactly one of 'shape' (with 'sweep') or 'shapes'"
+        )
     if "shape" in entry:
         template = _shape_dims(path, f"{where}.shape", entry["shape"], sweep, probe.dims)
         if len(sweep) > 1:
@@ -316,25 +367,34 @@ def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int
         if not sweep:
             shapes = [(template, {})]
         else:
-            (key, values), = sweep.items()
-            shapes = [([v if d == key else d for d in template], {"sweep": key, key: v})
-                      for v in values]
+            ((key, values),) = sweep.items()
+            shapes = [
+                ([v if d == key else d for d in template], {"sweep": key, key: v}) for v in values
+            ]
     else:
         if sweep:
             raise SuiteError(str(path), f"{where}.sweep", "'sweep' only together with 'shape'")
         listed = _expect(path, f"{where}.shapes", entry["shapes"], list, "a list of shapes")
         if not listed:
             raise SuiteError(str(path), f"{where}.shapes", "a non-empty list")
-        shapes = [(_shape_dims(path, f"{where}.shapes[{j}]", s, None, probe.dims), {})
-                  for j, s in enumerate(listed)]
+        shapes = [
+            (_shape_dims(path, f"{where}.shapes[{j}]", s, None, probe.dims), {})
+            for j, s in enumerate(listed)
+        ]
 
     cases: list[Case] = []
     labels: set[str] = set()
     names = list(grid)
     for (dims, sweep_params), maker, dtype, values in itertools.product(
-            shapes, inputs, dtypes, itertools.product(*grid.values())):
-        params = {**dict(zip(probe.dims, dims)), "dtype": dtype, "inputs": maker,
-                  **dict(zip(names, values)), **sweep_params}
+        shapes, inputs, dtypes, itertools.product(*grid.values())
+    ):
+        params = {
+            **dict(zip(probe.dims, dims)),
+            "dtype": dtype,
+            "inputs": maker,
+            **dict(zip(names, values)),
+            **sweep_params,
+        }
         params = probe.normalize(params)
         problem = probe.validate(params)
         if problem:
@@ -346,12 +406,23 @@ def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int
         op_args = {a: params[a] for a in probe.op_args}
         key_data = json.dumps([probe.family, maker, dtype, dims, seed])
         input_key = hashlib.sha256(key_data.encode()).hexdigest()[:16]
-        cases.append(Case(
-            id=f"c{start + len(cases):04d}", probe=pname, op=op, label=label, params=params,
-            op_args=op_args, inputs=maker, input_key=input_key,
-            seed=int(input_key[:8], 16) ^ seed, dtype=dtype, expect=expect,
-            host_bytes=probe.host_bytes(params), where=where,
-        ))
+        cases.append(
+            Case(
+                id=f"c{start + len(cases):04d}",
+                probe=pname,
+                op=op,
+                label=label,
+                params=params,
+                op_args=op_args,
+                inputs=maker,
+                input_key=input_key,
+                seed=int(input_key[:8], 16) ^ seed,
+                dtype=dtype,
+                expect=expect,
+                host_bytes=probe.host_bytes(params),
+                where=where,
+            )
+        )
     return cases
 
 
@@ -386,9 +457,14 @@ def check_applicable(suite: Suite, specs: list[BackendSpec]) -> None:
         return
     ops = ", ".join(dict.fromkeys(c.op for c in suite.cases))
     why = "; ".join(
-        f"{s.name}: " + ", ".join(dict.fromkeys(
-            r for c in suite.cases if (r := not_applicable(s, c.op, c.params))))
-        for s in specs)
-    raise UsageError(f"suite '{suite.name}' has no case that runs on "
-                     f"{', '.join(s.name for s in specs)} (the suite's ops: {ops}; {why}); "
-                     f"choose other backends with --backend or another suite")
+        f"{s.name}: "
+        + ", ".join(
+            dict.fromkeys(r for c in suite.cases if (r := not_applicable(s, c.op, c.params)))
+        )
+        for s in specs
+    )
+    raise UsageError(
+        f"suite '{suite.name}' has no case that runs on "
+        f"{', '.join(s.name for s in specs)} (the suite's ops: {ops}; {why}); "
+        f"choose other backends with --backend or another suite"
+    )

@@ -14,8 +14,17 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["ACC_BITS", "BLOCK_WIDTHS", "K_PROBE", "MAX_EXTRA_BITS", "ORDERS", "ROUNDINGS", "UNITS",
-           "Unit", "as_unit_dtype"]
+__all__ = [
+    "ACC_BITS",
+    "BLOCK_WIDTHS",
+    "K_PROBE",
+    "MAX_EXTRA_BITS",
+    "ORDERS",
+    "ROUNDINGS",
+    "UNITS",
+    "Unit",
+    "as_unit_dtype",
+]
 
 K_PROBE = 64
 ACC_BITS = 24  # float32 significand bits (the accumulator)
@@ -25,15 +34,17 @@ ORDERS = ("sequential", "reverse", "pairwise")
 MAX_EXTRA_BITS = 8  # extra bits hypotheses 0..8; more is reported as ">=9"
 BLOCK_WIDTHS = tuple(range(1, 17)) + (32, 64)
 
-_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
-           "float16": np.dtype(np.float16)}
+_DTYPES = {
+    "float32": np.dtype(np.float32),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float16": np.dtype(np.float16),
+}
 
 
 def as_unit_dtype(dtype: Any) -> np.dtype:
     d = np.dtype(dtype) if not isinstance(dtype, str) else _DTYPES.get(dtype)
     if d is None or d.name not in _DTYPES:
-        raise ValueError(f"diag: features need float32, bfloat16 or float16 inputs, "
-                         f"not {dtype!r}")
+        raise ValueError(f"diag: features need float32, bfloat16 or float16 inputs, not {dtype!r}")
     return d
 
 
@@ -89,12 +100,12 @@ class Unit:
         idx = list(range(prods.shape[1]))
         if self.order == "reverse":
             idx.reverse()
-        blocks = [idx[i:i + self.block] for i in range(0, len(idx), self.block)]
+        blocks = [idx[i : i + self.block] for i in range(0, len(idx), self.block)]
         zero = np.zeros((prods.shape[0], prods.shape[2]))
         if self.order == "pairwise":
             level = [self._step([zero] + [prods[:, k, :] for k in blk]) for blk in blocks]
             while len(level) > 1:
-                level = [self._step(level[i:i + 2]) for i in range(0, len(level), 2)]
+                level = [self._step(level[i : i + 2]) for i in range(0, len(level), 2)]
             return level[0].astype(np.float32)
         acc = zero
         for blk in blocks:
@@ -148,13 +159,24 @@ def _round_int(s: np.ndarray, qexp: np.ndarray, mode: str) -> np.ndarray:
 # truncation, block of 4 on V100 and T4 (fp16), 8 on A100 (fp16/bf16). The CPU rows are the
 # two ways a scalar loop can add: IEEE FMA, or a rounded multiply then an add.
 UNITS: dict[str, Unit] = {
-    "v100": Unit(True, 4, 0, "toward_zero",
-                 source="Fasi et al. 2021 (V100 fp16, Sec. 4); FTTN 2024 (V100)"),
+    "v100": Unit(
+        True, 4, 0, "toward_zero", source="Fasi et al. 2021 (V100 fp16, Sec. 4); FTTN 2024 (V100)"
+    ),
     "t4": Unit(True, 4, 0, "toward_zero", source="Fasi et al. 2021 (T4 fp16, Sec. 4)"),
-    "a100": Unit(True, 8, 1, "toward_zero",
-                 source="Fasi et al. 2021 (A100 fp16/bf16 block 8); FTTN 2024 (1 extra bit)"),
-    "h100": Unit(True, 16, 2, "toward_zero",
-                 source="FTTN 2024 (H100: block >= 16, >= 2 extra bits; lower bounds)"),
+    "a100": Unit(
+        True,
+        8,
+        1,
+        "toward_zero",
+        source="Fasi et al. 2021 (A100 fp16/bf16 block 8); FTTN 2024 (1 extra bit)",
+    ),
+    "h100": Unit(
+        True,
+        16,
+        2,
+        "toward_zero",
+        source="FTTN 2024 (H100: block >= 16, >= 2 extra bits; lower bounds)",
+    ),
     "cpu-fma": Unit(True, 1, None, "nearest", source="IEEE 754 fused multiply-add loop"),
     "cpu-nofma": Unit(False, 1, None, "nearest", source="IEEE 754 multiply, then add"),
 }

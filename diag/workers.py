@@ -15,8 +15,9 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -174,7 +175,7 @@ def _events(stdout: str):
 
 
 def _discover(framework: str, env: dict[str, str]
-              ) -> tuple[list[str], str | None, "Worker | None"]:
+              ) -> tuple[list[str], str | None, Worker | None]:
     """Platforms a framework sees, from a worker started with the workers' environment;
     (platforms, error, the worker parked for a job).
 
@@ -226,7 +227,7 @@ def _result_or_error(job):
 
 
 def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
-                     ) -> tuple[list[BackendSpec], dict[str, str], dict[str, "Worker"]]:
+                     ) -> tuple[list[BackendSpec], dict[str, str], dict[str, Worker]]:
     """Which backends can run and which cannot (with the reason).
 
     Args:
@@ -362,7 +363,7 @@ class Worker:
 
     @classmethod
     def for_job(cls, spec: BackendSpec, job_path: Path, log_path: Path,
-                env: dict[str, str]) -> "Worker":
+                env: dict[str, str]) -> Worker:
         worker = cls(spec.framework, [str(job_path)], env, log_path=log_path)
         worker.spec = spec
         return worker

@@ -10,13 +10,12 @@ is a warn, a row missing its maximum a fail: `diag.tolerance`'s approx_max_k row
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 from diag.probe import FLOATS, LOGIT_MAKERS, Probe, check_k, rows_bytes, rows_label, rows_shapes
 from diag.probes.top_k import agree, evaluate, truth
 
 
-def validate(params: dict) -> Optional[str]:
+def validate(params: dict) -> str | None:
     bad_k = check_k(params)
     if bad_k:
         return bad_k
@@ -25,13 +24,20 @@ def validate(params: dict) -> Optional[str]:
         return f"recall_target must be a finite number in (0, 1], got {target}"
     override = params["reduction_input_size_override"]
     if override != -1 and override < params["n"]:
-        return (f"reduction_input_size_override must be -1 (none) or >= n (n = {params['n']}), "
-                f"got {override}")
+        return (
+            f"reduction_input_size_override must be -1 (none) or >= n (n = {params['n']}), "
+            f"got {override}"
+        )
     return None
 
 
-def on_jax(backend, k: int, recall_target: float = 0.95, aggregate_to_topk: bool = True,
-           reduction_input_size_override: int = -1):
+def on_jax(
+    backend,
+    k: int,
+    recall_target: float = 0.95,
+    aggregate_to_topk: bool = True,
+    reduction_input_size_override: int = -1,
+):
     """`jax.lax.approx_max_k`: approximate on TPU; elsewhere XLA's fallback (measured,
     jax 0.10.2: on CPU float32 the same TopK as `lax.top_k`, other dtypes a sort). With
     `aggregate_to_topk=False` it returns an implementation-defined number of candidates."""
@@ -39,24 +45,44 @@ def on_jax(backend, k: int, recall_target: float = 0.95, aggregate_to_topk: bool
 
     def f(x):
         values, indices = jax.lax.approx_max_k(
-            x, k, recall_target=recall_target, aggregate_to_topk=aggregate_to_topk,
-            reduction_input_size_override=reduction_input_size_override)
+            x,
+            k,
+            recall_target=recall_target,
+            aggregate_to_topk=aggregate_to_topk,
+            reduction_input_size_override=reduction_input_size_override,
+        )
         return {"values": values, "indices": indices}
 
     return f
 
 
 PROBE = Probe(
-    op="approx_max_k", dims=("rows", "n"),
-    params={"k": (int, None, 1), "recall_target": (float, None, 0.95),
-            "aggregate_to_topk": (bool, None, True),
-            "reduction_input_size_override": (int, None, -1)},
+    op="approx_max_k",
+    dims=("rows", "n"),
+    params={
+        "k": (int, None, 1),
+        "recall_target": (float, None, 0.95),
+        "aggregate_to_topk": (bool, None, True),
+        "reduction_input_size_override": (int, None, -1),
+    },
     op_args=("k", "recall_target", "aggregate_to_topk", "reduction_input_size_override"),
-    dtypes=FLOATS, inputs=LOGIT_MAKERS, input_shapes=rows_shapes, truth=truth,
-    truth_args=("k",), evaluate=evaluate, agree=agree, validate=validate,
-    label=rows_label("k", "recall_target", "aggregate_to_topk",
-                     "reduction_input_size_override",
-                     quiet={"reduction_input_size_override": -1}),
-    input_family="rows", host_bytes=rows_bytes, report_section="top-k",
+    dtypes=FLOATS,
+    inputs=LOGIT_MAKERS,
+    input_shapes=rows_shapes,
+    truth=truth,
+    truth_args=("k",),
+    evaluate=evaluate,
+    agree=agree,
+    validate=validate,
+    label=rows_label(
+        "k",
+        "recall_target",
+        "aggregate_to_topk",
+        "reduction_input_size_override",
+        quiet={"reduction_input_size_override": -1},
+    ),
+    input_family="rows",
+    host_bytes=rows_bytes,
+    report_section="top-k",
     implementations={"jax": on_jax},
 )

@@ -18,7 +18,6 @@ import math
 import numpy as np
 
 from diag import oracle
-
 from diag.compare.elementwise import agreement, compare, judge, judge_agreement, mismatch
 from diag.compare.outcome import Evaluation, Outcome, only_output
 from diag.probe import FLOATS, Probe, rows_bytes, rows_label, rows_shapes
@@ -41,13 +40,19 @@ def evaluate(o: Outcome) -> Evaluation:
         assert tol.loose_bound is not None  # the op's row sets it
         loose = tol.loose_bound(o.inputs[0], expected)
         narrow = np.dtype(expected.dtype).name
-        loose_ratio = float(np.max(np.abs(output.astype(np.float64)
-                                          - expected.astype(np.float64)) / loose))
+        loose_ratio = float(
+            np.max(np.abs(output.astype(np.float64) - expected.astype(np.float64)) / loose)
+        )
         metrics["narrow_bound_ratio"] = loose_ratio
         if loose_ratio <= 1.0:
-            status, reason = "warn", (f"{reason}; consistent with every intermediate rounded "
-                                      f"to {narrow} (worst {loose_ratio:.2g}x that bound): less "
-                                      f"precise than {CLAIM}")
+            status, reason = (
+                "warn",
+                (
+                    f"{reason}; consistent with every intermediate rounded "
+                    f"to {narrow} (worst {loose_ratio:.2g}x that bound): less "
+                    f"precise than {CLAIM}"
+                ),
+            )
     return Evaluation(status, reason, metrics, context=bound, mismatch=mismatch(metrics))
 
 
@@ -83,8 +88,18 @@ def on_torch(backend):
 
 
 PROBE = Probe(
-    op="gelu", dims=("rows", "n"), params={}, op_args=(), dtypes=FLOATS,
-    inputs=("normal", "normal5", "uniform"), input_shapes=rows_shapes, truth=truth,
-    evaluate=evaluate, agree=agree, label=rows_label(), input_family="rows",
-    host_bytes=rows_bytes, implementations={"jax": on_jax, "torch": on_torch},
+    op="gelu",
+    dims=("rows", "n"),
+    params={},
+    op_args=(),
+    dtypes=FLOATS,
+    inputs=("normal", "normal5", "uniform"),
+    input_shapes=rows_shapes,
+    truth=truth,
+    evaluate=evaluate,
+    agree=agree,
+    label=rows_label(),
+    input_family="rows",
+    host_bytes=rows_bytes,
+    implementations={"jax": on_jax, "torch": on_torch},
 )

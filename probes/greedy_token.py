@@ -11,7 +11,7 @@ where the rounded probabilities of the top two are equal).
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -41,8 +41,9 @@ def _top3(row: np.ndarray) -> list[dict]:
     return [{"index": int(i), "logit": float(r64[i]), "bits": _hex(row[i])} for i in top]
 
 
-def check_greedy(logits: np.ndarray, tokens: dict[str, np.ndarray], *,
-                 rounded_probs: np.ndarray | None = None) -> dict[str, Any]:
+def check_greedy(
+    logits: np.ndarray, tokens: dict[str, np.ndarray], *, rounded_probs: np.ndarray | None = None
+) -> dict[str, Any]:
     """Does every sampler path pick the token the exact math picks (the incident's check)?
 
     The exact greedy token of a row is the index of its maximum logit, where that maximum occurs
@@ -89,8 +90,9 @@ def check_greedy(logits: np.ndarray, tokens: dict[str, np.ndarray], *,
     for name, tok in tokens.items():
         tok = np.asarray(tok).reshape(-1)
         if tok.shape[0] != rows:
-            raise UsageError(f"check_greedy: path {name!r} gives {tok.shape[0]} tokens for "
-                             f"{rows} rows")
+            raise UsageError(
+                f"check_greedy: path {name!r} gives {tok.shape[0]} tokens for {rows} rows"
+            )
         tok = tok.astype(np.int64)
         chosen_all[name] = tok
         inr = (tok >= 0) & (tok < vocab)
@@ -108,13 +110,24 @@ def check_greedy(logits: np.ndarray, tokens: dict[str, np.ndarray], *,
         bad = np.flatnonzero(disagree | wrong_tie | rounding_tie)
         examples = []
         for r in bad[:10]:
-            examples.append({"row": int(r), "expected": int(expected[r]), "chosen": int(tok[r]),
-                             "tied_max": bool(tied[r]), "rounding_tie": bool(rounding_tie[r]),
-                             "chosen_logit": (float(picked[r]) if inr[r] else None),
-                             "top3": _top3(logits[r])})
-        paths[name] = {"disagree": int(disagree.sum()), "wrong_on_tie": int(wrong_tie.sum()),
-                       "rounding_tie": int(rounding_tie.sum()),
-                       "tie_lowest_index": int(lowest.sum()), "examples": examples}
+            examples.append(
+                {
+                    "row": int(r),
+                    "expected": int(expected[r]),
+                    "chosen": int(tok[r]),
+                    "tied_max": bool(tied[r]),
+                    "rounding_tie": bool(rounding_tie[r]),
+                    "chosen_logit": (float(picked[r]) if inr[r] else None),
+                    "top3": _top3(logits[r]),
+                }
+            )
+        paths[name] = {
+            "disagree": int(disagree.sum()),
+            "wrong_on_tie": int(wrong_tie.sum()),
+            "rounding_tie": int(rounding_tie.sum()),
+            "tie_lowest_index": int(lowest.sum()),
+            "examples": examples,
+        }
     groups: dict[str, list[str]] = {}
     for name in tokens:
         parts = name.split("/")
@@ -129,15 +142,28 @@ def check_greedy(logits: np.ndarray, tokens: dict[str, np.ndarray], *,
             continue
         stack = np.stack([chosen_all[nm] for nm in names])
         differ = np.flatnonzero((stack != stack[0]).any(axis=0))
-        batch[key] = {"paths": names, "rows_differ": int(differ.size),
-                      "examples": [{"row": int(r), "tokens": {nm: int(chosen_all[nm][r])
-                                                              for nm in names},
-                                    "top3": _top3(logits[r])} for r in differ[:10]]}
+        batch[key] = {
+            "paths": names,
+            "rows_differ": int(differ.size),
+            "examples": [
+                {
+                    "row": int(r),
+                    "tokens": {nm: int(chosen_all[nm][r]) for nm in names},
+                    "top3": _top3(logits[r]),
+                }
+                for r in differ[:10]
+            ],
+        }
     return {
-        "rows": int(rows), "vocab": int(vocab), "unique_rows": int(unique.sum()),
-        "tied_rows": int(tied.sum()), "nan_rows": int(nan_row.sum()), "paths": paths,
-        "disagreeing_paths": sorted(nm for nm, p in paths.items()
-                                    if p["disagree"] or p["wrong_on_tie"]),
+        "rows": int(rows),
+        "vocab": int(vocab),
+        "unique_rows": int(unique.sum()),
+        "tied_rows": int(tied.sum()),
+        "nan_rows": int(nan_row.sum()),
+        "paths": paths,
+        "disagreeing_paths": sorted(
+            nm for nm, p in paths.items() if p["disagree"] or p["wrong_on_tie"]
+        ),
         "rounding_tie_paths": sorted(nm for nm, p in paths.items() if p["rounding_tie"]),
         "batch_dependence": batch,
     }
@@ -147,12 +173,18 @@ def _path_mismatch(metrics: dict[str, Any], name: str) -> Mismatch:
     """A failing path's rows: those off the unique maximum, or off a tied maximum."""
     p = metrics["paths"][name]
     ex = next((e for e in p["examples"] if not e.get("rounding_tie")), p["examples"][0])
-    return Mismatch(p["disagree"] + p["wrong_on_tie"], metrics["unique_rows"], "rows",
-                    share=False, where=f"row {ex['row']}", got=ex["chosen"],
-                    expected=ex["expected"])
+    return Mismatch(
+        p["disagree"] + p["wrong_on_tie"],
+        metrics["unique_rows"],
+        "rows",
+        share=False,
+        where=f"row {ex['row']}",
+        got=ex["chosen"],
+        expected=ex["expected"],
+    )
 
 
-def greedy_mismatch(metrics: dict[str, Any]) -> Optional[Mismatch]:
+def greedy_mismatch(metrics: dict[str, Any]) -> Mismatch | None:
     """The rows that decide `judge_greedy`'s verdict, in its order: the first path off the
     exact argmax, else the rows where rounded probabilities tie, else the rows whose token
     depends on the batch size; None when none."""
@@ -163,8 +195,15 @@ def greedy_mismatch(metrics: dict[str, Any]) -> Optional[Mismatch]:
     if rounded:
         p = metrics["paths"][rounded[0]]
         ex = next(e for e in p["examples"] if e.get("rounding_tie"))
-        return Mismatch(p["rounding_tie"], metrics["unique_rows"], "rows", share=False,
-                        where=f"row {ex['row']}", got=ex["chosen"], expected=ex["expected"])
+        return Mismatch(
+            p["rounding_tie"],
+            metrics["unique_rows"],
+            "rows",
+            share=False,
+            where=f"row {ex['row']}",
+            got=ex["chosen"],
+            expected=ex["expected"],
+        )
     dep = [v for v in metrics["batch_dependence"].values() if v["rows_differ"]]
     if dep:
         return Mismatch(dep[0]["rows_differ"], metrics["rows"], "rows", share=False)
@@ -188,48 +227,73 @@ def judge_greedy(metrics: dict[str, Any]) -> tuple[str, str]:
         # One count per path before one shared total ("a 3; b 2 of 64 rows"): the form
         # tests/test_compare_sampling.py pins, so the paths read as one sentence.
         parts = "; ".join(f"{name} {_path_mismatch(metrics, name).count}" for name in bad)
-        ex = next((e for e in metrics["paths"][bad[0]]["examples"] if not e.get("rounding_tie")),
-                  metrics["paths"][bad[0]]["examples"][0])
+        ex = next(
+            (e for e in metrics["paths"][bad[0]]["examples"] if not e.get("rounding_tie")),
+            metrics["paths"][bad[0]]["examples"][0],
+        )
         top = ", ".join(f"{t['index']}: {t['logit']:.6g} ({t['bits']})" for t in ex["top3"])
-        return "fail", (f"greedy token differs from the exact argmax: {parts} of {m.total} rows "
-                        f"with a unique maximum disagree (first: {bad[0]} {m.where} chose "
-                        f"{m.got}, exact {m.expected}; top logits {top})")
+        return "fail", (
+            f"greedy token differs from the exact argmax: {parts} of {m.total} rows "
+            f"with a unique maximum disagree (first: {bad[0]} {m.where} chose "
+            f"{m.got}, exact {m.expected}; top logits {top})"
+        )
     dep = {k: v for k, v in metrics["batch_dependence"].items() if v["rows_differ"]}
-    tie_note = (f" ({metrics['tied_rows']} rows with an exactly tied maximum excluded)"
-                if metrics["tied_rows"] else "")
+    tie_note = (
+        f" ({metrics['tied_rows']} rows with an exactly tied maximum excluded)"
+        if metrics["tied_rows"]
+        else ""
+    )
     rounded = metrics.get("rounding_tie_paths") or []
     if rounded:
         assert m is not None
-        return "warn", (f"argmax over rounded probabilities drops the most probable token in "
-                        f"{format_mismatch(m)} ({', '.join(rounded)}): the top two "
-                        f"logits round to the same probability in this dtype (first: "
-                        f"{m.where} chose {m.got}, exact {m.expected}); sample "
-                        f"from the logits or from float32 probabilities{tie_note}")
+        return "warn", (
+            f"argmax over rounded probabilities drops the most probable token in "
+            f"{format_mismatch(m)} ({', '.join(rounded)}): the top two "
+            f"logits round to the same probability in this dtype (first: "
+            f"{m.where} chose {m.got}, exact {m.expected}); sample "
+            f"from the logits or from float32 probabilities{tie_note}"
+        )
     if dep:
         key, v = next(iter(dep.items()))
         assert m is not None
-        return "warn", (f"every path picks the exact greedy token, but {key} depends on the "
-                        f"batch size in {format_mismatch(m)} "
-                        f"({', '.join(v['paths'])}){tie_note}")
-    return "pass", (f"all {len(metrics['paths'])} paths pick the exact greedy token in all "
-                    f"{uniq} rows with a unique maximum{tie_note}")
+        return "warn", (
+            f"every path picks the exact greedy token, but {key} depends on the "
+            f"batch size in {format_mismatch(m)} "
+            f"({', '.join(v['paths'])}){tie_note}"
+        )
+    return "pass", (
+        f"all {len(metrics['paths'])} paths pick the exact greedy token in all "
+        f"{uniq} rows with a unique maximum{tie_note}"
+    )
 
 
-def agree_tokens(a: dict[str, np.ndarray], b: dict[str, np.ndarray],
-                 names: tuple[str, str]) -> tuple[str, str, dict[str, Any]]:
+def agree_tokens(
+    a: dict[str, np.ndarray], b: dict[str, np.ndarray], names: tuple[str, str]
+) -> tuple[str, str, dict[str, Any]]:
     """Do two backends pick the same token per row on every path they share? (status, reason,
     metrics); a difference is a warn (each is judged against the exact argmax on its own)."""
     shared = [p for p in a if p in b]
-    differ = {p: int(np.count_nonzero(np.asarray(a[p]).reshape(-1) != np.asarray(b[p]).reshape(-1)))
-              for p in shared}
+    differ = {
+        p: int(np.count_nonzero(np.asarray(a[p]).reshape(-1) != np.asarray(b[p]).reshape(-1)))
+        for p in shared
+    }
     metrics = {"paths": shared, "rows_differ": differ}
     bad = {p: k for p, k in differ.items() if k}
     if not bad:
-        return "pass", (f"{names[0]} and {names[1]} pick the same tokens on all "
-                        f"{len(shared)} shared paths"), metrics
+        return (
+            "pass",
+            (f"{names[0]} and {names[1]} pick the same tokens on all {len(shared)} shared paths"),
+            metrics,
+        )
     first = next(iter(bad))
-    return "warn", (f"{names[0]} and {names[1]} pick different tokens on {len(bad)} paths "
-                    f"(first: {first}, {bad[first]} rows)"), metrics
+    return (
+        "warn",
+        (
+            f"{names[0]} and {names[1]} pick different tokens on {len(bad)} paths "
+            f"(first: {first}, {bad[first]} rows)"
+        ),
+        metrics,
+    )
 
 
 def evaluate(o: Outcome) -> Evaluation:
@@ -256,10 +320,12 @@ def _jax_sampler(x):
     import jax.numpy as jnp
 
     probs = jax.nn.softmax(x, axis=-1)
-    return {"argmax": jnp.argmax(x, axis=-1).astype(jnp.int32),
-            "argmax_softmax": jnp.argmax(probs, axis=-1).astype(jnp.int32),
-            "top_k": jax.lax.top_k(x, 1)[1][..., 0].astype(jnp.int32),
-            "approx_max_k": jax.lax.approx_max_k(x, 1)[1][..., 0].astype(jnp.int32)}
+    return {
+        "argmax": jnp.argmax(x, axis=-1).astype(jnp.int32),
+        "argmax_softmax": jnp.argmax(probs, axis=-1).astype(jnp.int32),
+        "top_k": jax.lax.top_k(x, 1)[1][..., 0].astype(jnp.int32),
+        "approx_max_k": jax.lax.approx_max_k(x, 1)[1][..., 0].astype(jnp.int32),
+    }
 
 
 def on_jax(backend, batches: tuple[int, ...] = ()):
@@ -284,7 +350,7 @@ def on_jax(backend, batches: tuple[int, ...] = ()):
         out["eager/top_k"] = jax.lax.top_k(x, 1)[1][..., 0].astype(jnp.int32)
         out["eager/approx_max_k"] = jax.lax.approx_max_k(x, 1)[1][..., 0].astype(jnp.int32)
         for b in batches:
-            chunks = [fused(x[i:i + b]) for i in range(0, x.shape[0], b)]
+            chunks = [fused(x[i : i + b]) for i in range(0, x.shape[0], b)]
             for name in chunks[0]:
                 out[f"jit/batch{b}/{name}"] = jnp.concatenate([c[name] for c in chunks])
         return out
@@ -297,9 +363,11 @@ def _torch_sampler(x) -> dict:
     import torch
 
     probs = torch.softmax(x, dim=-1)  # materialised, in x's dtype
-    return {"argmax": torch.argmax(x, dim=-1),
-            "argmax_softmax": torch.argmax(probs, dim=-1),
-            "top_k": torch.topk(x, 1, dim=-1).indices[..., 0]}
+    return {
+        "argmax": torch.argmax(x, dim=-1),
+        "argmax_softmax": torch.argmax(probs, dim=-1),
+        "top_k": torch.topk(x, 1, dim=-1).indices[..., 0],
+    }
 
 
 def on_torch(backend, batches: tuple[int, ...] = ()):
@@ -311,7 +379,7 @@ def on_torch(backend, batches: tuple[int, ...] = ()):
     def paths(x):
         out = {f"eager/{name}": v for name, v in _torch_sampler(x).items()}
         for b in batches:
-            chunks = [_torch_sampler(x[i:i + b]) for i in range(0, x.shape[0], b)]
+            chunks = [_torch_sampler(x[i : i + b]) for i in range(0, x.shape[0], b)]
             for name in chunks[0]:
                 out[f"eager/batch{b}/{name}"] = torch.cat([c[name] for c in chunks])
         return out
@@ -320,9 +388,20 @@ def on_torch(backend, batches: tuple[int, ...] = ()):
 
 
 PROBE = Probe(
-    op="greedy_token", dims=("rows", "n"), params={}, op_args=(), dtypes=FLOATS,
-    inputs=LOGIT_MAKERS, input_shapes=rows_shapes, truth=truth, evaluate=evaluate,
-    agree=agree, label=rows_label(), input_family="rows", host_bytes=rows_bytes,
-    fixed_args={"batches": SAMPLER_BATCHES}, report_section="greedy",
+    op="greedy_token",
+    dims=("rows", "n"),
+    params={},
+    op_args=(),
+    dtypes=FLOATS,
+    inputs=LOGIT_MAKERS,
+    input_shapes=rows_shapes,
+    truth=truth,
+    evaluate=evaluate,
+    agree=agree,
+    label=rows_label(),
+    input_family="rows",
+    host_bytes=rows_bytes,
+    fixed_args={"batches": SAMPLER_BATCHES},
+    report_section="greedy",
     implementations={"jax": on_jax, "torch": on_torch},
 )

@@ -168,10 +168,14 @@ def logsumexp_result(x, *, cache=None, _slack: float = 1.0) -> OracleResult:
     key = cache.key("logsumexp", [x], dt) if cache is not None else None
     hit = cache.get(key) if cache is not None else None
     if hit is not None:
-        return OracleResult(value=hit.value, method=str(hit.meta.get("method", "")),
-                            fallbacks=int(hit.meta.get("fallbacks", 0)),
-                            elements=int(hit.value.size), cache_hit=True,
-                            seconds=time.perf_counter() - t0)
+        return OracleResult(
+            value=hit.value,
+            method=str(hit.meta.get("method", "")),
+            fallbacks=int(hit.meta.get("fallbacks", 0)),
+            elements=int(hit.value.size),
+            cache_hit=True,
+            seconds=time.perf_counter() - t0,
+        )
     x64 = x.reshape(-1, x.shape[-1]).astype(np.float64)
     out, done = _special(x64)
     y, half = _fast(x64, _slack)
@@ -184,11 +188,17 @@ def logsumexp_result(x, *, cache=None, _slack: float = 1.0) -> OracleResult:
         out[r] = _interval_row(x64[r], dt)
     value = numerics.round_to_dtype(out, dt).reshape(x.shape[:-1])
     if cache is not None:
-        cache.put(key, value, {"op": "logsumexp", "method": "f64-ball",
-                               "fallbacks": int(undecided.size)})
-    return OracleResult(value=value, method="f64-ball", fallbacks=int(undecided.size),
-                        elements=int(value.size), cache_hit=False,
-                        seconds=time.perf_counter() - t0)
+        cache.put(
+            key, value, {"op": "logsumexp", "method": "f64-ball", "fallbacks": int(undecided.size)}
+        )
+    return OracleResult(
+        value=value,
+        method="f64-ball",
+        fallbacks=int(undecided.size),
+        elements=int(value.size),
+        cache_hit=False,
+        seconds=time.perf_counter() - t0,
+    )
 
 
 def truth(inputs: list, params: dict, cache):
@@ -199,8 +209,9 @@ def truth(inputs: list, params: dict, cache):
 # Tolerance
 
 
-def error_bound(x: np.ndarray, truth: np.ndarray, *, compute_dtype="float32",
-                elementwise_dtype=None) -> np.ndarray:
+def error_bound(
+    x: np.ndarray, truth: np.ndarray, *, compute_dtype="float32", elementwise_dtype=None
+) -> np.ndarray:
     """Per-row bound on |logsumexp(x) - truth| for any implementation in the claimed
     arithmetic: the module docstring's steps 1-5 with the compute dtype's unit roundoff u
     (`elementwise_dtype`, when given, is the dtype the subtraction, exp, log and final add
@@ -210,23 +221,29 @@ def error_bound(x: np.ndarray, truth: np.ndarray, *, compute_dtype="float32",
     x64 = np.asarray(x).reshape(-1, x.shape[-1]).astype(np.float64)
     n = x64.shape[1]
     u_sum = float(ml_dtypes.finfo(numerics.as_dtype(compute_dtype)).eps) / 2
-    u = max(u_sum, float(ml_dtypes.finfo(numerics.as_dtype(elementwise_dtype)).eps) / 2
-            if elementwise_dtype is not None else 0.0)
+    u = max(
+        u_sum,
+        float(ml_dtypes.finfo(numerics.as_dtype(elementwise_dtype)).eps) / 2
+        if elementwise_dtype is not None
+        else 0.0,
+    )
     t64 = np.asarray(truth).reshape(-1).astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore", under="ignore"):
         m = np.max(x64, axis=1, keepdims=True)
         d = np.where(np.isfinite(x64), x64 - m, -np.inf)
         e = np.exp(d)
         # Each term's error, weighted by the term: u |d_i| (the subtraction) and 2k u (exp).
-        terms = np.sum(e * (u * np.abs(np.where(e > 0, d, 0.0)) + 2 * SOFTMAX_EXP_ULP * u),
-                       axis=1) / np.sum(e, axis=1)
+        terms = np.sum(
+            e * (u * np.abs(np.where(e > 0, d, 0.0)) + 2 * SOFTMAX_EXP_ULP * u), axis=1
+        ) / np.sum(e, axis=1)
         eps = terms + (n - 1) * u_sum
         big_l = np.abs(t64 - m[:, 0])
         chain = 1.25 * (np.log1p(eps) + 2 * SOFTMAX_EXP_ULP * u * big_l + u * np.abs(t64))
         fi = ml_dtypes.finfo(numerics.as_dtype(truth.dtype))
         top = np.abs(t64) + chain
-        ulp_out = np.exp2(np.floor(np.log2(np.maximum(top, float(fi.smallest_normal))))
-                          - int(fi.nmant))
+        ulp_out = np.exp2(
+            np.floor(np.log2(np.maximum(top, float(fi.smallest_normal)))) - int(fi.nmant)
+        )
         bound = chain + ulp_out + float(fi.smallest_subnormal) / 2
     return np.where(np.isfinite(t64), bound, 0.0).reshape(np.shape(truth))
 
@@ -234,11 +251,17 @@ def error_bound(x: np.ndarray, truth: np.ndarray, *, compute_dtype="float32",
 def tolerance_row(dtype: str, claim: str) -> Tolerance:
     """The op's row of the tolerance policy (`Probe.tolerance`): `error_bound` in the claimed
     arithmetic, and in the input dtype's elementwise steps as the loose bound (a warn)."""
-    return Tolerance("logsumexp", dtype, claim, why=(
-        f"worst case of {claim} arithmetic in any summation order, exp and log within "
-        f"{SOFTMAX_EXP_ULP} ulp; + the output's and the truth's roundings"),
+    return Tolerance(
+        "logsumexp",
+        dtype,
+        claim,
+        why=(
+            f"worst case of {claim} arithmetic in any summation order, exp and log within "
+            f"{SOFTMAX_EXP_ULP} ulp; + the output's and the truth's roundings"
+        ),
         bound=partial(error_bound, compute_dtype=claim),
-        loose_bound=partial(error_bound, compute_dtype=claim, elementwise_dtype=dtype))
+        loose_bound=partial(error_bound, compute_dtype=claim, elementwise_dtype=dtype),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,9 +287,14 @@ def evaluate(o: Outcome) -> Evaluation:
             ratio = float(np.nanmax(np.where(loose > 0, err / loose, 0.0)))
         metrics["narrow_bound_ratio"] = ratio
         if ratio <= 1.0:
-            status, reason = "warn", (f"{reason}; consistent with the elementwise steps "
-                                      f"rounded to {narrow} (worst {ratio:.2g}x that bound): "
-                                      f"less precise than {CLAIM}")
+            status, reason = (
+                "warn",
+                (
+                    f"{reason}; consistent with the elementwise steps "
+                    f"rounded to {narrow} (worst {ratio:.2g}x that bound): "
+                    f"less precise than {CLAIM}"
+                ),
+            )
     return Evaluation(status, reason, metrics, context=bound, mismatch=mismatch(metrics))
 
 
@@ -297,8 +325,19 @@ def on_torch(backend):
 
 
 PROBE = Probe(
-    op="logsumexp", dims=("rows", "n"), params={}, op_args=(), dtypes=FLOATS,
-    inputs=LOGIT_MAKERS, input_shapes=rows_shapes, truth=truth, evaluate=evaluate,
-    agree=agree, label=rows_label(), input_family="rows", host_bytes=rows_bytes,
-    implementations={"jax": on_jax, "torch": on_torch}, tolerance=tolerance_row,
+    op="logsumexp",
+    dims=("rows", "n"),
+    params={},
+    op_args=(),
+    dtypes=FLOATS,
+    inputs=LOGIT_MAKERS,
+    input_shapes=rows_shapes,
+    truth=truth,
+    evaluate=evaluate,
+    agree=agree,
+    label=rows_label(),
+    input_family="rows",
+    host_bytes=rows_bytes,
+    implementations={"jax": on_jax, "torch": on_torch},
+    tolerance=tolerance_row,
 )

@@ -81,8 +81,7 @@ def evaluate(o: Outcome) -> Evaluation:
         return o.shared(f"bound-{tol.claim}", bound_of_case) if o.shared else bound_of_case()
 
     metrics = o.remembered(f"compare-{tol.claim}", lambda: compare(output, expected, bound()))
-    status, reason = judge(metrics, claim=CLAIM, setting=o.setting,
-                           promised=o.promised)
+    status, reason = judge(metrics, claim=CLAIM, setting=o.setting, promised=o.promised)
     return Evaluation(status, reason, metrics, context=bound, mismatch=mismatch(metrics))
 
 
@@ -90,6 +89,7 @@ def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
     """Two backends' products of one case, against what two backends keeping the bound may
     differ by (`context`: the bound, or the function `evaluate` gives that returns it).
     Returns (status, reason, metrics)."""
+
     def compute():
         return agreement(a.outputs[0], b.outputs[0], context() if callable(context) else context)
 
@@ -141,13 +141,23 @@ def on_numpy(backend, precision: str = "default", precision_via: str = "none"):
 
 
 PROBE = Probe(
-    op="matmul", dims=("m", "k", "n"),
-    params={"precision": (str, PRECISIONS, "default"),
-            # Unset: both ways (collapsed to one case for 'default').
-            "precision_via": (str, PRECISION_VIA + ("none",), list(PRECISION_VIA))},
+    op="matmul",
+    dims=("m", "k", "n"),
+    params={
+        "precision": (str, PRECISIONS, "default"),
+        # Unset: both ways (collapsed to one case for 'default').
+        "precision_via": (str, PRECISION_VIA + ("none",), list(PRECISION_VIA)),
+    },
     op_args=("precision", "precision_via"),
-    dtypes=FLOATS, inputs=("normal", "uniform", "positive", "wide"),
-    input_shapes=input_shapes, truth=truth, evaluate=evaluate, agree=agree,
-    normalize=normalize, label=label, host_bytes=host_bytes, fingerprint=True,
+    dtypes=FLOATS,
+    inputs=("normal", "uniform", "positive", "wide"),
+    input_shapes=input_shapes,
+    truth=truth,
+    evaluate=evaluate,
+    agree=agree,
+    normalize=normalize,
+    label=label,
+    host_bytes=host_bytes,
+    fingerprint=True,
     implementations={"jax": on_jax, "torch": on_torch, "numpy": on_numpy},
 )

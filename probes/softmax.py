@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -57,10 +57,14 @@ def _sum_minus_one(row: np.ndarray) -> float:
     return math.fsum(np.ldexp(sums[exps], exps + lo - p).tolist() + [-1.0])
 
 
-def compare_softmax(output: np.ndarray, truth: np.ndarray, x: np.ndarray, *,
-                    compute_dtype="float32",
-                    shared: Callable[[str, Callable[[], Any]], Any] | None = None
-                    ) -> dict[str, Any]:
+def compare_softmax(
+    output: np.ndarray,
+    truth: np.ndarray,
+    x: np.ndarray,
+    *,
+    compute_dtype="float32",
+    shared: Callable[[str, Callable[[], Any]], Any] | None = None,
+) -> dict[str, Any]:
     """Metrics of a backend's softmax over the last axis against the correctly rounded truth.
 
     Rows are split by what the math says about them. Defined rows (finite or -inf entries, at
@@ -98,8 +102,9 @@ def compare_softmax(output: np.ndarray, truth: np.ndarray, x: np.ndarray, *,
     assert bound_of is not None and loose_bound_of is not None  # softmax's row sets both
 
     def once(name, compute):
-        return shared(f"{name}-{numerics.dtype_name(compute_dtype)}", compute) if shared \
-            else compute()
+        return (
+            shared(f"{name}-{numerics.dtype_name(compute_dtype)}", compute) if shared else compute()
+        )
 
     bound = once("bound", lambda: bound_of(xd, td))
     metrics = compare(od, td, bound)
@@ -131,16 +136,20 @@ def compare_softmax(output: np.ndarray, truth: np.ndarray, x: np.ndarray, *,
         if err > worst_sum or worst_row < 0:
             worst_sum, worst_row = err, int(r)
     # The truth's own error over the same rows (those this backend returned finite).
-    truth_errs = once("truth_sum_errors", lambda: np.array(
-        [abs(_sum_minus_one(t2[r])) for r in rows_def], np.float64))
+    truth_errs = once(
+        "truth_sum_errors",
+        lambda: np.array([abs(_sum_minus_one(t2[r])) for r in rows_def], np.float64),
+    )
     finite_at = np.isin(rows_def, finite_rows)
     truth_sum = max([0.0, *truth_errs[finite_at].tolist()])
     metrics["sum_to_one_max_err"] = worst_sum
     metrics["sum_to_one_worst_row"] = worst_row
     metrics["truth_sum_to_one_max_err"] = truth_sum
     hazard = None
-    for name, mask in (("fully masked (all -inf)", undefined),
-                       ("holding NaN or +inf", nonfinite_in)):
+    for name, mask in (
+        ("fully masked (all -inf)", undefined),
+        ("holding NaN or +inf", nonfinite_in),
+    ):
         idx = np.flatnonzero(mask)
         if not idx.size:
             continue
@@ -154,7 +163,7 @@ def compare_softmax(output: np.ndarray, truth: np.ndarray, x: np.ndarray, *,
     return metrics
 
 
-def softmax_mismatch(metrics: dict[str, Any]) -> Optional[Mismatch]:
+def softmax_mismatch(metrics: dict[str, Any]) -> Mismatch | None:
     """What broke the rule in `compare_softmax`'s metrics (defined rows only), or None."""
     return mismatch(metrics, nonfinite_unit="elements of defined rows")
 
@@ -172,29 +181,38 @@ def judge_softmax(metrics: dict[str, Any], dtype) -> tuple[str, str]:
     """
     name = numerics.dtype_name(dtype)
     claim = f"{metrics.get('compute_dtype', 'float32')} arithmetic"
-    summary = (f"max {metrics['max_ulp']} ULP, {metrics['frac_not_correctly_rounded']:.1%} not "
-               f"correctly rounded, max sum-to-one error {metrics['sum_to_one_max_err']:.3g}")
+    summary = (
+        f"max {metrics['max_ulp']} ULP, {metrics['frac_not_correctly_rounded']:.1%} not "
+        f"correctly rounded, max sum-to-one error {metrics['sum_to_one_max_err']:.3g}"
+    )
     hazard = ""
     if metrics.get("hazard"):
         parts = []
         for what, h in metrics["hazard"].items():
             got = ", ".join(f"{kind} in {k}" for kind, k in sorted(h["returned"].items()))
-            parts.append(f"{h['rows']} rows {what} have no defined softmax; this backend "
-                         f"returns {got} (first: row {h['first_row']})")
+            parts.append(
+                f"{h['rows']} rows {what} have no defined softmax; this backend "
+                f"returns {got} (first: row {h['first_row']})"
+            )
         hazard = "hazard: " + "; ".join(parts)
     m = softmax_mismatch(metrics)
     if metrics["unexpected_nonfinite"]:
         assert m is not None  # softmax_mismatch counts these first
-        return "fail", (f"{name} softmax: {format_mismatch(m)} are NaN/Inf where the exact "
-                        f"result is finite (or the reverse)")
+        return "fail", (
+            f"{name} softmax: {format_mismatch(m)} are NaN/Inf where the exact "
+            f"result is finite (or the reverse)"
+        )
     if m is not None:
-        detail = (f"{name} softmax error exceeds the {claim} bound in {format_mismatch(m)}; "
-                  f"{summary}")
+        detail = (
+            f"{name} softmax error exceeds the {claim} bound in {format_mismatch(m)}; {summary}"
+        )
         narrow = metrics.get("narrow_dtype")
         if narrow and not metrics["narrow_bound_exceeded"]:
-            return "warn", (f"{detail}; consistent with x - max, exp and the division done in "
-                            f"{narrow} (worst {metrics['narrow_bound_ratio']:.2g}x that bound): "
-                            f"less precise than {claim}" + (f"; {hazard}" if hazard else ""))
+            return "warn", (
+                f"{detail}; consistent with x - max, exp and the division done in "
+                f"{narrow} (worst {metrics['narrow_bound_ratio']:.2g}x that bound): "
+                f"less precise than {claim}" + (f"; {hazard}" if hazard else "")
+            )
         return "fail", detail
     reason = f"within the {claim} bound (worst {metrics['bound_ratio']:.2g}x); {summary}"
     if hazard:
@@ -237,8 +255,18 @@ def on_torch(backend):
 
 
 PROBE = Probe(
-    op="softmax", dims=("rows", "n"), params={}, op_args=(), dtypes=FLOATS,
-    inputs=LOGIT_MAKERS, input_shapes=rows_shapes, truth=truth, evaluate=evaluate,
-    agree=agree, label=rows_label(), input_family="rows", host_bytes=rows_bytes,
+    op="softmax",
+    dims=("rows", "n"),
+    params={},
+    op_args=(),
+    dtypes=FLOATS,
+    inputs=LOGIT_MAKERS,
+    input_shapes=rows_shapes,
+    truth=truth,
+    evaluate=evaluate,
+    agree=agree,
+    label=rows_label(),
+    input_family="rows",
+    host_bytes=rows_bytes,
     implementations={"jax": on_jax, "torch": on_torch},
 )

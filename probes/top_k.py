@@ -34,19 +34,28 @@ def top_k_outputs(o: Outcome) -> tuple[np.ndarray, np.ndarray]:
     out = o.named
     missing = [n for n in ("values", "indices") if n not in out]
     if missing:
-        raise MalformedOutput(f"no {' or '.join(missing)} output (got: "
-                              f"{', '.join(o.names) or 'no outputs'})")
+        raise MalformedOutput(
+            f"no {' or '.join(missing)} output (got: {', '.join(o.names) or 'no outputs'})"
+        )
     values, indices = out["values"], out["indices"]
     x, k = o.inputs[0], o.params["k"]
     want = list(x.shape[:-1]) + [k]
     exact = o.params.get("aggregate_to_topk", True)
-    if (values.shape != indices.shape or list(values.shape[:-1]) != want[:-1]
-            or (exact and values.shape[-1] != k) or values.shape[-1] < 1):
-        raise MalformedOutput(f"returned values{list(values.shape)} and indices"
-                              f"{list(indices.shape)}, expected {want} each")
+    if (
+        values.shape != indices.shape
+        or list(values.shape[:-1]) != want[:-1]
+        or (exact and values.shape[-1] != k)
+        or values.shape[-1] < 1
+    ):
+        raise MalformedOutput(
+            f"returned values{list(values.shape)} and indices"
+            f"{list(indices.shape)}, expected {want} each"
+        )
     if values.dtype != x.dtype:
-        raise MalformedOutput(f"returned {numerics.dtype_name(values.dtype)} values for "
-                              f"{numerics.dtype_name(x.dtype)} inputs")
+        raise MalformedOutput(
+            f"returned {numerics.dtype_name(values.dtype)} values for "
+            f"{numerics.dtype_name(x.dtype)} inputs"
+        )
     return values, indices
 
 
@@ -56,18 +65,17 @@ def evaluate(o: Outcome) -> Evaluation:
     target = o.params.get("recall_target")
     # The truth flows forward: the exact top-k the runner computed (and cached), never again.
     truth = (o.truth.value, o.truth.extra["indices"])
-    metrics = check_top_k(o.inputs[0], values, indices, o.params["k"], recall_target=target,
-                          truth=truth)
+    metrics = check_top_k(
+        o.inputs[0], values, indices, o.params["k"], recall_target=target, truth=truth
+    )
     approx = target is not None
     status, reason = judge_top_k(metrics, approx=approx, recall_target=target)
-    return Evaluation(status, reason, metrics,
-                      mismatch=top_k_mismatch(metrics, approx=approx))
+    return Evaluation(status, reason, metrics, mismatch=top_k_mismatch(metrics, approx=approx))
 
 
 def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
     """Two backends' top-k of one case, by value. Returns (status, reason, metrics)."""
-    return agree_top_k(a.inputs[0], top_k_outputs(a), top_k_outputs(b), a.params["k"],
-                       names)
+    return agree_top_k(a.inputs[0], top_k_outputs(a), top_k_outputs(b), a.params["k"], names)
 
 
 def on_jax(backend, k: int):
@@ -93,9 +101,21 @@ def on_torch(backend, k: int):
 
 
 PROBE = Probe(
-    op="top_k", dims=("rows", "n"), params={"k": (int, None, 1)}, op_args=("k",),
-    dtypes=FLOATS, inputs=LOGIT_MAKERS, input_shapes=rows_shapes, truth=truth,
-    truth_args=("k",), evaluate=evaluate, agree=agree, validate=check_k,
-    label=rows_label("k"), input_family="rows", host_bytes=rows_bytes, report_section="top-k",
+    op="top_k",
+    dims=("rows", "n"),
+    params={"k": (int, None, 1)},
+    op_args=("k",),
+    dtypes=FLOATS,
+    inputs=LOGIT_MAKERS,
+    input_shapes=rows_shapes,
+    truth=truth,
+    truth_args=("k",),
+    evaluate=evaluate,
+    agree=agree,
+    validate=check_k,
+    label=rows_label("k"),
+    input_family="rows",
+    host_bytes=rows_bytes,
+    report_section="top-k",
     implementations={"jax": on_jax, "torch": on_torch},
 )

@@ -15,7 +15,7 @@ tensor. Two backends are held to `AGREEMENT_FACTOR` times the same rows.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -24,18 +24,31 @@ from diag.probe import Probe
 from diag.tolerance import AGREEMENT_FACTOR, TRAIN_REFERENCE_ERROR_FACTOR, train_run_allowed
 from diag.train.config import from_case, init_params, make_batches, n_params
 
-__all__ = ["PROBE", "evaluate", "agree", "judge", "make_inputs", "input_shapes", "truth",
-           "label", "host_bytes", "validate"]
+__all__ = [
+    "PROBE",
+    "evaluate",
+    "agree",
+    "judge",
+    "make_inputs",
+    "input_shapes",
+    "truth",
+    "label",
+    "host_bytes",
+    "validate",
+]
 
 
 def _worst_text(summary: dict) -> str:
     c = summary["curve"]
     w = summary["worst"][0] if summary["worst"] else None
-    text = (f"worst loss error {max(c['loss_err']):.2g}, gradient {max(c['grad_err']):.2g}, "
-            f"update {max(c['update_err']):.2g}")
+    text = (
+        f"worst loss error {max(c['loss_err']):.2g}, gradient {max(c['grad_err']):.2g}, "
+        f"update {max(c['update_err']):.2g}"
+    )
     if w:
-        text += f" (worst tensor: {w['stage']} of {w['tensor']}, {w['error']:.2g} at step " \
-                f"{w['step']})"
+        text += (
+            f" (worst tensor: {w['stage']} of {w['tensor']}, {w['error']:.2g} at step {w['step']})"
+        )
     return text
 
 
@@ -45,22 +58,29 @@ def judge(summary: dict, compute: str, against: str) -> tuple[str, str]:
     n = summary["steps"]
     nf = summary.get("nonfinite")
     if nf:
-        return "fail", (f"the run went NaN/Inf at step {nf['step']} in the {nf['tensor']} "
-                        f"where {against} is finite")
+        return "fail", (
+            f"the run went NaN/Inf at step {nf['step']} in the {nf['tensor']} "
+            f"where {against} is finite"
+        )
     div = summary.get("first_divergence")
     if div:
         from diag.train.compare import Divergence
 
         where = Divergence(**div).text()
         if compute == "float32":
-            return "fail", (f"parts from {against} at {where}; {_worst_text(summary)} over "
-                            f"{n} steps")
-        return "warn", (f"{compute} mixed precision drifts beyond the measured screen from "
-                        f"{against} at {where}; {_worst_text(summary)} over {n} steps")
+            return "fail", (
+                f"parts from {against} at {where}; {_worst_text(summary)} over {n} steps"
+            )
+        return "warn", (
+            f"{compute} mixed precision drifts beyond the measured screen from "
+            f"{against} at {where}; {_worst_text(summary)} over {n} steps"
+        )
     if compute == "float32":
         return "pass", f"{n} steps within tolerance of {against}; {_worst_text(summary)}"
-    return "pass", (f"{compute} mixed precision: measured drift from {against} over {n} "
-                    f"steps (inside the measured screen): {_worst_text(summary)}")
+    return "pass", (
+        f"{compute} mixed precision: measured drift from {against} over {n} "
+        f"steps (inside the measured screen): {_worst_text(summary)}"
+    )
 
 
 def _summary(o: Outcome, ref: dict, factor: float) -> dict[str, Any]:
@@ -81,8 +101,9 @@ def evaluate(o: Outcome) -> Evaluation:
     # The reference's own error, estimated per step from this run's (docs/train.md): the
     # same dynamics amplify float64's rounding, 2^-29 times float32's.
     if o.params.get("compute", "float32") == "float32":
-        summary["reference_error_estimate"] = [e * TRAIN_REFERENCE_ERROR_FACTOR
-                                               for e in summary["curve"]["grad_err"]]
+        summary["reference_error_estimate"] = [
+            e * TRAIN_REFERENCE_ERROR_FACTOR for e in summary["curve"]["grad_err"]
+        ]
     status, reason = judge(summary, o.params.get("compute", "float32"), "the float64 reference")
     return Evaluation(status, reason, summary)
 
@@ -117,15 +138,23 @@ def truth(inputs: list, params: dict, cache: Any):
 
     t0 = time.perf_counter()
     traj = run_reference(from_case(params), inputs[0], inputs[1])
-    return OracleResult(value=traj["loss"], method="float64-reference", fallbacks=0,
-                        elements=int(sum(v.size for v in traj.values())), cache_hit=False,
-                        seconds=time.perf_counter() - t0, extra={"trajectory": traj})
+    return OracleResult(
+        value=traj["loss"],
+        method="float64-reference",
+        fallbacks=0,
+        elements=int(sum(v.size for v in traj.values())),
+        cache_hit=False,
+        seconds=time.perf_counter() - t0,
+        extra={"trajectory": traj},
+    )
 
 
 def label(params: dict) -> str:
-    return (f"{params['layers']}L d={params['width']} h={params['heads']} "
-            f"V={params['vocab']} seq={params['seq']} batch={params['batch']} "
-            f"steps={params['steps']} lr={params['lr']} compute={params['compute']}")
+    return (
+        f"{params['layers']}L d={params['width']} h={params['heads']} "
+        f"V={params['vocab']} seq={params['seq']} batch={params['batch']} "
+        f"steps={params['steps']} lr={params['lr']} compute={params['compute']}"
+    )
 
 
 # Host copies of the whole trajectory at its peak: the float64 reference (grads + params),
@@ -138,7 +167,7 @@ def host_bytes(params: dict) -> int:
     return 8 * _TRAJECTORY_COPIES * 2 * cfg.steps * n_params(cfg)
 
 
-def validate(params: dict) -> Optional[str]:
+def validate(params: dict) -> str | None:
     return from_case(params).problem()
 
 
@@ -159,12 +188,25 @@ def on_torch(backend, compute: str = "float32", **case):
 
 
 PROBE = Probe(
-    op="train", dims=("layers", "width", "vocab", "seq", "batch", "steps"),
-    params={"heads": (int, None, 4), "lr": (float, None, 3e-3),
-            "compute": (str, ("float32", "bfloat16"), ["float32", "bfloat16"])},
+    op="train",
+    dims=("layers", "width", "vocab", "seq", "batch", "steps"),
+    params={
+        "heads": (int, None, 4),
+        "lr": (float, None, 3e-3),
+        "compute": (str, ("float32", "bfloat16"), ["float32", "bfloat16"]),
+    },
     op_args=("layers", "width", "vocab", "seq", "batch", "steps", "heads", "lr", "compute"),
-    dtypes=("float32",), inputs=("transformer",), input_shapes=input_shapes, truth=truth,
-    truth_args=("heads", "lr"), evaluate=evaluate, agree=agree, label=label,
-    validate=validate, host_bytes=host_bytes, make_inputs=make_inputs,
-    report_section="training", implementations={"jax": on_jax, "torch": on_torch},
+    dtypes=("float32",),
+    inputs=("transformer",),
+    input_shapes=input_shapes,
+    truth=truth,
+    truth_args=("heads", "lr"),
+    evaluate=evaluate,
+    agree=agree,
+    label=label,
+    validate=validate,
+    host_bytes=host_bytes,
+    make_inputs=make_inputs,
+    report_section="training",
+    implementations={"jax": on_jax, "torch": on_torch},
 )

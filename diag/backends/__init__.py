@@ -19,8 +19,15 @@ from typing import TypedDict
 
 from diag.backends.base import Backend
 
-__all__ = ["Backend", "BackendSpec", "BACKENDS", "get_spec", "framework_installed", "not_applicable",
-           "promises_full_precision"]
+__all__ = [
+    "Backend",
+    "BackendSpec",
+    "BACKENDS",
+    "get_spec",
+    "framework_installed",
+    "not_applicable",
+    "promises_full_precision",
+]
 
 
 @dataclass(frozen=True)
@@ -97,23 +104,33 @@ class _Family(TypedDict, total=False):
     install_hint: str
 
 
-_JAX: _Family = dict(framework="jax", module="diag.backends.jax_backend",
-            # jax.lax.Precision has DEFAULT/HIGH/HIGHEST; jax_default_matmul_precision also
-            # takes 'bfloat16' (what diag calls 'medium', as torch does).
-            precision_via=("argument", "config"),
-            precisions=("default", "high", "highest", "medium"),
-            argument_precisions=("default", "high", "highest"),
-            install_hint="pip install 'diag[jax]'")
-_TORCH: _Family = dict(framework="torch", module="diag.backends.torch_backend",
-              # torch has no per-op matmul precision: only torch.set_float32_matmul_precision.
-              precision_via=("config",),
-              precisions=("default", "high", "highest", "medium"),
-              install_hint="pip install 'diag[torch]'")
-_TORCH_XLA: _Family = dict(framework="torch_xla", module="diag.backends.torch_xla_backend",
-                  precision_via=("config",), precisions=("default", "high", "highest"),
-                  implementation="torch",
-                  install_hint="create its environment with scripts/torch-xla-env.sh DEST, then "
-                               "pass --python torch-xla=DEST/bin/python")
+_JAX: _Family = dict(
+    framework="jax",
+    module="diag.backends.jax_backend",
+    # jax.lax.Precision has DEFAULT/HIGH/HIGHEST; jax_default_matmul_precision also
+    # takes 'bfloat16' (what diag calls 'medium', as torch does).
+    precision_via=("argument", "config"),
+    precisions=("default", "high", "highest", "medium"),
+    argument_precisions=("default", "high", "highest"),
+    install_hint="pip install 'diag[jax]'",
+)
+_TORCH: _Family = dict(
+    framework="torch",
+    module="diag.backends.torch_backend",
+    # torch has no per-op matmul precision: only torch.set_float32_matmul_precision.
+    precision_via=("config",),
+    precisions=("default", "high", "highest", "medium"),
+    install_hint="pip install 'diag[torch]'",
+)
+_TORCH_XLA: _Family = dict(
+    framework="torch_xla",
+    module="diag.backends.torch_xla_backend",
+    precision_via=("config",),
+    precisions=("default", "high", "highest"),
+    implementation="torch",
+    install_hint="create its environment with scripts/torch-xla-env.sh DEST, then "
+    "pass --python torch-xla=DEST/bin/python",
+)
 
 BACKENDS: dict[str, BackendSpec] = {
     s.name: s
@@ -123,41 +140,72 @@ BACKENDS: dict[str, BackendSpec] = {
         BackendSpec(name="jax-cpu", platform="cpu", **_JAX),
         # DEFAULT may be TF32 on NVIDIA GPUs and one bf16 pass on TPU; only HIGHEST promises
         # float32. Narrow inputs may be accumulated in less than float32.
-        BackendSpec(name="jax-gpu", platform="gpu", promised=("highest",),
-                    narrow_promised=False, **_JAX),
-        BackendSpec(name="jax-tpu", platform="tpu", promised=("highest",),
-                    narrow_promised=False, **_JAX),
+        BackendSpec(
+            name="jax-gpu", platform="gpu", promised=("highest",), narrow_promised=False, **_JAX
+        ),
+        BackendSpec(
+            name="jax-tpu", platform="tpu", promised=("highest",), narrow_promised=False, **_JAX
+        ),
         # torch documents that 'high' and 'medium' permit TF32/bf16 internally, on CPU too;
         # whether 'medium' does multiply float32 in bf16 on a CPU is oneDNN's choice per CPU
         # (measured: bf16 on one machine, plain float32 on an AMD EPYC with avx512_bf16 and
         # no AMX). Each run fingerprints the setting it uses (diag.precision).
-        BackendSpec(name="torch-cpu", platform="cpu", promised=("default", "highest"),
-                    **_TORCH),
+        BackendSpec(name="torch-cpu", platform="cpu", promised=("default", "highest"), **_TORCH),
         # torch's default float32 matmul precision is 'highest' (TF32 off since 1.12);
         # allow_fp16/bf16_reduced_precision_reduction default to True for narrow inputs.
-        BackendSpec(name="torch-cuda", platform="cuda", promised=("default", "highest"),
-                    narrow_promised=False, **_TORCH),
+        BackendSpec(
+            name="torch-cuda",
+            platform="cuda",
+            promised=("default", "highest"),
+            narrow_promised=False,
+            **_TORCH,
+        ),
         # PyTorch/XLA: torch_backend's ops on torch_xla's lazy device, in a worker that usually
         # runs under another Python (torch_xla needs its own torch: diag.workers). Its matmul
         # precision is torch_xla's own set_mat_mul_precision (no 'medium'). Verified on CPU
         # only; TPU/CUDA are the same code with another PJRT_DEVICE, promising float32 only at
         # 'highest' as JAX's do.
         BackendSpec(name="torch-xla-cpu", platform="cpu", **_TORCH_XLA),
-        BackendSpec(name="torch-xla-tpu", platform="tpu", promised=("highest",),
-                    narrow_promised=False, **_TORCH_XLA),
-        BackendSpec(name="torch-xla-cuda", platform="cuda", promised=("highest",),
-                    narrow_promised=False, **_TORCH_XLA),
+        BackendSpec(
+            name="torch-xla-tpu",
+            platform="tpu",
+            promised=("highest",),
+            narrow_promised=False,
+            **_TORCH_XLA,
+        ),
+        BackendSpec(
+            name="torch-xla-cuda",
+            platform="cuda",
+            promised=("highest",),
+            narrow_promised=False,
+            **_TORCH_XLA,
+        ),
         # numpy emulations of dot algorithms (diag.precision): opt-in, never hardware, and
         # promising nothing, so every verdict is `warn` at worst. The platform is the
         # algorithm.
-        *(BackendSpec(name=f"emu-{short}", platform=algorithm, framework="numpy",
-                      module="diag.backends.emu_backend", precision_via=(),
-                      precisions=("default",), install_hint="numpy is always installed",
-                      promised=(), narrow_promised=False, default=False,
-                      emulated=True)
-          for short, algorithm in (("bf16x1", "BF16_BF16_F32"), ("bf16x3", "BF16_BF16_F32_X3"),
-                                   ("bf16x6", "BF16_BF16_F32_X6"), ("tf32", "TF32_TF32_F32"),
-                                   ("tf32x3", "TF32_TF32_F32_X3"), ("f16", "F16_F16_F32"))),
+        *(
+            BackendSpec(
+                name=f"emu-{short}",
+                platform=algorithm,
+                framework="numpy",
+                module="diag.backends.emu_backend",
+                precision_via=(),
+                precisions=("default",),
+                install_hint="numpy is always installed",
+                promised=(),
+                narrow_promised=False,
+                default=False,
+                emulated=True,
+            )
+            for short, algorithm in (
+                ("bf16x1", "BF16_BF16_F32"),
+                ("bf16x3", "BF16_BF16_F32_X3"),
+                ("bf16x6", "BF16_BF16_F32_X6"),
+                ("tf32", "TF32_TF32_F32"),
+                ("tf32x3", "TF32_TF32_F32_X3"),
+                ("f16", "F16_F16_F32"),
+            )
+        ),
     )
 }
 
@@ -170,7 +218,8 @@ def get_spec(name: str) -> BackendSpec:
         return BACKENDS[name]
     except KeyError:
         raise UsageError(
-            f"unknown backend '{name}'; known backends: {', '.join(BACKENDS)}") from None
+            f"unknown backend '{name}'; known backends: {', '.join(BACKENDS)}"
+        ) from None
 
 
 def framework_installed(framework: str) -> bool:
@@ -192,10 +241,16 @@ def not_applicable(spec: BackendSpec, op: str, params: dict) -> str | None:
     prec = params.get("precision")
     if prec is not None and prec not in spec.precisions:
         return f"{spec.framework} has no precision level '{prec}'"
-    if (via == "argument" and prec is not None and spec.argument_precisions is not None
-            and prec not in spec.argument_precisions):
-        return (f"{spec.framework}'s per-op precision argument has no level '{prec}'; "
-                f"use precision_via='config'")
+    if (
+        via == "argument"
+        and prec is not None
+        and spec.argument_precisions is not None
+        and prec not in spec.argument_precisions
+    ):
+        return (
+            f"{spec.framework}'s per-op precision argument has no level '{prec}'; "
+            f"use precision_via='config'"
+        )
     return None
 
 

@@ -15,7 +15,8 @@ members exist, a type checker checks their signatures.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -38,7 +39,7 @@ class Prepared(NamedTuple):
 
     run: Callable[[], Any]
     compile_s: float
-    first: Optional[tuple[Any, float]] = None
+    first: tuple[Any, float] | None = None
 
 
 @runtime_checkable

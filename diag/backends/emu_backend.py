@@ -40,11 +40,18 @@ def setup(platform: str) -> dict:
         raise ValueError(f"diag: no emulation of '{platform}'; known: {', '.join(ALGORITHMS)}")
     _algorithm = platform
     return {
-        "device": {"platform": "emulated",
-                   "kind": f"numpy emulation of {platform} (not hardware)",
-                   "id": 0, "count": 1},
-        "framework": {"name": "numpy", "version": np.__version__,
-                      "emulates": platform, "what": ALGORITHMS[platform].what},
+        "device": {
+            "platform": "emulated",
+            "kind": f"numpy emulation of {platform} (not hardware)",
+            "id": 0,
+            "count": 1,
+        },
+        "framework": {
+            "name": "numpy",
+            "version": np.__version__,
+            "emulates": platform,
+            "what": ALGORITHMS[platform].what,
+        },
         "settings": {"algorithm": platform},
     }
 
@@ -73,7 +80,9 @@ def algorithm(precision: str = "default") -> str:
     """The emulated algorithm (matmul's `on_numpy` runs it); it has one precision, its own,
     so `precision` must be default."""
     if precision != "default":
-        raise ValueError(f"diag: an emulated backend has one precision ({_algorithm}); "
-                         f"got precision={precision!r}")
+        raise ValueError(
+            f"diag: an emulated backend has one precision ({_algorithm}); "
+            f"got precision={precision!r}"
+        )
     assert _algorithm is not None, "setup() first"
     return _algorithm

@@ -17,7 +17,6 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from diag.backends.base import Prepared
@@ -32,8 +31,7 @@ _PRECISION_ARG = {
     "high": jax.lax.Precision.HIGH,
     "highest": jax.lax.Precision.HIGHEST,
 }
-_PRECISION_CONFIG = {"high": "high", "highest": "highest",
-                     "medium": "bfloat16"}
+_PRECISION_CONFIG = {"high": "high", "highest": "highest", "medium": "bfloat16"}
 
 
 def discover() -> list[str]:
@@ -51,10 +49,17 @@ def setup(platform: str) -> dict:
     global _device
     _device = jax.devices(platform)[0]
     return {
-        "device": {"platform": _device.platform, "kind": _device.device_kind,
-                   "id": _device.id, "count": len(jax.devices(platform))},
-        "framework": {"name": "jax", "version": jax.__version__,
-                      "jaxlib": getattr(jax.lib, "__version__", None) or _jaxlib_version()},
+        "device": {
+            "platform": _device.platform,
+            "kind": _device.device_kind,
+            "id": _device.id,
+            "count": len(jax.devices(platform)),
+        },
+        "framework": {
+            "name": "jax",
+            "version": jax.__version__,
+            "jaxlib": getattr(jax.lib, "__version__", None) or _jaxlib_version(),
+        },
         "settings": {
             # XLA reads these once, at start-up: what this worker's results were computed under.
             "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),

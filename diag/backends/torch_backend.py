@@ -42,9 +42,14 @@ def setup(platform: str) -> dict:
         kind = torch.cuda.get_device_name(_device)
     else:
         kind = f"cpu ({torch.backends.cpu.get_cpu_capability()})"
+    cuda_matmul = torch.backends.cuda.matmul
     return {
-        "device": {"platform": platform, "kind": kind, "id": _device.index or 0,
-                   "count": torch.cuda.device_count() if platform == "cuda" else 1},
+        "device": {
+            "platform": platform,
+            "kind": kind,
+            "id": _device.index or 0,
+            "count": torch.cuda.device_count() if platform == "cuda" else 1,
+        },
         "framework": {"name": "torch", "version": torch.__version__},
         "settings": {
             # XLA reads these once, at start-up: what this worker's results were computed under.
@@ -53,10 +58,12 @@ def setup(platform: str) -> dict:
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
             "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-            "cuda.matmul.allow_bf16_reduced_precision_reduction":
-                torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
-            "cuda.matmul.allow_fp16_reduced_precision_reduction":
-                torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+            "cuda.matmul.allow_bf16_reduced_precision_reduction": (
+                cuda_matmul.allow_bf16_reduced_precision_reduction
+            ),
+            "cuda.matmul.allow_fp16_reduced_precision_reduction": (
+                cuda_matmul.allow_fp16_reduced_precision_reduction
+            ),
             "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         },
     }

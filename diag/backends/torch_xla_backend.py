@@ -68,8 +68,14 @@ _PLATFORMS = ("cpu", "tpu", "cuda")
 _PRECISION = {"default": None, "high": "high", "highest": "highest"}
 # Environment variables torch_xla 2.9 still reads that change its numbers, with a probe of
 # what each did in this process (measured in `setup`: they are easy to leave set by accident).
-_SETTING_VARS = ("XLA_USE_BF16", "XLA_DOWNCAST_BF16", "XLA_USE_32BIT_LONG", "PJRT_DEVICE",
-                 "XLA_IR_DEBUG", "XLA_HLO_DEBUG")
+_SETTING_VARS = (
+    "XLA_USE_BF16",
+    "XLA_DOWNCAST_BF16",
+    "XLA_USE_32BIT_LONG",
+    "PJRT_DEVICE",
+    "XLA_IR_DEBUG",
+    "XLA_HLO_DEBUG",
+)
 _before_case: set[str] = set()
 
 
@@ -92,8 +98,8 @@ def discover() -> list[str]:
 def _float32_rounded_to_bf16() -> bool:
     """Whether float32 tensors are computed as bf16 here (XLA_USE_BF16/XLA_DOWNCAST_BF16):
     1 + 2^-12 survives a multiply by one in float32, not in bf16."""
-    x = torch.tensor([1.0 + 2.0 ** -12], dtype=torch.float32).to(_torch.device())
-    return float((x * 1.0).cpu().item()) != 1.0 + 2.0 ** -12
+    x = torch.tensor([1.0 + 2.0**-12], dtype=torch.float32).to(_torch.device())
+    return float((x * 1.0).cpu().item()) != 1.0 + 2.0**-12
 
 
 def setup(platform: str) -> dict:
@@ -103,15 +109,23 @@ def setup(platform: str) -> dict:
     _torch.use_device(device)
     kind = xm.xla_device_hw(device)
     return {
-        "device": {"platform": platform, "kind": f"{kind} (torch_xla {device})",
-                   "id": device.index or 0, "count": xr.global_runtime_device_count()},
-        "framework": {"name": "torch_xla", "version": torch_xla.__version__,
-                      "torch": torch.__version__},
+        "device": {
+            "platform": platform,
+            "kind": f"{kind} (torch_xla {device})",
+            "id": device.index or 0,
+            "count": xr.global_runtime_device_count(),
+        },
+        "framework": {
+            "name": "torch_xla",
+            "version": torch_xla.__version__,
+            "torch": torch.__version__,
+        },
         "settings": {
             # XLA_FLAGS as XLA got them, torch_xla's --xla_cpu_enable_fast_math=false
             # included, less the private dump folder diag added (a new path every run).
-            "XLA_FLAGS": " ".join(t for t in shlex.split(os.environ.get("XLA_FLAGS", ""))
-                                  if t not in _ADDED),
+            "XLA_FLAGS": " ".join(
+                t for t in shlex.split(os.environ.get("XLA_FLAGS", "")) if t not in _ADDED
+            ),
             "LIBTPU_INIT_ARGS": os.environ.get("LIBTPU_INIT_ARGS", ""),
             **{var: os.environ.get(var) for var in _SETTING_VARS},
             "float32_computed_as_bf16": _float32_rounded_to_bf16(),

@@ -29,7 +29,8 @@ chosen tokens) as themselves. The host writes each input set once and every work
 a worker writes each output once and the host maps it. One job carries all of a backend's
 cases, so a case costs no round trip; cases that run the same program (op, arguments, input
 shapes and dtypes) share one compiled program, and each later one's timings name the first
-(`compile_shared_with`). `timings.transfer_s` is the case's input and output traffic. An op may return one array, a tuple, or a dict of named arrays.
+(`compile_shared_with`). `timings.transfer_s` is the case's input and output traffic. An op may
+return one array, a tuple, or a dict of named arrays.
 A job's case carries the probe row's quirks: `op_args` (its fixed arguments included, e.g. a
 sampler's batch sizes) and `hunt_nans` (a non-finite output is hunted to its op, `diag.nan`).
 
@@ -57,12 +58,12 @@ import statistics
 import sys
 import time
 import traceback
-from typing import Any, Callable, cast
+from collections.abc import Callable
+from typing import Any, cast
 
 import numpy as np
 
-from diag.protocol import (Arithmetic, CaseError, CaseJob, Done, Event, Job, Platforms, Ready,
-                           Result)
+from diag.protocol import Arithmetic, CaseError, CaseJob, Done, Event, Job, Platforms, Ready, Result
 from diag.registry import FINGERPRINT_OP, build, ops_for
 
 

@@ -19,11 +19,17 @@ from typing import Any, NoReturn, cast
 
 import typer
 
-from diag.cli import devices, gate, run, tools  # noqa: F401 - each registers its commands
-from diag.cli import diverge, trace  # noqa: F401 - `diag diverge`, `diag trace`
-from diag.cli._app import (EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, app, on_sigterm,
-                           state)
-from diag.errors import DiagError, EXIT_USAGE
+from diag.cli import devices, diverge, gate, run, tools, trace  # noqa: F401 - each registers its commands  # noqa: F401 - `diag diverge`, `diag trace`
+from diag.cli._app import (
+    EXIT_BROKEN_PIPE,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    app,
+    on_sigterm,
+    state,
+)
+from diag.errors import EXIT_USAGE, DiagError
 
 
 @app.callback()
@@ -38,8 +44,9 @@ def _usage_line(e: Exception) -> str:
         where = ctx.command_path
     else:  # the parser raised before it made a context: the command is the first known word
         # (typer's command decorator always sets the callback)
-        names: list[str | None] = [c.name or cast(Callable[..., Any], c.callback).__name__
-                                   for c in app.registered_commands]
+        names: list[str | None] = [
+            c.name or cast(Callable[..., Any], c.callback).__name__ for c in app.registered_commands
+        ]
         names += [g.name for g in app.registered_groups]
         word = next((a for a in sys.argv[1:] if a in names), None)
         where = f"diag {word}" if word else "diag"
@@ -65,7 +72,7 @@ def main() -> None:
     import signal
     import traceback
 
-    debug = "--debug" in sys.argv[1:sys.argv.index("--") if "--" in sys.argv else None]
+    debug = "--debug" in sys.argv[1 : sys.argv.index("--") if "--" in sys.argv else None]
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
         # With standalone_mode=False typer returns the code a command exits with and lets
@@ -104,8 +111,10 @@ def _internal(e: BaseException, debug: bool) -> NoReturn:
     if debug:
         traceback.print_exception(e)
     first = " ".join(str(e).split())[:300]
-    _fail(f"diag: internal error: {type(e).__name__}{': ' + first if first else ''}; "
-          "rerun with --debug for the traceback and report it")
+    _fail(
+        f"diag: internal error: {type(e).__name__}{': ' + first if first else ''}; "
+        "rerun with --debug for the traceback and report it"
+    )
     sys.exit(_exit_code(EXIT_INTERNAL))
 
 

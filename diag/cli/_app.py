@@ -8,15 +8,19 @@ each registers on `app`, then `diag.cli.main` runs it.
 from __future__ import annotations
 
 import signal
-from typing import Any, Callable, List, Optional
+from collections.abc import Callable
+from typing import Any
 
 import typer
 
 # no_args_is_help is off: a bare `diag` is a usage error (one line, exit 2), not a help page
 # printed by the parser before diag can say anything.
-app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions_enable=False,
-                  help="diag: do these devices, frameworks and compiler flags compute what "
-                       "the math says?")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=False,
+    pretty_exceptions_enable=False,
+    help="diag: do these devices, frameworks and compiler flags compute what the math says?",
+)
 cache_app = typer.Typer(no_args_is_help=False, help="Inspect or clear the ground-truth cache.")
 app.add_typer(cache_app, name="cache")
 
@@ -54,15 +58,16 @@ def on_sigterm(signum, frame) -> None:
     raise Terminated("terminated by SIGTERM")
 
 
-def split(values: Optional[List[str]]) -> Optional[List[str]]:
+def split(values: list[str] | None) -> list[str] | None:
     """Repeatable, comma-separated option values as one list (None when none were given)."""
     if not values:
         return None
     return [v.strip() for item in values for v in item.split(",") if v.strip()]
 
 
-def write_after_verdict(write: Callable[[], Any], label: str, code: int, *,
-                        err: bool = False) -> int:
+def write_after_verdict(
+    write: Callable[[], Any], label: str, code: int, *, err: bool = False
+) -> int:
     """Write a file (`--junit`) after the verdict was printed, so that it cannot lose it.
 
     Returns:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -15,60 +14,90 @@ from diag.errors import DiagError
 
 @app.command("nodes")
 def nodes_cmd(
-    repeats: int = typer.Option(10, "--repeats", "-r", min=1,
-                                help="Calls per device per workload (inputs alternate between "
-                                     "two seeded arrays)."),
-    workload: Optional[List[str]] = typer.Option(
-        None, "--workload", "-w",
+    repeats: int = typer.Option(
+        10,
+        "--repeats",
+        "-r",
+        min=1,
+        help="Calls per device per workload (inputs alternate between two seeded arrays).",
+    ),
+    workload: list[str] | None = typer.Option(
+        None,
+        "--workload",
+        "-w",
         help="Builtin (matmul_bf16, matmul_f32, softmax, train_step) or your own "
-             "module:function / file.py:function; repeatable. Default: every builtin."),
-    input_shape: str = typer.Option("128,128", "--input-shape",
-                                    help="Input shape for your own workload, e.g. 64,256."),
-    input_dtype: str = typer.Option("float32", "--input-dtype",
-                                    help="Input dtype for your own workload."),
-    host_devices: Optional[int] = typer.Option(
-        None, "--host-devices", min=1,
-        help="Scan N CPU devices (sets --xla_force_host_platform_device_count)."),
-    platform: Optional[str] = typer.Option(None, "--platform",
-                                           help="cpu, gpu or tpu (torch: cpu or gpu); default "
-                                                "the framework's default."),
-    inject: Optional[List[str]] = typer.Option(
-        None, "--inject",
+        "module:function / file.py:function; repeatable. Default: every builtin.",
+    ),
+    input_shape: str = typer.Option(
+        "128,128", "--input-shape", help="Input shape for your own workload, e.g. 64,256."
+    ),
+    input_dtype: str = typer.Option(
+        "float32", "--input-dtype", help="Input dtype for your own workload."
+    ),
+    host_devices: int | None = typer.Option(
+        None,
+        "--host-devices",
+        min=1,
+        help="Scan N CPU devices (sets --xla_force_host_platform_device_count).",
+    ),
+    platform: str | None = typer.Option(
+        None,
+        "--platform",
+        help="cpu, gpu or tpu (torch: cpu or gpu); default the framework's default.",
+    ),
+    inject: list[str] | None = typer.Option(
+        None,
+        "--inject",
         help="Self-test fault: 'device=3,kind=nan|bitflip|stuck|slow,rate=0.01' "
-             "(also process=I, seed=S, delay=SECONDS); repeatable."),
-    distributed: bool = typer.Option(False, "--distributed",
-                                     help="Multi-host: start jax.distributed (auto-detected on "
-                                          "TPU pods and SLURM) or torch.distributed (torchrun's "
-                                          "environment; gloo on CPU, NCCL on GPU)."),
-    framework: Optional[str] = typer.Option(
-        None, "--framework",
+        "(also process=I, seed=S, delay=SECONDS); repeatable.",
+    ),
+    distributed: bool = typer.Option(
+        False,
+        "--distributed",
+        help="Multi-host: start jax.distributed (auto-detected on "
+        "TPU pods and SLURM) or torch.distributed (torchrun's "
+        "environment; gloo on CPU, NCCL on GPU).",
+    ),
+    framework: str | None = typer.Option(
+        None,
+        "--framework",
         help="jax or torch; default torch when started by torchrun (TORCHELASTIC_* or "
-             "RANK+LOCAL_RANK+WORLD_SIZE set), else jax."),
-    coordinator: Optional[str] = typer.Option(None, "--coordinator", help="HOST:PORT of "
-                                              "process 0, when the launcher's environment does "
-                                              "not name the cluster."),
-    num_processes: Optional[int] = typer.Option(None, "--num-processes", min=1),
-    process_id: Optional[int] = typer.Option(None, "--process-id", min=0),
-    init_timeout: int = typer.Option(60, "--init-timeout", min=1,
-                                     help="Seconds to wait for every process to join."),
+        "RANK+LOCAL_RANK+WORLD_SIZE set), else jax.",
+    ),
+    coordinator: str | None = typer.Option(
+        None,
+        "--coordinator",
+        help="HOST:PORT of process 0, when the launcher's environment does not name the cluster.",
+    ),
+    num_processes: int | None = typer.Option(None, "--num-processes", min=1),
+    process_id: int | None = typer.Option(None, "--process-id", min=0),
+    init_timeout: int = typer.Option(
+        60, "--init-timeout", min=1, help="Seconds to wait for every process to join."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of the inputs (part of the golden key)."),
-    golden_dir: Optional[Path] = typer.Option(None, "--golden-dir",
-                                              help="Golden digest store (default "
-                                                   "$DIAG_CACHE_DIR/golden or "
-                                                   "~/.cache/diag/golden)."),
-    save_golden: bool = typer.Option(False, "--save-golden",
-                                     help="Store this scan's digests as golden when every "
-                                          "device agrees."),
-    slow_factor: float = typer.Option(1.5, "--slow-factor",
-                                      help="Straggler: fastest repeat slower than this times "
-                                           "the median device."),
-    fail_on_slow: bool = typer.Option(False, "--fail-on-slow",
-                                      help="Stragglers are suspects too (exit 3)."),
-    out: Path = typer.Option(Path("reports"), "--out", "-o",
-                             help="Folder the run folder is created in (process 0 only)."),
+    golden_dir: Path | None = typer.Option(
+        None,
+        "--golden-dir",
+        help="Golden digest store (default $DIAG_CACHE_DIR/golden or ~/.cache/diag/golden).",
+    ),
+    save_golden: bool = typer.Option(
+        False, "--save-golden", help="Store this scan's digests as golden when every device agrees."
+    ),
+    slow_factor: float = typer.Option(
+        1.5,
+        "--slow-factor",
+        help="Straggler: fastest repeat slower than this times the median device.",
+    ),
+    fail_on_slow: bool = typer.Option(
+        False, "--fail-on-slow", help="Stragglers are suspects too (exit 3)."
+    ),
+    out: Path = typer.Option(
+        Path("reports"), "--out", "-o", help="Folder the run folder is created in (process 0 only)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON on stdout."),
-    report: bool = typer.Option(True, "--report/--no-report",
-                                help="Write report.html into the run folder."),
+    report: bool = typer.Option(
+        True, "--report/--no-report", help="Write report.html into the run folder."
+    ),
 ) -> None:
     """Scan devices (and hosts) for wrong results: same workloads everywhere, vote on the bits."""
     from diag import nodes, render
@@ -79,6 +108,7 @@ def nodes_cmd(
         raise DiagError(f"--input-shape {input_shape!r}: expected sizes like 64,256") from None
     workloads = [nodes.load_workload(w, shape, input_dtype) for w in split(workload) or []]
     injections = [nodes.parse_injection(i) for i in inject or []]
+
     def write(result) -> None:  # process 0, while the other processes wait for it
         run_dir = nodes.write_run(result, out, ["diag"] + sys.argv[1:])
         report_path = None
@@ -90,18 +120,33 @@ def nodes_cmd(
         # Out before the others leave: torchrun may stop this process once they exit non-zero.
         sys.stdout.flush()
 
-    result = nodes.scan(workloads=workloads or None, repeats=repeats, seed=seed,
-                        host_devices=host_devices, platform=platform, injections=injections,
-                        distributed=distributed, coordinator=coordinator,
-                        num_processes=num_processes, process_id=process_id,
-                        init_timeout=init_timeout, golden_dir=golden_dir,
-                        save_golden=save_golden, slow_factor=slow_factor,
-                        fail_on_slow=fail_on_slow, framework=framework, epilogue=write)
+    result = nodes.scan(
+        workloads=workloads or None,
+        repeats=repeats,
+        seed=seed,
+        host_devices=host_devices,
+        platform=platform,
+        injections=injections,
+        distributed=distributed,
+        coordinator=coordinator,
+        num_processes=num_processes,
+        process_id=process_id,
+        init_timeout=init_timeout,
+        golden_dir=golden_dir,
+        save_golden=save_golden,
+        slow_factor=slow_factor,
+        fail_on_slow=fail_on_slow,
+        framework=framework,
+        epilogue=write,
+    )
     if result.process_index != 0:
         # A log line, not the result: process 0's stdout carries the verdict.
-        render.print_line(f"diag: process {result.process_index} of "
-                          f"{result.num_processes}: {result.verdict}; process 0 "
-                          "writes the verdict", err=True)
+        render.print_line(
+            f"diag: process {result.process_index} of "
+            f"{result.num_processes}: {result.verdict}; process 0 "
+            "writes the verdict",
+            err=True,
+        )
     raise typer.Exit(result.exit_code)
 
 
@@ -110,9 +155,16 @@ def _show_nodes(result, run_dir, report_path, as_json: bool) -> None:
     from diag import nodes, render
 
     if as_json:
-        render.out.print_json(json.dumps({**result.to_dict(), "run_dir": str(run_dir),
-                                          "report": str(report_path) if report_path else None},
-                                         default=str))
+        render.out.print_json(
+            json.dumps(
+                {
+                    **result.to_dict(),
+                    "run_dir": str(run_dir),
+                    "report": str(report_path) if report_path else None,
+                },
+                default=str,
+            )
+        )
         return
     for table in render.nodes_tables(result):
         render.out.print(table)
@@ -130,18 +182,25 @@ def _show_nodes(result, run_dir, report_path, as_json: bool) -> None:
 def env_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print everything as JSON on stdout."),
     fingerprints: bool = typer.Option(
-        True, "--fingerprints/--no-fingerprints",
-        help="Measure which arithmetic each backend's matmul uses at each precision setting."),
-    timeout: float = typer.Option(300.0, "--timeout", min=1.0,
-                                  help="Seconds each framework's worker may take."),
-    python: Optional[List[str]] = typer.Option(
-        None, "--python",
+        True,
+        "--fingerprints/--no-fingerprints",
+        help="Measure which arithmetic each backend's matmul uses at each precision setting.",
+    ),
+    timeout: float = typer.Option(
+        300.0, "--timeout", min=1.0, help="Seconds each framework's worker may take."
+    ),
+    python: list[str] | None = typer.Option(
+        None,
+        "--python",
         help="Ask a framework's worker under another Python, FRAMEWORK=PATH (e.g. "
-             "torch-xla=/venv/bin/python); same as DIAG_PYTHON_TORCH_XLA=PATH. Repeatable."),
+        "torch-xla=/venv/bin/python); same as DIAG_PYTHON_TORCH_XLA=PATH. Repeatable.",
+    ),
     deep: bool = typer.Option(
-        False, "--deep",
+        False,
+        "--deep",
         help="Also measure each matmul's arithmetic features (rounding, extra bits, block "
-             "FMA width, order, subnormals) with crafted inputs; seconds per backend."),
+        "FMA width, order, subnormals) with crafted inputs; seconds per backend.",
+    ),
 ) -> None:
     """Devices, versions and every numerics setting in effect, with risky ones flagged.
 
@@ -154,10 +213,17 @@ def env_cmd(
     from diag.workers import parse_python
 
     environ = {**os.environ, **parse_python(split(python))}
-    report = environment.env_report(fingerprints=fingerprints, timeout=timeout, deep=deep,
-                                    environ=environ)
-    code = 4 if any(fw.get("error") and "not installed" not in fw["error"]
-                    for fw in report["frameworks"].values()) else 0
+    report = environment.env_report(
+        fingerprints=fingerprints, timeout=timeout, deep=deep, environ=environ
+    )
+    code = (
+        4
+        if any(
+            fw.get("error") and "not installed" not in fw["error"]
+            for fw in report["frameworks"].values()
+        )
+        else 0
+    )
     if as_json:
         render.out.print_json(json.dumps({**report, "exit_code": code}, default=str))
     else:

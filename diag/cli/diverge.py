@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -16,15 +16,24 @@ if TYPE_CHECKING:
 
 @app.command("diverge")
 def diverge_cmd(
-    targets: List[str] = typer.Argument(..., help="FILE.py:FUNCTION to shadow (FUNCTION "
-                                        "returns (fn, args), or is run itself), or two: "
-                                        "FILE.py:RUN_A FILE.py:RUN_B to compare by their taps."),
+    targets: list[str] = typer.Argument(
+        ...,
+        help="FILE.py:FUNCTION to shadow (FUNCTION "
+        "returns (fn, args), or is run itself), or two: "
+        "FILE.py:RUN_A FILE.py:RUN_B to compare by their taps.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
-    modules: bool = typer.Option(False, "--modules", help="Compare: also tap every torch "
-                                 "nn.Module and flax linen module output by its path."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", min=0.1, help="Seconds the "
-                                            "targets may run; past them diag stops with "
-                                            "exit 4."),
+    modules: bool = typer.Option(
+        False,
+        "--modules",
+        help="Compare: also tap every torch nn.Module and flax linen module output by its path.",
+    ),
+    timeout: float | None = typer.Option(
+        None,
+        "--timeout",
+        min=0.1,
+        help="Seconds the targets may run; past them diag stops with exit 4.",
+    ),
 ) -> None:
     """Name the first divergent op or tap (exit 1 if one is found, 0 if none, 2 bad usage or
     nothing to compare, 4 the target raised or ran past --timeout)."""
@@ -33,8 +42,10 @@ def diverge_cmd(
     from diag.interp.guard import user_code
 
     if len(targets) > 2:
-        raise UsageError(f"diag diverge takes one target (shadow) or two (compare), got "
-                         f"{len(targets)}; see 'diag diverge --help'")
+        raise UsageError(
+            f"diag diverge takes one target (shadow) or two (compare), got "
+            f"{len(targets)}; see 'diag diverge --help'"
+        )
     validate_xla_flags()  # before a target imports jax: a bad flag would abort it (exit 2)
     with user_code(" ".join(targets), diverge.DivergeError, timeout):
         loaded = [nan.load_target(t) for t in targets]
@@ -46,9 +57,15 @@ def diverge_cmd(
             runs = [(lambda f=f, a=a, k=k: f(*a, **k)) for f, a, k in loaded]
             report = diverge.compare(runs[0], runs[1], modules=modules)
     if as_json:
-        render.out.print_json(json.dumps({"targets": list(targets),
-                                          "found": report.first is not None,
-                                          "report": report.to_dict()}))
+        render.out.print_json(
+            json.dumps(
+                {
+                    "targets": list(targets),
+                    "found": report.first is not None,
+                    "report": report.to_dict(),
+                }
+            )
+        )
     else:
         for part in render.diverge_tables(report):
             render.out.print(part)

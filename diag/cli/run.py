@@ -1,64 +1,88 @@
-"""`diag run`, `diag report` and `diag cache`: run a suite, render a run folder, manage the ground-truth cache."""
+"""`diag run`, `diag report` and `diag cache`: run a suite, render a run folder, manage the
+ground-truth cache."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
 from diag.cli._app import EXIT_INTERRUPTED, EXIT_TERMINATED, app, cache_app, split, state
-from diag.errors import DiagError, EXIT_USAGE
+from diag.errors import EXIT_USAGE, DiagError
 
 
 @app.command()
 def run(
-    suite: str = typer.Option("matmul", "--suite", "-s",
-                              help="A shipped suite name (e.g. matmul) or a path to a .toml file."),
-    backend: Optional[List[str]] = typer.Option(
-        None, "--backend", "-b",
+    suite: str = typer.Option(
+        "matmul",
+        "--suite",
+        "-s",
+        help="A shipped suite name (e.g. matmul) or a path to a .toml file.",
+    ),
+    backend: list[str] | None = typer.Option(
+        None,
+        "--backend",
+        "-b",
         help="Backend(s) to run, repeatable or comma-separated (jax-cpu, jax-gpu, jax-tpu, "
-             "torch-cpu, torch-cuda, torch-xla-cpu, torch-xla-tpu, torch-xla-cuda; numpy emulations of accelerator matmul arithmetic, never "
-             "run by default: emu-bf16x1, emu-bf16x3, emu-bf16x6, emu-tf32, emu-tf32x3, "
-             "emu-f16). Default: every hardware backend present."),
-    out: Path = typer.Option(Path("reports"), "--out", "-o",
-                             help="Folder the run folder is created in."),
-    as_json: bool = typer.Option(False, "--json",
-                                 help="Print the run summary and records as JSON on stdout."),
-    report: bool = typer.Option(True, "--report/--no-report",
-                                help="Write report.html into the run folder."),
-    repeats: int = typer.Option(3, "--repeats", min=1,
-                                help="Timed runs per case, at most (the median is reported)."),
+        "torch-cpu, torch-cuda, torch-xla-cpu, torch-xla-tpu, torch-xla-cuda; numpy "
+        "emulations of accelerator matmul arithmetic, never "
+        "run by default: emu-bf16x1, emu-bf16x3, emu-bf16x6, emu-tf32, emu-tf32x3, "
+        "emu-f16). Default: every hardware backend present.",
+    ),
+    out: Path = typer.Option(
+        Path("reports"), "--out", "-o", help="Folder the run folder is created in."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the run summary and records as JSON on stdout."
+    ),
+    report: bool = typer.Option(
+        True, "--report/--no-report", help="Write report.html into the run folder."
+    ),
+    repeats: int = typer.Option(
+        3, "--repeats", min=1, help="Timed runs per case, at most (the median is reported)."
+    ),
     repeat_budget: float = typer.Option(
-        0.25, "--repeat-budget", min=0.0,  # runner.DEFAULT_REPEAT_BUDGET (not imported at start-up)
+        0.25,
+        "--repeat-budget",
+        min=0.0,  # runner.DEFAULT_REPEAT_BUDGET (not imported at start-up)
         help="Seconds of timed runs after which a case stops repeating (at least one run): "
-             "a slow case is timed once. 'inf' runs every case --repeats times."),
-    timeout: float = typer.Option(600.0, "--timeout", min=0.1,
-                                  help="Seconds one case may take before its worker is killed."),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir",
-                                             help="Ground-truth cache folder."),
-    ab: Optional[List[str]] = typer.Option(
-        None, "--ab",
+        "a slow case is timed once. 'inf' runs every case --repeats times.",
+    ),
+    timeout: float = typer.Option(
+        600.0, "--timeout", min=0.1, help="Seconds one case may take before its worker is killed."
+    ),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Ground-truth cache folder."),
+    ab: list[str] | None = typer.Option(
+        None,
+        "--ab",
         help="A/B experiment: run every backend again with this setting (NAME=VALUE: an "
-             "environment variable, an XLA_FLAGS addition such as "
-             "'XLA_FLAGS=--xla_allow_excess_precision=false', or a JAX config option) and "
-             "report what it changes. Repeatable."),
-    python: Optional[List[str]] = typer.Option(
-        None, "--python",
+        "environment variable, an XLA_FLAGS addition such as "
+        "'XLA_FLAGS=--xla_allow_excess_precision=false', or a JAX config option) and "
+        "report what it changes. Repeatable.",
+    ),
+    python: list[str] | None = typer.Option(
+        None,
+        "--python",
         help="Run a framework's workers under another Python, FRAMEWORK=PATH (e.g. "
-             "torch-xla=/venv/bin/python, since torch_xla needs its own torch; create one with "
-             "scripts/torch-xla-env.sh DEST). Same as setting DIAG_PYTHON_TORCH_XLA=PATH. "
-             "Repeatable."),
-    max_memory: Optional[float] = typer.Option(
-        None, "--max-memory", min=0.001,
+        "torch-xla=/venv/bin/python, since torch_xla needs its own torch; create one with "
+        "scripts/torch-xla-env.sh DEST). Same as setting DIAG_PYTHON_TORCH_XLA=PATH. "
+        "Repeatable.",
+    ),
+    max_memory: float | None = typer.Option(
+        None,
+        "--max-memory",
+        min=0.001,
         help="Host memory one case may need, in GiB; a suite with a larger case is refused "
-             "before anything runs. Default: half of this machine's physical memory."),
+        "before anything runs. Default: half of this machine's physical memory.",
+    ),
     trace: bool = typer.Option(
-        False, "--trace",
+        False,
+        "--trace",
         help="Profile each case on each backend into the run folder (an XProf logdir) with "
-             "per-op summaries and the optimised HLO; see `diag trace RUN_DIR`."),
+        "per-op summaries and the optimised HLO; see `diag trace RUN_DIR`.",
+    ),
 ) -> None:
     """Run a probe suite on every backend present and judge each result against exact math."""
     from diag import render, runner
@@ -71,13 +95,22 @@ def run(
 
         preload()  # matplotlib's import overlaps the run instead of following it
     try:
-        result = runner.run(suite, split(backend), out=out, repeats=repeats,
-                            repeat_budget=repeat_budget, env=pythons or None,
-                            case_timeout=timeout, cache_dir=str(cache_dir) if cache_dir else None,
-                            ab=ab, max_memory=max_memory, argv=["diag"] + sys.argv[1:],
-                            trace=trace,
-                            on_start=progress.start,
-                            on_record=progress.record)
+        result = runner.run(
+            suite,
+            split(backend),
+            out=out,
+            repeats=repeats,
+            repeat_budget=repeat_budget,
+            env=pythons or None,
+            case_timeout=timeout,
+            cache_dir=str(cache_dir) if cache_dir else None,
+            ab=ab,
+            max_memory=max_memory,
+            argv=["diag"] + sys.argv[1:],
+            trace=trace,
+            on_start=progress.start,
+            on_record=progress.record,
+        )
     except runner.Interrupted as e:
         progress.stop()
         n = len(e.result.records)
@@ -85,18 +118,28 @@ def run(
         render.print_error(f"diag: {why}; {n} finished record(s) kept in {e.result.run_dir}")
         if report:  # what finished, in a report that says the run was cut short
             _report(e.result.run_dir, render)
-        raise typer.Exit(EXIT_TERMINATED if state.terminated else EXIT_INTERRUPTED)
+        raise typer.Exit(EXIT_TERMINATED if state.terminated else EXIT_INTERRUPTED) from None
     finally:
         progress.stop()
     report_path = _report(result.run_dir, render) if report else None
     # A report that cannot be written is 2 when every check passed; a 1 or 4 is kept.
-    code = EXIT_USAGE if report and report_path is None and not result.exit_code \
-        else result.exit_code
+    code = (
+        EXIT_USAGE if report and report_path is None and not result.exit_code else result.exit_code
+    )
     if as_json:
-        render.out.print_json(json.dumps({
-            "run_dir": str(result.run_dir), "state": result.state, "counts": result.counts,
-            "exit_code": code, "report": str(report_path) if report_path else None,
-            "records": result.records}, default=str))
+        render.out.print_json(
+            json.dumps(
+                {
+                    "run_dir": str(result.run_dir),
+                    "state": result.state,
+                    "counts": result.counts,
+                    "exit_code": code,
+                    "report": str(report_path) if report_path else None,
+                    "records": result.records,
+                },
+                default=str,
+            )
+        )
     else:
         render.out.print(render.summary_table(result.records))
         problems = render.problems_table(result.records)
@@ -113,7 +156,7 @@ def run(
     raise typer.Exit(code)
 
 
-def _report(run_dir: Path, render) -> Optional[Path]:
+def _report(run_dir: Path, render) -> Path | None:
     """Write a run folder's report.html; when it cannot be written (a full disk), one error
     line and None, so the run's summary and verdict still follow."""
     from diag.report import write_report
@@ -128,7 +171,7 @@ def _report(run_dir: Path, render) -> Optional[Path]:
 @app.command("report")
 def report_cmd(
     run_dir: Path = typer.Argument(..., help="A run folder (holding run.json and results.jsonl)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the HTML file."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Where to write the HTML file."),
 ) -> None:
     """Write a self-contained HTML report for a run folder.
 
@@ -141,8 +184,10 @@ def report_cmd(
     from diag.results import read_results
 
     if not (run_dir / "run.json").is_file():
-        raise DiagError(f"{run_dir}: not a diag run folder (no run.json); pass the folder "
-                        f"that `diag run` printed")
+        raise DiagError(
+            f"{run_dir}: not a diag run folder (no run.json); pass the folder "
+            f"that `diag run` printed"
+        )
     path = write_report(run_dir, out)
     render.print_line(f"diag: report: {path}")
     for problem in damage(run_dir):
@@ -152,9 +197,10 @@ def report_cmd(
 
 
 @cache_app.command("info")
-def cache_info(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir"),
-               as_json: bool = typer.Option(False, "--json", help="Print it as JSON (bytes).")
-               ) -> None:
+def cache_info(
+    cache_dir: Path | None = typer.Option(None, "--cache-dir"),
+    as_json: bool = typer.Option(False, "--json", help="Print it as JSON (bytes)."),
+) -> None:
     """Show where the ground-truth cache is and how big it is."""
     from diag import render
     from diag.oracle.cache import GroundTruthCache, default_cache_dir
@@ -165,16 +211,20 @@ def cache_info(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir"),
         render.out.print_json(json.dumps(info, default=str))
         return
     marked = "" if info["marked"] else " (not marked as diag's cache: `clear` leaves it)"
-    render.print_line(f"diag: ground-truth cache {info['path']}{marked}: {info['entries']} "
-                      f"entries, {human_bytes(info['bytes'])}")
+    render.print_line(
+        f"diag: ground-truth cache {info['path']}{marked}: {info['entries']} "
+        f"entries, {human_bytes(info['bytes'])}"
+    )
     jc = info.get("jax_compilation_cache")
     if jc:
-        render.print_line(f"diag: JAX compilation cache {jc['path']}: {jc['files']} file(s), "
-                          f"{human_bytes(jc['bytes'])}")
+        render.print_line(
+            f"diag: JAX compilation cache {jc['path']}: {jc['files']} file(s), "
+            f"{human_bytes(jc['bytes'])}"
+        )
 
 
 @cache_app.command("clear")
-def cache_clear(cache_dir: Optional[Path] = typer.Option(None, "--cache-dir")) -> None:
+def cache_clear(cache_dir: Path | None = typer.Option(None, "--cache-dir")) -> None:
     """Delete diag's cached ground-truth results (only in a folder diag marked as its cache)."""
     from diag import render
     from diag.oracle.cache import GroundTruthCache, default_cache_dir

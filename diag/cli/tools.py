@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -13,12 +12,18 @@ from diag.cli._app import app, write_after_verdict
 
 @app.command("nan")
 def nan_cmd(
-    target: str = typer.Argument(..., help="FILE.py:FUNCTION; FUNCTION returns (fn, args) to "
-                                           "hunt, or is hunted itself with no arguments."),
+    target: str = typer.Argument(
+        ...,
+        help="FILE.py:FUNCTION; FUNCTION returns (fn, args) to "
+        "hunt, or is hunted itself with no arguments.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", min=0.1, help="Seconds the "
-                                            "target may run (loading and hunt); past them "
-                                            "diag stops with exit 4."),
+    timeout: float | None = typer.Option(
+        None,
+        "--timeout",
+        min=0.1,
+        help="Seconds the target may run (loading and hunt); past them diag stops with exit 4.",
+    ),
 ) -> None:
     """Find the op that first produced a NaN/Inf reaching FUNCTION's results (exit 1 if any)."""
     from diag import nan, render
@@ -30,12 +35,18 @@ def nan_cmd(
         fn, args, kwargs = nan.load_target(target)
         report = nan.hunt(fn, args, kwargs)
     if as_json:
-        render.out.print_json(json.dumps({
-            "target": target, "found": report is not None, "reason": nan.reason(report),
-            "report": report.to_dict() if report is not None else None}))
+        render.out.print_json(
+            json.dumps(
+                {
+                    "target": target,
+                    "found": report is not None,
+                    "reason": nan.reason(report),
+                    "report": report.to_dict() if report is not None else None,
+                }
+            )
+        )
     elif report is None:
-        render.out.print(f"diag nan: {target}: no NaN/Inf produced", soft_wrap=True,
-                         markup=False)
+        render.out.print(f"diag nan: {target}: no NaN/Inf produced", soft_wrap=True, markup=False)
     else:
         render.out.print(render.nan_report_table(report))
         render.out.print(f"diag nan: {nan.reason(report)}", soft_wrap=True, markup=False)
@@ -44,13 +55,19 @@ def nan_cmd(
 
 @app.command("preflight")
 def preflight_cmd(
-    budget: float = typer.Option(60.0, "--budget", min=0.001, help="Seconds it may take: "
-                                 "steps that do not fit (by measured cost) are skipped, named."),
+    budget: float = typer.Option(
+        60.0,
+        "--budget",
+        min=0.001,
+        help="Seconds it may take: steps that do not fit (by measured cost) are skipped, named.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON on stdout."),
-    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML: one "
-                                         "testcase per finding."),
-    inject: Optional[List[str]] = typer.Option(None, "--inject", help="A fault for the node "
-                                               "scan to find, as `diag nodes --inject`."),
+    junit: Path | None = typer.Option(
+        None, "--junit", help="Also write JUnit XML: one testcase per finding."
+    ),
+    inject: list[str] | None = typer.Option(
+        None, "--inject", help="A fault for the node scan to find, as `diag nodes --inject`."
+    ),
 ) -> None:
     """Fit to run a job? Settings, fingerprints, quick probes, a node scan: one verdict.
 
@@ -61,8 +78,10 @@ def preflight_cmd(
     if junit is not None:  # a bad path is one line now, not after the work
         prepare_output(junit, "the JUnit file", "--junit")
     result = preflight.preflight(
-        budget, injections=tuple(nodes.parse_injection(i) for i in inject or []),
-        on_step=lambda *a: render.print_line(preflight.progress_line(*a), err=True))
+        budget,
+        injections=tuple(nodes.parse_injection(i) for i in inject or []),
+        on_step=lambda *a: render.print_line(preflight.progress_line(*a), err=True),
+    )
     if as_json:
         render.out.print_json(json.dumps(result.to_dict(), default=str))
     else:
@@ -70,6 +89,7 @@ def preflight_cmd(
         render.print_line(result.summary())
     code = result.exit_code
     if junit is not None:  # after the verdict, which a file that cannot be written must not lose
-        code = write_after_verdict(lambda: preflight.write_junit(result, junit), "junit", code,
-                                   err=as_json)
+        code = write_after_verdict(
+            lambda: preflight.write_junit(result, junit), "junit", code, err=as_json
+        )
     raise typer.Exit(code)

@@ -9,14 +9,13 @@ grows with d).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
 from diag import numerics
 from diag.compare.verdict import Mismatch, format_index, format_mismatch
 from diag.tolerance import AGREEMENT_FACTOR
-
 
 #: Elements per pass of the streaming comparisons: a few float64 and int64 temporaries of this
 #: length stay in the core's cache, where whole-array temporaries (hundreds of MB for a 16.7M
@@ -220,9 +219,12 @@ def compare(output: np.ndarray, truth: np.ndarray, bound: np.ndarray) -> dict[st
             exceeded += int(np.count_nonzero(ratio > 1.0))
     mean = stats.mean() if stats.count else 0.0
     if mean is None:  # a total past 2**53: numpy's own float64 sum of every distance
-        every = np.concatenate([u[u < numerics.NAN_ULP] for u in
-                                (numerics.ulp_distance(out_f[sl], tru_f[sl])
-                                 for _, sl in _chunks(n))])
+        every = np.concatenate(
+            [
+                u[u < numerics.NAN_ULP]
+                for u in (numerics.ulp_distance(out_f[sl], tru_f[sl]) for _, sl in _chunks(n))
+            ]
+        )
         mean = float(every.mean())
     metrics: dict[str, Any] = {
         "elements": n,
@@ -241,16 +243,17 @@ def compare(output: np.ndarray, truth: np.ndarray, bound: np.ndarray) -> dict[st
     if n:
         w = ratio_max.index
         at = slice(w, w + 1)
-        metrics["worst"] = {"index": format_index(w, truth.shape),
-                            "got": float(out_f[at].astype(np.float64)[0]),
-                            "truth": float(tru_f[at].astype(np.float64)[0]),
-                            "allowed": float(bnd_f[w]),
-                            "ulp": int(numerics.ulp_distance(out_f[at], tru_f[at])[0])}
+        metrics["worst"] = {
+            "index": format_index(w, truth.shape),
+            "got": float(out_f[at].astype(np.float64)[0]),
+            "truth": float(tru_f[at].astype(np.float64)[0]),
+            "allowed": float(bnd_f[w]),
+            "ulp": int(numerics.ulp_distance(out_f[at], tru_f[at])[0]),
+        }
     return metrics
 
 
-def mismatch(metrics: dict[str, Any], *, nonfinite_unit: str = "elements"
-             ) -> Optional[Mismatch]:
+def mismatch(metrics: dict[str, Any], *, nonfinite_unit: str = "elements") -> Mismatch | None:
     """What broke the rule in `compare`'s metrics: NaN/Inf where the truth is finite (or the
     reverse) first, then elements beyond the bound; None when nothing did.
 
@@ -263,9 +266,16 @@ def mismatch(metrics: dict[str, Any], *, nonfinite_unit: str = "elements"
         return Mismatch(metrics["unexpected_nonfinite"], n, nonfinite_unit, share=False)
     if metrics["bound_exceeded"]:
         w = metrics["worst"]
-        return Mismatch(metrics["bound_exceeded"], n, where=w["index"],
-                        ratio=metrics["bound_ratio"], got=w["got"], expected=w["truth"],
-                        allowed=w["allowed"], ulp=w.get("ulp"))
+        return Mismatch(
+            metrics["bound_exceeded"],
+            n,
+            where=w["index"],
+            ratio=metrics["bound_ratio"],
+            got=w["got"],
+            expected=w["truth"],
+            allowed=w["allowed"],
+            ulp=w.get("ulp"),
+        )
     return None
 
 
@@ -282,16 +292,21 @@ def judge(metrics: dict[str, Any], *, promised: bool, claim: str, setting: str) 
     m = mismatch(metrics)
     if metrics["unexpected_nonfinite"]:
         assert m is not None  # mismatch() reports the non-finite elements first
-        return "fail", (f"{format_mismatch(m)} are NaN/Inf where the exact result is not "
-                        f"(or the reverse)")
-    summary = (f"{metrics['frac_not_correctly_rounded']:.1%} not correctly rounded, "
-               f"max {metrics['max_ulp']} ULP")
+        return "fail", (
+            f"{format_mismatch(m)} are NaN/Inf where the exact result is not (or the reverse)"
+        )
+    summary = (
+        f"{metrics['frac_not_correctly_rounded']:.1%} not correctly rounded, "
+        f"max {metrics['max_ulp']} ULP"
+    )
     if m is not None:
         detail = f"error exceeds the {claim} bound in {format_mismatch(m)}"
         if promised:
             return "fail", detail
-        return "warn", (detail + f"; less precise than {claim}, which {setting} permits on "
-                        f"this backend (use precision=highest where float32 is needed)")
+        return "warn", (
+            detail + f"; less precise than {claim}, which {setting} permits on "
+            f"this backend (use precision=highest where float32 is needed)"
+        )
     return "pass", f"within the {claim} bound (worst {metrics['bound_ratio']:.2g}x); {summary}"
 
 
@@ -322,30 +337,38 @@ def agreement(x: np.ndarray, y: np.ndarray, bound: np.ndarray) -> dict[str, Any]
             ulp = numerics.ulp_distance(xs, ys)
             finite = np.isfinite(x64) & np.isfinite(y64)
             diff = np.abs(np.subtract(x64, y64, out=np.zeros(x64.size), where=finite))
-            ratio = np.divide(diff, AGREEMENT_FACTOR * bf[sl], out=np.zeros(x64.size),
-                              where=finite)
+            ratio = np.divide(diff, AGREEMENT_FACTOR * bf[sl], out=np.zeros(x64.size), where=finite)
         mismatched += int(np.count_nonzero(ulp))
         ulp_max.add(start, ulp)
         diff_max.add(start, diff)
         ratio_max.add(start, ratio)
-    metrics: dict[str, Any] = {"elements": n, "mismatched": mismatched,
-                               "max_ulp_between": int(ulp_max.value),
-                               "max_abs_diff": float(diff_max.value),
-                               "bound_ratio": float(ratio_max.value)}
+    metrics: dict[str, Any] = {
+        "elements": n,
+        "mismatched": mismatched,
+        "max_ulp_between": int(ulp_max.value),
+        "max_abs_diff": float(diff_max.value),
+        "bound_ratio": float(ratio_max.value),
+    }
     if mismatched:
         w = ulp_max.index
-        metrics["worst"] = {"index": format_index(w, np.shape(x)),
-                            "a": float(xf[w:w + 1].astype(np.float64)[0]),
-                            "b": float(yf[w:w + 1].astype(np.float64)[0])}
+        metrics["worst"] = {
+            "index": format_index(w, np.shape(x)),
+            "a": float(xf[w : w + 1].astype(np.float64)[0]),
+            "b": float(yf[w : w + 1].astype(np.float64)[0]),
+        }
     return metrics
 
 
-def agreement_mismatch(metrics: dict[str, Any]) -> Optional[Mismatch]:
+def agreement_mismatch(metrics: dict[str, Any]) -> Mismatch | None:
     """The elements where two outputs differ (`agreement`/`agree_values` metrics), or None."""
     if not metrics["mismatched"]:
         return None
-    return Mismatch(metrics["mismatched"], metrics["elements"], where=metrics["worst"]["index"],
-                    ulp=metrics["max_ulp_between"])
+    return Mismatch(
+        metrics["mismatched"],
+        metrics["elements"],
+        where=metrics["worst"]["index"],
+        ulp=metrics["max_ulp_between"],
+    )
 
 
 def judge_agreement(metrics: dict[str, Any], a: str, b: str, claim: str) -> tuple[str, str]:
@@ -356,12 +379,15 @@ def judge_agreement(metrics: dict[str, Any], a: str, b: str, claim: str) -> tupl
     detail = f"{a} and {b} differ in {format_mismatch(m)}"
     if metrics["bound_ratio"] <= 1.0:
         return "pass", f"{detail}; within what two backends keeping the {claim} bound may differ"
-    return "warn", (f"{detail}; {metrics['bound_ratio']:.3g}x what two backends keeping the "
-                    f"{claim} bound may differ")
+    return "warn", (
+        f"{detail}; {metrics['bound_ratio']:.3g}x what two backends keeping the "
+        f"{claim} bound may differ"
+    )
 
 
-def agree_values(x: np.ndarray, y: np.ndarray, names: tuple[str, str], *,
-                 allowed_ulp: float) -> tuple[str, str, dict[str, Any]]:
+def agree_values(
+    x: np.ndarray, y: np.ndarray, names: tuple[str, str], *, allowed_ulp: float
+) -> tuple[str, str, dict[str, Any]]:
     """Two backends' outputs of one case compared in ULPs: pass within `allowed_ulp` (what two
     correct implementations may differ by), warn beyond. Returns (status, reason, metrics)."""
     x, y = np.asarray(x), np.asarray(y)
@@ -373,19 +399,27 @@ def agree_values(x: np.ndarray, y: np.ndarray, names: tuple[str, str], *,
         ulp = numerics.ulp_distance(xf[sl], yf[sl])
         mism += int(np.count_nonzero(ulp))
         ulp_max.add(start, ulp)
-    metrics: dict[str, Any] = {"elements": n, "mismatched": mism,
-                               "max_ulp_between": int(ulp_max.value),
-                               "allowed_ulp": float(allowed_ulp)}
+    metrics: dict[str, Any] = {
+        "elements": n,
+        "mismatched": mism,
+        "max_ulp_between": int(ulp_max.value),
+        "allowed_ulp": float(allowed_ulp),
+    }
     if not mism:
         return "pass", f"{names[0]} and {names[1]} agree bit for bit", metrics
     w = ulp_max.index
-    metrics["worst"] = {"index": format_index(w, x.shape), "a": float(xf[w]),
-                        "b": float(yf[w])}
+    metrics["worst"] = {"index": format_index(w, x.shape), "a": float(xf[w]), "b": float(yf[w])}
     differ = agreement_mismatch(metrics)
     assert differ is not None  # metrics["mismatched"] is mism, nonzero here
     detail = f"{names[0]} and {names[1]} differ in {format_mismatch(differ)}"
     if metrics["max_ulp_between"] <= allowed_ulp:
-        return "pass", f"{detail}; within the {allowed_ulp:g} ULP two correct backends may differ", \
-            metrics
-    return "warn", f"{detail}; more than the {allowed_ulp:g} ULP two correct backends may differ", \
-        metrics
+        return (
+            "pass",
+            f"{detail}; within the {allowed_ulp:g} ULP two correct backends may differ",
+            metrics,
+        )
+    return (
+        "warn",
+        f"{detail}; more than the {allowed_ulp:g} ULP two correct backends may differ",
+        metrics,
+    )

@@ -4,8 +4,9 @@ the shape and dtype of the truth before any number is judged (`MalformedOutput`)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -44,10 +45,10 @@ class Outcome:
     params: dict
     promised: bool = True
     setting: str = ""
-    nan_report: Optional[dict] = None
-    shared: Optional[Callable[[str, Callable[[], np.ndarray]], np.ndarray]] = None
-    digests: Optional[list] = None
-    recall: Optional[Callable[[tuple, Callable[[], Any]], Any]] = None
+    nan_report: dict | None = None
+    shared: Callable[[str, Callable[[], np.ndarray]], np.ndarray] | None = None
+    digests: list | None = None
+    recall: Callable[[tuple, Callable[[], Any]], Any] | None = None
 
     def remembered(self, name: str, compute: Callable[[], Any], *others: Outcome) -> Any:
         """`compute()`, or what it gave earlier in this run for the same case, the same `name`
@@ -76,7 +77,7 @@ class MalformedOutput(ValueError):
     """
 
 
-def only_output(o: "Outcome", expected: np.ndarray) -> np.ndarray:
+def only_output(o: Outcome, expected: np.ndarray) -> np.ndarray:
     """The one output of a single-output op, checked against the truth's shape and dtype."""
     if len(o.outputs) != 1:
         raise MalformedOutput(f"returned {len(o.outputs)} outputs, expected 1")
@@ -90,6 +91,8 @@ def _shape_mismatch(output: np.ndarray, expected: np.ndarray) -> None:
 
     if output.shape == expected.shape and output.dtype == expected.dtype:
         return
-    raise MalformedOutput(f"returned {numerics.dtype_name(output.dtype)}{list(output.shape)}, "
-                          f"expected {numerics.dtype_name(expected.dtype)}"
-                          f"{list(expected.shape)}")
+    raise MalformedOutput(
+        f"returned {numerics.dtype_name(output.dtype)}{list(output.shape)}, "
+        f"expected {numerics.dtype_name(expected.dtype)}"
+        f"{list(expected.shape)}"
+    )

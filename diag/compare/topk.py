@@ -4,12 +4,11 @@ NaN and signed-zero order are reported as semantics, not errors.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
 from diag import numerics
-from diag.compare.outcome import Evaluation, MalformedOutput, Outcome
 from diag.compare.verdict import Mismatch, format_mismatch
 from diag.tolerance import TOPK_EXACT_RECALL
 
@@ -55,7 +54,9 @@ def _row_semantics(xr: np.ndarray, vals: np.ndarray, idx: np.ndarray) -> dict[st
         want = min(row_nans, k)
         if isn[:want].all() and isn.sum() == want:
             obs["nan"] = "NaN ranked largest"
-        elif isn.sum() == max(0, k - (xr.size - row_nans)) and (not isn.any() or isn[-isn.sum():].all()):
+        elif isn.sum() == max(0, k - (xr.size - row_nans)) and (
+            not isn.any() or isn[-isn.sum() :].all()
+        ):
             obs["nan"] = "NaN ranked smallest"
         else:
             obs["nan"] = "NaN placed inconsistently"
@@ -117,16 +118,24 @@ def _rows3(x, values, indices):
     if values.shape != indices.shape or values.shape[:-1] != x.shape[:-1]:
         from diag.errors import UsageError
 
-        raise UsageError(f"top-k output shapes {values.shape} (values) and {indices.shape} "
-                         f"(indices) do not fit an input of shape {x.shape}")
+        raise UsageError(
+            f"top-k output shapes {values.shape} (values) and {indices.shape} "
+            f"(indices) do not fit an input of shape {x.shape}"
+        )
     L = values.shape[-1]
     return x2, values.reshape(-1, L), indices.reshape(-1, L)
 
 
-def check_top_k(x: np.ndarray, values: np.ndarray, indices: np.ndarray, k: int, *,
-                recall_target: Optional[float] = None,
-                sorted_output: Optional[bool] = None,
-                truth: Optional[tuple[np.ndarray, np.ndarray]] = None) -> dict[str, Any]:
+def check_top_k(
+    x: np.ndarray,
+    values: np.ndarray,
+    indices: np.ndarray,
+    k: int,
+    *,
+    recall_target: float | None = None,
+    sorted_output: bool | None = None,
+    truth: tuple[np.ndarray, np.ndarray] | None = None,
+) -> dict[str, Any]:
     """Check a (possibly approximate) top-k output row by row against the exact top-k.
 
     Per row: structural validity (indices in range and unique, values bitwise equal to
@@ -194,38 +203,46 @@ def check_top_k(x: np.ndarray, values: np.ndarray, indices: np.ndarray, k: int, 
             problems.append(f"index {int(idx[dup[0]])} returned twice")
         safe = np.where(inr, idx, 0)
         got = xr[safe]
-        vb = numerics.bits_view(vals.astype(xr.dtype)) if vals.dtype != xr.dtype else \
-            numerics.bits_view(vals)
+        vb = (
+            numerics.bits_view(vals.astype(xr.dtype))
+            if vals.dtype != xr.dtype
+            else numerics.bits_view(vals)
+        )
         v64 = vals.astype(np.float64)
         same = (vb == numerics.bits_view(got)) | (np.isnan(v64) & np.isnan(got.astype(np.float64)))
         same &= inr
         if not same.all():
             counts["value_mismatch"] += 1
             j = int(np.flatnonzero(~same)[0])
-            problems.append(f"value {float(v64[j])!r} at position {j} is not x[{int(idx[j])}]"
-                            + (f" = {float(got[j].astype(np.float64))!r}" if inr[j] else ""))
+            problems.append(
+                f"value {float(v64[j])!r} at position {j} is not x[{int(idx[j])}]"
+                + (f" = {float(got[j].astype(np.float64))!r}" if inr[j] else "")
+            )
         if need_sorted:
             isn = np.isnan(v64)
             num = v64[~isn]
-            nan_block = (not isn.any() or isn[:int(isn.sum())].all()
-                         or isn[L - int(isn.sum()):].all())
+            nan_block = (
+                not isn.any() or isn[: int(isn.sum())].all() or isn[L - int(isn.sum()) :].all()
+            )
             with np.errstate(invalid="ignore"):  # inf - inf between equal infinities
-                rising = (np.flatnonzero(np.diff(num) > 0) if num.size > 1
-                          else np.array([], int))
+                rising = np.flatnonzero(np.diff(num) > 0) if num.size > 1 else np.array([], int)
             if rising.size or not nan_block:
                 counts["unsorted"] += 1
                 if rising.size:
                     j = int(rising[0])
-                    problems.append(f"values not sorted descending ({float(num[j])!r} before "
-                                    f"{float(num[j + 1])!r})")
+                    problems.append(
+                        f"values not sorted descending ({float(num[j])!r} before "
+                        f"{float(num[j + 1])!r})"
+                    )
                 else:
                     # The first NaN outside a leading or trailing block of NaNs.
                     lead = int(np.argmin(isn)) if not isn.all() else L
                     trail = int(np.argmin(isn[::-1])) if not isn.all() else L
-                    where = next(int(p) for p in np.flatnonzero(isn)
-                                 if lead <= p < L - trail)
-                    problems.append(f"values not sorted: NaN at position {where} between "
-                                    f"numbers (NaN must come first or last)")
+                    where = next(int(p) for p in np.flatnonzero(isn) if lead <= p < L - trail)
+                    problems.append(
+                        f"values not sorted: NaN at position {where} between "
+                        f"numbers (NaN must come first or last)"
+                    )
         if problems:
             invalid_rows += 1
             if len(invalid_examples) < 10:
@@ -248,8 +265,9 @@ def check_top_k(x: np.ndarray, values: np.ndarray, indices: np.ndarray, k: int, 
         ret[cand] = True
         ret_num = ret & notnan
         left_num = ~ret & notnan
-        larger = bool(ret_num.any() and left_num.any()
-                      and keys[left_num].max() > keys[ret_num].min())
+        larger = bool(
+            ret_num.any() and left_num.any() and keys[left_num].max() > keys[ret_num].min()
+        )
         row_max_missed = False
         if notnan.any():
             top = keys[notnan].max()
@@ -261,20 +279,29 @@ def check_top_k(x: np.ndarray, values: np.ndarray, indices: np.ndarray, k: int, 
         is_wrong = row_max_missed or (larger and not approx)
         wrong += is_wrong
         if is_wrong and len(wrong_examples) < 10:
-            wrong_examples.append({"row": r, "expected": _vals(canon_v[r]),
-                                   "returned": _vals(np.sort(x64[cand])[::-1]),
-                                   "missed_max": row_max_missed})
+            wrong_examples.append(
+                {
+                    "row": r,
+                    "expected": _vals(canon_v[r]),
+                    "returned": _vals(np.sort(x64[cand])[::-1]),
+                    "missed_max": row_max_missed,
+                }
+            )
         if worst is None or best < recalls[worst]:
             worst = r
         if not problems and not is_wrong and best == 1.0 and L == k and not approx:
             if not np.array_equal(idx, canon_i[r]):
                 semantic_rows += 1
     metrics: dict[str, Any] = {
-        "rows": int(rows), "k": int(k), "returned": int(L), "mode": "approx" if approx else "exact",
+        "rows": int(rows),
+        "k": int(k),
+        "returned": int(L),
+        "mode": "approx" if approx else "exact",
         "invalid_rows": invalid_rows,
         **{f"{key}_rows": v for key, v in counts.items()},
         "invalid_examples": invalid_examples,
-        "misses_larger_rows": int(misses_larger), "misses_max_rows": int(misses_max),
+        "misses_larger_rows": int(misses_larger),
+        "misses_max_rows": int(misses_max),
         "wrong_rows": int(wrong),
         "wrong_examples": wrong_examples,
         "recall_min": float(recalls.min()) if rows else 1.0,
@@ -285,13 +312,16 @@ def check_top_k(x: np.ndarray, values: np.ndarray, indices: np.ndarray, k: int, 
         "semantics": describe_topk_semantics(x2, v2, i2) if need_sorted else [],
     }
     if worst is not None:
-        metrics["worst_row"] = {"row": int(worst), "recall": float(recalls[worst]),
-                                "expected": _vals(canon_v[worst]),
-                                "returned": _vals(np.sort(v2[worst].astype(np.float64))[::-1])}
+        metrics["worst_row"] = {
+            "row": int(worst),
+            "recall": float(recalls[worst]),
+            "expected": _vals(canon_v[worst]),
+            "returned": _vals(np.sort(v2[worst].astype(np.float64))[::-1]),
+        }
     return metrics
 
 
-def top_k_mismatch(metrics: dict[str, Any], *, approx: bool) -> Optional[Mismatch]:
+def top_k_mismatch(metrics: dict[str, Any], *, approx: bool) -> Mismatch | None:
     """The rows that break the rule in `check_top_k`'s metrics, or None.
 
     In the order `judge_top_k` decides: invalid rows, wrong rows (for an approximate top-k only
@@ -299,20 +329,32 @@ def top_k_mismatch(metrics: dict[str, Any], *, approx: bool) -> Optional[Mismatc
     """
     rows = metrics["rows"]
     if metrics["invalid_rows"]:
-        return Mismatch(metrics["invalid_rows"], rows, "rows", share=False,
-                        where=f"row {metrics['invalid_examples'][0]['row']}")
+        return Mismatch(
+            metrics["invalid_rows"],
+            rows,
+            "rows",
+            share=False,
+            where=f"row {metrics['invalid_examples'][0]['row']}",
+        )
     wrong = metrics["misses_max_rows"] if approx else metrics["wrong_rows"]
     if wrong:
-        return Mismatch(wrong, rows, "rows", share=False,
-                        where=f"row {metrics['wrong_examples'][0]['row']}")
+        return Mismatch(
+            wrong, rows, "rows", share=False, where=f"row {metrics['wrong_examples'][0]['row']}"
+        )
     if approx and metrics["rows_below_target"]:
-        return Mismatch(metrics["rows_below_target"], rows, "rows", share=False,
-                        where=f"row {metrics.get('worst_row', {}).get('row')}")
+        return Mismatch(
+            metrics["rows_below_target"],
+            rows,
+            "rows",
+            share=False,
+            where=f"row {metrics.get('worst_row', {}).get('row')}",
+        )
     return None
 
 
-def judge_top_k(metrics: dict[str, Any], *, approx: bool,
-                recall_target: Optional[float] = None) -> tuple[str, str]:
+def judge_top_k(
+    metrics: dict[str, Any], *, approx: bool, recall_target: float | None = None
+) -> tuple[str, str]:
     """Verdict for `check_top_k` metrics: (status, one-line reason).
 
     Exact top-k: any invalid or wrong row, or recall below 1 -> fail; differences in tie,
@@ -326,45 +368,66 @@ def judge_top_k(metrics: dict[str, Any], *, approx: bool,
     if metrics["invalid_rows"]:
         assert m is not None  # top_k_mismatch counts the invalid rows first
         ex = metrics["invalid_examples"][0]
-        return "fail", (f"{what}: {format_mismatch(m)} are not a valid top-k (first: row "
-                        f"{ex['row']}: {ex['problem']})")
+        return "fail", (
+            f"{what}: {format_mismatch(m)} are not a valid top-k (first: row "
+            f"{ex['row']}: {ex['problem']})"
+        )
     wrong = metrics["misses_max_rows"] if approx else metrics["wrong_rows"]
     if wrong:
         assert m is not None  # top_k_mismatch counts the wrong rows next
         ex = metrics["wrong_examples"][0]
-        why = ("misses the row maximum" if ex["missed_max"]
-               else "leaves out a value larger than one it returned")
-        return "fail", (f"{what}: {format_mismatch(m)} are wrong (row {ex['row']} {why}: "
-                        f"expected {ex['expected']}, returned {ex['returned']})")
+        why = (
+            "misses the row maximum"
+            if ex["missed_max"]
+            else "leaves out a value larger than one it returned"
+        )
+        return "fail", (
+            f"{what}: {format_mismatch(m)} are wrong (row {ex['row']} {why}: "
+            f"expected {ex['expected']}, returned {ex['returned']})"
+        )
     w = metrics.get("worst_row", {})
-    worst = (f"min recall {metrics['recall_min']:.4g} at row {w.get('row')} (expected "
-             f"{w.get('expected')}, returned {w.get('returned')})")
+    worst = (
+        f"min recall {metrics['recall_min']:.4g} at row {w.get('row')} (expected "
+        f"{w.get('expected')}, returned {w.get('returned')})"
+    )
     if not approx:
         if metrics["recall_min"] < TOPK_EXACT_RECALL:
             return "fail", f"top-k recall below 1: {worst}"
         sem = metrics["semantics"]
         note = f"; order semantics: {', '.join(sem)}" if sem else ""
         if metrics["semantic_diff_rows"]:
-            note += (f"; {metrics['semantic_diff_rows']} / {rows} rows choose or order equal "
-                     f"values differently from diag's order (not an error)")
+            note += (
+                f"; {metrics['semantic_diff_rows']} / {rows} rows choose or order equal "
+                f"values differently from diag's order (not an error)"
+            )
         return "pass", f"exact top-k in all {rows} rows{note}"
-    target = (recall_target if recall_target is not None
-              else metrics.get("recall_target") or TOPK_EXACT_RECALL)
+    target = (
+        recall_target
+        if recall_target is not None
+        else metrics.get("recall_target") or TOPK_EXACT_RECALL
+    )
     mean = metrics["recall_mean"]
     if mean < target:
         # A mean below the target puts at least one row below it: m counts them.
         assert m is not None
-        return "fail", (f"approximate top-k mean recall {mean:.4g} is below the promised "
-                        f"{target:g}; {format_mismatch(m)} below; {worst}")
+        return "fail", (
+            f"approximate top-k mean recall {mean:.4g} is below the promised "
+            f"{target:g}; {format_mismatch(m)} below; {worst}"
+        )
     if m is not None:
-        return "warn", (f"approximate top-k mean recall {mean:.4g} meets the promised {target:g} "
-                        f"but {format_mismatch(m)} fall below it; {worst}")
-    return "pass", (f"approximate top-k recall >= {target:g} in every row (mean {mean:.4g}, "
-                    f"min {metrics['recall_min']:.4g})")
+        return "warn", (
+            f"approximate top-k mean recall {mean:.4g} meets the promised {target:g} "
+            f"but {format_mismatch(m)} fall below it; {worst}"
+        )
+    return "pass", (
+        f"approximate top-k recall >= {target:g} in every row (mean {mean:.4g}, "
+        f"min {metrics['recall_min']:.4g})"
+    )
 
 
-def agree_top_k(x: np.ndarray, a: tuple, b: tuple, k: int,
-                names: tuple[str, str]) -> tuple[str, str, dict[str, Any]]:
+def agree_top_k(
+    x: np.ndarray, a: tuple, b: tuple, k: int, names: tuple[str, str]
+) -> tuple[str, str, dict[str, Any]]:
     """Do two backends' top-k outputs select the same VALUES per row (ties may pick different
     indices, and bf16 logits have many)? Returns (status, reason, metrics); differing values
     -> warn (each output is judged against the exact top-k on its own)."""
@@ -381,15 +444,36 @@ def agree_top_k(x: np.ndarray, a: tuple, b: tuple, k: int,
             differ.append(r)
     ia, ib = np.asarray(a[1]).reshape(rows, -1), np.asarray(b[1]).reshape(rows, -1)
     same_idx = int(sum(np.array_equal(ia[r, :k], ib[r, :k]) for r in range(rows)))
-    metrics = {"rows": rows, "value_differ_rows": len(differ), "same_index_rows": same_idx,
-               "differ_examples": [{"row": r, names[0]: _vals(np.sort(va[r, :k].astype(
-                   np.float64))[::-1]), names[1]: _vals(np.sort(vb[r, :k].astype(
-                       np.float64))[::-1])} for r in differ[:5]]}
+    metrics = {
+        "rows": rows,
+        "value_differ_rows": len(differ),
+        "same_index_rows": same_idx,
+        "differ_examples": [
+            {
+                "row": r,
+                names[0]: _vals(np.sort(va[r, :k].astype(np.float64))[::-1]),
+                names[1]: _vals(np.sort(vb[r, :k].astype(np.float64))[::-1]),
+            }
+            for r in differ[:5]
+        ],
+    }
     if not differ:
-        extra = "" if same_idx == rows else (f" ({rows - same_idx} rows pick different indices "
-                                             f"among equal values)")
-        return "pass", f"{names[0]} and {names[1]} select the same values in all {rows} rows" \
-            + extra, metrics
+        extra = (
+            ""
+            if same_idx == rows
+            else (f" ({rows - same_idx} rows pick different indices among equal values)")
+        )
+        return (
+            "pass",
+            f"{names[0]} and {names[1]} select the same values in all {rows} rows" + extra,
+            metrics,
+        )
     differ_rows = Mismatch(len(differ), rows, "rows", share=False)
-    return "warn", (f"{names[0]} and {names[1]} select different values in "
-                    f"{format_mismatch(differ_rows)} (first: row {differ[0]})"), metrics
+    return (
+        "warn",
+        (
+            f"{names[0]} and {names[1]} select different values in "
+            f"{format_mismatch(differ_rows)} (first: row {differ[0]})"
+        ),
+        metrics,
+    )

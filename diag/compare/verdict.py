@@ -13,7 +13,7 @@ metrics, and a new op family gets the same sentence for free.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -57,12 +57,12 @@ class Mismatch:
     total: int
     unit: str = "elements"
     share: bool = True
-    where: Optional[str] = None
-    ratio: Optional[float] = None
+    where: str | None = None
+    ratio: float | None = None
     got: Any = None
     expected: Any = None
     allowed: Any = None
-    ulp: Optional[int] = None
+    ulp: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields that are set, for a record's metrics."""
@@ -87,8 +87,10 @@ def format_mismatch(m: Mismatch) -> str:
     if m.ratio is not None and m.where is not None:
         text += f"; worst {m.ratio:.3g}x the bound at {m.where}"
         if m.got is not None:
-            text += (f": got {fmt(m.got)}, correctly rounded {fmt(m.expected)}, allowed "
-                     f"±{fmt(m.allowed)}")
+            text += (
+                f": got {fmt(m.got)}, correctly rounded {fmt(m.expected)}, allowed "
+                f"±{fmt(m.allowed)}"
+            )
     elif m.ulp is not None and m.where is not None:
         text += f", up to {m.ulp} ULP at {m.where}"
     return text
@@ -111,4 +113,4 @@ class Verdict:
     reason: str
     metrics: dict
     context: Any = None
-    mismatch: Optional[Mismatch] = None
+    mismatch: Mismatch | None = None

@@ -21,14 +21,30 @@ Neither framework is imported here; the one the function uses is imported on fir
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from diag.diverge.records import (CompareReport, DivergeError, NothingCompared, OpRecord,
-                                  ShadowReport, TapRecord)
+from diag.diverge.records import (
+    CompareReport,
+    DivergeError,
+    NothingCompared,
+    OpRecord,
+    ShadowReport,
+    TapRecord,
+)
 from diag.interp import framework_of
 
-__all__ = ["CompareReport", "DivergeError", "NothingCompared", "OpRecord", "ShadowReport",
-           "TapRecord", "compare", "shadow", "tap"]
+__all__ = [
+    "CompareReport",
+    "DivergeError",
+    "NothingCompared",
+    "OpRecord",
+    "ShadowReport",
+    "TapRecord",
+    "compare",
+    "shadow",
+    "tap",
+]
 
 
 def shadow(fn: Callable, *args: Any, **kwargs: Any) -> ShadowReport:
@@ -66,9 +82,13 @@ def tap(name: str, x: Any) -> Any:
     return taps.tap(name, x)
 
 
-def compare(run_a: Callable[[], Any], run_b: Callable[[], Any], *, modules: bool = False,
-            name_map: dict[str, str] | Callable[[str], str | None] | None = None
-            ) -> CompareReport:
+def compare(
+    run_a: Callable[[], Any],
+    run_b: Callable[[], Any],
+    *,
+    modules: bool = False,
+    name_map: dict[str, str] | Callable[[str], str | None] | None = None,
+) -> CompareReport:
     """Run two implementations, each tapping the same names; find the first tap that differs.
 
     Args:

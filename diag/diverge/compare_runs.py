@@ -4,16 +4,19 @@ Each run is called once under a recorder. Taps are paired by name (a name tapped
 ``name``, ``name#1``, ... ``name#k-1``), run B's names first passed through the name map. Per
 pair: the normwise relative difference ``max|a - b| / max|b|`` and the mean one, against what
 two correct implementations in the tap's dtype may differ by: u^(2/3) of the narrower of the
-two dtypes (`diag.tolerance.diverge.diverge_tap_allowance`, derived there: each correct implementation
+two dtypes (`diag.tolerance.diverge.diverge_tap_allowance`, derived there: each correct
+implementation
 keeps about k*u of the truth after k well-conditioned ops, so two differ by at most about 2k*u,
-far below a third of the significand bits unless one computes something else). `first` is the first tap in run A's order
+far below a third of the significand bits unless one computes something else). `first` is the first
+tap in run A's order
 beyond it: the layer where the port broke (later taps inherit its difference).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -83,14 +86,20 @@ def _nothing_shared(taps_a: dict, taps_b: dict, shown: int = 8) -> str:
         more = f", ... ({len(got) - shown} more)" if len(got) > shown else ""
         return ", ".join(got[:shown]) + more if got else "no taps"
 
-    return (f"nothing to compare: the two runs share no tap name (run A: {names(taps_a)}; "
-            f"run B: {names(taps_b)}); tap the same names with diag.tap (or --modules, "
-            f"with a name map for another framework's module paths)")
+    return (
+        f"nothing to compare: the two runs share no tap name (run A: {names(taps_a)}; "
+        f"run B: {names(taps_b)}); tap the same names with diag.tap (or --modules, "
+        f"with a name map for another framework's module paths)"
+    )
 
 
-def compare(run_a: Callable[[], Any], run_b: Callable[[], Any], *, modules: bool = False,
-            name_map: dict[str, str] | Callable[[str], str | None] | None = None
-            ) -> CompareReport:
+def compare(
+    run_a: Callable[[], Any],
+    run_b: Callable[[], Any],
+    *,
+    modules: bool = False,
+    name_map: dict[str, str] | Callable[[str], str | None] | None = None,
+) -> CompareReport:
     """See `diag.diverge.compare`."""
     if isinstance(name_map, dict):
         mapping = dict(name_map)
@@ -102,7 +111,7 @@ def compare(run_a: Callable[[], Any], run_b: Callable[[], Any], *, modules: bool
     taps_a = _numbered(_run(run_a, "A", modules), lambda n: n)
     taps_b = _numbered(_run(run_b, "B", modules), rename_b)
     records: list[TapRecord] = []
-    for name, (order, a, dtype_a, shape_a) in sorted(taps_a.items(), key=lambda kv: kv[1][0]):
+    for name, (_order, a, dtype_a, shape_a) in sorted(taps_a.items(), key=lambda kv: kv[1][0]):
         if name not in taps_b:
             continue
         _, b, dtype_b, shape_b = taps_b[name]
@@ -119,12 +128,25 @@ def compare(run_a: Callable[[], Any], run_b: Callable[[], Any], *, modules: bool
         else:
             max_rel, mean_rel = _figures(a, b)
             ratio = max_rel / allowed if allowed > 0 else (0.0 if max_rel == 0 else math.inf)
-        records.append(TapRecord(name=name, index=len(records), dtype=dtype_a,
-                                 shape=tuple(shape_a), max_rel=max_rel, mean_rel=mean_rel,
-                                 allowed=allowed, ratio=ratio, note=note))
+        records.append(
+            TapRecord(
+                name=name,
+                index=len(records),
+                dtype=dtype_a,
+                shape=tuple(shape_a),
+                max_rel=max_rel,
+                mean_rel=mean_rel,
+                allowed=allowed,
+                ratio=ratio,
+                note=note,
+            )
+        )
     if not records:
         raise NothingCompared(_nothing_shared(taps_a, taps_b))
     first = next((r for r in records if r.beyond), None)
-    return CompareReport(first=first, taps=tuple(records),
-                         only_a=tuple(n for n in taps_a if n not in taps_b),
-                         only_b=tuple(n for n in taps_b if n not in taps_a))
+    return CompareReport(
+        first=first,
+        taps=tuple(records),
+        only_a=tuple(n for n in taps_a if n not in taps_b),
+        only_b=tuple(n for n in taps_b if n not in taps_a),
+    )

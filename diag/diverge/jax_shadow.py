@@ -17,19 +17,19 @@ changes in the compiled function is not seen (`diag run` compares settings for t
 
 from __future__ import annotations
 
-from typing import Any, Callable, cast
-
-import numpy as np
+from collections.abc import Callable
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from diag.diverge.ledger import Ledger
 from diag.diverge.records import DivergeError, ShadowReport
 from diag.diverge.rules import release_scratch
+from diag.interp.jax_compile import bind, bind_params
 from diag.interp.jax_program import Program
 from diag.interp.jax_source import where as source_and_library
-from diag.interp.jax_compile import bind, bind_params
 from diag.interp.jaxpr import Evaluator, Value, is_inexact
 from diag.tolerance.diverge import diverge_carried_threshold
 
@@ -45,13 +45,17 @@ class _SV(Value):
         super().__init__(val)
         self.sh, self.err = sh, err
         dtype = getattr(val, "dtype", None)
-        self.thr = (max(thr, diverge_carried_threshold(dtype))
-                    if dtype is not None and _is_float(dtype) else np.inf)
+        self.thr = (
+            max(thr, diverge_carried_threshold(dtype))
+            if dtype is not None and _is_float(dtype)
+            else np.inf
+        )
 
 
 def _is_float(dtype: Any) -> bool:
-    return dtype is not None and is_inexact(dtype) and not jnp.issubdtype(dtype,
-                                                                            jnp.complexfloating)
+    return (
+        dtype is not None and is_inexact(dtype) and not jnp.issubdtype(dtype, jnp.complexfloating)
+    )
 
 
 def _widen(val: Any) -> Any:
@@ -101,8 +105,12 @@ class _Shadow(Evaluator):
         if not vs:
             z = jnp.zeros(aval.shape, aval.dtype)
             return _SV(z, _widen(z))
-        return _SV(jnp.stack([v.val for v in vs]), jnp.stack([v.sh for v in vs]),
-                   max(v.err for v in vs), max(v.thr for v in vs))
+        return _SV(
+            jnp.stack([v.val for v in vs]),
+            jnp.stack([v.sh for v in vs]),
+            max(v.err for v in vs),
+            max(v.thr for v in vs),
+        )
 
     def apply(self, e, ins: list, path: str, backward: bool) -> list:
         vals = _bind(e, [i.val for i in ins])
@@ -140,9 +148,21 @@ class _Shadow(Evaluator):
             dtype = np.dtype(e.outvars[k].aval.dtype)
             thr = max(inherited, diverge_carried_threshold(dtype))
             err = self.ledger.measure(
-                name, name, _host(v), None if ref is None else _host(ref[k]), _host(s),
-                dtype, carried_in, thr, where, path, phase, facts=_facts(e, wide, k),
-                terms=terms, longest=int(longest))
+                name,
+                name,
+                _host(v),
+                None if ref is None else _host(ref[k]),
+                _host(s),
+                dtype,
+                carried_in,
+                thr,
+                where,
+                path,
+                phase,
+                facts=_facts(e, wide, k),
+                terms=terms,
+                longest=int(longest),
+            )
             outs.append(_SV(v, s, err, thr))
         self.observe(e, ins, outs, path, backward)  # each value with its float64 shadow
         return outs
@@ -171,24 +191,30 @@ def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
     try:
         closed = jax.make_jaxpr(prog.flat)(*prog.arrays)
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
-        raise DivergeError(f"{name} could not be traced ({type(e).__name__}: {e}); diag "
-                           f"diverge needs a function jax.make_jaxpr can trace") from e
+        raise DivergeError(
+            f"{name} could not be traced ({type(e).__name__}: {e}); diag "
+            f"diverge needs a function jax.make_jaxpr can trace"
+        ) from e
     h = _Shadow()
     out_bwd = tuple(False for _ in closed.jaxpr.outvars)
     with jax.enable_x64(True), np.errstate(all="ignore"):
         try:
-            outs = h.eval(closed.jaxpr, h.consts(closed), [h.wrap(a) for a in prog.arrays],
-                          "", out_bwd)
+            outs = h.eval(
+                closed.jaxpr, h.consts(closed), [h.wrap(a) for a in prog.arrays], "", out_bwd
+            )
         except DivergeError:
             raise
         except Exception as e:  # noqa: BLE001
-            raise DivergeError(f"evaluating {name} equation by equation raised "
-                               f"{type(e).__name__}: {e}") from e
+            raise DivergeError(
+                f"evaluating {name} equation by equation raised {type(e).__name__}: {e}"
+            ) from e
         finally:
             release_scratch()  # the figures' per-thread buffers (diag.diverge.rules)
     result = next((o.err for o in outs if _is_float(getattr(o.val, "dtype", None))), 0.0)
     note = ""
     if h.unfollowed:
-        note = (f"no float64 form for {', '.join(sorted(h.unfollowed))}: the shadow restarts "
-                f"from their outputs")
+        note = (
+            f"no float64 form for {', '.join(sorted(h.unfollowed))}: the shadow restarts "
+            f"from their outputs"
+        )
     return h.ledger.report("jax", name, result, note)

@@ -8,7 +8,7 @@ an op is run, where its line is) stays in the evaluators.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -20,9 +20,23 @@ TOP = 10
 
 
 class _Entry:
-    __slots__ = ("index", "primitive", "cls", "where", "path", "phase", "dtype", "shape",
-                 "own_ulps", "own_ratio", "carried_in", "carried", "carried_ulps", "threshold",
-                 "reason")
+    __slots__ = (
+        "index",
+        "primitive",
+        "cls",
+        "where",
+        "path",
+        "phase",
+        "dtype",
+        "shape",
+        "own_ulps",
+        "own_ratio",
+        "carried_in",
+        "carried",
+        "carried_ulps",
+        "threshold",
+        "reason",
+    )
     index: int
     primitive: str
     cls: str
@@ -51,10 +65,24 @@ class Ledger:
         self.entries: list[_Entry] = []
         self.first: _Entry | None = None
 
-    def measure(self, primitive: str, name: str, y: np.ndarray, r: np.ndarray | None,
-                s: np.ndarray, dtype, carried_in: list[tuple[float, float]], threshold: float,
-                where: Callable[[], tuple[str, str]], path: str, phase: str, *,
-                facts=None, terms: float = 1, longest: int = 1) -> float:
+    def measure(
+        self,
+        primitive: str,
+        name: str,
+        y: np.ndarray,
+        r: np.ndarray | None,
+        s: np.ndarray,
+        dtype,
+        carried_in: list[tuple[float, float]],
+        threshold: float,
+        where: Callable[[], tuple[str, str]],
+        path: str,
+        phase: str,
+        *,
+        facts=None,
+        terms: float = 1,
+        longest: int = 1,
+    ) -> float:
         """Judge one op output; return its carried error (the evaluators keep it per value).
 
         Args:
@@ -72,41 +100,63 @@ class Ledger:
         """
         cls = op_class(name)
         if r is not None:
-            own_ulps, own_ratio = own_error(y, r, dtype, cls, facts=facts, terms=terms,
-                                            longest=longest)
+            own_ulps, own_ratio = own_error(
+                y, r, dtype, cls, facts=facts, terms=terms, longest=longest
+            )
         else:
             own_ulps, own_ratio = math.nan, math.nan
         carried, carried_ulps = carried_error(y, s, dtype)
         cin = max((c for c, _ in carried_in), default=0.0)
-        e = _Entry(index=len(self.entries), primitive=primitive, cls=cls, where=where,
-                   path=path, phase=phase, dtype=numerics.dtype_name(dtype),
-                   shape=tuple(int(d) for d in y.shape), own_ulps=own_ulps,
-                   own_ratio=own_ratio, carried_in=cin, carried=carried,
-                   carried_ulps=carried_ulps, threshold=threshold, reason="")
+        e = _Entry(
+            index=len(self.entries),
+            primitive=primitive,
+            cls=cls,
+            where=where,
+            path=path,
+            phase=phase,
+            dtype=numerics.dtype_name(dtype),
+            shape=tuple(int(d) for d in y.shape),
+            own_ulps=own_ulps,
+            own_ratio=own_ratio,
+            carried_in=cin,
+            carried=carried,
+            carried_ulps=carried_ulps,
+            threshold=threshold,
+            reason="",
+        )
         self.entries.append(e)
         if self.first is None:
             if own_ratio > 1.0 and cls != "composite":
-                e.reason = (f"own error {own_ulps:.3g} ULP is {own_ratio:.3g}x its bound: it "
-                            f"computed with less precision than {e.dtype} claims")
+                e.reason = (
+                    f"own error {own_ulps:.3g} ULP is {own_ratio:.3g}x its bound: it "
+                    f"computed with less precision than {e.dtype} claims"
+                )
                 self.first = e
-            elif (cls != "structural" and carried > threshold
-                  and all(c <= t for c, t in carried_in)):
-                e.reason = (f"carried error {_num(carried)} passed the {e.dtype} threshold "
-                            f"{threshold:.2g} here (inputs carried at most {_num(cin)})")
+            elif cls != "structural" and carried > threshold and all(c <= t for c, t in carried_in):
+                e.reason = (
+                    f"carried error {_num(carried)} passed the {e.dtype} threshold "
+                    f"{threshold:.2g} here (inputs carried at most {_num(cin)})"
+                )
                 self.first = e
         return carried
 
-    def report(self, framework: str, function: str, result_error: float,
-               note: str = "") -> ShadowReport:
+    def report(
+        self, framework: str, function: str, result_error: float, note: str = ""
+    ) -> ShadowReport:
         """The `ShadowReport`: `first`, the top contributors, the curve."""
-        ranked = sorted((e for e in self.entries if e.cls != "structural"),
-                        key=lambda e: (-_score(e), e.index))[:TOP]
+        ranked = sorted(
+            (e for e in self.entries if e.cls != "structural"), key=lambda e: (-_score(e), e.index)
+        )[:TOP]
         return ShadowReport(
-            framework=framework, function=function,
+            framework=framework,
+            function=function,
             first=_record(self.first) if self.first is not None else None,
             ops=tuple(_record(e) for e in ranked),
-            curve=tuple(e.carried for e in self.entries), n_ops=len(self.entries),
-            result_error=result_error, note=note)
+            curve=tuple(e.carried for e in self.entries),
+            n_ops=len(self.entries),
+            result_error=result_error,
+            note=note,
+        )
 
 
 def _amplification(e: _Entry) -> float:
@@ -129,9 +179,22 @@ def _num(x: float) -> str:
 
 def _record(e: _Entry) -> OpRecord:
     source, library = e.where()
-    return OpRecord(index=e.index, primitive=e.primitive, op_class=e.cls, source=source,
-                    path=e.path, phase=e.phase, dtype=e.dtype, shape=e.shape,
-                    own_ulps=e.own_ulps, own_ratio=e.own_ratio, carried_in=e.carried_in,
-                    carried=e.carried, carried_ulps=e.carried_ulps,
-                    amplification=_amplification(e), threshold=e.threshold,
-                    reason=e.reason, library=library)
+    return OpRecord(
+        index=e.index,
+        primitive=e.primitive,
+        op_class=e.cls,
+        source=source,
+        path=e.path,
+        phase=e.phase,
+        dtype=e.dtype,
+        shape=e.shape,
+        own_ulps=e.own_ulps,
+        own_ratio=e.own_ratio,
+        carried_in=e.carried_in,
+        carried=e.carried,
+        carried_ulps=e.carried_ulps,
+        amplification=_amplification(e),
+        threshold=e.threshold,
+        reason=e.reason,
+        library=library,
+    )

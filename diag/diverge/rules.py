@@ -12,7 +12,8 @@ Own error, per element: |y - r| against a bound B that depends on the op's class
 
 * ``rounded`` (add, mul, div, sqrt, casts, ...): IEEE 754 asks for the correctly rounded result,
   0.5 ULP. diag allows `DIVERGE_ROUNDED_ULP` = 2 ULP of the output dtype: XLA rewrites a
-  division by a broadcast value as a multiplication by its reciprocal (two roundings, up to 1.5 ULP; 1.41
+  division by a broadcast value as a multiplication by its reciprocal (two roundings, up to 1.5
+  ULP; 1.41
   measured on XLA CPU), and a bf16/fp16 op computed in float32 and rounded once more can land
   one neighbour away (double rounding).
 * ``library`` (exp, log, tanh, erf, GELU, ...): no library documents a ULP bound; diag allows
@@ -40,7 +41,8 @@ dtype claims (a bf16 accumulator where float32 was claimed, a fast-math approxim
 Carried error: the normwise relative error of the value against its float64 shadow,
 ``max|y - s| / max|s|``. The normwise form is the textbook one for tensors (Higham, ch. 6): an
 element that is nearly zero in a centred tensor (x - mean) does not make the whole tensor
-"wrong". The threshold is `diag.tolerance.diverge.diverge_carried_threshold`: sqrt(u) of the value's dtype (float32 2.4e-4,
+"wrong". The threshold is `diag.tolerance.diverge.diverge_carried_threshold`: sqrt(u) of the
+value's dtype (float32 2.4e-4,
 float16 2.2e-2, bfloat16 6.25e-2): the value has lost half of its significand bits. A
 well-conditioned chain of k correctly rounded ops carries at most about k*u (worst case; the
 usual random-walk growth is sqrt(k)*u), so the threshold allows u^(-1/2) such ops from the
@@ -49,7 +51,8 @@ in the usual case; only an ill-conditioned step (cancellation, overflow, a lost 
 a long chain of lost bits crosses it. (A benign cancellation such as Adam's bias correction
 1 - 0.999^t, which loses 9 bits in float32 at step 1, stays below it.)
 
-Two implementations compared tap by tap (`diag.tolerance.diverge.diverge_tap_allowance`) may differ by u^(2/3) (float32
+Two implementations compared tap by tap (`diag.tolerance.diverge.diverge_tap_allowance`) may differ
+by u^(2/3) (float32
 1.5e-5): each is within about k*u of the truth, so the two within 2k*u, which allows
 u^(-1/3)/2 worst-case ops between them (128 in float32); a port of the same math agrees far
 more closely (3.5e-7 measured on examples/diverge_port.py), a different formula (GELU's tanh
@@ -71,8 +74,11 @@ import threading
 import numpy as np
 
 from diag import numerics
-from diag.tolerance.diverge import (DIVERGE_COMPOSITE_EXTRA_STEPS, DIVERGE_LIBRARY_ULP,
-                            DIVERGE_ROUNDED_ULP)
+from diag.tolerance.diverge import (
+    DIVERGE_COMPOSITE_EXTRA_STEPS,
+    DIVERGE_LIBRARY_ULP,
+    DIVERGE_ROUNDED_ULP,
+)
 
 # Op classes by primitive name: JAX jaxpr primitives and aten op names (without the overload).
 _ROUNDED = """
@@ -103,8 +109,12 @@ masked_fill_ zero_ relu threshold_backward eq ne gt lt ge le isnan isfinite logi
 """
 
 CLASSES: dict[str, str] = {}
-for _cls, _names in (("rounded", _ROUNDED), ("library", _LIBRARY), ("reduction", _REDUCTION),
-                     ("structural", _STRUCTURAL)):
+for _cls, _names in (
+    ("rounded", _ROUNDED),
+    ("library", _LIBRARY),
+    ("reduction", _REDUCTION),
+    ("structural", _STRUCTURAL),
+):
     for _n in _names.split():
         CLASSES[_n] = _cls
 
@@ -137,8 +147,11 @@ def _format(dtype) -> tuple[int, float, float]:
         import ml_dtypes
 
         fi = ml_dtypes.finfo(numerics.as_dtype(dtype))
-        got = _FORMATS[dtype] = (numerics.precision_bits(dtype), float(fi.smallest_normal),
-                                 float(fi.max))
+        got = _FORMATS[dtype] = (
+            numerics.precision_bits(dtype),
+            float(fi.smallest_normal),
+            float(fi.max),
+        )
     return got
 
 
@@ -153,8 +166,9 @@ def absdiff(y: np.ndarray, r: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(d), np.inf, d)
 
 
-def own_error(y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, terms: float = 1,
-              longest: int = 1) -> tuple[float, float]:
+def own_error(
+    y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, terms: float = 1, longest: int = 1
+) -> tuple[float, float]:
     """(max error in ULPs of `dtype`, ratio of the error to the op's own bound).
 
     It runs once per op output, so the common case (every difference finite) takes a few
@@ -206,7 +220,9 @@ def own_error(y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, term
             return ulps, ratio
         return ulps, _facts_ratio(err, facts, terms, dtype, floor, tmp)
     if cls == "library":
-        bound = np.multiply(floor, DIVERGE_LIBRARY_ULP / DIVERGE_ROUNDED_ULP, out=floor)  # LIBRARY_ULP * r_ulp
+        bound = np.multiply(
+            floor, DIVERGE_LIBRARY_ULP / DIVERGE_ROUNDED_ULP, out=floor
+        )  # LIBRARY_ULP * r_ulp
         bound += _smallest_normal(dtype)
     elif cls == "composite":
         floor += _smallest_normal(dtype)
@@ -268,8 +284,9 @@ def _max_ratio(err: np.ndarray, bound: np.ndarray) -> float:
     return float(bound.max())
 
 
-def _facts_ratio(err: np.ndarray, facts, terms: float, dtype, floor: np.ndarray,
-                 out: np.ndarray | None = None) -> float:
+def _facts_ratio(
+    err: np.ndarray, facts, terms: float, dtype, floor: np.ndarray, out: np.ndarray | None = None
+) -> float:
     """A reduction's ratio against gamma_n * sum|terms| (`facts`), n per element or one n."""
     mag, cnt = facts()
     n = np.maximum(np.maximum(np.asarray(cnt, dtype=np.float64), terms), 1.0)
@@ -300,8 +317,9 @@ def _ulp_finite(x: np.ndarray, dtype, out: np.ndarray) -> np.ndarray:
     return out
 
 
-def _own_error_exact(y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None,
-                     terms: float = 1, longest: int = 1) -> tuple[float, float]:
+def _own_error_exact(
+    y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, terms: float = 1, longest: int = 1
+) -> tuple[float, float]:
     """`own_error` step by step, for any input (infinities and NaNs included)."""
     r_ulp = ulp_of(r, dtype)
     err = absdiff(y, r)

@@ -13,12 +13,13 @@ import contextlib
 import functools
 import sys
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 _LOCK = threading.Lock()
-_ACTIVE: list["Recorder"] = []
+_ACTIVE: list[Recorder] = []
 
 
 class Recorder:
@@ -133,8 +134,10 @@ def _torch_module_taps() -> list:
         if name and t is not None and t.is_floating_point():
             tap(name, t)
 
-    hooks = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
-             torch.nn.modules.module.register_module_forward_hook(leave)]
+    hooks = [
+        torch.nn.modules.module.register_module_forward_pre_hook(enter),
+        torch.nn.modules.module.register_module_forward_hook(leave),
+    ]
     return [h.remove for h in hooks]
 
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -30,8 +31,15 @@ from diag.diverge.ledger import Ledger
 from diag.diverge.records import DivergeError, ShadowReport
 from diag.diverge.rules import op_class, release_scratch
 from diag.interp.torch_mode import OpMode
-from diag.interp.torch_ops import (OP_KIND, VIEW, flat_args, is_float, op_kind, written_args,
-                                   written_tensors)
+from diag.interp.torch_ops import (
+    OP_KIND,
+    VIEW,
+    flat_args,
+    is_float,
+    op_kind,
+    written_args,
+    written_tensors,
+)
 from diag.tolerance.diverge import diverge_carried_threshold
 
 _NP = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),

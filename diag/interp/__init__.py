@@ -23,12 +23,19 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from diag.errors import DiagError
 
-__all__ = ["InterpError", "framework_of", "leaves", "modules_seen", "names_framework",
-           "values_framework"]
+__all__ = [
+    "InterpError",
+    "framework_of",
+    "leaves",
+    "modules_seen",
+    "names_framework",
+    "values_framework",
+]
 
 
 class InterpError(DiagError):

@@ -11,14 +11,13 @@ import contextlib
 import os
 import sys
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 from diag.errors import EXIT_WORKER_CRASH, DiagError
 
 
 @contextlib.contextmanager
-def user_code(label: str, error: type[DiagError], timeout: float | None = None
-              ) -> Iterator[None]:
+def user_code(label: str, error: type[DiagError], timeout: float | None = None) -> Iterator[None]:
     """Run the block as the user's code.
 
     Args:
@@ -40,15 +39,18 @@ def user_code(label: str, error: type[DiagError], timeout: float | None = None
     try:
         yield
     except SystemExit as e:
-        raise error(f"{label} called sys.exit({e.code!r}); diag stopped there, with no "
-                    f"verdict") from e
+        raise error(
+            f"{label} called sys.exit({e.code!r}); diag stopped there, with no verdict"
+        ) from e
     finally:
         if timer is not None:
             timer.cancel()
 
 
 def _expire(label: str, timeout: float) -> None:
-    sys.stderr.write(f"diag: {label} did not finish within --timeout {timeout:g} s; stopped "
-                     f"(exit {EXIT_WORKER_CRASH})\n")
+    sys.stderr.write(
+        f"diag: {label} did not finish within --timeout {timeout:g} s; stopped "
+        f"(exit {EXIT_WORKER_CRASH})\n"
+    )
     sys.stderr.flush()
     os._exit(EXIT_WORKER_CRASH)

@@ -17,25 +17,27 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
-
-import numpy as np
+from typing import Any
 
 import jax
+import numpy as np
 
 _COMPILED: dict = {}  # (primitive, parameters) -> jitted bind, or _DIRECT
 _DIRECT = object()  # marks a primitive that binds directly, uncompiled
 
 # Primitives whose output element i depends on operand element i alone, with no parameter that
 # names a shape or an axis.
-ELEMENTWISE = frozenset("""
+ELEMENTWISE = frozenset(
+    """
 abs acos acosh add asin asinh atan atan2 atanh cbrt ceil clamp cos cosh digamma div erf erf_inv
 erfc exp exp2 expm1 floor igamma igammac integer_pow is_finite lgamma log log1p logistic max min
 mul ne eq lt le gt ge neg nextafter pow rem round rsqrt select_n sign sin sinh sqrt square sub
 tan tanh not and or xor add_any
-""".split())
+""".split()
+)
 _MIN_BUCKET = 256
 CACHE_MAX_BYTES = 256 * 2**20  # the persistent cache folder's bound
 
@@ -93,8 +95,9 @@ def _broadcast(x, p: dict):
 # Equations that only move or repeat values (no arithmetic: exact in numpy), with the numpy
 # that does it; on CPU numpy reads JAX's buffers in place, and nothing is compiled.
 _MOVES = {
-    "reshape": lambda x, p: (np.reshape(np.asarray(x), tuple(p["new_sizes"]))
-                             if p.get("dimensions") is None else None),
+    "reshape": lambda x, p: (
+        np.reshape(np.asarray(x), tuple(p["new_sizes"])) if p.get("dimensions") is None else None
+    ),
     "broadcast_in_dim": _broadcast,
     "transpose": lambda x, p: np.transpose(np.asarray(x), tuple(p["permutation"])),
     "squeeze": lambda x, p: np.squeeze(np.asarray(x), axis=tuple(p["dimensions"])),
@@ -173,8 +176,10 @@ def persistent_cache(folder: Path | None = None) -> Iterator[None]:
         yield
         return
     # jax.config's flags are set at run time: its stubs declare none of them.
-    before = (jax.config.jax_persistent_cache_min_compile_time_secs,  # type: ignore[attr-defined]
-              jax.config.jax_compilation_cache_max_size)  # type: ignore[attr-defined]
+    before = (
+        jax.config.jax_persistent_cache_min_compile_time_secs,  # type: ignore[attr-defined]
+        jax.config.jax_compilation_cache_max_size,  # type: ignore[attr-defined]
+    )
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     # JAX evicts the least recently used programs past this size (a program of one equation

@@ -9,18 +9,16 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
-from typing import Any, Callable
-
-import numpy as np
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-
+import numpy as np
 
 
 def is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic))
-
 
 
 class Program:
@@ -40,8 +38,9 @@ class Program:
         self.fn, self.args, self.kwargs = fn, args, kwargs
         nnx = sys.modules.get("flax.nnx")
         self._refs = _referenced_nodes(nnx, fn) if nnx is not None else []
-        self.nnx = (nnx if nnx is not None and (self._refs or _holds_nnx(nnx, fn, args, kwargs))
-                    else None)
+        self.nnx = (
+            nnx if nnx is not None and (self._refs or _holds_nnx(nnx, fn, args, kwargs)) else None
+        )
         if self.nnx is None:
             leaves, self._treedef = jax.tree_util.tree_flatten((args, kwargs))
             self._leaves = leaves
@@ -151,7 +150,7 @@ def _swapped(refs: list, copies: tuple):
 def _ref_name(name: str, ref_names: list[str]) -> str:
     """``global[0].l.kernel`` -> ``model.l.kernel`` (the name the function uses)."""
     m = re.match(r"global\[(\d+)\]", name)
-    return f"{ref_names[int(m[1])]}{name[m.end():]}" if m else name
+    return f"{ref_names[int(m[1])]}{name[m.end() :]}" if m else name
 
 
 def _holds_nnx(nnx, fn, args, kwargs) -> bool:

@@ -9,16 +9,18 @@ from __future__ import annotations
 import os
 import re
 
-from diag.interp import InterpError
-
 import jax
+
+from diag.interp import InterpError
 
 try:
     from jax._src import source_info_util as siu
     from jax.extend import core as jcore
 except ImportError as e:  # pragma: no cover - depends on the installed JAX
-    raise InterpError(f"this JAX ({jax.__version__}) lacks the internals diag's op-by-op "
-                      f"evaluation reads ({e}); use jax 0.4.30 or later") from e
+    raise InterpError(
+        f"this JAX ({jax.__version__}) lacks the internals diag's op-by-op "
+        f"evaluation reads ({e}); use jax 0.4.30 or later"
+    ) from e
 
 Literal = jcore.Literal
 
@@ -39,7 +41,7 @@ def source(eqn) -> tuple[str, str, int, str]:
 def inner_source(eqn) -> tuple[str, str, int, str]:
     """For an equation run whole (shard_map, pmap): the first user line inside its body."""
     for v in eqn.params.values():
-        for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+        for sub in v if isinstance(v, (tuple, list)) else (v,):
             jaxpr = getattr(sub, "jaxpr", sub)
             for inner in getattr(jaxpr, "eqns", ()):
                 got = source(inner)
@@ -57,10 +59,12 @@ def name_stack(eqn) -> str:
 
 
 # JAX's tracing machinery: never the line a report should name, even as the library's line.
-MACHINERY = re.compile(r"jax[/\\]_src[/\\](interpreters[/\\]|core\.py|pjit\.py|api\.py|"
-                       r"api_util\.py|linear_util\.py|source_info_util\.py|"
-                       r"traceback_util\.py|dispatch\.py|custom_derivatives\.py|"
-                       r"ad_checkpoint\.py|lax[/\\]control_flow)")
+MACHINERY = re.compile(
+    r"jax[/\\]_src[/\\](interpreters[/\\]|core\.py|pjit\.py|api\.py|"
+    r"api_util\.py|linear_util\.py|source_info_util\.py|"
+    r"traceback_util\.py|dispatch\.py|custom_derivatives\.py|"
+    r"ad_checkpoint\.py|lax[/\\]control_flow)"
+)
 # jnp's operator and array plumbing (`a + b`, `x.mean()`): never the library line that helps.
 PLUMBING = re.compile(r"jax[/\\]_src[/\\]numpy[/\\]")
 

@@ -14,12 +14,12 @@ reused across equations and kept in JAX's persistent compilation cache.
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
-import numpy as np
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from diag.interp.jax_compile import bind
 from diag.interp.jax_source import Literal, name_stack
@@ -153,8 +153,16 @@ class Evaluator:
             got = self._const_cache[id(closed)] = [self.wrap(c) for c in closed.consts]
         return got
 
-    def eval(self, jaxpr, consts: list[Value], args: list[Value], path: str,
-             out_bwd: tuple[bool, ...], ctx_bwd: bool = False, ctx_diff: bool = False):
+    def eval(
+        self,
+        jaxpr,
+        consts: list[Value],
+        args: list[Value],
+        path: str,
+        out_bwd: tuple[bool, ...],
+        ctx_bwd: bool = False,
+        ctx_diff: bool = False,
+    ):
         env: dict[Any, Value] = {}
 
         def read(v) -> Value:
@@ -170,8 +178,7 @@ class Evaluator:
             handler = HIGHER_ORDER.get(e.primitive.name)
             if handler is not None:
                 ns = name_stack(e)
-                child = (only_bwd_outs[k], bwd[k],
-                         ctx_diff or "jvp(" in ns or "transpose(" in ns)
+                child = (only_bwd_outs[k], bwd[k], ctx_diff or "jvp(" in ns or "transpose(" in ns)
                 self.outer.append(e)
                 try:
                     outs = handler(self, e, ins, path, child)
@@ -210,8 +217,9 @@ def _call(jaxpr_param: str, label: Callable[[Any], str]):
         out_bwd, ctx_bwd, ctx_diff = child
         sub = e.params[jaxpr_param]
         if hasattr(sub, "consts"):  # ClosedJaxpr
-            return h.eval(sub.jaxpr, h.consts(sub), ins, join_path(path, label(e)), out_bwd,
-                          ctx_bwd, ctx_diff)
+            return h.eval(
+                sub.jaxpr, h.consts(sub), ins, join_path(path, label(e)), out_bwd, ctx_bwd, ctx_diff
+            )
         return h.eval(sub, [], ins, join_path(path, label(e)), out_bwd, ctx_bwd, ctx_diff)
 
     return handler
@@ -231,8 +239,12 @@ def stack_values(vs: list[Value], aval) -> Value:
         return Value(jnp.zeros(aval.shape, aval.dtype))
     bad = [v for v in vs if v.bad]
     taints = [v.taint for v in bad if v.taint is not None]
-    return Value(jnp.stack([v.val for v in vs]), any(v.nan for v in vs), any(v.inf for v in vs),
-              min(taints) if taints else None)
+    return Value(
+        jnp.stack([v.val for v in vs]),
+        any(v.nan for v in vs),
+        any(v.inf for v in vs),
+        min(taints) if taints else None,
+    )
 
 
 def _scan(h: Evaluator, e, ins, path, child):
@@ -240,12 +252,19 @@ def _scan(h: Evaluator, e, ins, path, child):
     p = e.params
     nc, ncar, length = p["num_consts"], p["num_carry"], p["length"]
     body = p["jaxpr"]
-    consts, carry, xs = ins[:nc], ins[nc:nc + ncar], ins[nc + ncar:]
+    consts, carry, xs = ins[:nc], ins[nc : nc + ncar], ins[nc + ncar :]
     ys: list[list[Value]] = [[] for _ in e.outvars[ncar:]]
     order = range(length - 1, -1, -1) if p["reverse"] else range(length)
     for it in order:
-        outs = h.eval(body.jaxpr, h.consts(body), consts + carry + [h.index(x, it) for x in xs],
-                      join_path(path, f"scan[{it}]"), out_bwd, ctx_bwd, ctx_diff)
+        outs = h.eval(
+            body.jaxpr,
+            h.consts(body),
+            consts + carry + [h.index(x, it) for x in xs],
+            join_path(path, f"scan[{it}]"),
+            out_bwd,
+            ctx_bwd,
+            ctx_diff,
+        )
         carry = outs[:ncar]
         for j, y in enumerate(outs[ncar:]):
             ys[j].append(y)
@@ -261,15 +280,29 @@ def _while(h: Evaluator, e, ins, path, child):
     if cond.jaxpr.outvars[0].aval.shape != ():  # a batched predicate (vmap): run it whole
         return h.apply(e, ins, path, ctx_bwd)
     cn, bn = p["cond_nconsts"], p["body_nconsts"]
-    cconsts, bconsts, carry = ins[:cn], ins[cn:cn + bn], ins[cn + bn:]
+    cconsts, bconsts, carry = ins[:cn], ins[cn : cn + bn], ins[cn + bn :]
     it = 0
     while True:
-        pred = h.eval(cond.jaxpr, h.consts(cond), cconsts + carry,
-                      join_path(path, f"while[{it}]/cond"), (False,), ctx_bwd, ctx_diff)[0]
+        pred = h.eval(
+            cond.jaxpr,
+            h.consts(cond),
+            cconsts + carry,
+            join_path(path, f"while[{it}]/cond"),
+            (False,),
+            ctx_bwd,
+            ctx_diff,
+        )[0]
         if not bool(pred.val):
             return carry
-        carry = h.eval(body.jaxpr, h.consts(body), bconsts + carry,
-                       join_path(path, f"while[{it}]"), out_bwd, ctx_bwd, ctx_diff)
+        carry = h.eval(
+            body.jaxpr,
+            h.consts(body),
+            bconsts + carry,
+            join_path(path, f"while[{it}]"),
+            out_bwd,
+            ctx_bwd,
+            ctx_diff,
+        )
         it += 1
 
 
@@ -278,8 +311,9 @@ def _cond(h: Evaluator, e, ins, path, child):
     branches = e.params["branches"]
     k = int(np.clip(int(ins[0].val), 0, len(branches) - 1))
     br = branches[k]
-    return h.eval(br.jaxpr, h.consts(br), ins[1:], join_path(path, f"cond[{k}]"), out_bwd,
-                  ctx_bwd, ctx_diff)
+    return h.eval(
+        br.jaxpr, h.consts(br), ins[1:], join_path(path, f"cond[{k}]"), out_bwd, ctx_bwd, ctx_diff
+    )
 
 
 HIGHER_ORDER: dict[str, Callable] = {

@@ -12,13 +12,12 @@ Forward lines come from the Python stack at dispatch time, skipping torch's fram
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from diag.interp.torch_source import (NodeLines, module_stack, source_from_node,
-                                      source_from_stack)
+from diag.interp.torch_source import NodeLines, module_stack, source_from_node, source_from_stack
 
 
 class OpMode(TorchDispatchMode):
@@ -60,8 +59,12 @@ class OpMode(TorchDispatchMode):
         `shadow_of(t)`). Does nothing here: a subclass of a policy overrides it."""
 
     @contextlib.contextmanager
-    def running(self) -> Iterator["OpMode"]:
+    def running(self) -> Iterator[OpMode]:
         """Module hooks, the single-threaded autograd engine, node tags and this mode."""
-        with (module_stack(self.modules), torch.autograd.set_multithreading_enabled(False),
-              NodeLines(self.key), self):
+        with (
+            module_stack(self.modules),
+            torch.autograd.set_multithreading_enabled(False),
+            NodeLines(self.key),
+            self,
+        ):
             yield self

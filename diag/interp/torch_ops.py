@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+
 def flat_args(x: Any, out: list) -> list:
     """Tensors and Python floats in an aten call's arguments (lists, tuples, dicts); torch's
     pytree is general but costs more than the op itself for small tensors."""
@@ -27,17 +28,33 @@ def flat_args(x: Any, out: list) -> list:
     return out
 
 
-_FLOAT_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16,
-                           torch.complex64, torch.complex128, torch.complex32}
-                          | {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2",
-                                                          "float8_e4m3fnuz", "float8_e5m2fnuz")
-                             if hasattr(torch, n)})
+_FLOAT_DTYPES = frozenset(
+    {
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.complex64,
+        torch.complex128,
+        torch.complex32,
+    }
+    | {
+        getattr(torch, n)
+        for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+        if hasattr(torch, n)
+    }
+)
 _STRIDED = torch.strided
 
 
 def is_float(t: Any) -> bool:
-    return (isinstance(t, torch.Tensor) and t.dtype in _FLOAT_DTYPES and t.layout is _STRIDED
-            and not t.is_meta and t.numel() > 0)
+    return (
+        isinstance(t, torch.Tensor)
+        and t.dtype in _FLOAT_DTYPES
+        and t.layout is _STRIDED
+        and not t.is_meta
+        and t.numel() > 0
+    )
 
 
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.complex64, torch.complex128)
@@ -96,11 +113,40 @@ def host_copy(t: Any) -> np.ndarray:
 # Ops whose outputs need no check: "fill" makes finite values by construction (zeros, ones),
 # "copy" copies its first input (finite when that is known finite), "garbage" returns
 # uninitialised memory that is only ever overwritten (judging it would invent births).
-_FILL = {"zeros", "zeros_like", "ones", "ones_like", "new_zeros", "new_ones", "arange",
-         "eye", "zero", "randn", "rand", "randn_like", "rand_like", "normal", "uniform",
-         "bernoulli", "randint", "randint_like", "randperm"}
-_COPY = {"clone", "_unsafe_view", "contiguous", "_to_copy", "_reshape_alias", "alias_copy",
-         "view_copy", "t_copy", "transpose_copy", "permute_copy", "expand_copy"}
+_FILL = {
+    "zeros",
+    "zeros_like",
+    "ones",
+    "ones_like",
+    "new_zeros",
+    "new_ones",
+    "arange",
+    "eye",
+    "zero",
+    "randn",
+    "rand",
+    "randn_like",
+    "rand_like",
+    "normal",
+    "uniform",
+    "bernoulli",
+    "randint",
+    "randint_like",
+    "randperm",
+}
+_COPY = {
+    "clone",
+    "_unsafe_view",
+    "contiguous",
+    "_to_copy",
+    "_reshape_alias",
+    "alias_copy",
+    "view_copy",
+    "t_copy",
+    "transpose_copy",
+    "permute_copy",
+    "expand_copy",
+}
 _GARBAGE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
 OP_KIND: dict[Any, str] = {}
 
@@ -126,13 +172,21 @@ def written_args(func) -> tuple:
     got = _WRITES.get(func)
     if got is None:
         schema = func._schema
-        got = tuple((k, a.name, str(a.type).startswith("List"))
-                    for k, a in enumerate(schema.arguments)
-                    if a.alias_info is not None and a.alias_info.is_write)
+        got = tuple(
+            (k, a.name, str(a.type).startswith("List"))
+            for k, a in enumerate(schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write
+        )
         rets = schema.returns
-        if (not got and len(rets) == 1 and rets[0].alias_info is not None
-                and not rets[0].alias_info.is_write and str(rets[0].type) == "Tensor"
-                and schema.arguments and schema.arguments[0].alias_info is not None):
+        if (
+            not got
+            and len(rets) == 1
+            and rets[0].alias_info is not None
+            and not rets[0].alias_info.is_write
+            and str(rets[0].type) == "Tensor"
+            and schema.arguments
+            and schema.arguments[0].alias_info is not None
+        ):
             got = VIEW
         _WRITES[func] = got
     return got
@@ -159,9 +213,11 @@ _LIST_ARGS: dict[Any, tuple] = {}
 def list_arguments(func, args: tuple, kwargs: dict) -> list[list]:
     pos = _LIST_ARGS.get(func)
     if pos is None:
-        pos = _LIST_ARGS[func] = tuple((k, a.name) for k, a in enumerate(func._schema.arguments)
-                                       if str(a.type).startswith(("List[Tensor]",
-                                                                  "List[Optional[Tensor]]")))
+        pos = _LIST_ARGS[func] = tuple(
+            (k, a.name)
+            for k, a in enumerate(func._schema.arguments)
+            if str(a.type).startswith(("List[Tensor]", "List[Optional[Tensor]]"))
+        )
     out = []
     for k, name in pos:
         x = _arg(k, name, args, kwargs)

@@ -21,9 +21,10 @@ from diag.interp.torch_ops import flat_args
 # torch's frames and the kernel's and its policies' own; diag's probe ops (diag/backends) are
 # the code being hunted when the training-step probe calls the hunt, so they count as the user's.
 _DIAG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_SKIP_DIRS = (os.path.normcase(os.path.dirname(torch.__file__)) + os.sep,
-              *(os.path.normcase(os.path.join(_DIAG, d)) + os.sep
-                for d in ("interp", "nan", "diverge")))
+_SKIP_DIRS = (
+    os.path.normcase(os.path.dirname(torch.__file__)) + os.sep,
+    *(os.path.normcase(os.path.join(_DIAG, d)) + os.sep for d in ("interp", "nan", "diverge")),
+)
 _STDLIB = os.path.normcase(sysconfig.get_paths()["stdlib"]) + os.sep
 _TB_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 
@@ -35,8 +36,9 @@ def is_user_file(path: str) -> bool:
     r = _USER_FILE.get(path)
     if r is None:
         p = os.path.normcase(os.path.abspath(path))
-        r = _USER_FILE[path] = not (p.startswith(_SKIP_DIRS) or p.startswith(_STDLIB)
-                                    or path.startswith("<"))
+        r = _USER_FILE[path] = not (
+            p.startswith(_SKIP_DIRS) or p.startswith(_STDLIB) or path.startswith("<")
+        )
     return r
 
 
@@ -130,6 +132,7 @@ def module_stack(stack: list[str]):
     Global module hooks, removed on the way out: the NaN hunt and the diverge shadow both name
     the module an op ran in (`path`) from this stack.
     """
+
     def enter(module, inputs):
         stack.append(type(module).__name__)
 
@@ -137,8 +140,10 @@ def module_stack(stack: list[str]):
         if stack:
             stack.pop()
 
-    hooks = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
-             torch.nn.modules.module.register_module_forward_hook(leave)]
+    hooks = [
+        torch.nn.modules.module.register_module_forward_pre_hook(enter),
+        torch.nn.modules.module.register_module_forward_hook(leave),
+    ]
     try:
         yield stack
     finally:

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from diag.errors import DiagError
 from diag.interp import names_framework, values_framework
@@ -36,6 +37,7 @@ __all__ = [
     "locate",
     "reason",
 ]
+
 
 def reason(report: NanReport | None) -> str:
     """One line for a record's ``reason`` field, e.g. from a training-step probe.
@@ -54,8 +56,10 @@ def reason(report: NanReport | None) -> str:
         if len(report.arrived) > 3:
             facts.append(f"{len(report.arrived) - 3} more")
         given = f" ({'; '.join(facts)})" if facts else ""
-        line = (f"{report.kind} passed in{given}, reaching {report.path or 'the results'}; "
-                f"no op produced it")
+        line = (
+            f"{report.kind} passed in{given}, reaching {report.path or 'the results'}; "
+            f"no op produced it"
+        )
         return f"{line}; {report.raised}" if report.raised else line
     head = f"{report.kind} born in {report.primitive} at {where}{path}, {report.phase}"
     ins = "; ".join(f"input {i}: {s.short()}" for i, s in enumerate(report.inputs))
@@ -63,8 +67,9 @@ def reason(report: NanReport | None) -> str:
     return f"{line}; {report.raised}" if report.raised else line
 
 
-def hunt(fn: Callable, args: tuple = (), kwargs: dict | None = None, *,
-         framework: str | None = None) -> NanReport | None:
+def hunt(
+    fn: Callable, args: tuple = (), kwargs: dict | None = None, *, framework: str | None = None
+) -> NanReport | None:
     """`locate` with the framework chosen explicitly (``jax`` or ``torch``) instead of guessed.
 
     Args:
@@ -164,8 +169,12 @@ def load_target(spec: str) -> tuple[Callable, tuple, dict]:
         got = fn()
     except Exception as e:  # noqa: BLE001
         raise NanHuntError(f"{name} raised {type(e).__name__}: {e}") from e
-    if (isinstance(got, tuple) and len(got) in (2, 3) and callable(got[0])
-            and isinstance(got[1], (tuple, list))
-            and (len(got) == 2 or isinstance(got[2], dict))):
+    if (
+        isinstance(got, tuple)
+        and len(got) in (2, 3)
+        and callable(got[0])
+        and isinstance(got[1], (tuple, list))
+        and (len(got) == 2 or isinstance(got[2], dict))
+    ):
         return got[0], tuple(got[1]), dict(got[2]) if len(got) == 3 else {}
     return fn, (), {}

@@ -15,12 +15,12 @@ guarded and fails with a `NanHuntError` naming what changed.
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
-import numpy as np
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from diag.interp.jax_compile import persistent_cache
 from diag.interp.jax_program import Program, is_array
@@ -48,8 +48,7 @@ class BirthHunt(Evaluator):
         super().__init__()
         self.births: list[Birth] = []
 
-    def observe(self, e, ins: list[Value], outs: list[Value], path: str,
-                backward: bool) -> None:
+    def observe(self, e, ins: list[Value], outs: list[Value], path: str, backward: bool) -> None:
         """Record a birth when the outputs hold a NaN no input held, or an Inf from finite
         inputs. The non-finite outputs descend from the earliest birth among the inputs' (an
         Inf born earlier that now gives inf - inf), else from this one; values that came in
@@ -108,31 +107,47 @@ def _report(birth: Birth, n_births: int) -> NanReport:
             src, file, line, func = source(outer)
             if src:
                 lib = library_line(e)
-                note = (f"the op is JAX library code ({lib}) called from this line"
-                        if lib else "the op is JAX library code called from this line")
+                note = (
+                    f"the op is JAX library code ({lib}) called from this line"
+                    if lib
+                    else "the op is JAX library code called from this line"
+                )
                 break
     ins = [np.asarray(i.val) for i in birth.ins]
     bad_out = next(o for o in birth.outs if o.bad)
     out = np.asarray(bad_out.val)
     idx = first_bad_index(out, birth.kind)
     return NanReport(
-        framework="jax", primitive=e.primitive.name, kind=birth.kind, source=src,
-        path=birth.path, phase="backward" if birth.backward else "forward",
-        inputs=tuple(summarize(a) for a in ins), output=summarize(out), file=file, line=line,
-        function=func, bad_index=idx,
-        inputs_at_index=(values_at(ins, out.shape, idx)
-                         if e.primitive.name in _ELEMENTWISE else None),
-        births=n_births, note=note)
+        framework="jax",
+        primitive=e.primitive.name,
+        kind=birth.kind,
+        source=src,
+        path=birth.path,
+        phase="backward" if birth.backward else "forward",
+        inputs=tuple(summarize(a) for a in ins),
+        output=summarize(out),
+        file=file,
+        line=line,
+        function=func,
+        bad_index=idx,
+        inputs_at_index=(
+            values_at(ins, out.shape, idx) if e.primitive.name in _ELEMENTWISE else None
+        ),
+        births=n_births,
+        note=note,
+    )
 
 
 # Primitives whose output element i depends on input element i alone: only for them do "the
 # inputs at the first bad element" mean anything (a square matmul has matching shapes too).
-_ELEMENTWISE = frozenset("""
+_ELEMENTWISE = frozenset(
+    """
 abs acos acosh add add_any asin asinh atan atan2 atanh cbrt clamp convert_element_type cos cosh
 digamma div erf erf_inv erfc exp exp2 expm1 igamma igammac integer_pow is_finite lgamma log
 log1p logistic max min mul ne neg nextafter pow reduce_precision rem round rsqrt select_n sign
 sin sinh sqrt square sub tan tanh copy copy_p
-""".split())
+""".split()
+)
 
 
 def _fn_name(fn: Callable) -> str:
@@ -158,7 +173,8 @@ def _run_whole(closed, arrays: list) -> list:
 def _names_of_results(out_tree, n_state: int, state_names: list[str]) -> list[str]:
     n_out = out_tree.num_leaves - n_state
     paths = jax.tree_util.tree_flatten_with_path(
-        jax.tree_util.tree_unflatten(out_tree, list(range(out_tree.num_leaves))))[0]
+        jax.tree_util.tree_unflatten(out_tree, list(range(out_tree.num_leaves)))
+    )[0]
     names = []
     for k, (p, _) in enumerate(paths):
         if k < n_out:
@@ -196,8 +212,7 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
             result_leaves = screened
         elif prog.nnx is None and not donated:
             # Nothing to protect: the user's own call (the fast, cached path) is the screen.
-            result_leaves = jax.tree_util.tree_leaves(
-                jax.block_until_ready(fn(*args, **kwargs)))
+            result_leaves = jax.tree_util.tree_leaves(jax.block_until_ready(fn(*args, **kwargs)))
         else:
             # Donated inputs get copies: the hunt needs the originals afterwards.
             inputs = [jnp.copy(a) if i in donated else a for i, a in enumerate(prog.arrays)]
@@ -205,24 +220,30 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
         raise NanHuntError(f"{name} raised {type(e).__name__}: {e}") from e
     names = _names_of_results(out_tree, n_state, prog.state_names)
-    judged = [(names[k], *_kind(x)) for k, x in enumerate(result_leaves)
-              if is_array(x) or isinstance(x, float)]
+    judged = [
+        (names[k], *_kind(x))
+        for k, x in enumerate(result_leaves)
+        if is_array(x) or isinstance(x, float)
+    ]
     bad_results = [(w, k) for w, k, bad in judged if bad]
     if prog.nnx is not None:
-        prog.write_back(list(result_leaves[len(result_leaves) - n_state:]))
+        prog.write_back(list(result_leaves[len(result_leaves) - n_state :]))
     if not bad_results:
         return None
     hunt = BirthHunt()
     out_bwd = tuple(False for _ in closed.jaxpr.outvars)
     try:
         with persistent_cache():
-            outs = hunt.eval(closed.jaxpr, hunt.consts(closed),
-                             [wrap_value(a) for a in prog.arrays], "", out_bwd)
+            outs = hunt.eval(
+                closed.jaxpr, hunt.consts(closed), [wrap_value(a) for a in prog.arrays], "", out_bwd
+            )
     except NanHuntError:
         raise
     except Exception as e:  # noqa: BLE001
-        raise NanHuntError(f"evaluating {name} equation by equation failed "
-                           f"({type(e).__name__}: {e}); rerun with --debug and report it") from e
+        raise NanHuntError(
+            f"evaluating {name} equation by equation failed "
+            f"({type(e).__name__}: {e}); rerun with --debug and report it"
+        ) from e
     roots = [o.taint for o in outs if o.bad and o.taint is not None]
     if roots:
         return _report(hunt.births[min(roots)], len(hunt.births))
@@ -230,11 +251,17 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
         return _input_report(prog, outs, len(hunt.births))
     where, kind = bad_results[0]
     return NanReport(
-        framework="jax", primitive="jit", kind=kind, source="", path="", phase="forward",
+        framework="jax",
+        primitive="jit",
+        kind=kind,
+        source="",
+        path="",
+        phase="forward",
         births=len(hunt.births),
         note=f"the compiled call returned {kind} in {where} but evaluating {name} "
-             f"op by op did not: the compiler changed the arithmetic (fusion, excess precision, "
-             f"fast math); compare XLA flags with `diag run`")
+        f"op by op did not: the compiler changed the arithmetic (fusion, excess precision, "
+        f"fast math); compare XLA flags with `diag run`",
+    )
 
 
 def _jit_without_donation(fn: Callable) -> bool:
@@ -263,9 +290,11 @@ def _untraceable(fn, args, kwargs, name, prog, error) -> NanReport | None:
     """A function JAX cannot trace is still screened by one call; only a bad one is an error."""
     if not _nonfinite_leaves(_call(fn, args, kwargs, name)):
         return None
-    raise NanHuntError(f"{name} returned NaN/Inf but could not be traced to a jaxpr "
-                       f"({type(error).__name__}: {error}); diag nan needs a function jax.jit "
-                       f"(or, for Flax NNX modules, nnx.jit) could compile") from error
+    raise NanHuntError(
+        f"{name} returned NaN/Inf but could not be traced to a jaxpr "
+        f"({type(error).__name__}: {error}); diag nan needs a function jax.jit "
+        f"(or, for Flax NNX modules, nnx.jit) could compile"
+    ) from error
 
 
 def _input_report(prog: Program, outs, n_births: int) -> NanReport:
@@ -277,7 +306,14 @@ def _input_report(prog: Program, outs, n_births: int) -> NanReport:
         if bad:
             where, kind = n, got
             break
-    return NanReport(framework="jax", primitive="input", kind=kind, source="", path=where,
-                     phase="input", births=n_births,
-                     note="no op produced it: the non-finite value reached the results from "
-                          f"{where}, which held it on arrival")
+    return NanReport(
+        framework="jax",
+        primitive="input",
+        kind=kind,
+        source="",
+        path=where,
+        phase="input",
+        births=n_births,
+        note="no op produced it: the non-finite value reached the results from "
+        f"{where}, which held it on arrival",
+    )

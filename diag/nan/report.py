@@ -44,8 +44,12 @@ class TensorSummary:
         parts = [f"{self.dtype}{list(self.shape)}"]
         if self.min is not None:
             parts.append(f"min {self.min:.4g} max {self.max:.4g}")
-        for name, n in (("zero", self.zeros), ("negative", self.negatives), ("NaN", self.nans),
-                        ("Inf", self.infs)):
+        for name, n in (
+            ("zero", self.zeros),
+            ("negative", self.negatives),
+            ("NaN", self.nans),
+            ("Inf", self.infs),
+        ):
             if n:
                 parts.append(f"{n} {name}{'s' if n > 1 and name[-1] != 'N' else ''}")
         return ", ".join(parts)

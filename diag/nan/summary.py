@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,8 +39,16 @@ def summarize(a: np.ndarray) -> TensorSummary:
     rest = x[~nan]
     lo = float(rest.min()) if rest.size else None
     hi = float(rest.max()) if rest.size else None
-    return TensorSummary(shape, dtype, lo, hi, int((x == 0).sum()), int((x < 0).sum()),
-                         int(nan.sum()), int(inf.sum()))
+    return TensorSummary(
+        shape,
+        dtype,
+        lo,
+        hi,
+        int((x == 0).sum()),
+        int((x < 0).sum()),
+        int(nan.sum()),
+        int(inf.sum()),
+    )
 
 
 def first_bad_index(a: np.ndarray, kind: str = "NaN") -> tuple[int, ...] | None:
@@ -57,8 +66,9 @@ def first_bad_index(a: np.ndarray, kind: str = "NaN") -> tuple[int, ...] | None:
     return tuple(int(i) for i in np.unravel_index(int(np.argmax(bad.ravel())), a.shape))
 
 
-def values_at(inputs: Sequence[np.ndarray], out_shape: tuple[int, ...],
-              index: tuple[int, ...] | None) -> tuple[Any, ...] | None:
+def values_at(
+    inputs: Sequence[np.ndarray], out_shape: tuple[int, ...], index: tuple[int, ...] | None
+) -> tuple[Any, ...] | None:
     """Each input's element at `index` when the op is elementwise (inputs broadcast to it)."""
     if index is None:
         return None

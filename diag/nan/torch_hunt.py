@@ -13,19 +13,31 @@ is not a result: a -inf attention mask is a fact shown with the report, not a fi
 
 from __future__ import annotations
 
+import math
 import os
 import weakref
-from typing import Callable
-
-import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from diag.interp.torch_mode import OpMode
-from diag.interp.torch_ops import (OP_KIND, VIEW, all_finite, flat_args, flat_nonlist,
-                                   host_copy, is_float, list_arguments, op_kind, op_name,
-                                   per_index, tensor_flags, written_args, written_tensors)
+from diag.interp.torch_ops import (
+    OP_KIND,
+    VIEW,
+    all_finite,
+    flat_args,
+    flat_nonlist,
+    host_copy,
+    is_float,
+    list_arguments,
+    op_kind,
+    op_name,
+    per_index,
+    tensor_flags,
+    written_args,
+    written_tensors,
+)
 from diag.interp.torch_source import library_from_stack, source_from_node, source_from_stack
 from diag.nan.report import NanHuntError, NanReport
 from diag.nan.summary import first_bad_index, summarize, values_at
@@ -34,8 +46,7 @@ from diag.nan.torch_names import gradient_versions, named_inputs, sinks
 
 
 class _Birth:
-    __slots__ = ("op", "kind", "phase", "src", "path", "ins", "out", "note", "pointwise",
-                 "library")
+    __slots__ = ("op", "kind", "phase", "src", "path", "ins", "out", "note", "pointwise", "library")
 
     def __init__(self, op, kind, phase, src, path, ins, out, note, pointwise, library=""):
         self.op, self.kind, self.phase, self.src, self.path = op, kind, phase, src, path
@@ -87,8 +98,12 @@ class BirthHunter(OpMode):
         if any(t.dtype != src.dtype for t in outs):
             return False
         got = self._known.get(id(src))
-        return (got is not None and got[0]() is src and src._version in got[1]
-                and got[2] == (False, False))
+        return (
+            got is not None
+            and got[0]() is src
+            and src._version in got[1]
+            and got[2] == (False, False)
+        )
 
     def _all_finite_written(self, lists: list[list]) -> bool:
         """The fast path of a multi-tensor update: every tensor it wrote is finite (the
@@ -138,8 +153,13 @@ class BirthHunter(OpMode):
             raise
         node = torch._C._current_autograd_node()
         if isinstance(out, (tuple, list)):
-            outs = [t for t in (flat_args(out, []) if any(isinstance(x, (tuple, list)) for x in out)
-                                else out) if is_float(t)]
+            outs = [
+                t
+                for t in (
+                    flat_args(out, []) if any(isinstance(x, (tuple, list)) for x in out) else out
+                )
+                if is_float(t)
+            ]
         else:
             outs = [out] if is_float(out) else []
         if node is not None and type(node).__name__ == "AccumulateGrad":
@@ -204,10 +224,10 @@ class BirthHunter(OpMode):
         if isinstance(flat_in, tuple):  # (args, kwargs), flattened only when needed
             flat_in = flat_args(flat_in[1], flat_args(flat_in[0], []))
         ins = [x for x in flat_in if is_float(x)]
-        in_flags = [pre[id(t)] if pre is not None and id(t) in pre else self.flags(t)
-                    for t in ins]
-        in_flags += [(x != x, x in (float("inf"), float("-inf")))
-                     for x in flat_in if isinstance(x, float)]
+        in_flags = [pre[id(t)] if pre is not None and id(t) in pre else self.flags(t) for t in ins]
+        in_flags += [
+            (x != x, x in (float("inf"), float("-inf"))) for x in flat_in if isinstance(x, float)
+        ]
         in_nan = any(n for n, _ in in_flags)
         in_bad = any(n or i for n, i in in_flags)
         out_nan = any(n for n, _ in out_flags)
@@ -241,21 +261,28 @@ class BirthHunter(OpMode):
         bad_taints = [self.taint_of(t) for t, _ in bad]
         taints = [x for x in bad_taints if x is not None]
         node = torch._C._current_autograd_node()
-        file, line, fn = source_from_stack() if node is None else source_from_node(node,
-                                                                                     self.key)
+        file, line, fn = source_from_stack() if node is None else source_from_node(node, self.key)
         where = f" at {os.path.basename(file)}:{line} ({fn})" if file else ""
-        self.raised = (min(taints) if taints else None, bool(bad),
-                       f"{op_name(func)}{where} then raised {type(error).__name__}: "
-                       f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}")
+        self.raised = (
+            min(taints) if taints else None,
+            bool(bad),
+            f"{op_name(func)}{where} then raised {type(error).__name__}: "
+            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}",
+        )
 
     def _record(self, func, node, flat_in, outs, out_flags, mutable, kind) -> None:
         src, phase, path = self.where(node)
-        ins = [host_copy(x) for x in flat_in
-               if (isinstance(x, torch.Tensor) and x.numel() > 0) or
-               isinstance(x, float)]
+        ins = [
+            host_copy(x)
+            for x in flat_in
+            if (isinstance(x, torch.Tensor) and x.numel() > 0) or isinstance(x, float)
+        ]
         bad = next(t for t, (n, i) in zip(outs, out_flags) if n or i)
-        note = ("the op writes its input in place: input summaries show it after the op"
-                if mutable else "")
+        note = (
+            "the op writes its input in place: input summaries show it after the op"
+            if mutable
+            else ""
+        )
         if node is not None and isinstance(node, _CUSTOM_NODE):
             file, line, fn = source_from_stack()
             if file:  # the custom autograd.Function's own backward code
@@ -263,8 +290,11 @@ class BirthHunter(OpMode):
         note = note.strip()
         pointwise = torch.Tag.pointwise in func.tags
         library = library_from_stack() if node is None else ""
-        self.births.append(_Birth(op_name(func), kind, phase, src, path, ins, host_copy(bad),
-                                  note, pointwise, library))
+        self.births.append(
+            _Birth(
+                op_name(func), kind, phase, src, path, ins, host_copy(bad), note, pointwise, library
+            )
+        )
 
 
 def pointwise_birth(flat_in: list, outs: list) -> str | None:
@@ -303,11 +333,23 @@ def _report(b: _Birth, n_births: int) -> NanReport:
     src = f"{os.path.basename(file)}:{line} ({func})" if file else ""
     idx = first_bad_index(b.out, b.kind)
     return NanReport(
-        framework="torch", primitive=b.op, kind=b.kind, source=src, path=b.path, phase=b.phase,
-        inputs=tuple(summarize(a) for a in b.ins), output=summarize(b.out), file=file,
-        line=line, function=func, bad_index=idx,
+        framework="torch",
+        primitive=b.op,
+        kind=b.kind,
+        source=src,
+        path=b.path,
+        phase=b.phase,
+        inputs=tuple(summarize(a) for a in b.ins),
+        output=summarize(b.out),
+        file=file,
+        line=line,
+        function=func,
+        bad_index=idx,
         inputs_at_index=values_at(b.ins, b.out.shape, idx) if b.pointwise else None,
-        births=n_births, note=b.note, library=b.library)
+        births=n_births,
+        note=b.note,
+        library=b.library,
+    )
 
 
 def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
@@ -326,8 +368,9 @@ def locate_if_torch(fn: Callable, args: tuple, kwargs: dict) -> tuple[bool, NanR
     return hunter.ops > 0, report
 
 
-def _locate(fn: Callable, args: tuple, kwargs: dict,
-            hunter: BirthHunter | None = None) -> NanReport | None:
+def _locate(
+    fn: Callable, args: tuple, kwargs: dict, hunter: BirthHunter | None = None
+) -> NanReport | None:
     name = getattr(fn, "__name__", None) or type(fn).__name__
     hunter = hunter or BirthHunter()
     named = named_inputs(fn, args, kwargs)
@@ -353,16 +396,28 @@ def _locate(fn: Callable, args: tuple, kwargs: dict,
         return _with(_report(hunter.births[min(roots)], len(hunter.births)), arrived=arrived)
     if hunter.births and not arrived:
         rep = _report(hunter.births[0], len(hunter.births))
-        return _with(rep, note=(
-            f"{bad[0][0]} holds {bad[0][2]}; it could not be traced to one op (a view written "
-            f"in place?), so this is the first op that produced one"))
+        return _with(
+            rep,
+            note=(
+                f"{bad[0][0]} holds {bad[0][2]}; it could not be traced to one op (a view written "
+                f"in place?), so this is the first op that produced one"
+            ),
+        )
     where, t, kind = bad[0]
     given = "; ".join(arrived) or "an input"
-    return NanReport(framework="torch", primitive="input", kind=kind, source="", path=where,
-                     phase="input", inputs=(), output=summarize(host_copy(t)),
-                     births=len(hunter.births), arrived=tuple(arrived),
-                     note=f"no op produced it: it reached {where} from what the function was "
-                          f"given ({given})")
+    return NanReport(
+        framework="torch",
+        primitive="input",
+        kind=kind,
+        source="",
+        path=where,
+        phase="input",
+        inputs=(),
+        output=summarize(host_copy(t)),
+        births=len(hunter.births),
+        arrived=tuple(arrived),
+        note=f"no op produced it: it reached {where} from what the function was given ({given})",
+    )
 
 
 def _with(rep: NanReport, **changes) -> NanReport:
@@ -378,16 +433,25 @@ def _raised(hunter: BirthHunter, name: str, error: Exception, arrived: list[str]
     where it was born and what it made happen; otherwise it is an error like any other."""
     got = hunter.raised
     if got is None or not got[1]:
-        first = (f"; {len(hunter.births)} NaN/Inf birth(s) were seen before it"
-                 if hunter.births else "")
+        first = (
+            f"; {len(hunter.births)} NaN/Inf birth(s) were seen before it" if hunter.births else ""
+        )
         raise NanHuntError(f"{name} raised {type(error).__name__}: {error}{first}") from error
     taint, _, what = got
     if taint is not None:
-        return _with(_report(hunter.births[taint], len(hunter.births)), raised=what,
-                     arrived=arrived)
+        return _with(
+            _report(hunter.births[taint], len(hunter.births)), raised=what, arrived=arrived
+        )
     given = "; ".join(arrived) or "an input"
-    return NanReport(framework="torch", primitive="input", kind="NaN", source="", path="",
-                     phase="input", births=len(hunter.births), raised=what,
-                     arrived=tuple(arrived),
-                     note=f"no op produced it: the raising op was fed what the function was "
-                          f"given ({given})")
+    return NanReport(
+        framework="torch",
+        primitive="input",
+        kind="NaN",
+        source="",
+        path="",
+        phase="input",
+        births=len(hunter.births),
+        raised=what,
+        arrived=tuple(arrived),
+        note=f"no op produced it: the raising op was fed what the function was given ({given})",
+    )

@@ -7,7 +7,8 @@ place (the sinks a NaN must reach to count).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -51,8 +52,9 @@ def named_inputs(fn: Callable, args: tuple, kwargs: dict) -> dict[int, tuple[str
     bound to or refers to, and an optimizer's state."""
     named: dict[int, tuple[str, Any]] = {}
     ref = _referenced(fn)
-    for path, t in _tensor_paths((args, kwargs)) + [(n, x) for n, x in ref
-                                                     if isinstance(x, torch.Tensor)]:
+    for path, t in _tensor_paths((args, kwargs)) + [
+        (n, x) for n, x in ref if isinstance(x, torch.Tensor)
+    ]:
         named.setdefault(id(t), (path, t))
         if t.grad is not None:
             named.setdefault(id(t.grad), (f"gradient of {path}", t.grad))
@@ -89,8 +91,9 @@ def _tensor_paths(tree: Any, path: str = "") -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def arrived(named: dict[int, tuple[str, Any]],
-            flags: Callable[[torch.Tensor], tuple[bool, bool]]) -> list[str]:
+def arrived(
+    named: dict[int, tuple[str, Any]], flags: Callable[[torch.Tensor], tuple[bool, bool]]
+) -> list[str]:
     """What the function was given that was already non-finite: facts, not findings (an
     additive attention mask holds -inf by design)."""
     facts = []
@@ -113,8 +116,13 @@ def gradient_versions(named: dict[int, tuple[str, Any]]) -> dict[int, tuple[int,
     return got
 
 
-def sinks(result: Any, named: dict, grads: list, written: dict,
-          grads_before: dict[int, tuple[int, int]] | None = None):
+def sinks(
+    result: Any,
+    named: dict,
+    grads: list,
+    written: dict,
+    grads_before: dict[int, tuple[int, int]] | None = None,
+):
     """Every tensor the function's effect is visible in: what it returns, the gradients
     autograd accumulated (`grads`: weak references), the ``.grad`` of every named tensor that
     backward set or changed (`grads_before`: `gradient_versions` before the call; autograd

@@ -34,13 +34,13 @@ from __future__ import annotations
 from diag.errors import UsageError  # noqa: F401  (diag.nodes.UsageError, as before the split)
 from diag.nodes.config import misconfigured_lines
 from diag.nodes.inject import (
-                               FAULT_KINDS,
-                               Injection,
-                               check_injections,
-                               detection_probability,
-                               injection_outcomes,
-                               parse_injection,
-                               repeats_for,
+    FAULT_KINDS,
+    Injection,
+    check_injections,
+    detection_probability,
+    injection_outcomes,
+    parse_injection,
+    repeats_for,
 )
 from diag.nodes.result import NODES_SCHEMA, NodeScan, NodeScanError, NodeVote
 from diag.nodes.rundir import write_run
@@ -49,11 +49,11 @@ from diag.nodes.store import default_golden_dir
 from diag.nodes.torch_runtime import detect_framework
 from diag.nodes.vote import Observations, analyze
 from diag.nodes.workloads import (
-                               BUILTIN_WORKLOADS,
-                               INPUTS_PER_WORKLOAD,
-                               Workload,
-                               builtin_workload,
-                               load_workload,
+    BUILTIN_WORKLOADS,
+    INPUTS_PER_WORKLOAD,
+    Workload,
+    builtin_workload,
+    load_workload,
 )
 
 __all__ = [

@@ -21,30 +21,62 @@ import json
 import os
 import platform
 from collections import Counter
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from diag.environment import NUMERICS_ENV_VARS
 from diag.flags import FLAG_VARS, host_flags
 from diag.nodes.result import NodeVote
 
-__all__ = ["EXTRA_ENV_VARS", "LIBRARIES", "UNSET", "compare", "decode", "encode", "fingerprint",
-           "judge", "misconfigured_lines", "reason"]
+__all__ = [
+    "EXTRA_ENV_VARS",
+    "LIBRARIES",
+    "UNSET",
+    "compare",
+    "decode",
+    "encode",
+    "fingerprint",
+    "judge",
+    "misconfigured_lines",
+    "reason",
+]
 
 UNSET = "(unset)"
 
 #: Variables beyond `diag.environment.NUMERICS_ENV_VARS` that change CPU or collective
 #: arithmetic (vector ISA, thread counts, oneDNN's fp32 math mode, NCCL's algorithms).
-EXTRA_ENV_VARS = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR",
-                  "ONEDNN_DEFAULT_FPMATH_MODE", "DNNL_DEFAULT_FPMATH_MODE", "NCCL_ALGO",
-                  "NCCL_PROTO", "TORCH_CUDNN_V8_API_ENABLED", "JAX_ENABLE_X64")
+EXTRA_ENV_VARS = (
+    "ATEN_CPU_CAPABILITY",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "MKL_CBWR",
+    "ONEDNN_DEFAULT_FPMATH_MODE",
+    "DNNL_DEFAULT_FPMATH_MODE",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "TORCH_CUDNN_V8_API_ENABLED",
+    "JAX_ENABLE_X64",
+)
 
 #: Per-process by design: never a misconfiguration.
 _PER_PROCESS = ("CUDA_VISIBLE_DEVICES", "TPU_VISIBLE_CHIPS")
 
 #: Installed distributions whose version changes the arithmetic (CUDA, cuDNN, NCCL, libtpu).
-LIBRARIES = ("numpy", "ml_dtypes", "diag", "libtpu", "libtpu-nightly", "jax-cuda12-plugin",
-             "jax-cuda12-pjrt", "jax-cuda13-plugin", "nvidia-cudnn-cu12", "nvidia-cublas-cu12",
-             "nvidia-nccl-cu12", "nvidia-cuda-runtime-cu12", "torch-xla")
+LIBRARIES = (
+    "numpy",
+    "ml_dtypes",
+    "diag",
+    "libtpu",
+    "libtpu-nightly",
+    "jax-cuda12-plugin",
+    "jax-cuda12-pjrt",
+    "jax-cuda13-plugin",
+    "nvidia-cudnn-cu12",
+    "nvidia-cublas-cu12",
+    "nvidia-nccl-cu12",
+    "nvidia-cuda-runtime-cu12",
+    "torch-xla",
+)
 
 
 def _cpu_model() -> str:
@@ -58,8 +90,9 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def fingerprint(settings: Mapping[str, str],
-                environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+def fingerprint(
+    settings: Mapping[str, str], environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """This process's configuration: `settings` (the framework's, `Runtime.settings`) plus
     Python, library versions, CPU model, numerics environment variables and every flag of
     XLA_FLAGS / LIBTPU_INIT_ARGS (one key per flag).
@@ -74,8 +107,7 @@ def fingerprint(settings: Mapping[str, str],
             out[f"version {lib}"] = importlib.metadata.version(lib)
         except importlib.metadata.PackageNotFoundError:
             pass
-    for var in sorted(set(NUMERICS_ENV_VARS + EXTRA_ENV_VARS) - set(FLAG_VARS)
-                      - set(_PER_PROCESS)):
+    for var in sorted(set(NUMERICS_ENV_VARS + EXTRA_ENV_VARS) - set(FLAG_VARS) - set(_PER_PROCESS)):
         out[f"env {var}"] = env.get(var, UNSET)
     for var, parsed in host_flags(env).items():
         for name, value in parsed["flags"].items():
@@ -86,8 +118,9 @@ def fingerprint(settings: Mapping[str, str],
     return out
 
 
-def compare(fingerprints: Sequence[Mapping[str, str]], processes: Sequence[Mapping[str, Any]]
-            ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def compare(
+    fingerprints: Sequence[Mapping[str, str]], processes: Sequence[Mapping[str, Any]]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Name every process whose configuration differs from the majority's.
 
     Args:
@@ -107,7 +140,7 @@ def compare(fingerprints: Sequence[Mapping[str, str]], processes: Sequence[Mappi
     differs: list[list[dict[str, Any]]] = [[] for _ in range(n)]
     for key in keys:
         values = [fp.get(key, UNSET) for fp in fingerprints]
-        (top, count), = Counter(values).most_common(1)
+        ((top, count),) = Counter(values).most_common(1)
         decided = 2 * count > n and count >= 2
         if decided:
             reference[key] = top
@@ -115,19 +148,30 @@ def compare(fingerprints: Sequence[Mapping[str, str]], processes: Sequence[Mappi
             no_majority.append(key)
         for p, value in enumerate(values):
             if n > 1 and (value != top or not decided) and len(set(values)) > 1:
-                differs[p].append({"key": key, "value": value,
-                                   "majority": top if decided else None})
+                differs[p].append(
+                    {"key": key, "value": value, "majority": top if decided else None}
+                )
     out = []
     for p, items in enumerate(differs):
         if items:
-            out.append({**{k: processes[p][k] for k in ("process_index", "host")},
-                        "differs": items, "reason": reason(items)})
-    return out, {"processes": n, "keys": len(keys), "reference": reference,
-                 "no_majority": no_majority}
+            out.append(
+                {
+                    **{k: processes[p][k] for k in ("process_index", "host")},
+                    "differs": items,
+                    "reason": reason(items),
+                }
+            )
+    return out, {
+        "processes": n,
+        "keys": len(keys),
+        "reference": reference,
+        "no_majority": no_majority,
+    }
 
 
-def judge(vote: NodeVote, fingerprints: Sequence[Mapping[str, str]]
-          ) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
+def judge(
+    vote: NodeVote, fingerprints: Sequence[Mapping[str, str]]
+) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
     """Compare the processes' configurations beside the vote, and mark who is both.
 
     Args:
@@ -141,8 +185,9 @@ def judge(vote: NodeVote, fingerprints: Sequence[Mapping[str, str]]
     """
     procs: dict[int, dict[str, Any]] = {}
     for d in vote.devices:
-        procs.setdefault(d["process_index"], {"process_index": d["process_index"],
-                                              "host": d["host"]})
+        procs.setdefault(
+            d["process_index"], {"process_index": d["process_index"], "host": d["host"]}
+        )
     order = [procs.get(p, {"process_index": p, "host": ""}) for p in range(len(fingerprints))]
     misconfigured, summary = compare(fingerprints, order)
     bad_procs = {m["process_index"] for m in misconfigured}
@@ -159,16 +204,20 @@ def judge(vote: NodeVote, fingerprints: Sequence[Mapping[str, str]]
         h["misconfigured"] = h["process_index"] in bad_procs
     notes = []
     if summary["no_majority"]:
-        notes.append(f"no majority of processes agrees on {', '.join(summary['no_majority'])}: "
-                     "every process is named for it")
+        notes.append(
+            f"no majority of processes agrees on {', '.join(summary['no_majority'])}: "
+            "every process is named for it"
+        )
     return misconfigured, summary, notes
 
 
 def reason(items: Sequence[Mapping[str, Any]], limit: int = 6) -> str:
     """One line: "configuration differs: KEY = VALUE (majority: VALUE); ..."."""
-    shown = [f"{i['key']} = {i['value']}" + (f" (majority: {i['majority']})"
-                                            if i["majority"] is not None else
-                                            " (no majority)") for i in items[:limit]]
+    shown = [
+        f"{i['key']} = {i['value']}"
+        + (f" (majority: {i['majority']})" if i["majority"] is not None else " (no majority)")
+        for i in items[:limit]
+    ]
     more = f"; +{len(items) - limit} more" if len(items) > limit else ""
     return "configuration differs: " + "; ".join(shown) + more
 
@@ -186,14 +235,20 @@ def misconfigured_lines(nodes: Any) -> list[str]:
     """The terminal's lines for a scan's misconfigured processes (`NodeScan` or its dict)."""
     data = nodes if isinstance(nodes, Mapping) else nodes.to_dict()
     bad = data.get("misconfigured") or []
-    lines = [f"diag: process {m['process_index']} ({m['host']}): misconfigured: {m['reason']}"
-             for m in bad]
+    lines = [
+        f"diag: process {m['process_index']} ({m['host']}): misconfigured: {m['reason']}"
+        for m in bad
+    ]
     if bad:
-        lines.append(f"diag: {len(bad)} misconfigured process(es): "
-                     + ", ".join(f"process {m['process_index']} ({m['host']})" for m in bad)
-                     + "; configuration apart from hardware: see `misconfigured` in --json")
+        lines.append(
+            f"diag: {len(bad)} misconfigured process(es): "
+            + ", ".join(f"process {m['process_index']} ({m['host']})" for m in bad)
+            + "; configuration apart from hardware: see `misconfigured` in --json"
+        )
     elif (data.get("config") or {}).get("processes", 0) > 1:
         cfg = data["config"]
-        lines.append(f"diag: all {cfg['processes']} processes have the same configuration "
-                     f"({cfg['keys']} keys compared)")
+        lines.append(
+            f"diag: all {cfg['processes']} processes have the same configuration "
+            f"({cfg['keys']} keys compared)"
+        )
     return lines

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from diag.nodes.workloads import Workload
 __all__ = ["JaxRuntime", "NodeScanError", "StdoutToStderr", "import_jax", "init_distributed"]
 
 
-def import_jax(host_devices: Optional[int]):
+def import_jax(host_devices: int | None):
     """Import jax, first forcing `host_devices` CPU devices when asked.
 
     Raises:
@@ -36,34 +37,43 @@ def import_jax(host_devices: Optional[int]):
     try:
         import jax
     except ImportError:
-        raise NodeScanError("diag nodes needs jax: pip install 'diag[jax]' (or jax[tpu], "
-                            "jax[cuda12])") from None
+        raise NodeScanError(
+            "diag nodes needs jax: pip install 'diag[jax]' (or jax[tpu], jax[cuda12])"
+        ) from None
     if host_devices is not None and already:
         have = len(jax.devices("cpu"))
         if have != host_devices:
-            raise UsageError(f"--host-devices {host_devices}: jax was already started in this "
-                             f"process with {have} CPU device(s); XLA reads "
-                             f"{flag} once, so scan in a fresh process")
+            raise UsageError(
+                f"--host-devices {host_devices}: jax was already started in this "
+                f"process with {have} CPU device(s); XLA reads "
+                f"{flag} once, so scan in a fresh process"
+            )
     return jax
 
 
-def init_distributed(jax, coordinator: Optional[str], num_processes: Optional[int],
-                      process_id: Optional[int], timeout: int) -> None:
+def init_distributed(
+    jax, coordinator: str | None, num_processes: int | None, process_id: int | None, timeout: int
+) -> None:
     explicit = (coordinator, num_processes, process_id)
     if any(v is not None for v in explicit) and not all(v is not None for v in explicit):
-        raise UsageError("--coordinator, --num-processes and --process-id go together; give "
-                         "all three, or none to let jax detect the cluster (TPU pod, SLURM)")
+        raise UsageError(
+            "--coordinator, --num-processes and --process-id go together; give "
+            "all three, or none to let jax detect the cluster (TPU pod, SLURM)"
+        )
     kwargs: dict[str, Any] = {"initialization_timeout": timeout}
     if coordinator is not None:
-        kwargs.update(coordinator_address=coordinator, num_processes=num_processes,
-                      process_id=process_id)
+        kwargs.update(
+            coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
+        )
     try:
         jax.distributed.initialize(**kwargs)
     except (ValueError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise NodeScanError(f"jax.distributed could not start ({first}); outside a TPU pod or "
-                            "SLURM job pass --coordinator HOST:PORT --num-processes N "
-                            "--process-id I on every host") from None
+        raise NodeScanError(
+            f"jax.distributed could not start ({first}); outside a TPU pod or "
+            "SLURM job pass --coordinator HOST:PORT --num-processes N "
+            "--process-id I on every host"
+        ) from None
 
 
 class StdoutToStderr:
@@ -83,12 +93,17 @@ class StdoutToStderr:
         return False
 
 
-
 #: jax.config options that change what a computation returns (read with getattr).
-JAX_NUMERICS_OPTIONS = ("jax_default_matmul_precision", "jax_enable_x64",
-                        "jax_numpy_dtype_promotion", "jax_default_prng_impl",
-                        "jax_threefry_partitionable", "jax_debug_nans", "jax_disable_jit",
-                        "jax_enable_checks")
+JAX_NUMERICS_OPTIONS = (
+    "jax_default_matmul_precision",
+    "jax_enable_x64",
+    "jax_numpy_dtype_promotion",
+    "jax_default_prng_impl",
+    "jax_threefry_partitionable",
+    "jax_debug_nans",
+    "jax_disable_jit",
+    "jax_enable_checks",
+)
 
 
 def jax_versions(jax) -> dict[str, str]:
@@ -106,11 +121,10 @@ class JaxRuntime:
 
     framework = "jax"
 
-    def __init__(self, jax, platform: Optional[str], distributed: bool):
+    def __init__(self, jax, platform: str | None, distributed: bool):
         self.jax, self.platform, self.distributed = jax, platform, distributed
         try:
-            self._local = (jax.local_devices(backend=platform) if platform
-                           else jax.local_devices())
+            self._local = jax.local_devices(backend=platform) if platform else jax.local_devices()
             self._every = jax.devices(platform) if platform else jax.devices()
         except RuntimeError as e:
             raise UsageError(f"--platform {platform}: {str(e).splitlines()[0]}") from None
@@ -154,10 +168,10 @@ class JaxRuntime:
         out["device kinds"] = ", ".join(sorted({d.kind for d in self.local_devices()}))
         dev = self._local[0]
         mm = self.jax.jit(jnp.matmul)
-        fp = fingerprint(lambda a, b: mm(self.jax.device_put(a, dev),
-                                         self.jax.device_put(b, dev)))
-        out["measured float32 matmul"] = f"{fp.label} (input bits {list(fp.input_bits)}, " \
-                                         f"accumulator {fp.accumulator})"
+        fp = fingerprint(lambda a, b: mm(self.jax.device_put(a, dev), self.jax.device_put(b, dev)))
+        out["measured float32 matmul"] = (
+            f"{fp.label} (input bits {list(fp.input_bits)}, accumulator {fp.accumulator})"
+        )
         return out
 
     def shutdown(self) -> None:

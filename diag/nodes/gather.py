@@ -25,13 +25,13 @@ class Gathered:
     """What every process saw, one row per device of every process (process order)."""
 
     devices: list[dict[str, Any]]
-    digests: np.ndarray   # uint8 [D, W, R, 32]
+    digests: np.ndarray  # uint8 [D, W, R, 32]
     nan: np.ndarray
     inf: np.ndarray
     times: np.ndarray
     injected: np.ndarray
     rows: list[tuple[int, int]]  # (process, local index) of each row
-    dmax: int                    # the largest local device count (the padding)
+    dmax: int  # the largest local device count (the padding)
 
 
 def barrier(rt: Runtime) -> None:
@@ -47,9 +47,9 @@ def gather_texts(rt: Runtime, text: str) -> list[str]:
     raw = np.frombuffer(text.encode(), np.uint8)
     sizes = rt.allgather(np.array([raw.size], np.int32)).reshape(-1)
     padded = np.zeros(int(sizes.max()) or 1, np.uint8)
-    padded[:raw.size] = raw
+    padded[: raw.size] = raw
     got = rt.allgather(padded)
-    return [bytes(got[p, :int(n)]).decode(errors="replace") for p, n in enumerate(sizes)]
+    return [bytes(got[p, : int(n)]).decode(errors="replace") for p, n in enumerate(sizes)]
 
 
 def _pad(a: np.ndarray, dmax: int, fill=0) -> np.ndarray:
@@ -63,10 +63,26 @@ def gather(rt: Runtime, local: LocalRun) -> Gathered:
     """Every process's rows, in process order."""
     host = socket.gethostname()
     if not rt.distributed:
-        devs = [{"device_id": dev.id, "process_index": rt.process_index, "host": host,
-                 "kind": dev.kind, "platform": dev.platform} for dev in local.devices]
-        return Gathered(devs, local.digests, local.nan, local.inf, local.times, local.injected,
-                        [(0, i) for i in range(len(devs))], len(devs))
+        devs = [
+            {
+                "device_id": dev.id,
+                "process_index": rt.process_index,
+                "host": host,
+                "kind": dev.kind,
+                "platform": dev.platform,
+            }
+            for dev in local.devices
+        ]
+        return Gathered(
+            devs,
+            local.digests,
+            local.nan,
+            local.inf,
+            local.times,
+            local.injected,
+            [(0, i) for i in range(len(devs))],
+            len(devs),
+        )
     counts = rt.allgather(np.array([len(local.devices)], np.int32)).reshape(-1)
     dmax = int(counts.max())
     ids = _pad(np.array([dev.id for dev in local.devices], np.int32), dmax, -1)
@@ -74,21 +90,44 @@ def gather(rt: Runtime, local: LocalRun) -> Gathered:
     hosts = gather_texts(rt, host)
     kinds = gather_texts(rt, first.kind if first else "")
     platforms = gather_texts(rt, first.platform if first else "")
-    g_ids, g_dig, g_nan, g_inf, g_times, g_inj = [rt.allgather(a) for a in (
-        ids, _pad(local.digests, dmax), _pad(local.nan, dmax), _pad(local.inf, dmax),
-        _pad(local.times.astype(np.float32), dmax), _pad(local.injected.astype(np.uint8), dmax))]
+    g_ids, g_dig, g_nan, g_inf, g_times, g_inj = [
+        rt.allgather(a)
+        for a in (
+            ids,
+            _pad(local.digests, dmax),
+            _pad(local.nan, dmax),
+            _pad(local.inf, dmax),
+            _pad(local.times.astype(np.float32), dmax),
+            _pad(local.injected.astype(np.uint8), dmax),
+        )
+    ]
     devs, rows = [], []
     for p in range(len(counts)):
         for i in range(int(counts[p])):
-            devs.append({"device_id": int(g_ids[p, i]), "process_index": p, "host": hosts[p],
-                         "kind": kinds[p], "platform": platforms[p]})
+            devs.append(
+                {
+                    "device_id": int(g_ids[p, i]),
+                    "process_index": p,
+                    "host": hosts[p],
+                    "kind": kinds[p],
+                    "platform": platforms[p],
+                }
+            )
             rows.append((p, i))
 
     def take(a):
         return np.stack([a[p, i] for p, i in rows])
 
-    return Gathered(devs, take(g_dig), take(g_nan), take(g_inf),
-                    take(g_times).astype(np.float64), take(g_inj).astype(bool), rows, dmax)
+    return Gathered(
+        devs,
+        take(g_dig),
+        take(g_nan),
+        take(g_inf),
+        take(g_times).astype(np.float64),
+        take(g_inj).astype(bool),
+        rows,
+        dmax,
+    )
 
 
 def gather_ulps(rt: Runtime, local_ulps: np.ndarray, got: Gathered) -> np.ndarray:

@@ -7,8 +7,9 @@ can see the scan name them, and the detection formula says how many repeats that
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 from diag.errors import UsageError
 from diag.nodes.workloads import INPUTS_PER_WORKLOAD
@@ -35,8 +36,8 @@ class Injection:
 
     kind: str
     rate: float = 1.0
-    device: Optional[int] = None
-    process: Optional[int] = None
+    device: int | None = None
+    process: int | None = None
     seed: int = 0
     delay: float = 0.002
 

@@ -12,8 +12,9 @@ numpy, gather arrays from every process. The vote never sees a framework.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -24,8 +25,15 @@ from diag.nodes.result import NodeScanError
 from diag.nodes.workloads import INPUTS_PER_WORKLOAD, Workload
 from diag.numerics import bits_digest, is_supported, ulp_distance
 
-__all__ = ["DIGEST_BYTES", "Device", "LocalRun", "Runtime", "hex_digests", "local_ulps",
-           "run_local"]
+__all__ = [
+    "DIGEST_BYTES",
+    "Device",
+    "LocalRun",
+    "Runtime",
+    "hex_digests",
+    "local_ulps",
+    "run_local",
+]
 
 DIGEST_BYTES = 32  # sha256, `numerics.bits_digest`
 
@@ -51,7 +59,7 @@ class Device:
 class Runtime(Protocol):
     """What a scan needs from a framework (one instance per process)."""
 
-    framework: str            # "jax" | "torch"
+    framework: str  # "jax" | "torch"
     process_index: int
     process_count: int
     distributed: bool
@@ -73,7 +81,7 @@ class LocalRun:
     """This process's share: its devices' digests and timings, and the outputs for ULPs."""
 
     devices: list[Device]
-    digests: np.ndarray   # uint8 [d, W, R, 32]
+    digests: np.ndarray  # uint8 [d, W, R, 32]
     nan: np.ndarray
     inf: np.ndarray
     times: np.ndarray
@@ -88,10 +96,10 @@ def _nonfinite(arr: np.ndarray) -> tuple[int, int]:
     return int(np.isnan(arr).sum()), int(np.isinf(arr).sum())
 
 
-def _warm_up(rt: Runtime, devices, fns, workloads, inputs) -> list[list[Optional[np.ndarray]]]:
+def _warm_up(rt: Runtime, devices, fns, workloads, inputs) -> list[list[np.ndarray | None]]:
     """One call per (workload, device) on the extra input; its output is what a "stuck"
     device returns first."""
-    last: list[list[Optional[np.ndarray]]] = [[None] * len(fns) for _ in devices]
+    last: list[list[np.ndarray | None]] = [[None] * len(fns) for _ in devices]
     for w, fn in enumerate(fns):
         for d, dev in enumerate(devices):
             try:
@@ -101,13 +109,21 @@ def _warm_up(rt: Runtime, devices, fns, workloads, inputs) -> list[list[Optional
             except DiagError:
                 raise
             except Exception as e:
-                raise NodeScanError(f"workload {workloads[w].name} raised on device {dev.id}: "
-                                    f"{type(e).__name__}: {e}") from None
+                raise NodeScanError(
+                    f"workload {workloads[w].name} raised on device {dev.id}: "
+                    f"{type(e).__name__}: {e}"
+                ) from None
     return last
 
 
-def run_local(rt: Runtime, devices: Sequence[Device], workloads: Sequence[Workload],
-              repeats: int, seed: int, injections: Sequence[Injection]) -> LocalRun:
+def run_local(
+    rt: Runtime,
+    devices: Sequence[Device],
+    workloads: Sequence[Workload],
+    repeats: int,
+    seed: int,
+    injections: Sequence[Injection],
+) -> LocalRun:
     """Run every workload `repeats` times on each local device (the protocol above).
 
     Raises:
@@ -115,16 +131,23 @@ def run_local(rt: Runtime, devices: Sequence[Device], workloads: Sequence[Worklo
     """
     d_n, w_n = len(devices), len(workloads)
     shape = (d_n, w_n, repeats)
-    local = LocalRun(list(devices), np.zeros(shape + (DIGEST_BYTES,), np.uint8),
-                     np.zeros(shape, np.int32), np.zeros(shape, np.int32),
-                     np.zeros(shape, np.float64), np.zeros(shape, bool),
-                     [[[None] * repeats for _ in range(w_n)] for _ in range(d_n)])
+    local = LocalRun(
+        list(devices),
+        np.zeros(shape + (DIGEST_BYTES,), np.uint8),
+        np.zeros(shape, np.int32),
+        np.zeros(shape, np.int32),
+        np.zeros(shape, np.float64),
+        np.zeros(shape, bool),
+        [[[None] * repeats for _ in range(w_n)] for _ in range(d_n)],
+    )
     fns = [rt.build(w) for w in workloads]
     inputs = [[w.make_input(seed, k) for k in range(INPUTS_PER_WORKLOAD + 1)] for w in workloads]
     pid = rt.process_index
     inj = [[i for i in injections if i.applies_to(dev.id, pid)] for dev in devices]
-    rngs = [np.random.default_rng([i.seed for i in inj[d]] + [pid, dev.id])
-            for d, dev in enumerate(devices)]
+    rngs = [
+        np.random.default_rng([i.seed for i in inj[d]] + [pid, dev.id])
+        for d, dev in enumerate(devices)
+    ]
     t0 = time.perf_counter()
     last = _warm_up(rt, devices, fns, workloads, inputs)
     local.compile_s = time.perf_counter() - t0
@@ -175,7 +198,11 @@ def local_ulps(local: LocalRun, ref: np.ndarray) -> np.ndarray:
             good = local.outputs[holders[0]][w][r]
             for d in range(d_n):
                 y = local.outputs[d][w][r]
-                if hexes[d, w, r] != ref[w, r] and is_supported(y.dtype) \
-                        and y.dtype == good.dtype and y.shape == good.shape:
+                if (
+                    hexes[d, w, r] != ref[w, r]
+                    and is_supported(y.dtype)
+                    and y.dtype == good.dtype
+                    and y.shape == good.shape
+                ):
                     out[d, w, r] = float(ulp_distance(y, good).max())
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from diag.errors import DiagError
 
@@ -104,7 +104,7 @@ class NodeScan(NodeVote):
     golden: dict[str, Any]
     injections: list[dict[str, Any]]
     detection: dict[str, Any]
-    selftest: Optional[dict[str, Any]]
+    selftest: dict[str, Any] | None
     local_devices: int
     compile_seconds: float
     scan_seconds: float
@@ -121,6 +121,7 @@ class NodeScan(NodeVote):
         (``framework``, ``misconfigured``, ``config``) after it."""
         data = dataclasses.asdict(self)
         tail = ["framework", "misconfigured", "config"]
-        head = ["schema"] + [k for k in data
-                             if k not in _VOTE_FIELDS and k not in tail and k != "schema"]
+        head = ["schema"] + [
+            k for k in data if k not in _VOTE_FIELDS and k not in tail and k != "schema"
+        ]
         return {k: data[k] for k in head + _VOTE_FIELDS + tail}

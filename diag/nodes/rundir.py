@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from diag.nodes.result import NodeScan
 
@@ -14,7 +14,7 @@ _STATUS = {"ok": "pass", "slow": "warn", "suspect": "fail"}
 
 
 def write_run(nodes: NodeScan, out: os.PathLike | str = "reports",
-              argv: Optional[Sequence[str]] = None) -> Path:
+              argv: Sequence[str] | None = None) -> Path:
     """Write a run folder: run.json, one record per device in results.jsonl, and nodes.json.
 
     The per-device records (``kind: "node"``, status pass / warn for slow / fail for a suspect)

@@ -12,9 +12,10 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from diag.errors import EXIT_BAD_NODE, EXIT_NUMERICAL_FAILURE, UsageError
 from diag.nodes import config, store
@@ -154,15 +155,15 @@ def _check(repeats, host_devices, slow_factor, workloads, framework) -> tuple[li
     return workloads, framework
 
 
-def scan(*, workloads: Optional[Sequence[Workload]] = None, repeats: int = 10, seed: int = 0,
-         host_devices: Optional[int] = None, platform: Optional[str] = None,
+def scan(*, workloads: Sequence[Workload] | None = None, repeats: int = 10, seed: int = 0,
+         host_devices: int | None = None, platform: str | None = None,
          injections: Sequence[Injection] = (), distributed: bool = False,
-         coordinator: Optional[str] = None, num_processes: Optional[int] = None,
-         process_id: Optional[int] = None, init_timeout: int = 60,
-         golden_dir: Optional[os.PathLike] = None, save_golden: bool = False,
+         coordinator: str | None = None, num_processes: int | None = None,
+         process_id: int | None = None, init_timeout: int = 60,
+         golden_dir: os.PathLike | None = None, save_golden: bool = False,
          use_golden: bool = True, slow_factor: float = 1.5,
-         fail_on_slow: bool = False, framework: Optional[str] = None,
-         epilogue: Optional[Callable[[NodeScan], Any]] = None) -> NodeScan:
+         fail_on_slow: bool = False, framework: str | None = None,
+         epilogue: Callable[[NodeScan], Any] | None = None) -> NodeScan:
     """Scan every local device (every device of every process with `distributed`).
 
     Args:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -68,8 +69,9 @@ def load_golden(path: Path, keys: Mapping[str, str]) -> dict[str, list[str]]:
     return out
 
 
-def save_golden(path: Path, keys: Mapping[str, str], digests: np.ndarray,
-                 meta: Mapping[str, Any]) -> int:
+def save_golden(
+    path: Path, keys: Mapping[str, str], digests: np.ndarray, meta: Mapping[str, Any]
+) -> int:
     """Store the unanimous digest per (workload, input); returns the entries written."""
     try:
         data = json.loads(path.read_text())
@@ -87,7 +89,12 @@ def save_golden(path: Path, keys: Mapping[str, str], digests: np.ndarray,
             n += 1
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"schema": GOLDEN_SCHEMA, **meta, "saved": time.time(),
-                               "workloads": stored}, indent=2, sort_keys=True))
+    tmp.write_text(
+        json.dumps(
+            {"schema": GOLDEN_SCHEMA, **meta, "saved": time.time(), "workloads": stored},
+            indent=2,
+            sort_keys=True,
+        )
+    )
     os.replace(tmp, path)
     return n

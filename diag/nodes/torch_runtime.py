@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 import numpy as np
 
@@ -32,18 +33,23 @@ TORCHRUN_PREFIX = "TORCHELASTIC_"
 #: torch numerics switches, as attribute paths under ``torch`` (read when present: the
 #: fp32_precision switches are torch >= 2.9, allow_tf32 the older spelling of the same).
 TORCH_SWITCHES = (
-    "backends.cuda.matmul.allow_tf32", "backends.cudnn.allow_tf32",
+    "backends.cuda.matmul.allow_tf32",
+    "backends.cudnn.allow_tf32",
     "backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
     "backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
-    "backends.cudnn.deterministic", "backends.cudnn.benchmark", "backends.mkldnn.enabled",
-    "backends.fp32_precision", "backends.cuda.matmul.fp32_precision",
-    "backends.mkldnn.matmul.fp32_precision", "backends.cudnn.conv.fp32_precision",
+    "backends.cudnn.deterministic",
+    "backends.cudnn.benchmark",
+    "backends.mkldnn.enabled",
+    "backends.fp32_precision",
+    "backends.cuda.matmul.fp32_precision",
+    "backends.mkldnn.matmul.fp32_precision",
+    "backends.cudnn.conv.fp32_precision",
     "backends.mkldnn.conv.fp32_precision",
 )
 
 
-def detect_framework(environ: Optional[Mapping[str, str]] = None) -> str:
-    """"torch" when a torchrun-started process's variables are set, else "jax"."""
+def detect_framework(environ: Mapping[str, str] | None = None) -> str:
+    """ "torch" when a torchrun-started process's variables are set, else "jax"."""
     env = os.environ if environ is None else environ
     if any(k.startswith(TORCHRUN_PREFIX) for k in env):
         return "torch"
@@ -59,23 +65,29 @@ def import_torch():
     try:
         import torch
     except ImportError:
-        raise NodeScanError("diag nodes --framework torch needs torch: pip install "
-                            "'diag[torch]'") from None
+        raise NodeScanError(
+            "diag nodes --framework torch needs torch: pip install 'diag[torch]'"
+        ) from None
     return torch
 
 
 def _rank_env(env: Mapping[str, str]) -> dict[str, int]:
     """RANK, WORLD_SIZE and LOCAL_RANK from torchrun's variables, or SLURM's under srun."""
-    pairs = (("RANK", "SLURM_PROCID"), ("WORLD_SIZE", "SLURM_NTASKS"),
-             ("LOCAL_RANK", "SLURM_LOCALID"))
+    pairs = (
+        ("RANK", "SLURM_PROCID"),
+        ("WORLD_SIZE", "SLURM_NTASKS"),
+        ("LOCAL_RANK", "SLURM_LOCALID"),
+    )
     out = {}
     for name, slurm in pairs:
         value = env.get(name, env.get(slurm))
         if value is None and name != "LOCAL_RANK":
-            raise UsageError(f"--distributed --framework torch: {name} is not set; start diag "
-                             "with torchrun (or srun with MASTER_ADDR and MASTER_PORT "
-                             "exported), or pass --coordinator HOST:PORT --num-processes N "
-                             "--process-id I")
+            raise UsageError(
+                f"--distributed --framework torch: {name} is not set; start diag "
+                "with torchrun (or srun with MASTER_ADDR and MASTER_PORT "
+                "exported), or pass --coordinator HOST:PORT --num-processes N "
+                "--process-id I"
+            )
         out[name] = int(value or 0)
     return out
 
@@ -85,8 +97,15 @@ class TorchRuntime:
 
     framework = "torch"
 
-    def __init__(self, platform: Optional[str], distributed: bool, coordinator=None,
-                 num_processes=None, process_id=None, timeout: int = 60):
+    def __init__(
+        self,
+        platform: str | None,
+        distributed: bool,
+        coordinator=None,
+        num_processes=None,
+        process_id=None,
+        timeout: int = 60,
+    ):
         torch = self.torch = import_torch()
         if platform not in (None, "cpu", "gpu", "cuda"):
             raise UsageError(f"--platform {platform}: --framework torch scans cpu or gpu")
@@ -106,15 +125,24 @@ class TorchRuntime:
 
         explicit = (coordinator, num_processes, process_id)
         if any(v is not None for v in explicit) and not all(v is not None for v in explicit):
-            raise UsageError("--coordinator, --num-processes and --process-id go together; "
-                             "give all three, or none to use torchrun's environment")
-        env = _rank_env(os.environ) if coordinator is None else {
-            "RANK": process_id, "WORLD_SIZE": num_processes,
-            "LOCAL_RANK": int(os.environ.get("LOCAL_RANK", 0))}
-        if coordinator is None and not all(v in os.environ for v in ("MASTER_ADDR",
-                                                                      "MASTER_PORT")):
-            raise UsageError("--distributed --framework torch: MASTER_ADDR and MASTER_PORT are "
-                             "not set; start diag with torchrun, or export them under srun")
+            raise UsageError(
+                "--coordinator, --num-processes and --process-id go together; "
+                "give all three, or none to use torchrun's environment"
+            )
+        env = (
+            _rank_env(os.environ)
+            if coordinator is None
+            else {
+                "RANK": process_id,
+                "WORLD_SIZE": num_processes,
+                "LOCAL_RANK": int(os.environ.get("LOCAL_RANK", 0)),
+            }
+        )
+        if coordinator is None and not all(v in os.environ for v in ("MASTER_ADDR", "MASTER_PORT")):
+            raise UsageError(
+                "--distributed --framework torch: MASTER_ADDR and MASTER_PORT are "
+                "not set; start diag with torchrun, or export them under srun"
+            )
         self.local_rank = env["LOCAL_RANK"]
         if self.cuda:
             self.torch.cuda.set_device(self.local_rank % self.torch.cuda.device_count())
@@ -122,8 +150,10 @@ class TorchRuntime:
             dist.init_process_group(
                 "nccl" if self.cuda else "gloo",
                 init_method=f"tcp://{coordinator}" if coordinator else "env://",
-                rank=env["RANK"], world_size=env["WORLD_SIZE"],
-                timeout=timedelta(seconds=timeout))
+                rank=env["RANK"],
+                world_size=env["WORLD_SIZE"],
+                timeout=timedelta(seconds=timeout),
+            )
         except (ValueError, RuntimeError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise NodeScanError(f"torch.distributed could not start ({first})") from None
@@ -132,13 +162,25 @@ class TorchRuntime:
     def local_devices(self) -> list[Device]:
         torch = self.torch
         if not self.cuda:
-            return [Device(self.process_index if self.distributed else 0, "cpu", "cpu",
-                           torch.device("cpu"))]
-        idx = ([self.local_rank % torch.cuda.device_count()] if self.distributed
-               else list(range(torch.cuda.device_count())))
-        return [Device(self.process_index if self.distributed else i,
-                       torch.cuda.get_device_name(i), "gpu", torch.device("cuda", i))
-                for i in idx]
+            return [
+                Device(
+                    self.process_index if self.distributed else 0, "cpu", "cpu", torch.device("cpu")
+                )
+            ]
+        idx = (
+            [self.local_rank % torch.cuda.device_count()]
+            if self.distributed
+            else list(range(torch.cuda.device_count()))
+        )
+        return [
+            Device(
+                self.process_index if self.distributed else i,
+                torch.cuda.get_device_name(i),
+                "gpu",
+                torch.device("cuda", i),
+            )
+            for i in idx
+        ]
 
     def all_devices(self) -> list[tuple[int, int]]:
         if not self.distributed:
@@ -183,11 +225,14 @@ class TorchRuntime:
         """torch's versions (CUDA, cuDNN, NCCL), numerics switches, threads, CPU capability,
         device kinds, and the measured arithmetic of a float32 matmul on this rank's device."""
         torch = self.torch
-        out = {"torch": str(torch.__version__), "torch.version.cuda": str(torch.version.cuda),
-               "torch float32_matmul_precision": torch.get_float32_matmul_precision(),
-               "torch deterministic_algorithms": str(torch.are_deterministic_algorithms_enabled()),
-               "torch cpu capability": str(torch.backends.cpu.get_cpu_capability()),
-               "torch threads": str(torch.get_num_threads())}
+        out = {
+            "torch": str(torch.__version__),
+            "torch.version.cuda": str(torch.version.cuda),
+            "torch float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "torch deterministic_algorithms": str(torch.are_deterministic_algorithms_enabled()),
+            "torch cpu capability": str(torch.backends.cpu.get_cpu_capability()),
+            "torch threads": str(torch.get_num_threads()),
+        }
         with warnings.catch_warnings():  # allow_tf32 is deprecated for fp32_precision
             warnings.simplefilter("ignore")
             for path in TORCH_SWITCHES:
@@ -209,8 +254,9 @@ class TorchRuntime:
 
         dev = self.local_devices()[0].handle
         torch = self.torch
-        fp = fingerprint(lambda a, b: (torch.from_numpy(a).to(dev)
-                                       @ torch.from_numpy(b).to(dev)).cpu())
+        fp = fingerprint(
+            lambda a, b: (torch.from_numpy(a).to(dev) @ torch.from_numpy(b).to(dev)).cpu()
+        )
         return f"{fp.label} (input bits {list(fp.input_bits)}, accumulator {fp.accumulator})"
 
     def shutdown(self) -> None:

@@ -13,7 +13,7 @@ stored under torch's version, never compared with jax's.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -79,7 +79,7 @@ def train_step(lr: float = 0.1) -> Callable:
     def step(x):
         w1, w2 = (w.clone().requires_grad_(True) for w in _on(x.device, ws, cache))
         with torch.enable_grad():
-            labels = torch.argmax(x[:, :w2.shape[1]], dim=1)
+            labels = torch.argmax(x[:, : w2.shape[1]], dim=1)
             logits = torch.tanh(x @ w1) @ w2
             logp = torch.log_softmax(logits, dim=-1)
             loss = -logp.gather(1, labels[:, None]).mean()

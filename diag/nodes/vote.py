@@ -6,8 +6,9 @@ process, and every process computes the same verdict from them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,15 +40,16 @@ class Observations:
     inf: np.ndarray
     times: np.ndarray
     injected: np.ndarray
-    max_ulp: Optional[np.ndarray] = None
+    max_ulp: np.ndarray | None = None
 
     @property
     def repeats(self) -> int:
         return int(self.digests.shape[2])
 
 
-def references(digests: np.ndarray, golden: Optional[Mapping[str, Sequence[str]]],
-               workloads: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+def references(
+    digests: np.ndarray, golden: Mapping[str, Sequence[str]] | None, workloads: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray]:
     """The reference digest per (workload, repeat) and where it came from.
 
     A strict majority of two or more devices wins; without one, the stored golden digest for
@@ -72,7 +74,7 @@ def references(digests: np.ndarray, golden: Optional[Mapping[str, Sequence[str]]
     return ref, src
 
 
-def ulp_text(ulps: Optional[float]) -> str:
+def ulp_text(ulps: float | None) -> str:
     """A ULP distance for people: `NAN_ULP` (a NaN against a number) reads "NaN"."""
     if ulps is None:
         return "—"
@@ -84,8 +86,12 @@ def _runs(repeats: Sequence[int], limit: int = 8) -> str:
     return shown + (f" (+{len(repeats) - limit} more)" if len(repeats) > limit else "")
 
 
-def analyze(obs: Observations, golden: Optional[Mapping[str, Sequence[str]]] = None,
-            slow_factor: float = 1.5, fail_on_slow: bool = False) -> NodeVote:
+def analyze(
+    obs: Observations,
+    golden: Mapping[str, Sequence[str]] | None = None,
+    slow_factor: float = 1.5,
+    fail_on_slow: bool = False,
+) -> NodeVote:
     """Vote on the gathered observations: per-device verdicts, suspects, stragglers, notes.
 
     Args:
@@ -151,11 +157,13 @@ def analyze(obs: Observations, golden: Optional[Mapping[str, Sequence[str]]] = N
         kinds, why = [], []
         evidence: list[dict[str, Any]] = []
         for w, name in enumerate(names):
-            for flag, label in ((mismatch[d, w], "differs from the majority"),
-                                (undecided[d, w], "no majority"),
-                                (intermittent[d, w], "repeats of the same input disagree"),
-                                (golden_bad[d, w], "differs from the stored golden digest"),
-                                (bad_nonfinite[d, w], "NaN/Inf where the reference has none")):
+            for flag, label in (
+                (mismatch[d, w], "differs from the majority"),
+                (undecided[d, w], "no majority"),
+                (intermittent[d, w], "repeats of the same input disagree"),
+                (golden_bad[d, w], "differs from the stored golden digest"),
+                (bad_nonfinite[d, w], "NaN/Inf where the reference has none"),
+            ):
                 bad_rs = [int(r) for r in np.nonzero(flag)[0]]
                 if bad_rs:
                     item: dict[str, Any] = {"workload": name, "what": label, "repeats": bad_rs}
@@ -175,7 +183,7 @@ def analyze(obs: Observations, golden: Optional[Mapping[str, Sequence[str]]] = N
         texts = {
             "mismatch": "differs from the majority on {n}/{c} calls",
             "no-majority": "{n}/{c} calls have no majority to vote with (too few devices agree "
-                           "and no golden digest is stored)",
+            "and no golden digest is stored)",
             "intermittent": "repeats of the same input disagree on {n} calls",
             "golden": "differs from the stored golden digest on {n}/{c} calls",
             "nan": "NaN/Inf where the reference has none on {n} calls",
@@ -188,8 +196,11 @@ def analyze(obs: Observations, golden: Optional[Mapping[str, Sequence[str]]] = N
         if ulp_values:
             why.append(f"max {ulp_text(max(ulp_values))} ULP from the majority output")
         wrong = mismatch[d] | undecided[d] | intermittent[d] | golden_bad[d] | bad_nonfinite[d]
-        where = [f"{name} repeats {_runs([int(r) for r in np.nonzero(wrong[w])[0]])}"
-                 for w, name in enumerate(names) if wrong[w].any()]
+        where = [
+            f"{name} repeats {_runs([int(r) for r in np.nonzero(wrong[w])[0]])}"
+            for w, name in enumerate(names)
+            if wrong[w].any()
+        ]
         if where:
             why.append("wrong calls: " + "; ".join(where))
         ratio = float(med[d] / fleet) if fleet > 0 else 1.0
@@ -197,23 +208,34 @@ def analyze(obs: Observations, golden: Optional[Mapping[str, Sequence[str]]] = N
         suspect = bool(kinds) or (is_slow and fail_on_slow)
         if is_slow:
             kinds.append("slow")
-            why.append(f"fastest repeat {fastest[d] * 1e3:.3g} ms > {slow_factor:g} x the "
-                       f"median device's {fleet * 1e3:.3g} ms")
+            why.append(
+                f"fastest repeat {fastest[d] * 1e3:.3g} ms > {slow_factor:g} x the "
+                f"median device's {fleet * 1e3:.3g} ms"
+            )
         verdict = "suspect" if suspect else ("slow" if is_slow else "ok")
         entry = {
-            **dev, "verdict": verdict, "kinds": kinds,
+            **dev,
+            "verdict": verdict,
+            "kinds": kinds,
             "reason": "; ".join(why) if why else "agrees with the majority on every call",
-            "calls": W * R, "mismatched_calls": per_kind["mismatch"],
-            "nan_count": int(obs.nan[d].sum()), "inf_count": int(obs.inf[d].sum()),
+            "calls": W * R,
+            "mismatched_calls": per_kind["mismatch"],
+            "nan_count": int(obs.nan[d].sum()),
+            "inf_count": int(obs.inf[d].sum()),
             "intermittent_calls": per_kind["intermittent"],
             "golden_mismatch_calls": per_kind["golden"],
             "undecided_calls": per_kind["no-majority"],
             "max_ulp": max(ulp_values) if ulp_values else None,
             "injected_calls": int(obs.injected[d].sum()),
-            "injected_caught": int((obs.injected[d] & (mismatch[d] | intermittent[d]
-                                                        | golden_bad[d] | undecided[d])).sum()),
-            "time_median_s": float(med[d]), "time_min_s": float(fastest[d]),
-            "time_ratio": ratio, "evidence": evidence[:20],
+            "injected_caught": int(
+                (
+                    obs.injected[d] & (mismatch[d] | intermittent[d] | golden_bad[d] | undecided[d])
+                ).sum()
+            ),
+            "time_median_s": float(med[d]),
+            "time_min_s": float(fastest[d]),
+            "time_ratio": ratio,
+            "evidence": evidence[:20],
         }
         devices.append(entry)
         short = {k: dev[k] for k in ("device_id", "process_index", "host")}
@@ -224,34 +246,54 @@ def analyze(obs: Observations, golden: Optional[Mapping[str, Sequence[str]]] = N
 
     notes = []
     if D == 1:
-        notes.append("one device: no vote across devices; only repeats of the same input and "
-                     "a stored golden digest are compared")
+        notes.append(
+            "one device: no vote across devices; only repeats of the same input and "
+            "a stored golden digest are compared"
+        )
     elif D == 2:
-        notes.append("two devices: when they disagree there is no majority; both are named "
-                     "unless a stored golden digest or a repeat disagreement points at one")
+        notes.append(
+            "two devices: when they disagree there is no majority; both are named "
+            "unless a stored golden digest or a repeat disagreement points at one"
+        )
     if R < INPUTS_PER_WORKLOAD + 1:
-        notes.append(f"with {R} repeat(s) no input is seen twice: intermittent faults on a "
-                     f"single device are not checked (use --repeats >= {INPUTS_PER_WORKLOAD + 1})")
+        notes.append(
+            f"with {R} repeat(s) no input is seen twice: intermittent faults on a "
+            f"single device are not checked (use --repeats >= {INPUTS_PER_WORKLOAD + 1})"
+        )
     if (~known & disagree).any():
-        notes.append("some calls had no majority and no golden digest: the devices involved "
-                     "are all named")
+        notes.append(
+            "some calls had no majority and no golden digest: the devices involved are all named"
+        )
     for w, name in enumerate(names):
         if (ref_nonfinite[w] > 0).any():
-            notes.append(f"workload {name} returns NaN/Inf in the reference output itself: a "
-                         "property of the workload, not of a device")
+            notes.append(
+                f"workload {name} returns NaN/Inf in the reference output itself: a "
+                "property of the workload, not of a device"
+            )
     kinds_seen = sorted({str(dev.get("kind")) for dev in obs.devices})
     if len(kinds_seen) > 1:
-        notes.append(f"mixed device kinds ({', '.join(kinds_seen)}): different hardware may "
-                     "legitimately give different bits")
+        notes.append(
+            f"mixed device kinds ({', '.join(kinds_seen)}): different hardware may "
+            "legitimately give different bits"
+        )
     if golden and mismatch.sum() == 0 and golden_bad.all(axis=0).any():
-        notes.append("every device differs from the stored golden digest on some call: the "
-                     "golden may come from other flags or software; check, then --save-golden")
+        notes.append(
+            "every device differs from the stored golden digest on some call: the "
+            "golden may come from other flags or software; check, then --save-golden"
+        )
 
     hosts: dict[tuple, dict[str, Any]] = {}
     for entry in devices:
-        h = hosts.setdefault((entry["process_index"], entry["host"]), {
-            "process_index": entry["process_index"], "host": entry["host"], "devices": 0,
-            "suspects": 0, "slow": 0})
+        h = hosts.setdefault(
+            (entry["process_index"], entry["host"]),
+            {
+                "process_index": entry["process_index"],
+                "host": entry["host"],
+                "devices": 0,
+                "suspects": 0,
+                "slow": 0,
+            },
+        )
         h["devices"] += 1
         h["suspects"] += entry["verdict"] == "suspect"
         h["slow"] += entry["verdict"] == "slow"
@@ -260,11 +302,15 @@ def analyze(obs: Observations, golden: Optional[Mapping[str, Sequence[str]]] = N
     return NodeVote(
         verdict="suspect" if suspects else "ok",
         exit_code=EXIT_BAD_NODE if suspects else EXIT_OK,
-        devices=devices, suspects=suspects, slow=stragglers,
+        devices=devices,
+        suspects=suspects,
+        slow=stragglers,
         hosts=list(hosts.values()),
-        references={"majority": int((src == "majority").sum()),
-                    "golden": int((src == "golden").sum()),
-                    "undecided": int((~known).sum())},
+        references={
+            "majority": int((src == "majority").sum()),
+            "golden": int((src == "golden").sum()),
+            "undecided": int((~known).sum()),
+        },
         fleet_median_repeat_s=fleet,
         notes=notes,
     )

@@ -12,9 +12,9 @@ import importlib.util
 import os
 import sys
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -46,7 +46,7 @@ class Workload:
     dtype: str
     build: Callable[[], Callable]
     version: str = "1"
-    build_torch: Optional[Callable[[], Callable]] = None
+    build_torch: Callable[[], Callable] | None = None
 
     def build_for(self, framework: str) -> Callable:
         """The callable for `framework` ("jax" or "torch")."""
@@ -70,6 +70,7 @@ class Workload:
 # same functions `diag run` judges against the oracle: one definition of each op. Rebuilding
 # them on those ops left every builtin's compiled HLO and output bits as they were (jax-cpu
 # 0.10.2, seeds 0, 1, 7), so golden digests saved by an older diag still apply (version "1").
+
 
 def _matmul_chain(dtype: str) -> Callable[[], Callable]:
     @functools.cache  # one jitted function per process: compiled once
@@ -115,7 +116,9 @@ def _train_step():
     from diag.probes import train_step as train_step_op
 
     w1, w2 = weights(2, [(32, 64), (64, 10)], "float32")
-    step = train_step_op.on_jax(jax_backend, lr=0.1)  # labels are drawn from the input: deterministic
+    step = train_step_op.on_jax(
+        jax_backend, lr=0.1
+    )  # labels are drawn from the input: deterministic
 
     def flat_step(x):
         out = step(x, w1, w2)
@@ -126,6 +129,7 @@ def _train_step():
 
 def _torch(name: str, *args) -> Callable[[], Callable]:
     """The torch version of a builtin (`diag.nodes.torch_workloads`, imported when built)."""
+
     def build():
         from diag.nodes import torch_workloads  # loads torch
 
@@ -136,14 +140,24 @@ def _torch(name: str, *args) -> Callable[[], Callable]:
 
 #: diag's golden workloads, in scan order.
 BUILTIN_WORKLOADS: dict[str, Workload] = {
-    w.name: w for w in (
-        Workload("matmul_bf16", (128, 128), "bfloat16", _matmul_chain("bfloat16"),
-                 build_torch=_torch("matmul_chain", "bfloat16")),
-        Workload("matmul_f32", (128, 128), "float32", _matmul_chain("float32"),
-                 build_torch=_torch("matmul_chain", "float32")),
+    w.name: w
+    for w in (
+        Workload(
+            "matmul_bf16",
+            (128, 128),
+            "bfloat16",
+            _matmul_chain("bfloat16"),
+            build_torch=_torch("matmul_chain", "bfloat16"),
+        ),
+        Workload(
+            "matmul_f32",
+            (128, 128),
+            "float32",
+            _matmul_chain("float32"),
+            build_torch=_torch("matmul_chain", "float32"),
+        ),
         Workload("softmax", (64, 1024), "float32", _softmax, build_torch=_torch("softmax")),
-        Workload("train_step", (64, 32), "float32", _train_step,
-                 build_torch=_torch("train_step")),
+        Workload("train_step", (64, 32), "float32", _train_step, build_torch=_torch("train_step")),
     )
 }
 
@@ -155,13 +169,14 @@ def builtin_workload(name: str) -> Workload:
         UsageError: no builtin has that name.
     """
     if name not in BUILTIN_WORKLOADS:
-        raise UsageError(f"unknown workload {name!r}; builtins: {', '.join(BUILTIN_WORKLOADS)}, "
-                         "or your own as module:function or path/to/file.py:function")
+        raise UsageError(
+            f"unknown workload {name!r}; builtins: {', '.join(BUILTIN_WORKLOADS)}, "
+            "or your own as module:function or path/to/file.py:function"
+        )
     return BUILTIN_WORKLOADS[name]
 
 
-def load_workload(spec: str, shape: Sequence[int] = (128, 128),
-                  dtype: str = "float32") -> Workload:
+def load_workload(spec: str, shape: Sequence[int] = (128, 128), dtype: str = "float32") -> Workload:
     """A builtin name, or the user's ``module:function`` / ``path/file.py:function``.
 
     The user's callable receives a device-committed array of `shape` and `dtype` (a jax array,
@@ -189,8 +204,9 @@ def load_workload(spec: str, shape: Sequence[int] = (128, 128),
                 path = Path(module_name)
                 if not path.is_file():
                     raise UsageError(f"--workload {spec!r}: no file {path}")
-                mod_spec = importlib.util.spec_from_file_location(f"_diag_workload_{path.stem}",
-                                                                  path)
+                mod_spec = importlib.util.spec_from_file_location(
+                    f"_diag_workload_{path.stem}", path
+                )
                 module = importlib.util.module_from_spec(mod_spec)
                 mod_spec.loader.exec_module(module)
             else:

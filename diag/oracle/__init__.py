@@ -1,6 +1,7 @@
 """Ground truth: the exact result of each op on the given inputs, rounded once to the output dtype.
 
-Functions here carry the SAME names as the backend ops (`matmul`, `softmax`, `top_k`), so the runner does ``getattr(diag.oracle, probe.op)(*inputs)``. Each op also has a
+Functions here carry the SAME names as the backend ops (`matmul`, `softmax`, `top_k`), so the
+runner does ``getattr(diag.oracle, probe.op)(*inputs)``. Each op also has a
 ``<op>_result`` form returning an `OracleResult` with how the answer was obtained (method, exact
 fallbacks, cache hit, time): nothing about the proof is hidden.
 
@@ -13,16 +14,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
-from diag.oracle import mp
-from diag.oracle._args import check_matmul_args
 from diag.errors import UsageError
 from diag.numerics import as_dtype, dtype_name
-from diag.oracle._matmul import MATMUL_INPUT_DTYPES, matmul_core
+from diag.oracle import mp
+from diag.oracle._args import check_matmul_args
 from diag.oracle._gelu import GELU_DTYPES, gelu_core
+from diag.oracle._matmul import MATMUL_INPUT_DTYPES, matmul_core
 from diag.oracle._softmax import SOFTMAX_INPUT_DTYPES, SOFTMAX_OUTPUT_DTYPES, softmax_core
 from diag.oracle._topk import check_k, rank_key, top_k_core
 from diag.oracle.cache import ORACLE_VERSION, CachedTruth, GroundTruthCache, default_cache_dir
@@ -76,15 +76,19 @@ class OracleResult:
 
 def _cached(hit: CachedTruth, t0: float, **extra) -> OracleResult:
     """An `OracleResult` for a cache hit, with the provenance the entry was stored with."""
-    return OracleResult(value=hit.value, method=str(hit.meta.get("method", "")),
-                        fallbacks=int(hit.meta.get("fallbacks", 0)),
-                        elements=int(hit.value.size), cache_hit=True,
-                        seconds=time.perf_counter() - t0, exact=int(hit.meta.get("exact", 0)),
-                        extra=extra)
+    return OracleResult(
+        value=hit.value,
+        method=str(hit.meta.get("method", "")),
+        fallbacks=int(hit.meta.get("fallbacks", 0)),
+        elements=int(hit.value.size),
+        cache_hit=True,
+        seconds=time.perf_counter() - t0,
+        exact=int(hit.meta.get("exact", 0)),
+        extra=extra,
+    )
 
 
-def matmul_result(a, b, out_dtype=None, *, cache: Optional[GroundTruthCache] = None
-                  ) -> OracleResult:
+def matmul_result(a, b, out_dtype=None, *, cache: GroundTruthCache | None = None) -> OracleResult:
     """Correctly rounded ``a @ b`` with its provenance.
 
     The exact product of the given inputs, rounded once, to nearest-even, to `out_dtype`; IEEE
@@ -132,15 +136,23 @@ def matmul_result(a, b, out_dtype=None, *, cache: Optional[GroundTruthCache] = N
             methods.append(method)
     method = "+".join(methods) or "empty"
     if cache is not None and key is not None:  # key is set whenever cache is
-        cache.put(key, value, {"op": "matmul", "method": method, "fallbacks": fallbacks,
-                               "exact": exact})
-    return OracleResult(value=value, method=method, fallbacks=fallbacks,
-                        elements=int(value.size), cache_hit=False,
-                        seconds=time.perf_counter() - t0, exact=exact)
+        cache.put(
+            key, value, {"op": "matmul", "method": method, "fallbacks": fallbacks, "exact": exact}
+        )
+    return OracleResult(
+        value=value,
+        method=method,
+        fallbacks=fallbacks,
+        elements=int(value.size),
+        cache_hit=False,
+        seconds=time.perf_counter() - t0,
+        exact=exact,
+    )
 
 
-def train_step_result(x, w1, w2, lr: float = 0.1, *,
-                      cache: Optional[GroundTruthCache] = None) -> OracleResult:
+def train_step_result(
+    x, w1, w2, lr: float = 0.1, *, cache: GroundTruthCache | None = None
+) -> OracleResult:
     """The training-step probe's reference: one SGD step of a small MLP in float64, each
     output rounded once to the inputs' dtype (`diag.oracle._train`; NOT an exact result: a
     float64 evaluation, whose error is far below the dtype's ulp at the probe's sizes).
@@ -161,9 +173,15 @@ def train_step_result(x, w1, w2, lr: float = 0.1, *,
     with np.errstate(over="ignore", invalid="ignore"):
         value = round_to_dtype(np.asarray(loss), dt)
         extra = {"w1": round_to_dtype(n1, dt), "w2": round_to_dtype(n2, dt)}
-    return OracleResult(value=value, method="float64-reference", fallbacks=0,
-                        elements=1 + n1.size + n2.size, cache_hit=False,
-                        seconds=time.perf_counter() - t0, extra=extra)
+    return OracleResult(
+        value=value,
+        method="float64-reference",
+        fallbacks=0,
+        elements=1 + n1.size + n2.size,
+        cache_hit=False,
+        seconds=time.perf_counter() - t0,
+        extra=extra,
+    )
 
 
 def matmul(a, b, out_dtype=None) -> np.ndarray:
@@ -178,15 +196,18 @@ def matmul(a, b, out_dtype=None) -> np.ndarray:
 def _last_axis_input(x, who: str, allowed) -> np.ndarray:
     x = np.asarray(x)
     if x.dtype not in allowed:
-        raise UsageError(f"{who}: input is {x.dtype}; expected one of "
-                         f"{', '.join(dtype_name(d) for d in allowed)}")
+        raise UsageError(
+            f"{who}: input is {x.dtype}; expected one of "
+            f"{', '.join(dtype_name(d) for d in allowed)}"
+        )
     if x.ndim == 0:
         raise UsageError(f"{who}: input is a scalar; expected [..., n]")
     return x
 
 
-def softmax_result(x, out_dtype=None, *, cache: Optional[GroundTruthCache] = None,
-                   _slack: float = 1.0) -> OracleResult:
+def softmax_result(
+    x, out_dtype=None, *, cache: GroundTruthCache | None = None, _slack: float = 1.0
+) -> OracleResult:
     """Correctly rounded softmax over the last axis, with its provenance.
 
     The exact ``exp(x_i - max) / sum_j exp(x_j - max)`` of the given inputs, rounded once
@@ -211,27 +232,38 @@ def softmax_result(x, out_dtype=None, *, cache: Optional[GroundTruthCache] = Non
     x = _last_axis_input(x, "oracle.softmax", SOFTMAX_INPUT_DTYPES)
     out_dt = as_dtype(out_dtype if out_dtype is not None else x.dtype)
     if out_dt not in SOFTMAX_OUTPUT_DTYPES:
-        raise UsageError(f"oracle.softmax: output dtype {dtype_name(out_dt)} is not supported; "
-                         f"expected one of "
-                         f"{', '.join(dtype_name(d) for d in SOFTMAX_OUTPUT_DTYPES)}")
+        raise UsageError(
+            f"oracle.softmax: output dtype {dtype_name(out_dt)} is not supported; "
+            f"expected one of "
+            f"{', '.join(dtype_name(d) for d in SOFTMAX_OUTPUT_DTYPES)}"
+        )
     key = None
     if cache is not None:
         key = cache.key("softmax", [x], out_dt)
         hit = cache.get(key)
         if hit is not None:
-            return _cached(hit, t0, undefined_rows=list(hit.meta.get("undefined_rows", [])),
-                           nan_rows=list(hit.meta.get("nan_rows", [])))
+            return _cached(
+                hit,
+                t0,
+                undefined_rows=list(hit.meta.get("undefined_rows", [])),
+                nan_rows=list(hit.meta.get("nan_rows", [])),
+            )
     flat = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
     value, fallbacks, undefined, nan_rows = softmax_core(flat, out_dt, _slack)
     value = value.reshape(x.shape)
     method = "f64-exp-bound" if value.size else "empty"
     extra = {"undefined_rows": undefined, "nan_rows": nan_rows}
     if cache is not None and key is not None:  # key is set whenever cache is
-        cache.put(key, value, {"op": "softmax", "method": method, "fallbacks": fallbacks,
-                               **extra})
-    return OracleResult(value=value, method=method, fallbacks=fallbacks,
-                        elements=int(value.size), cache_hit=False,
-                        seconds=time.perf_counter() - t0, extra=extra)
+        cache.put(key, value, {"op": "softmax", "method": method, "fallbacks": fallbacks, **extra})
+    return OracleResult(
+        value=value,
+        method=method,
+        fallbacks=fallbacks,
+        elements=int(value.size),
+        cache_hit=False,
+        seconds=time.perf_counter() - t0,
+        extra=extra,
+    )
 
 
 def softmax(x, out_dtype=None) -> np.ndarray:
@@ -239,8 +271,9 @@ def softmax(x, out_dtype=None) -> np.ndarray:
     return softmax_result(x, out_dtype).value
 
 
-def gelu_result(x, out_dtype=None, *, cache: Optional[GroundTruthCache] = None,
-                _slack: float = 1.0) -> OracleResult:
+def gelu_result(
+    x, out_dtype=None, *, cache: GroundTruthCache | None = None, _slack: float = 1.0
+) -> OracleResult:
     """Correctly rounded tanh-approximate GELU, element by element, with its provenance.
 
     The exact ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` of each input, rounded once
@@ -258,8 +291,10 @@ def gelu_result(x, out_dtype=None, *, cache: Optional[GroundTruthCache] = None,
     x = np.asarray(x)
     out_dt = as_dtype(out_dtype if out_dtype is not None else x.dtype)
     if x.dtype not in GELU_DTYPES or out_dt not in GELU_DTYPES:
-        raise UsageError(f"oracle.gelu: dtypes {dtype_name(x.dtype)} -> {dtype_name(out_dt)} "
-                         f"are not supported; expected float32, bfloat16 or float16")
+        raise UsageError(
+            f"oracle.gelu: dtypes {dtype_name(x.dtype)} -> {dtype_name(out_dt)} "
+            f"are not supported; expected float32, bfloat16 or float16"
+        )
     key = None
     if cache is not None:
         key = cache.key("gelu", [x], out_dt)
@@ -270,9 +305,14 @@ def gelu_result(x, out_dtype=None, *, cache: Optional[GroundTruthCache] = None,
     method = "f64-exp-bound" if value.size else "empty"
     if cache is not None and key is not None:  # key is set whenever cache is
         cache.put(key, value, {"op": "gelu", "method": method, "fallbacks": fallbacks})
-    return OracleResult(value=value, method=method, fallbacks=fallbacks,
-                        elements=int(value.size), cache_hit=False,
-                        seconds=time.perf_counter() - t0)
+    return OracleResult(
+        value=value,
+        method=method,
+        fallbacks=fallbacks,
+        elements=int(value.size),
+        cache_hit=False,
+        seconds=time.perf_counter() - t0,
+    )
 
 
 def gelu(x, out_dtype=None) -> np.ndarray:
@@ -280,7 +320,7 @@ def gelu(x, out_dtype=None) -> np.ndarray:
     return gelu_result(x, out_dtype).value
 
 
-def top_k_result(x, k: int, *, cache: Optional[GroundTruthCache] = None) -> OracleResult:
+def top_k_result(x, k: int, *, cache: GroundTruthCache | None = None) -> OracleResult:
     """Exact top-k over the last axis in diag's total order, with its provenance.
 
     The order (docs/oracle.md): NaN above +inf, then descending value, -0 equal to +0, lower
@@ -317,9 +357,15 @@ def top_k_result(x, k: int, *, cache: Optional[GroundTruthCache] = None) -> Orac
         # Indices < 2**53 are exact in float64, which the cache stores bit for bit.
         cache.put(key + "-indices", idx.astype(np.float64), {"op": "top_k/indices"})
         cache.put(key, values, {"op": "top_k", "method": method, "k": k})
-    return OracleResult(value=values, method=method, fallbacks=0, elements=int(values.size),
-                        cache_hit=False, seconds=time.perf_counter() - t0,
-                        extra={"indices": idx})
+    return OracleResult(
+        value=values,
+        method=method,
+        fallbacks=0,
+        elements=int(values.size),
+        cache_hit=False,
+        seconds=time.perf_counter() - t0,
+        extra={"indices": idx},
+    )
 
 
 def top_k(x, k: int):

@@ -33,19 +33,23 @@ def check_matmul_args(a, b, out_dtype, who: str, allowed=None):
             raise UsageError(
                 f"{who}: input {name} is {x.dtype}; expected one of "
                 f"{', '.join(dtype_name(d) for d in allowed)} (float64 inputs have inexact "
-                "products in float64: cast the inputs the backend really received)")
+                "products in float64: cast the inputs the backend really received)"
+            )
     if out_dtype is None:
         if a.dtype != b.dtype:
-            raise UsageError(f"{who}: inputs are {dtype_name(a.dtype)} and "
-                             f"{dtype_name(b.dtype)}; pass out_dtype to say which output is meant")
+            raise UsageError(
+                f"{who}: inputs are {dtype_name(a.dtype)} and "
+                f"{dtype_name(b.dtype)}; pass out_dtype to say which output is meant"
+            )
         out_dtype = a.dtype
     out_dt = as_dtype(out_dtype)
     if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
-        raise UsageError(f"{who}: shapes {a.shape} and {b.shape} do not multiply; "
-                         "expected [..., M, K] and [..., K, N]")
+        raise UsageError(
+            f"{who}: shapes {a.shape} and {b.shape} do not multiply; "
+            "expected [..., M, K] and [..., K, N]"
+        )
     try:
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     except ValueError:
-        raise UsageError(f"{who}: batch dims of {a.shape} and {b.shape} do not "
-                         "broadcast") from None
+        raise UsageError(f"{who}: batch dims of {a.shape} and {b.shape} do not broadcast") from None
     return a, b, out_dt, batch

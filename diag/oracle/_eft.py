@@ -88,8 +88,7 @@ def row_sums(x: np.ndarray, passes: int, max_abs: float | None = None):
     # float64 sum of n remainders in any order: gamma_{n-1} sum|r|; sum|r| itself is computed
     # with relative error gamma_n (positive terms), covered by the factor 1.01 (n u <= 2**-3).
     # Lemma 3.3: |r| <= eps sigma after each pass, so n eps sigma bounds sum|r| without a pass.
-    abs_r = (n * _U) * sigma[:, 0] if max_abs is not None and passes == 1 else \
-        np.abs(r).sum(axis=1)
+    abs_r = (n * _U) * sigma[:, 0] if max_abs is not None and passes == 1 else np.abs(r).sum(axis=1)
     err += 1.01 * gamma(max(n, 1)) * abs_r + _U * np.abs(lo_new)
     return hi, lo_new, err
 

@@ -36,7 +36,7 @@ In float64 (u = 2**-53):
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 import ml_dtypes
 import mpmath

@@ -39,7 +39,8 @@ exact stages, each COUNTED in `OracleResult.fallbacks` / `exact`:
 3. What is left (exact ties, sums beyond that) is summed exactly with math.fsum
    (`_exact_element`).
 
-float64 output (diag/oracle/_matmul_dd.py). Here the float64 rounding itself must be decided: every product (exact)
+float64 output (diag/oracle/_matmul_dd.py). Here the float64 rounding itself must be decided: every
+product (exact)
 is accumulated in double-double (K rank-1 passes; slow for long K, not a target) and the
 decision uses the exact remainder of the final TwoSum.
 
@@ -52,7 +53,7 @@ product is -0.
 from __future__ import annotations
 
 import math
-from typing import Optional, cast
+from typing import cast
 
 import ml_dtypes
 import numpy as np
@@ -83,8 +84,13 @@ OZAKI_LINE_COST = 140
 #: is decided again with the elementwise bound |A||B| (one sgemm).
 TIGHT_FRACTION = 64
 
-MATMUL_INPUT_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16),
-                 np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2))
+MATMUL_INPUT_DTYPES = (
+    np.dtype(np.float32),
+    np.dtype(ml_dtypes.bfloat16),
+    np.dtype(np.float16),
+    np.dtype(ml_dtypes.float8_e4m3fn),
+    np.dtype(ml_dtypes.float8_e5m2),
+)
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
 
@@ -117,16 +123,21 @@ def _norms(x: np.ndarray, axis: int) -> np.ndarray:
     for s0 in range(0, x.shape[0], step):
         h = min(step, x.shape[0] - s0)
         p64 = buf[:h]
-        np.copyto(p64, x[s0:s0 + h])
+        np.copyto(p64, x[s0 : s0 + h])
         if axis == 1:
-            acc[s0:s0 + h] = np.einsum("ij,ij->i", p64, p64)
+            acc[s0 : s0 + h] = np.einsum("ij,ij->i", p64, p64)
         else:
             acc += np.einsum("ij,ij->j", p64, p64)
     return np.sqrt(acc)
 
 
-def _decide(approx: np.ndarray, d: np.ndarray, out_dt: np.dtype, out_blk: np.ndarray,
-            scratch32: Optional[np.ndarray]) -> np.ndarray:
+def _decide(
+    approx: np.ndarray,
+    d: np.ndarray,
+    out_dt: np.dtype,
+    out_blk: np.ndarray,
+    scratch32: np.ndarray | None,
+) -> np.ndarray:
     """Write round(approx + d) into out_blk; return a bool mask of elements not proven.
 
     Proven means round(fl(approx - d)) and round(fl(approx + d)) have the same bits.
@@ -135,8 +146,11 @@ def _decide(approx: np.ndarray, d: np.ndarray, out_dt: np.dtype, out_blk: np.nda
         return decide_f64(approx, np.zeros_like(approx), d, out_blk)
     if out_dt == _F32:
         # One pass each: the subtraction is done in float64 and its result rounded (RNE) to f32.
-        lo32 = (np.empty(approx.shape, np.float32) if scratch32 is None
-                else scratch32[: approx.shape[0]])
+        lo32 = (
+            np.empty(approx.shape, np.float32)
+            if scratch32 is None
+            else scratch32[: approx.shape[0]]
+        )
         np.subtract(approx, d, out=lo32, dtype=_F64, casting="same_kind")
         np.add(approx, d, out=out_blk, dtype=_F64, casting="same_kind")
         return lo32.view(np.uint32) != out_blk.view(np.uint32)
@@ -173,8 +187,9 @@ def _exact_element(arow: np.ndarray, bcol: np.ndarray, out_dt: np.dtype) -> np.g
     return cast(np.generic, round_to_dtype(np.array(s1), out_dt)[()])
 
 
-def _first_stage(a: np.ndarray, b: np.ndarray, out: np.ndarray, na: np.ndarray,
-                 nb: np.ndarray) -> list[np.ndarray]:
+def _first_stage(
+    a: np.ndarray, b: np.ndarray, out: np.ndarray, na: np.ndarray, nb: np.ndarray
+) -> list[np.ndarray]:
     """One float64 GEMM (K-split above KSPLIT_THRESHOLD) + the rank-one bound; returns the
     flat indices of the elements not proven, per row block."""
     m, k = a.shape
@@ -227,8 +242,9 @@ def _first_stage(a: np.ndarray, b: np.ndarray, out: np.ndarray, na: np.ndarray,
     return undecided
 
 
-def _ksplit_product(a_rows: np.ndarray, b: np.ndarray, kb: int, approx: np.ndarray,
-                    bufs: tuple) -> None:
+def _ksplit_product(
+    a_rows: np.ndarray, b: np.ndarray, kb: int, approx: np.ndarray, bufs: tuple
+) -> None:
     """approx = the sum of the float64 GEMMs a_rows[:, blk] @ b[blk] over K blocks of kb.
 
     Each block's product is computed alone (error gamma_kb) and the nb products are added in
@@ -257,8 +273,15 @@ def _ksplit_product(a_rows: np.ndarray, b: np.ndarray, kb: int, approx: np.ndarr
         approx += part[0, :h]
 
 
-def _retry_tight(a_blk: np.ndarray, abs_b32: np.ndarray, b: np.ndarray, approx: np.ndarray,
-                 err: float, out_blk: np.ndarray, scratch32) -> np.ndarray:
+def _retry_tight(
+    a_blk: np.ndarray,
+    abs_b32: np.ndarray,
+    b: np.ndarray,
+    approx: np.ndarray,
+    err: float,
+    out_blk: np.ndarray,
+    scratch32,
+) -> np.ndarray:
     """Decide a block again with the elementwise bound f |A||B| (an sgemm, `bound_f32`).
 
     For blocks the rank-one bound leaves largely undecided (sparse or structured inputs, where
@@ -286,8 +309,9 @@ def _retry_tight(a_blk: np.ndarray, abs_b32: np.ndarray, b: np.ndarray, approx: 
     return und
 
 
-def _settle_zero_lines(a: np.ndarray, b: np.ndarray, out: np.ndarray, na: np.ndarray,
-                       nb: np.ndarray, und: np.ndarray) -> np.ndarray:
+def _settle_zero_lines(
+    a: np.ndarray, b: np.ndarray, out: np.ndarray, na: np.ndarray, nb: np.ndarray, und: np.ndarray
+) -> np.ndarray:
     """Signed zeros of zero rows/columns (D == 0 there); returns the undecided flat indices left."""
     k, n = a.shape[1], b.shape[1]
     zr, zc = np.flatnonzero(na == 0), np.flatnonzero(nb == 0)
@@ -320,8 +344,9 @@ def _ozaki(a: np.ndarray, b: np.ndarray, out_dt: np.dtype):
     e1 = a1 @ b1
     r = a1 @ b2
     r += a2 @ b64
-    bound = (np.multiply.outer(_norms(a1, 1), _norms(b2, 0))
-             + np.multiply.outer(_norms(a2, 1), _norms(b64, 0)))
+    bound = np.multiply.outer(_norms(a1, 1), _norms(b2, 0)) + np.multiply.outer(
+        _norms(a2, 1), _norms(b64, 0)
+    )
     approx = e1 + r
     d = 1.1 * (1.01 * _gamma(k + 1) * bound + _U * np.abs(r)) + 3.0 * _U * np.abs(approx)
     blk = np.empty(approx.shape, out_dt)
@@ -348,7 +373,7 @@ def _ozaki_rows(a: np.ndarray, b: np.ndarray, und: np.ndarray, flat: np.ndarray)
     step = max(1, (1 << 22) // k)  # columns of B per chunk (three float64 copies of ~32 MB)
     pos_r = np.searchsorted(heavy, sel // n)
     for c0 in range(0, cols.size, step):
-        cc = cols[c0:c0 + step]
+        cc = cols[c0 : c0 + step]
         vals, und_blk = _ozaki(a[heavy], b[:, cc], flat.dtype)
         mine = (sel % n >= cc[0]) & (sel % n <= cc[-1])
         pr, pc = pos_r[mine], np.searchsorted(cc, sel[mine] % n)
@@ -357,8 +382,9 @@ def _ozaki_rows(a: np.ndarray, b: np.ndarray, und: np.ndarray, flat: np.ndarray)
     return np.concatenate(left)
 
 
-def _refine(a: np.ndarray, b: np.ndarray, flat_idx: np.ndarray, out_dt: np.dtype,
-            flat_out: np.ndarray) -> np.ndarray:
+def _refine(
+    a: np.ndarray, b: np.ndarray, flat_idx: np.ndarray, out_dt: np.dtype, flat_out: np.ndarray
+) -> np.ndarray:
     """Exact products of each undecided element summed by extraction; returns those left.
 
     `row_sums` gives S in hi + lo +- err (exact parts plus a bounded remainder): one pass

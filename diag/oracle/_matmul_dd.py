@@ -24,11 +24,11 @@ BLOCK_ELEMENTS = 1 << 17
 def _two_sum_acc(hi: np.ndarray, lo: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Return new hi = fl(hi + x); lo += exact error of that addition (TwoSum)."""
     s = hi + x
-    a1 = s - x           # the part of s that came from hi
-    b1 = s - a1          # the part of s that came from x
+    a1 = s - x  # the part of s that came from hi
+    b1 = s - a1  # the part of s that came from x
     np.subtract(hi, a1, out=a1)  # da = hi - a1
-    np.subtract(x, b1, out=b1)   # db = x - b1
-    np.add(a1, b1, out=a1)       # e = da + db (exact: hi + x == s + e)
+    np.subtract(x, b1, out=b1)  # db = x - b1
+    np.add(a1, b1, out=a1)  # e = da + db (exact: hi + x == s + e)
     np.add(lo, a1, out=lo)
     return s
 
@@ -67,8 +67,9 @@ def decide_f64(hi: np.ndarray, lo: np.ndarray, d: np.ndarray, out_blk: np.ndarra
     ok = ((e + d) < up * 0.5) & ((e - d) > down * -0.5)
     out_blk[...] = r
     return ~ok
-def stage_dd(a: np.ndarray, b: np.ndarray, out: np.ndarray, maybe_zero: bool
-              ) -> list[np.ndarray]:
+
+
+def stage_dd(a: np.ndarray, b: np.ndarray, out: np.ndarray, maybe_zero: bool) -> list[np.ndarray]:
     """float64 output: exact products accumulated in double-double, bound from an sgemm."""
     m, k = a.shape
     n = b.shape[1]

@@ -52,8 +52,13 @@ EXP_ULP = 4
 #: Below this d_i = x_i - max the exact result rounds to +0 in every supported output dtype.
 _ZERO_BELOW = -200.0
 
-SOFTMAX_INPUT_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16),
-                        np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2))
+SOFTMAX_INPUT_DTYPES = (
+    np.dtype(np.float32),
+    np.dtype(ml_dtypes.bfloat16),
+    np.dtype(np.float16),
+    np.dtype(ml_dtypes.float8_e4m3fn),
+    np.dtype(ml_dtypes.float8_e5m2),
+)
 #: float64 output is refused: deciding its rounding needs more than float64 arithmetic.
 SOFTMAX_OUTPUT_DTYPES = SOFTMAX_INPUT_DTYPES
 _F32 = np.dtype(np.float32)
@@ -117,10 +122,13 @@ def softmax_core(x: np.ndarray, out_dt: np.dtype, slack: float = 1.0):
     step = max(1, CHUNK_ELEMENTS // n)
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         for c0 in range(0, good.size, step):
-            rows_c = good[c0:c0 + step]
+            rows_c = good[c0 : c0 + step]
             # Contiguous rows (no NaN/undefined row in between) are sliced, not gathered.
-            sel = (slice(int(rows_c[0]), int(rows_c[-1]) + 1)
-                   if rows_c[-1] - rows_c[0] == rows_c.size - 1 else rows_c)
+            sel = (
+                slice(int(rows_c[0]), int(rows_c[-1]) + 1)
+                if rows_c[-1] - rows_c[0] == rows_c.size - 1
+                else rows_c
+            )
             xr = x[sel].astype(np.float64)
             blk = out[sel] if isinstance(sel, slice) else np.empty(xr.shape, out_dt)
             und = _rows(xr, blk, slack)
@@ -131,8 +139,12 @@ def softmax_core(x: np.ndarray, out_dt: np.dtype, slack: float = 1.0):
                     idx = np.flatnonzero(und[i])
                     fallbacks += int(idx.size)
                     out[rows_c[i], idx] = mp.softmax_row(xr[i], out_dt, idx)
-    return out, fallbacks, [int(i) for i in np.flatnonzero(undefined)], \
-        [int(i) for i in np.flatnonzero(nan_row)]
+    return (
+        out,
+        fallbacks,
+        [int(i) for i in np.flatnonzero(undefined)],
+        [int(i) for i in np.flatnonzero(nan_row)],
+    )
 
 
 def _bf16(v32: np.ndarray, exact64) -> np.ndarray:

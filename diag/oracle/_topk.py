@@ -56,7 +56,7 @@ def top_k_core(x: np.ndarray, k: int):
     if 4 * k < n:
         # Candidates: everything ranked at least as high as the k-th key (ties included), then
         # a stable sort of the candidates by (rank, index).
-        kth = np.partition(neg, k - 1, axis=1)[:, k - 1:k]
+        kth = np.partition(neg, k - 1, axis=1)[:, k - 1 : k]
         idx = np.empty((rows, k), np.int64)
         for r in range(rows):
             cand = np.flatnonzero(neg[r] <= kth[r])

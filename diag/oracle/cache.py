@@ -43,9 +43,10 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any
 
 import numpy as np
 
@@ -97,7 +98,7 @@ def source_digest(*code: Any) -> str:
     return hashlib.sha256("".join(_file_digest(f) for f in files).encode()).hexdigest()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _file_digest(path: str) -> str:
     try:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
@@ -105,14 +106,14 @@ def _file_digest(path: str) -> str:
         return ""
 
 
-def default_cache_dir(environ: Optional[Mapping[str, str]] = None) -> Path:
+def default_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     """`$DIAG_CACHE_DIR` if set (in `environ`, default this process's), else
     ``~/.cache/diag/oracle``."""
     env = (os.environ if environ is None else environ).get("DIAG_CACHE_DIR")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "diag" / "oracle"
 
 
-def jax_cache_dir(environ: Optional[Mapping[str, str]] = None) -> Path:
+def jax_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     """JAX's persistent compilation cache for diag's workers: ``jax`` in diag's cache folder.
 
     `diag.workers.worker_env` points JAX_COMPILATION_CACHE_DIR here unless the user set it;
@@ -181,7 +182,7 @@ def _is_entry(path: Path) -> bool:
 class GroundTruthCache:
     """Directory of cached oracle results: ``<root>/<key[:2]>/<key>.npy`` + ``.json``."""
 
-    def __init__(self, root: Union[str, Path, None] = None):
+    def __init__(self, root: str | Path | None = None):
         """Args:
         root: cache directory; default `default_cache_dir()`. Created (and marked) on first
             write.
@@ -233,7 +234,7 @@ class GroundTruthCache:
         except OSError:
             return False
 
-    def get(self, key: str) -> Optional[CachedTruth]:
+    def get(self, key: str) -> CachedTruth | None:
         """The entry for `key`, or None if absent, unreadable or failing its checksum.
 
         A checksum mismatch is logged (the entry is then recomputed and overwritten by the
@@ -268,7 +269,7 @@ class GroundTruthCache:
             return None
         return CachedTruth(value=value, meta=meta)
 
-    def get_mapped(self, key: str) -> Optional[MappedEntry]:
+    def get_mapped(self, key: str) -> MappedEntry | None:
         """The entry for `key` written by `put_mapped`, memory-mapped read-only, or None.
 
         Verified as `get` verifies, without reading the value into the process's memory: the
@@ -306,7 +307,7 @@ class GroundTruthCache:
         return MappedEntry(value=value, meta=meta, path=npy, digest=meta["bits_sha256"])
 
     def put_mapped(self, key: str, value: np.ndarray,
-                   meta: Optional[dict] = None) -> Optional[MappedEntry]:
+                   meta: dict | None = None) -> MappedEntry | None:
         """Store `value` as `put` does, for `get_mapped`; returns the stored entry, mapped.
 
         The checksum is the bits' sha256 (the digest diag checks inputs with) plus one over
@@ -327,7 +328,7 @@ class GroundTruthCache:
         return MappedEntry(value=from_bits(mapped, full["dtype"]), meta=full, path=npy,
                            digest=full["bits_sha256"])
 
-    def put(self, key: str, value: np.ndarray, meta: Optional[dict] = None) -> Optional[Path]:
+    def put(self, key: str, value: np.ndarray, meta: dict | None = None) -> Path | None:
         """Store `value` (bit view) and `meta` atomically; returns the .npy path.
 
         Returns None, without raising, when the cache cannot be written: the first such failure
@@ -341,7 +342,7 @@ class GroundTruthCache:
         full["sha256"] = _checksum(full, bits)
         return self._write(key, bits, full)
 
-    def _write(self, key: str, bits: np.ndarray, full: dict) -> Optional[Path]:
+    def _write(self, key: str, bits: np.ndarray, full: dict) -> Path | None:
         if not self._writable:
             return None
         npy, meta_path = self._paths(key)

@@ -22,7 +22,8 @@ loop ends.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional, Sequence, cast
+from collections.abc import Iterable, Sequence
+from typing import cast
 
 import ml_dtypes
 import mpmath
@@ -92,7 +93,7 @@ def round_mpf(x: mpmath.mpf, dtype) -> np.generic:
     return _scalar(-v if neg else v, dt)
 
 
-def dot(a: Iterable[float], b: Iterable[float]) -> tuple[mpmath.mpf, Optional[float]]:
+def dot(a: Iterable[float], b: Iterable[float]) -> tuple[mpmath.mpf, float | None]:
     """Exact sum of a_k * b_k.
 
     Args:
@@ -142,7 +143,7 @@ def _element(a2: np.ndarray, b2: np.ndarray, i: int, j: int, dt: np.dtype) -> np
     return round_mpf(s, dt)
 
 
-def matmul(a, b, out_dtype=None, elements: Optional[Iterable[Sequence[int]]] = None) -> np.ndarray:
+def matmul(a, b, out_dtype=None, elements: Iterable[Sequence[int]] | None = None) -> np.ndarray:
     """Correctly rounded matmul computed with mpmath, element by element (slow: the reference).
 
     Args:
@@ -171,8 +172,9 @@ def matmul(a, b, out_dtype=None, elements: Optional[Iterable[Sequence[int]]] = N
     for element in elements:
         idx = tuple(int(t) for t in element)
         if len(idx) != len(out_shape):
-            raise UsageError(f"mp.matmul: element index {idx} does not match output shape "
-                             f"{out_shape}")
+            raise UsageError(
+                f"mp.matmul: element index {idx} does not match output shape {out_shape}"
+            )
         vals.append(_element(a[idx[:-2]], b[idx[:-2]], idx[-2], idx[-1], dt))
     return np.array(vals, dtype=dt)
 
@@ -184,7 +186,7 @@ _SOFTMAX_GUARD = 8
 _SOFTMAX_MAX_PREC = 1 << 14
 
 
-def softmax_row(row: Sequence[float], dtype, elements: Optional[Iterable[int]] = None) -> list:
+def softmax_row(row: Sequence[float], dtype, elements: Iterable[int] | None = None) -> list:
     """Correctly rounded softmax of one row, computed with mpmath (slow: the reference).
 
     Semantics (the oracle documents the same): -inf entries give exactly +0; a row holding NaN
@@ -201,8 +203,10 @@ def softmax_row(row: Sequence[float], dtype, elements: Optional[Iterable[int]] =
     """
     dt = as_dtype(dtype)
     if dt == np.dtype(np.float64):
-        raise UsageError("mp.softmax_row: float64 output is not supported (results below "
-                         "exp(-200) are returned as +0, exact only for narrower dtypes)")
+        raise UsageError(
+            "mp.softmax_row: float64 output is not supported (results below "
+            "exp(-200) are returned as +0, exact only for narrower dtypes)"
+        )
     xs = [float(v) for v in row]
     idx = list(range(len(xs))) if elements is None else [int(i) for i in elements]
     nan = _scalar(np.nan, dt)

@@ -1,4 +1,5 @@
-"""Terminal rendering: the only package that imports rich (single commands' renderers in submodules).
+"""Terminal rendering: the only package that imports rich (single commands' renderers in
+submodules).
 
 The CLI calls the library and hands what it returns here; nothing here computes a verdict.
 
@@ -15,15 +16,15 @@ import os
 import sys
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Iterable, cast
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, cast
 
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from diag import numerics
-from diag.render.cells import STYLE, badge, num
+from diag.render.cells import badge, num
 from diag.results import STATUSES, worst_status
 
 if TYPE_CHECKING:

@@ -10,8 +10,13 @@ from diag import numerics
 
 __all__ = ["STYLE", "badge", "num"]
 
-STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "error": "bold magenta",
-         "skip": "dim"}
+STYLE = {
+    "pass": "green",
+    "warn": "yellow",
+    "fail": "bold red",
+    "error": "bold magenta",
+    "skip": "dim",
+}
 
 
 def badge(status: str) -> str:

@@ -29,9 +29,9 @@ The table, one line per op (details in the functions and in docs/oracle.md):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Optional
 
 import ml_dtypes
 import numpy as np
@@ -82,7 +82,7 @@ def matmul_error_bound(a, b, compute_dtype: DTypeLike) -> np.ndarray:
     return bound
 
 
-def matmul_bound(inputs: list[np.ndarray], truth: np.ndarray, params: Optional[dict] = None,
+def matmul_bound(inputs: list[np.ndarray], truth: np.ndarray, params: dict | None = None,
                  *, compute_dtype: DTypeLike = "float32") -> np.ndarray:
     """Largest |computed - truth| a backend may show if it computes as it claims.
 
@@ -304,7 +304,8 @@ TRAIN_LOSS_ULP_SCREEN = 64
 #: longest dot product (K = 4 * width = 256) times a condition number of a few: ~1e-5 for a
 #: gradient; the loss is a mean of B * S terms, so ~1e-6. Measured (2 layers, width 64,
 #: 8-32 steps, two seeds, jax-cpu and torch-cpu, against the reference and each other):
-#: loss <= 5e-7, grads <= 1.6e-5: the rows give 20x and 6x (x2 between backends). Updates have no such bound: Adam's first update is lr * g / (|g| + eps)
+#: loss <= 5e-7, grads <= 1.6e-5: the rows give 20x and 6x (x2 between backends). Updates have no
+#: such bound: Adam's first update is lr * g / (|g| + eps)
 #: per element, whose sensitivity to a gradient error reaches 1 / (4 eps) for |g| near eps,
 #: so elements with tiny gradients turn their rounding into update error; measured <= 6e-4
 #: (at step 0, seed and init dependent), the row gives ~15x. The planted porting bugs move step 0's
@@ -361,10 +362,10 @@ class Tolerance:
     dtype: str
     claim: str
     why: str
-    bound: Optional[Callable[..., np.ndarray]] = None
-    loose_bound: Optional[Callable[..., np.ndarray]] = None
-    ulp: Optional[Callable[[dict], float]] = None
-    recall: Optional[float] = None
+    bound: Callable[..., np.ndarray] | None = None
+    loose_bound: Callable[..., np.ndarray] | None = None
+    ulp: Callable[[dict], float] | None = None
+    recall: float | None = None
     agreement_factor: float = AGREEMENT_FACTOR
 
     def agreement_ulp(self, params: dict) -> float:

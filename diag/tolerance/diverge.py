@@ -10,8 +10,13 @@ from diag import numerics
 from diag.numerics import DTypeLike
 from diag.tolerance import SOFTMAX_EXP_ULP
 
-__all__ = ["DIVERGE_COMPOSITE_EXTRA_STEPS", "DIVERGE_LIBRARY_ULP", "DIVERGE_ROUNDED_ULP",
-           "diverge_carried_threshold", "diverge_tap_allowance"]
+__all__ = [
+    "DIVERGE_COMPOSITE_EXTRA_STEPS",
+    "DIVERGE_LIBRARY_ULP",
+    "DIVERGE_ROUNDED_ULP",
+    "diverge_carried_threshold",
+    "diverge_tap_allowance",
+]
 
 #: Own-error bound of a ``rounded`` op (add, mul, div, sqrt, casts), in ULPs of its output
 #: dtype. IEEE 754 asks for 0.5 ULP; XLA rewrites a division by a broadcast value as a

@@ -6,14 +6,15 @@ A metric judged against an allowance drifts when it crosses the allowance betwee
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from diag.errors import UsageError
 from diag.tolerance import Tolerance, tolerance
 
 __all__ = ["RATIOS"]
 
-def _record_tolerance(rec: dict) -> Optional[Tolerance]:
+
+def _record_tolerance(rec: dict) -> Tolerance | None:
     """The record's row of the tolerance table (None for an op or dtype without one)."""
     try:
         return tolerance(rec.get("op", ""), rec.get("dtype") or "float32")
@@ -21,7 +22,7 @@ def _record_tolerance(rec: dict) -> Optional[Tolerance]:
         return None
 
 
-def _record_ulp_allowance(rec: dict) -> Optional[float]:
+def _record_ulp_allowance(rec: dict) -> float | None:
     """The ULPs the record's op allows for its case (train_step: the loss screen)."""
     tol = _record_tolerance(rec)
     try:
@@ -30,7 +31,7 @@ def _record_ulp_allowance(rec: dict) -> Optional[float]:
         return None
 
 
-def _record_target(rec: dict) -> Optional[float]:
+def _record_target(rec: dict) -> float | None:
     v = (rec.get("metrics") or {}).get("recall_target")
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
@@ -39,12 +40,10 @@ def _record_target(rec: dict) -> Optional[float]:
 #: |a - b| / (2 b), the same 1); top-k recall against its table recall (exact top-k: 1 in
 #: every row) or, as a mean over rows, the recall approx_max_k's caller promised; the
 #: train-step loss against its ULP screen.
-RATIOS: dict[str, Callable[[dict], Optional[float]]] = {
+RATIOS: dict[str, Callable[[dict], float | None]] = {
     "bound_ratio": lambda rec: 1.0,
     "narrow_bound_ratio": lambda rec: 1.0,
     "recall_min": lambda rec: getattr(_record_tolerance(rec), "recall", None),
     "recall_mean": _record_target,
     "loss_ulp": _record_ulp_allowance,
 }
-
-

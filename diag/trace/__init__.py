@@ -20,8 +20,13 @@ the framework is imported by the worker that already runs it.
 
 from __future__ import annotations
 
-from diag.trace.layout import (HLO_DIR, PASSES_DIR, SESSIONS_DIR, SUMMARY_DIR, read_passes,
-                               read_summaries)
+from diag.trace.layout import (
+    HLO_DIR,
+    PASSES_DIR,
+    SESSIONS_DIR,
+    SUMMARY_DIR,
+    read_passes,
+    read_summaries,
+)
 
-__all__ = ["HLO_DIR", "PASSES_DIR", "SESSIONS_DIR", "SUMMARY_DIR", "read_passes",
-           "read_summaries"]
+__all__ = ["HLO_DIR", "PASSES_DIR", "SESSIONS_DIR", "SUMMARY_DIR", "read_passes", "read_summaries"]

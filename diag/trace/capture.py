@@ -32,8 +32,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from diag.trace import summarise
 from diag.trace.layout import HLO_DIR, SESSIONS_DIR, SUMMARY_DIR, session_name
@@ -53,8 +54,9 @@ def job_field(run_dir: str | os.PathLike | None, cases) -> dict | None:
     return {"dir": str(run_dir), "labels": {c.id: c.label for c in cases}}
 
 
-def trace_case(job: dict, backend, label: str, case: dict, fn, args, thunk,
-               calls: int | None = None) -> None:
+def trace_case(
+    job: dict, backend, label: str, case: dict, fn, args, thunk, calls: int | None = None
+) -> None:
     """Profile one case's compiled call (`thunk`), `calls` times (default: the job's repeats),
     when the job asks for traces (`job["trace"]`); nothing otherwise. Never raises for a
     profiler or converter failure."""
@@ -119,15 +121,29 @@ def _highest_variant(job: dict, case: dict) -> dict | None:
     return {**op_args, "precision": "highest", "precision_via": spec.precision_via[0]}
 
 
-def _trace(field: dict, framework: str, backend, job: dict, label: str, case: dict, fn,
-           args, thunk, calls: int) -> None:
+def _trace(
+    field: dict,
+    framework: str,
+    backend,
+    job: dict,
+    label: str,
+    case: dict,
+    fn,
+    args,
+    thunk,
+    calls: int,
+) -> None:
     run_dir = Path(field["dir"])
     name = session_name(case["id"], label)
     folder = run_dir / SESSIONS_DIR / name
     summary: dict[str, Any] = {
-        "case_id": case["id"], "case": field.get("labels", {}).get(case["id"], case["id"]),
-        "backend": label, "framework": framework, "op": case.get("op"),
-        "session": str(SESSIONS_DIR / name)}
+        "case_id": case["id"],
+        "case": field.get("labels", {}).get(case["id"], case["id"]),
+        "backend": label,
+        "framework": framework,
+        "op": case.get("op"),
+        "session": str(SESSIONS_DIR / name),
+    }
     t0 = time.perf_counter()
     try:
         with _SESSIONS[framework](folder, name):
@@ -141,18 +157,21 @@ def _trace(field: dict, framework: str, backend, job: dict, label: str, case: di
     try:
         summary.update(_summarise(framework, backend, folder, fn, args, run_dir, name))
     except Exception as e:
-        summary["summary_error"] = (f"trace captured, summary unavailable: "
-                                    f"{type(e).__name__}: {e}")[:300]
+        summary["summary_error"] = (
+            f"trace captured, summary unavailable: {type(e).__name__}: {e}"
+        )[:300]
         summary["traceback"] = traceback.format_exc()[-1500:]
     variant = _highest_variant(job, case)
     if variant is not None:
-        summary["highest"] = _compare_highest(framework, backend, case, variant, args,
-                                              run_dir, label, calls)
+        summary["highest"] = _compare_highest(
+            framework, backend, case, variant, args, run_dir, label, calls
+        )
     _write_json(run_dir / SUMMARY_DIR / f"{name}.json", summary)
 
 
-def _summarise(framework: str, backend, folder: Path, fn, args, run_dir: Path,
-               name: str) -> dict[str, Any]:
+def _summarise(
+    framework: str, backend, folder: Path, fn, args, run_dir: Path, name: str
+) -> dict[str, Any]:
     """The summary fields of one captured session (plus the saved HLO for JAX)."""
     hlo_text = None
     out: dict[str, Any] = {}
@@ -170,8 +189,9 @@ def _summarise(framework: str, backend, folder: Path, fn, args, run_dir: Path,
     return out
 
 
-def _compare_highest(framework: str, backend, case: dict, op_args: dict, args, run_dir: Path,
-                     label: str, calls: int) -> dict[str, Any]:
+def _compare_highest(
+    framework: str, backend, case: dict, op_args: dict, args, run_dir: Path, label: str, calls: int
+) -> dict[str, Any]:
     """Profile the same case at `highest` precision: its per-call op time, for the cost of
     the precise setting next to the default one."""
     from diag.registry import build
@@ -186,13 +206,20 @@ def _compare_highest(framework: str, backend, case: dict, op_args: dict, args, r
                 backend.block(thunk())
         text = backend.hlo_text(fn, args) if hasattr(backend, "hlo_text") else None
         out = summarise.summarise_session(framework, folder, text)
-        return {"session": str(SESSIONS_DIR / name), "op_args": op_args,
-                "per_call_us": out.get("per_call_us"), "ops": (out.get("ops") or [])[:3],
-                "call_us_samples": out.get("call_us_samples") or [],
-                "summary_error": out.get("summary_error")}
+        return {
+            "session": str(SESSIONS_DIR / name),
+            "op_args": op_args,
+            "per_call_us": out.get("per_call_us"),
+            "ops": (out.get("ops") or [])[:3],
+            "call_us_samples": out.get("call_us_samples") or [],
+            "summary_error": out.get("summary_error"),
+        }
     except Exception as e:
-        return {"summary_error": f"the highest-precision comparison failed: "
-                                 f"{type(e).__name__}: {e}"[:300]}
+        return {
+            "summary_error": f"the highest-precision comparison failed: {type(e).__name__}: {e}"[
+                :300
+            ]
+        }
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -13,8 +13,10 @@ import re
 __all__ = ["instructions", "opcode_counts", "changed_instructions"]
 
 # `[ROOT] %name = TYPE opcode(`; TYPE is `f32[4,8]{1,0}`, `bf16[]`, or a tuple `(f32[2], s32[2])`.
-_DEF = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>\([^=]*?\)|[a-z]\w*\[[^\]]*\]"
-                  r"(?:\{[^}]*\})?)\s+(?P<opcode>[a-z][\w\-]*)\(")
+_DEF = re.compile(
+    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>\([^=]*?\)|[a-z]\w*\[[^\]]*\]"
+    r"(?:\{[^}]*\})?)\s+(?P<opcode>[a-z][\w\-]*)\("
+)
 _ARRAY = re.compile(r"(?P<dtype>[a-z]\w*)\[(?P<dims>[^\]]*)\]")
 
 
@@ -57,10 +59,13 @@ def changed_instructions(before: str, after: str, limit: int = 20) -> dict[str, 
       {"added": lines only in `after`, "removed": lines only in `before`}, at most `limit`
       each, in text order.
     """
+
     def lines(text: str) -> list[str]:
         return [_normalised(x) for x in text.splitlines() if _DEF.match(x)]
 
     a, b = lines(before), lines(after)
     sa, sb = set(a), set(b)
-    return {"added": [x for x in b if x not in sa][:limit],
-            "removed": [x for x in a if x not in sb][:limit]}
+    return {
+        "added": [x for x in b if x not in sa][:limit],
+        "removed": [x for x in a if x not in sb][:limit],
+    }

@@ -18,8 +18,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SESSIONS_DIR", "SUMMARY_DIR", "HLO_DIR", "PASSES_DIR", "read_summaries",
-           "read_passes", "session_name"]
+__all__ = [
+    "SESSIONS_DIR",
+    "SUMMARY_DIR",
+    "HLO_DIR",
+    "PASSES_DIR",
+    "read_summaries",
+    "read_passes",
+    "session_name",
+]
 
 SESSIONS_DIR = Path("plugins") / "profile"
 SUMMARY_DIR = Path("trace")

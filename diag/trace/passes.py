@@ -51,7 +51,8 @@ def dumps(folder: Path) -> dict[str, list[tuple[str, Path]]]:
         m = _DUMP.match(path.name)
         if m:
             found.setdefault((int(m["n"]), m["module"]), []).append(
-                (int(m["seq"]), m["step"], path))
+                (int(m["seq"]), m["step"], path)
+            )
     out: dict[str, list[tuple[str, Path]]] = {}
     seen: dict[str, int] = {}
     for (_, module), steps in sorted(found.items()):
@@ -70,8 +71,11 @@ def _pass_name(step: str) -> str:
 
 
 def _program(path: Path) -> list[str]:
-    return [hlo._normalised(line) for line in path.read_text(errors="replace").splitlines()
-            if hlo._DEF.match(line)]
+    return [
+        hlo._normalised(line)
+        for line in path.read_text(errors="replace").splitlines()
+        if hlo._DEF.match(line)
+    ]
 
 
 def first_difference(a_dir: Path, b_dir: Path) -> dict[str, Any] | None:
@@ -101,12 +105,20 @@ def _difference(module: str, i: int, a: list, b: list) -> dict[str, Any]:
     text_a = pa.read_text(errors="replace") if pa else ""
     text_b = pb.read_text(errors="replace") if pb else ""
     ca, cb = hlo.opcode_counts(text_a), hlo.opcode_counts(text_b)
-    out = {"module": module.split("#")[0], "index": i,
-           "pass": _pass_name(sb or sa or ""), "dump_a": pa.name if pa else None,
-           "dump_b": pb.name if pb else None, "dumps": [len(a), len(b)],
-           "opcodes": {op: [ca.get(op, 0), cb.get(op, 0)] for op in sorted(set(ca) | set(cb))
-                       if ca.get(op, 0) != cb.get(op, 0)},
-           **hlo.changed_instructions(text_a, text_b)}
+    out = {
+        "module": module.split("#")[0],
+        "index": i,
+        "pass": _pass_name(sb or sa or ""),
+        "dump_a": pa.name if pa else None,
+        "dump_b": pb.name if pb else None,
+        "dumps": [len(a), len(b)],
+        "opcodes": {
+            op: [ca.get(op, 0), cb.get(op, 0)]
+            for op in sorted(set(ca) | set(cb))
+            if ca.get(op, 0) != cb.get(op, 0)
+        },
+        **hlo.changed_instructions(text_a, text_b),
+    }
     if sa != sb and sa and sb:
         out["pass_a"] = _pass_name(sa)
     return out
@@ -123,8 +135,13 @@ def _compile_side(job: dict, env: dict[str, str], folder: Path) -> str | None:
     job_path = folder.parent / f"{folder.name}.job.json"
     job_path.write_text(json.dumps(job))
     try:
-        proc = subprocess.run([sys.executable, "-m", "diag.trace.passes", str(job_path)],
-                              capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
+        proc = subprocess.run(
+            [sys.executable, "-m", "diag.trace.passes", str(job_path)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
         return f"compiling with per-pass dumps took over {TIMEOUT_S:g} s"
     if proc.returncode != 0:
@@ -133,8 +150,11 @@ def _compile_side(job: dict, env: dict[str, str], folder: Path) -> str | None:
     return None
 
 
-def attribute_pair(job: dict, env_a: dict[str, str], env_b: dict[str, str],
-                   ) -> dict[str, Any]:
+def attribute_pair(
+    job: dict,
+    env_a: dict[str, str],
+    env_b: dict[str, str],
+) -> dict[str, Any]:
     """Compile one case on both sides with per-pass dumps and name the first differing pass.
 
     Returns:
@@ -168,13 +188,21 @@ def attribute_run(run) -> list[dict[str, Any]]:
         spec = get_spec(a_label)
         if case is None or spec.framework != "jax":
             continue  # per-pass dumps are XLA's; an eager backend has no passes
-        job = {"backend": spec.name, "op": case.op,
-               "op_args": {**PROBES[case.op].fixed_args, **case.op_args},
-               "inputs": run.inputs.paths(case),
-               "input_dtypes": [case.dtype] * len(run.inputs.paths(case))}
+        job = {
+            "backend": spec.name,
+            "op": case.op,
+            "op_args": {**PROBES[case.op].fixed_args, **case.op_args},
+            "inputs": run.inputs.paths(case),
+            "input_dtypes": [case.dtype] * len(run.inputs.paths(case)),
+        }
         b_env = run.ab.worker_env(dataclasses.replace(spec, variant=B), run.env)
-        result = {"case_id": case.id, "case": case.label, "backend": a_label,
-                  "pair": rec["backend"], "setting": run.ab.setting}
+        result = {
+            "case_id": case.id,
+            "case": case.label,
+            "backend": a_label,
+            "pair": rec["backend"],
+            "setting": run.ab.setting,
+        }
         try:
             result.update(attribute_pair(job, run.env, b_env))
         except Exception as e:  # evidence, not a verdict: never the end of the run
@@ -190,18 +218,20 @@ def _compile(job_path: str) -> int:
     """Inside the throwaway process: compile the case (XLA writes the dumps)."""
     import importlib
 
+    import numpy as np
+
     from diag import numerics
     from diag.backends import get_spec
     from diag.registry import build
-
-    import numpy as np
 
     job = json.loads(Path(job_path).read_text())
     spec = get_spec(job["backend"])
     backend = importlib.import_module(spec.module)
     backend.setup(spec.platform)
-    args = [backend.put(numerics.from_bits(np.load(p), d))
-            for p, d in zip(job["inputs"], job["input_dtypes"])]
+    args = [
+        backend.put(numerics.from_bits(np.load(p), d))
+        for p, d in zip(job["inputs"], job["input_dtypes"])
+    ]
     fn = build(backend, job["op"], **job["op_args"])
     backend.hlo_text(fn, args)
     return 0

@@ -15,8 +15,8 @@ These xprof internals are not a stable API: any failure to assemble the app is a
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from diag.errors import UsageError
 
@@ -43,9 +43,11 @@ def _app(logdir: Path):
     from xprof import profile_plugin_loader, server
     from xprof.standalone import base_plugin, plugin_event_multiplexer
 
-    context = base_plugin.TBContext(str(logdir),
-                                    plugin_event_multiplexer.DataProvider(str(logdir)),
-                                    base_plugin.TBContext.Flags(False))
+    context = base_plugin.TBContext(
+        str(logdir),
+        plugin_event_multiplexer.DataProvider(str(logdir)),
+        base_plugin.TBContext.Flags(False),
+    )
     context.hide_capture_profile_button = True
     context.enable_tab_name_label = False
     context.src_prefix = None
@@ -53,8 +55,9 @@ def _app(logdir: Path):
     return server.make_wsgi_app(plugin)
 
 
-def serve(run_dir: str | Path, port: int = 8791,
-          on_ready: Callable[[str], None] | None = None) -> None:
+def serve(
+    run_dir: str | Path, port: int = 8791, on_ready: Callable[[str], None] | None = None
+) -> None:
     """Serve XProf over a run folder on 127.0.0.1 until interrupted.
 
     Args:
@@ -69,26 +72,31 @@ def serve(run_dir: str | Path, port: int = 8791,
     try:
         from cheroot import wsgi
     except ImportError as e:
-        raise UsageError(f"--serve needs xprof ({e}); install it with pip install "
-                         f"'diag[trace]'") from None
+        raise UsageError(
+            f"--serve needs xprof ({e}); install it with pip install 'diag[trace]'"
+        ) from None
     # Listen first: a taken port is said before xprof spends seconds loading.
     server = wsgi.Server((HOST, port), None)
     try:
         server.prepare()
     except OSError as e:
-        raise UsageError(f"cannot listen on {HOST}:{port}: {e.strerror or e}; pass another "
-                         f"--port") from None
+        raise UsageError(
+            f"cannot listen on {HOST}:{port}: {e.strerror or e}; pass another --port"
+        ) from None
     try:
         server.wsgi_app = _app(Path(run_dir).resolve())
     except ImportError as e:
         server.stop()
-        raise UsageError(f"--serve needs xprof ({e}); install it with pip install "
-                         f"'diag[trace]'") from None
+        raise UsageError(
+            f"--serve needs xprof ({e}); install it with pip install 'diag[trace]'"
+        ) from None
     except Exception as e:  # xprof's internals moved: say so, and how to go on
         server.stop()
-        raise UsageError(f"cannot start XProf's web app ({type(e).__name__}: {e}); open the "
-                         f"folder with `xprof --logdir {run_dir}` instead (it listens on every "
-                         f"interface)") from None
+        raise UsageError(
+            f"cannot start XProf's web app ({type(e).__name__}: {e}); open the "
+            f"folder with `xprof --logdir {run_dir}` instead (it listens on every "
+            f"interface)"
+        ) from None
     host, bound = server.bind_addr[:2]
     if on_ready:
         on_ready(f"http://{host}:{bound}/")

@@ -33,8 +33,7 @@ TOP_OPS = 10
 
 
 def _unavailable(e: Exception) -> dict[str, Any]:
-    return {"summary_error": f"trace captured, summary unavailable: {type(e).__name__}: "
-                             f"{e}"[:300]}
+    return {"summary_error": f"trace captured, summary unavailable: {type(e).__name__}: {e}"[:300]}
 
 
 def summarise_session(framework: str, folder: Path, hlo_text: str | None) -> dict[str, Any]:
@@ -88,8 +87,11 @@ def _xprof_version() -> str:
 
 def _xla_summary(folder: Path, hlo_text: str | None) -> dict[str, Any]:
     events = xla_events(folder)
-    process = {e.get("pid"): (e.get("args") or {}).get("name", "") for e in events
-               if e.get("ph") == "M" and e.get("name") == "process_name"}
+    process = {
+        e.get("pid"): (e.get("args") or {}).get("name", "")
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
     ops = [e for e in events if e.get("ph") == "X" and "hlo_op" in (e.get("args") or {})]
     on_device = [e for e in ops if str(process.get(e.get("pid"), "")).startswith("/device:")]
     ops = on_device or ops
@@ -98,8 +100,16 @@ def _xla_summary(folder: Path, hlo_text: str | None) -> dict[str, Any]:
     for e in ops:
         args = e["args"]
         key = (str(args.get("hlo_module", "")), str(args["hlo_op"]))
-        row = table.setdefault(key, {"name": key[1], "module": key[0], "count": 0,
-                                     "total_us": 0.0, **_dtype_shape(shapes, key[1])})
+        row = table.setdefault(
+            key,
+            {
+                "name": key[1],
+                "module": key[0],
+                "count": 0,
+                "total_us": 0.0,
+                **_dtype_shape(shapes, key[1]),
+            },
+        )
         row["count"] += 1
         row["total_us"] += float(e.get("dur", 0.0))
     # One execution of the program is one run_id; the timed repeats are the calls.
@@ -108,15 +118,22 @@ def _xla_summary(folder: Path, hlo_text: str | None) -> dict[str, Any]:
         key = (e["args"].get("hlo_module"), e["args"].get("run_id"))
         per_call[key] = per_call.get(key, 0.0) + float(e.get("dur", 0.0))
     calls = len(per_call) or 1
-    return _finish(table.values(), calls, f"xprof {_xprof_version()} trace_viewer",
-                   device="device" if on_device else "host",
-                   call_us_samples=[round(v, 3) for v in per_call.values()])
+    return _finish(
+        table.values(),
+        calls,
+        f"xprof {_xprof_version()} trace_viewer",
+        device="device" if on_device else "host",
+        call_us_samples=[round(v, 3) for v in per_call.values()],
+    )
 
 
 def _dtype_shape(shapes: dict[str, dict[str, str]], name: str) -> dict[str, str]:
     info = shapes.get(name)
-    return {"dtype": info["dtype"], "shape": info["shape"], "opcode": info["opcode"]} \
-        if info else {"dtype": "", "shape": "", "opcode": ""}
+    return (
+        {"dtype": info["dtype"], "shape": info["shape"], "opcode": info["opcode"]}
+        if info
+        else {"dtype": "", "shape": "", "opcode": ""}
+    )
 
 
 def _finish(rows, calls: int, converter: str, **extra: Any) -> dict[str, Any]:
@@ -126,9 +143,14 @@ def _finish(rows, calls: int, converter: str, **extra: Any) -> dict[str, Any]:
     for r in rows:
         r["total_us"] = round(r["total_us"], 3)
         r["per_call_us"] = round(r["total_us"] / calls, 3)
-    return {"converter": converter, "calls": calls,
-            "per_call_us": round(sum(r["total_us"] for r in rows) / calls, 3),
-            "ops": rows[:TOP_OPS], "n_ops": len(rows), **extra}
+    return {
+        "converter": converter,
+        "calls": calls,
+        "per_call_us": round(sum(r["total_us"] for r in rows) / calls, 3),
+        "ops": rows[:TOP_OPS],
+        "n_ops": len(rows),
+        **extra,
+    }
 
 
 def _kineto_events(folder: Path) -> list[dict[str, Any]]:
@@ -143,8 +165,10 @@ def _kineto_events(folder: Path) -> list[dict[str, Any]]:
 def _kineto_summary(folder: Path) -> dict[str, Any]:
     events = [e for e in _kineto_events(folder) if e.get("ph") == "X"]
     marks = [e for e in events if str(e.get("name", "")).startswith("diag:")]
-    ops = sorted((e for e in events if e.get("cat") == "cpu_op"),
-                 key=lambda e: (e.get("tid"), e["ts"], -e.get("dur", 0)))
+    ops = sorted(
+        (e for e in events if e.get("cat") == "cpu_op"),
+        key=lambda e: (e.get("tid"), e["ts"], -e.get("dur", 0)),
+    )
     if marks:  # only what ran inside the case's annotation
         lo, hi = marks[0]["ts"], marks[0]["ts"] + marks[0].get("dur", 0)
         ops = [e for e in ops if lo <= e["ts"] <= hi]
@@ -153,8 +177,10 @@ def _kineto_summary(folder: Path) -> dict[str, Any]:
     depth = [0] * len(ops)
     stack: list[int] = []
     for i, e in enumerate(ops):
-        while stack and (ops[stack[-1]].get("tid") != e.get("tid") or
-                         ops[stack[-1]]["ts"] + ops[stack[-1]].get("dur", 0) <= e["ts"]):
+        while stack and (
+            ops[stack[-1]].get("tid") != e.get("tid")
+            or ops[stack[-1]]["ts"] + ops[stack[-1]].get("dur", 0) <= e["ts"]
+        ):
             stack.pop()
         if stack:
             self_us[stack[-1]] -= float(e.get("dur", 0))
@@ -167,8 +193,18 @@ def _kineto_summary(folder: Path) -> dict[str, Any]:
         shape = ", ".join(str(list(d)) for d in dims if d)
         dtype = ", ".join(dict.fromkeys(str(x) for x in types if x))
         key = (str(e["name"]), shape)
-        row = table.setdefault(key, {"name": key[0], "module": "", "count": 0, "total_us": 0.0,
-                                     "dtype": dtype, "shape": shape, "opcode": ""})
+        row = table.setdefault(
+            key,
+            {
+                "name": key[0],
+                "module": "",
+                "count": 0,
+                "total_us": 0.0,
+                "dtype": dtype,
+                "shape": shape,
+                "opcode": "",
+            },
+        )
         row["count"] += 1
         row["total_us"] += max(t, 0.0)
     top_level = Counter(e["name"] for e, d in zip(ops, depth) if d == 0)
@@ -181,5 +217,10 @@ def _kineto_summary(folder: Path) -> dict[str, Any]:
             if seen[e["name"]] < calls:
                 per_call[seen[e["name"]]] += float(e.get("dur", 0.0))
             seen[e["name"]] += 1
-    return _finish(table.values(), calls, "torch.profiler (Kineto trace)", device="host",
-                   call_us_samples=[round(v, 3) for v in per_call] if top_level else [])
+    return _finish(
+        table.values(),
+        calls,
+        "torch.profiler (Kineto trace)",
+        device="host",
+        call_us_samples=[round(v, 3) for v in per_call] if top_level else [],
+    )

@@ -9,5 +9,14 @@ from diag.train.hunt import locate_nan
 from diag.train.ports import PortReport, compare_ports
 from diag.train.reference import run_reference
 
-__all__ = ["TrainConfig", "PORT_BUGS", "init_params", "make_batches", "with_bug",
-           "run_reference", "compare_ports", "PortReport", "locate_nan"]
+__all__ = [
+    "TrainConfig",
+    "PORT_BUGS",
+    "init_params",
+    "make_batches",
+    "with_bug",
+    "run_reference",
+    "compare_ports",
+    "PortReport",
+    "locate_nan",
+]

@@ -14,7 +14,7 @@ says which part of a step first went wrong.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -50,8 +50,10 @@ class Divergence:
 
     def text(self) -> str:
         what = "the loss" if self.stage == "loss" else f"the {self.stage} of {self.tensor}"
-        return (f"step {self.step}: {what} is {self.error:.3g} off (relative), allowed "
-                f"{self.allowed:.3g}")
+        return (
+            f"step {self.step}: {what} is {self.error:.3g} off (relative), allowed "
+            f"{self.allowed:.3g}"
+        )
 
 
 def _norm(x: np.ndarray) -> float:
@@ -73,19 +75,25 @@ def trajectory_errors(cfg: TrainConfig, got: dict, ref: dict, init: np.ndarray) 
     p0 = unpack(cfg, np.asarray(init, dtype=np.float64))
     steps = len(ref["loss"])
     gl, rl = np.asarray(got["loss"], np.float64), np.asarray(ref["loss"], np.float64)
-    out: dict[str, Any] = {"loss": list(np.abs(gl - rl) / np.maximum(np.abs(rl), _TINY)),
-                           "grad": {}, "update": {}, "nonfinite": None}
+    out: dict[str, Any] = {
+        "loss": list(np.abs(gl - rl) / np.maximum(np.abs(rl), _TINY)),
+        "grad": {},
+        "update": {},
+        "nonfinite": None,
+    }
     for name, _ in param_layout(cfg):
         g, rg = got[f"grad/{name}"], ref[f"grad/{name}"]
         p, rp = got[f"param/{name}"], ref[f"param/{name}"]
-        out["grad"][name] = [_norm(g[t] - rg[t]) / max(_norm(rg[t]), _TINY)
-                             for t in range(steps)]
-        out["update"][name] = [_norm(p[t] - rp[t]) / max(_norm(rp[t] - p0[name]), _TINY)
-                               for t in range(steps)]
+        out["grad"][name] = [_norm(g[t] - rg[t]) / max(_norm(rg[t]), _TINY) for t in range(steps)]
+        out["update"][name] = [
+            _norm(p[t] - rp[t]) / max(_norm(rp[t] - p0[name]), _TINY) for t in range(steps)
+        ]
     for t in range(steps):
         bad = [("loss", gl[t], rl[t])] + [
             (f"{kind} of {name}", got[f"{kind}/{name}"][t], ref[f"{kind}/{name}"][t])
-            for kind in ("grad", "param") for name, _ in param_layout(cfg)]
+            for kind in ("grad", "param")
+            for name, _ in param_layout(cfg)
+        ]
         for label, a, b in bad:
             a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
             if np.any(~np.isfinite(a64) & np.isfinite(b64)):
@@ -94,7 +102,7 @@ def trajectory_errors(cfg: TrainConfig, got: dict, ref: dict, init: np.ndarray) 
     return out
 
 
-def first_divergence(errors: dict, allowed: dict[str, float]) -> Optional[Divergence]:
+def first_divergence(errors: dict, allowed: dict[str, float]) -> Divergence | None:
     """The first (step, stage) where some error exceeds what it is allowed, naming the worst
     tensor there (by error over allowance); None when the runs never part. NaN counts as
     beyond any tolerance."""
@@ -131,15 +139,27 @@ def summarize(errors: dict, allowed: dict[str, float], top: int = 5) -> dict[str
     for stage in ("grad", "update"):
         for name, errs in errors[stage].items():
             t = int(np.nanargmax(errs)) if not np.all(np.isnan(errs)) else 0
-            rows.append({"tensor": name, "stage": stage, "error": float(errs[t]), "step": t,
-                         "ratio": float(errs[t]) / allowed[stage]})
+            rows.append(
+                {
+                    "tensor": name,
+                    "stage": stage,
+                    "error": float(errs[t]),
+                    "step": t,
+                    "ratio": float(errs[t]) / allowed[stage],
+                }
+            )
     rows.sort(key=lambda r: -r["ratio"] if np.isfinite(r["ratio"]) else -np.inf)
     div = first_divergence(errors, allowed)
     nf = errors.get("nonfinite")
-    return {"steps": steps, "allowed": dict(allowed),
-            "curve": {"loss_err": [float(e) for e in errors["loss"]],
-                      "grad_err": [float(worst("grad", t)) for t in range(steps)],
-                      "update_err": [float(worst("update", t)) for t in range(steps)]},
-            "worst": rows[:top],
-            "first_divergence": div.to_dict() if div else None,
-            "nonfinite": {"step": nf[0], "tensor": nf[1]} if nf else None}
+    return {
+        "steps": steps,
+        "allowed": dict(allowed),
+        "curve": {
+            "loss_err": [float(e) for e in errors["loss"]],
+            "grad_err": [float(worst("grad", t)) for t in range(steps)],
+            "update_err": [float(worst("update", t)) for t in range(steps)],
+        },
+        "worst": rows[:top],
+        "first_divergence": div.to_dict() if div else None,
+        "nonfinite": {"step": nf[0], "tensor": nf[1]} if nf else None,
+    }

@@ -15,12 +15,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
-__all__ = ["TrainConfig", "PORT_BUGS", "param_layout", "init_params", "make_batches",
-           "pack", "unpack", "with_bug", "decayed"]
+__all__ = [
+    "TrainConfig",
+    "PORT_BUGS",
+    "param_layout",
+    "init_params",
+    "make_batches",
+    "pack",
+    "unpack",
+    "with_bug",
+    "decayed",
+]
 
 
 @dataclass(frozen=True)
@@ -64,7 +73,7 @@ class TrainConfig:
     def head_width(self) -> int:
         return self.width // self.heads
 
-    def problem(self) -> Optional[str]:
+    def problem(self) -> str | None:
         """Why the sizes do not make a model, or None."""
         for name in ("layers", "width", "heads", "vocab", "seq", "batch", "steps"):
             if getattr(self, name) < 1:
@@ -79,21 +88,32 @@ class TrainConfig:
 #: The porting bugs diag plants and detects: name -> (the field a port gets wrong, its wrong
 #: value, what the bug is, in words).
 PORT_BUGS: dict[str, tuple[str, object, str]] = {
-    "adam_eps_inside": ("adam_eps_inside", True,
-                        "Adam eps inside the square root (m / sqrt(v + eps)) instead of "
-                        "outside (m / (sqrt(v) + eps))"),
-    "l2_weight_decay": ("l2_decay", True,
-                        "weight decay as an L2 gradient term (Adam) instead of decoupled "
-                        "(AdamW)"),
-    "ln_eps_1e-6": ("ln_eps", 1e-6, "layer-norm eps 1e-6 (flax's default) instead of 1e-5 "
-                                    "(torch's default)"),
-    "gelu_tanh": ("gelu_tanh", True, "GELU by its tanh approximation (jax.nn.gelu's default) "
-                                     "instead of the exact erf form"),
+    "adam_eps_inside": (
+        "adam_eps_inside",
+        True,
+        "Adam eps inside the square root (m / sqrt(v + eps)) instead of "
+        "outside (m / (sqrt(v) + eps))",
+    ),
+    "l2_weight_decay": (
+        "l2_decay",
+        True,
+        "weight decay as an L2 gradient term (Adam) instead of decoupled (AdamW)",
+    ),
+    "ln_eps_1e-6": (
+        "ln_eps",
+        1e-6,
+        "layer-norm eps 1e-6 (flax's default) instead of 1e-5 (torch's default)",
+    ),
+    "gelu_tanh": (
+        "gelu_tanh",
+        True,
+        "GELU by its tanh approximation (jax.nn.gelu's default) instead of the exact erf form",
+    ),
     "no_attn_scale": ("attn_scale", False, "attention logits not scaled by 1/sqrt(head width)"),
 }
 
 
-def with_bug(cfg: TrainConfig, bug: Optional[str]) -> TrainConfig:
+def with_bug(cfg: TrainConfig, bug: str | None) -> TrainConfig:
     """`cfg` with one porting bug planted (`PORT_BUGS`), or `cfg` itself for None."""
     if bug is None:
         return cfg
@@ -115,12 +135,19 @@ def param_layout(cfg: TrainConfig) -> list[tuple[str, tuple[int, ...]]]:
     out: list[tuple[str, tuple[int, ...]]] = [("wte", (v, d)), ("wpe", (cfg.seq, d))]
     for i in range(cfg.layers):
         p = f"h{i}."
-        out += [(p + "ln1.g", (d,)), (p + "ln1.b", (d,)),
-                (p + "attn.qkv.w", (d, 3 * d)),
-                (p + "attn.out.w", (d, d)), (p + "attn.out.b", (d,)),
-                (p + "ln2.g", (d,)), (p + "ln2.b", (d,)),
-                (p + "mlp.fc.w", (d, 4 * d)), (p + "mlp.fc.b", (4 * d,)),
-                (p + "mlp.proj.w", (4 * d, d)), (p + "mlp.proj.b", (d,))]
+        out += [
+            (p + "ln1.g", (d,)),
+            (p + "ln1.b", (d,)),
+            (p + "attn.qkv.w", (d, 3 * d)),
+            (p + "attn.out.w", (d, d)),
+            (p + "attn.out.b", (d,)),
+            (p + "ln2.g", (d,)),
+            (p + "ln2.b", (d,)),
+            (p + "mlp.fc.w", (d, 4 * d)),
+            (p + "mlp.fc.b", (4 * d,)),
+            (p + "mlp.proj.w", (4 * d, d)),
+            (p + "mlp.proj.b", (d,)),
+        ]
     out += [("lnf.g", (d,)), ("lnf.b", (d,)), ("head.w", (d, v))]
     return out
 
@@ -182,7 +209,7 @@ def unpack(cfg: TrainConfig, flat: np.ndarray) -> dict[str, np.ndarray]:
     out, i = {}, 0
     for name, shape in param_layout(cfg):
         size = math.prod(shape)
-        out[name] = flat[i:i + size].reshape(shape)
+        out[name] = flat[i : i + size].reshape(shape)
         i += size
     if i != flat.size:
         raise ValueError(f"packed parameters hold {flat.size} values, the model has {i}")

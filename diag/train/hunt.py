@@ -10,7 +10,8 @@ Python loop around a jitted step, which `diag.nan` does not trace.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from diag.train.config import TrainConfig, pack, param_layout, unpack
 __all__ = ["first_nonfinite_step", "locate_nan"]
 
 
-def first_nonfinite_step(cfg: TrainConfig, run: dict) -> Optional[int]:
+def first_nonfinite_step(cfg: TrainConfig, run: dict) -> int | None:
     """The first step whose loss or any gradient holds a NaN/Inf, or None."""
     for t in range(len(run["loss"])):
         arrays = [run["loss"][t]] + [run[f"grad/{n}"][t] for n, _ in param_layout(cfg)]
@@ -31,12 +32,17 @@ def first_nonfinite_step(cfg: TrainConfig, run: dict) -> Optional[int]:
 def _params_before(cfg: TrainConfig, run: dict, init: np.ndarray, t: int) -> np.ndarray:
     if t == 0:
         return np.asarray(init, dtype=np.float32)
-    return pack(cfg, {n: run[f"param/{n}"][t - 1] for n, _ in param_layout(cfg)}).astype(
-        np.float32)
+    return pack(cfg, {n: run[f"param/{n}"][t - 1] for n, _ in param_layout(cfg)}).astype(np.float32)
 
 
-def locate_nan(impl: str, cfg: TrainConfig, params: np.ndarray, batches: np.ndarray,
-               compute: str = "float32", run: Optional[dict] = None) -> Optional[dict[str, Any]]:
+def locate_nan(
+    impl: str,
+    cfg: TrainConfig,
+    params: np.ndarray,
+    batches: np.ndarray,
+    compute: str = "float32",
+    run: dict | None = None,
+) -> dict[str, Any] | None:
     """The first non-finite step of a run and the op that gave birth to it.
 
     Args:
@@ -72,8 +78,10 @@ def locate_nan(impl: str, cfg: TrainConfig, params: np.ndarray, batches: np.ndar
         def step(p, batch):
             return jax.value_and_grad(loss_of)(p, batch, cfg, cd)
 
-        args = ({k: jnp.asarray(v) for k, v in unpack(cfg, flat).items()},
-                jnp.asarray(np.asarray(batches[t]).astype(np.int32)))
+        args = (
+            {k: jnp.asarray(v) for k, v in unpack(cfg, flat).items()},
+            jnp.asarray(np.asarray(batches[t]).astype(np.int32)),
+        )
     elif impl == "torch":
         import torch
 

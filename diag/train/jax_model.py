@@ -43,8 +43,10 @@ def loss_of(params, tokens, cfg: TrainConfig, cd):
         q_ = f"h{i}."
         a = _ln(h, p[q_ + "ln1.g"], p[q_ + "ln1.b"], cfg.ln_eps, cd)
         qkv = a @ p[q_ + "attn.qkv.w"]
-        q, k, v = (qkv[..., j * d:(j + 1) * d].reshape(bsz, s, nh, dh).transpose(0, 2, 1, 3)
-                   for j in range(3))
+        q, k, v = (
+            qkv[..., j * d : (j + 1) * d].reshape(bsz, s, nh, dh).transpose(0, 2, 1, 3)
+            for j in range(3)
+        )
         scores = q @ k.transpose(0, 1, 3, 2)
         if cfg.attn_scale:
             scores = scores * jnp.asarray(1.0 / np.sqrt(dh), cd)
@@ -52,8 +54,7 @@ def loss_of(params, tokens, cfg: TrainConfig, cd):
         o = (att @ v).transpose(0, 2, 1, 3).reshape(bsz, s, d)
         h = h + o @ p[q_ + "attn.out.w"] + p[q_ + "attn.out.b"]
         m = _ln(h, p[q_ + "ln2.g"], p[q_ + "ln2.b"], cfg.ln_eps, cd)
-        u = jax.nn.gelu(m @ p[q_ + "mlp.fc.w"] + p[q_ + "mlp.fc.b"],
-                        approximate=cfg.gelu_tanh)
+        u = jax.nn.gelu(m @ p[q_ + "mlp.fc.w"] + p[q_ + "mlp.fc.b"], approximate=cfg.gelu_tanh)
         h = h + u @ p[q_ + "mlp.proj.w"] + p[q_ + "mlp.proj.b"]
     logits = (_ln(h, p["lnf.g"], p["lnf.b"], cfg.ln_eps, cd) @ p["head.w"]).astype(hi)
     logp = jax.nn.log_softmax(logits, axis=-1)
@@ -64,11 +65,19 @@ def _optimizer(cfg: TrainConfig, mask: dict):
     # optax: u = m_hat / (sqrt(v_hat + eps_root) + eps); eps inside the root is eps_root.
     eps, eps_root = (0.0, cfg.adam_eps) if cfg.adam_eps_inside else (cfg.adam_eps, 0.0)
     if cfg.l2_decay:  # Adam with an L2 term: the decay joins the gradient before the moments
-        return optax.chain(optax.add_decayed_weights(cfg.weight_decay, mask),
-                           optax.adam(cfg.lr, cfg.beta1, cfg.beta2, eps=eps,
-                                      eps_root=eps_root))
-    return optax.adamw(cfg.lr, cfg.beta1, cfg.beta2, eps=eps, eps_root=eps_root,
-                       weight_decay=cfg.weight_decay, mask=mask)
+        return optax.chain(
+            optax.add_decayed_weights(cfg.weight_decay, mask),
+            optax.adam(cfg.lr, cfg.beta1, cfg.beta2, eps=eps, eps_root=eps_root),
+        )
+    return optax.adamw(
+        cfg.lr,
+        cfg.beta1,
+        cfg.beta2,
+        eps=eps,
+        eps_root=eps_root,
+        weight_decay=cfg.weight_decay,
+        mask=mask,
+    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -100,8 +109,9 @@ def op(compute: str, case: dict, device=None):
     return train
 
 
-def run(cfg: TrainConfig, flat_params, batches, compute: str = "float32",
-        device=None) -> dict[str, np.ndarray]:
+def run(
+    cfg: TrainConfig, flat_params, batches, compute: str = "float32", device=None
+) -> dict[str, np.ndarray]:
     """`cfg.steps` AdamW steps; the trajectory (`loss`, `grad/<name>`, `param/<name>`) on the host.
 
     Args:

@@ -23,7 +23,7 @@ JAX and torch are imported on the call, not on `import diag.train`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -56,8 +56,8 @@ class PortReport:
     """
 
     verdict: str
-    culprit: Optional[str]
-    first_divergence: Optional[Divergence]
+    culprit: str | None
+    first_divergence: Divergence | None
     suspects: list[str]
     reason: str
     summaries: dict[str, Any] = field(default_factory=dict)
@@ -75,8 +75,8 @@ def _suspects(cfg: TrainConfig, run: dict, params, batches, allowed) -> list[str
     return found
 
 
-def compare_ports(original: str = "jax", port: str = "torch", *, bug: Optional[str] = None,
-                  original_bug: Optional[str] = None, cfg: TrainConfig = DEFAULT_CONFIG,
+def compare_ports(original: str = "jax", port: str = "torch", *, bug: str | None = None,
+                  original_bug: str | None = None, cfg: TrainConfig = DEFAULT_CONFIG,
                   compute: str = "float32", seed: int = 0) -> PortReport:
     """Run `original` and `port` from the same weights and batches and say: drift or bug.
 

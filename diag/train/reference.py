@@ -11,7 +11,8 @@ relative, against ~u32 = 6e-8 for a float32 run, and a training run amplifies a 
 the same way whichever arithmetic made it (as long as it stays small). So after N steps the
 reference is off by about u64/u32 = 2^-29 times what a float32 run is off: a float32 run
 that drifts to 1e-3 relative leaves the reference at ~2e-12, far below anything judged.
-Each float32 `train` record keeps that estimate per step (`reference_error_estimate`). The mpmath test
+Each float32 `train` record keeps that estimate per step (`reference_error_estimate`). The mpmath
+test
 checks the premise directly: on a tiny model, 3 steps in float64 stay within 1e-13 relative
 of the same steps at 50 digits.
 """
@@ -19,8 +20,8 @@ of the same steps at 50 digits.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -43,9 +44,15 @@ class Arith:
     dtype: DTypeLike
 
 
-FLOAT64 = Arith(exp=np.exp, sqrt=np.sqrt, log=np.log, tanh=np.tanh,
-                erf=np.vectorize(math.erf, otypes=[np.float64]), num=np.float64,
-                dtype=np.float64)
+FLOAT64 = Arith(
+    exp=np.exp,
+    sqrt=np.sqrt,
+    log=np.log,
+    tanh=np.tanh,
+    erf=np.vectorize(math.erf, otypes=[np.float64]),
+    num=np.float64,
+    dtype=np.float64,
+)
 
 
 def mp_arith(digits: int = 50) -> Arith:
@@ -58,8 +65,15 @@ def mp_arith(digits: int = 50) -> Arith:
     def vec(f):
         return np.vectorize(f, otypes=[object])
 
-    return Arith(exp=vec(mpmath.exp), sqrt=vec(mpmath.sqrt), log=vec(mpmath.log),
-                 tanh=vec(mpmath.tanh), erf=vec(mpmath.erf), num=mpmath.mpf, dtype=object)
+    return Arith(
+        exp=vec(mpmath.exp),
+        sqrt=vec(mpmath.sqrt),
+        log=vec(mpmath.log),
+        tanh=vec(mpmath.tanh),
+        erf=vec(mpmath.erf),
+        num=mpmath.mpf,
+        dtype=object,
+    )
 
 
 def _ln(x, g, b, eps, A: Arith):
@@ -78,8 +92,11 @@ def _ln_back(dy, cache, A: Arith):
     dg = (dy * xhat).reshape(-1, d).sum(axis=0)
     db = dy.reshape(-1, d).sum(axis=0)
     dxh = dy * g
-    dx = rstd * (dxh - dxh.sum(axis=-1, keepdims=True) / A.num(d)
-                 - xhat * (dxh * xhat).sum(axis=-1, keepdims=True) / A.num(d))
+    dx = rstd * (
+        dxh
+        - dxh.sum(axis=-1, keepdims=True) / A.num(d)
+        - xhat * (dxh * xhat).sum(axis=-1, keepdims=True) / A.num(d)
+    )
     return dx, dg, db
 
 
@@ -135,8 +152,10 @@ def loss_and_grads(cfg: TrainConfig, p: dict, tokens: np.ndarray, A: Arith = FLO
         q_ = f"h{i}."
         a, c1 = _ln(h, p[q_ + "ln1.g"], p[q_ + "ln1.b"], cfg.ln_eps, A)
         qkv = a @ p[q_ + "attn.qkv.w"]
-        q, k, v = (qkv[..., j * d:(j + 1) * d].reshape(bsz, s, nh, hw).transpose(0, 2, 1, 3)
-                   for j in range(3))
+        q, k, v = (
+            qkv[..., j * d : (j + 1) * d].reshape(bsz, s, nh, hw).transpose(0, 2, 1, 3)
+            for j in range(3)
+        )
         att = _masked_softmax((q @ k.transpose(0, 1, 3, 2)) * scale, mask, A)
         o = (att @ v).transpose(0, 2, 1, 3).reshape(bsz, s, d)
         h1 = h + o @ p[q_ + "attn.out.w"] + p[q_ + "attn.out.b"]
@@ -179,8 +198,9 @@ def loss_and_grads(cfg: TrainConfig, p: dict, tokens: np.ndarray, A: Arith = FLO
         ds = att * (datt - (datt * att).sum(axis=-1, keepdims=True)) * scale
         dq = ds @ k
         dk = ds.transpose(0, 1, 3, 2) @ q
-        dqkv = np.concatenate([t.transpose(0, 2, 1, 3).reshape(bsz, s, d)
-                               for t in (dq, dk, dv)], axis=-1)
+        dqkv = np.concatenate(
+            [t.transpose(0, 2, 1, 3).reshape(bsz, s, d) for t in (dq, dk, dv)], axis=-1
+        )
         g[q_ + "attn.qkv.w"] = a.reshape(-1, d).T @ dqkv.reshape(-1, 3 * d)
         da, g[q_ + "ln1.g"], g[q_ + "ln1.b"] = _ln_back(dqkv @ p[q_ + "attn.qkv.w"].T, c1, A)
         dh = dh1 + da
@@ -191,15 +211,16 @@ def loss_and_grads(cfg: TrainConfig, p: dict, tokens: np.ndarray, A: Arith = FLO
     return loss, g
 
 
-def adamw_update(cfg: TrainConfig, p: dict, g: dict, m: dict, v: dict, t: int,
-                 A: Arith = FLOAT64) -> None:
+def adamw_update(
+    cfg: TrainConfig, p: dict, g: dict, m: dict, v: dict, t: int, A: Arith = FLOAT64
+) -> None:
     """One AdamW step in place (optax's form; torch's is the same math, rounded otherwise).
 
     Decoupled: u = m_hat / (sqrt(v_hat) + eps) + wd * p, p -= lr * u. `cfg.l2_decay` adds
     wd * p to the gradient before the moments instead; `cfg.adam_eps_inside` takes
     sqrt(v_hat + eps)."""
     b1, b2 = A.num(cfg.beta1), A.num(cfg.beta2)
-    bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
+    bc1, bc2 = 1 - b1**t, 1 - b2**t
     wd, lr, eps = A.num(cfg.weight_decay), A.num(cfg.lr), A.num(cfg.adam_eps)
     for name, shape in param_layout(cfg):
         decay = decayed(name, shape)
@@ -213,8 +234,9 @@ def adamw_update(cfg: TrainConfig, p: dict, g: dict, m: dict, v: dict, t: int,
         p[name] = p[name] - lr * u
 
 
-def run_reference(cfg: TrainConfig, flat_params: np.ndarray, batches: np.ndarray,
-                  A: Arith = FLOAT64) -> dict[str, np.ndarray]:
+def run_reference(
+    cfg: TrainConfig, flat_params: np.ndarray, batches: np.ndarray, A: Arith = FLOAT64
+) -> dict[str, np.ndarray]:
     """`cfg.steps` AdamW steps from the packed initial parameters, in arithmetic `A`.
 
     Returns:

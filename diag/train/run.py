@@ -17,8 +17,9 @@ __all__ = ["IMPLEMENTATIONS", "run_impl"]
 IMPLEMENTATIONS = ("jax", "torch", "reference")
 
 
-def run_impl(impl: str, cfg: TrainConfig, params: np.ndarray, batches: np.ndarray,
-             compute: str = "float32") -> dict[str, np.ndarray]:
+def run_impl(
+    impl: str, cfg: TrainConfig, params: np.ndarray, batches: np.ndarray, compute: str = "float32"
+) -> dict[str, np.ndarray]:
     """One run by `impl` (`IMPLEMENTATIONS`); `reference` ignores `compute` (float64)."""
     if impl == "jax":
         from diag.train import jax_model
@@ -34,5 +35,6 @@ def run_impl(impl: str, cfg: TrainConfig, params: np.ndarray, batches: np.ndarra
         return run_reference(cfg, params, batches)
     from diag.errors import UsageError
 
-    raise UsageError(f"unknown implementation {impl!r}; expected one of "
-                     f"{', '.join(IMPLEMENTATIONS)}")
+    raise UsageError(
+        f"unknown implementation {impl!r}; expected one of {', '.join(IMPLEMENTATIONS)}"
+    )

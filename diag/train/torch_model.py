@@ -29,9 +29,12 @@ class TinyGPT(torch.nn.Module):
         self.cfg = cfg
         self.names = [name for name, _ in param_layout(cfg)]
         # ParameterDict keys may not contain dots.
-        self.p = torch.nn.ParameterDict({
-            name.replace(".", "_"): torch.nn.Parameter(torch.tensor(np.array(v), dtype=dtype))
-            for name, v in unpack(cfg, flat).items()})
+        self.p = torch.nn.ParameterDict(
+            {
+                name.replace(".", "_"): torch.nn.Parameter(torch.tensor(np.array(v), dtype=dtype))
+                for name, v in unpack(cfg, flat).items()
+            }
+        )
 
     def param(self, name: str) -> torch.nn.Parameter:
         return self.p[name.replace(".", "_")]
@@ -61,8 +64,10 @@ class TinyGPT(torch.nn.Module):
             o = (att @ v).transpose(1, 2).reshape(bsz, s, d)
             h = h + o @ p[q_ + "attn.out.w"] + p[q_ + "attn.out.b"]
             m = ln(h, p[q_ + "ln2.g"], p[q_ + "ln2.b"])
-            u = F.gelu(m @ p[q_ + "mlp.fc.w"] + p[q_ + "mlp.fc.b"],
-                       approximate="tanh" if cfg.gelu_tanh else "none")
+            u = F.gelu(
+                m @ p[q_ + "mlp.fc.w"] + p[q_ + "mlp.fc.b"],
+                approximate="tanh" if cfg.gelu_tanh else "none",
+            )
             h = h + u @ p[q_ + "mlp.proj.w"] + p[q_ + "mlp.proj.b"]
         logits = (ln(h, p["lnf.g"], p["lnf.b"]) @ p["head.w"]).to(hi)
         return F.cross_entropy(logits.reshape(-1, cfg.vocab), tgt.reshape(-1))
@@ -88,15 +93,17 @@ class _AdamWEpsInside(torch.optim.Optimizer):
                 p.mul_(1 - group["lr"] * group["weight_decay"])
                 st["m"].mul_(b1).add_(p.grad, alpha=1 - b1)
                 st["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-                mh, vh = st["m"] / (1 - b1 ** t), st["v"] / (1 - b2 ** t)
+                mh, vh = st["m"] / (1 - b1**t), st["v"] / (1 - b2**t)
                 p.add_(mh / (vh + group["eps"]).sqrt(), alpha=-group["lr"])
 
 
 def _optimizer(cfg: TrainConfig, model: TinyGPT):
     dec = [model.param(n) for n, s in param_layout(cfg) if decayed(n, s)]
     rest = [model.param(n) for n, s in param_layout(cfg) if not decayed(n, s)]
-    groups = [{"params": dec, "weight_decay": cfg.weight_decay},
-              {"params": rest, "weight_decay": 0.0}]
+    groups = [
+        {"params": dec, "weight_decay": cfg.weight_decay},
+        {"params": rest, "weight_decay": 0.0},
+    ]
     betas = (cfg.beta1, cfg.beta2)
     if cfg.adam_eps_inside:
         if cfg.l2_decay:
@@ -113,21 +120,22 @@ def op(compute: str, case: dict, device=None):
     cfg = from_case(case)
 
     def train(params, batches):
-        out = run(cfg, params.detach().cpu().numpy(), batches.detach().cpu().numpy(), compute,
-                  device)
+        out = run(
+            cfg, params.detach().cpu().numpy(), batches.detach().cpu().numpy(), compute, device
+        )
         return {k: torch.from_numpy(v) for k, v in out.items()}
 
     return train
 
 
-def run(cfg: TrainConfig, flat_params, batches, compute: str = "float32",
-        device=None) -> dict[str, np.ndarray]:
+def run(
+    cfg: TrainConfig, flat_params, batches, compute: str = "float32", device=None
+) -> dict[str, np.ndarray]:
     """`cfg.steps` AdamW steps; the trajectory (`loss`, `grad/<name>`, `param/<name>`) on the host.
 
     Args: as `diag.train.jax_model.run` (`device`: a torch device, default CPU).
     """
-    cd = {"float32": torch.float32, "bfloat16": torch.bfloat16,
-          "float64": torch.float64}[compute]
+    cd = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[compute]
     master = torch.float64 if compute == "float64" else torch.float32
     flat = np.asarray(flat_params).astype(np.float64 if compute == "float64" else np.float32)
     model = TinyGPT(cfg, flat, master).to(device or "cpu")
