@@ -53,6 +53,7 @@ from diag.errors import (
     EXIT_WORKER_CRASH,
     UsageError,
 )
+from diag.preflight_costs import load_timings, save_timings, timings_path
 
 __all__ = ["preflight", "Preflight", "Finding", "StepResult", "STEPS", "DEFAULT_BUDGET",
            "timings_path", "write_junit", "progress_line"]
@@ -175,40 +176,6 @@ class Preflight:
                 "counts": self.counts(), "steps": [asdict(s) for s in self.steps],
                 "findings": [asdict(f) for f in self.findings],
                 "fingerprints": self.fingerprints}
-
-
-# ---------------------------------------------------------------------------------------------
-# Measured costs
-
-
-def timings_path() -> Path:
-    """Where each step's last measured duration is kept: beside the golden digests.
-
-    ``$DIAG_CACHE_DIR/preflight/timings.json``, else ``~/.cache/diag/preflight/timings.json``
-    (outside the ground-truth entries, which `diag cache clear` removes).
-    """
-    root = os.environ.get("DIAG_CACHE_DIR")
-    base = Path(root).expanduser() if root else Path.home() / ".cache" / "diag"
-    return base / "preflight" / "timings.json"
-
-
-def _load_timings() -> dict[str, float]:
-    try:
-        data = json.loads(timings_path().read_text())
-        return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))}
-    except (OSError, ValueError, AttributeError):
-        return {}  # none yet, or unreadable: the built-in estimates stand
-
-
-def _save_timings(measured: dict[str, float]) -> None:
-    path = timings_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({**_load_timings(), **measured}, indent=1))
-        os.replace(tmp, path)  # atomic: a concurrent preflight reads the old or the new file
-    except OSError:
-        pass  # a read-only home: the next run uses the estimates again
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,7 +372,7 @@ def preflight(budget: float = DEFAULT_BUDGET, *, environ: dict[str, str] | None 
         raise UsageError(f"budget must be a positive number of seconds, got {budget}")
     environ = dict(os.environ if environ is None else environ)
     result = Preflight(budget_s=float(budget))
-    measured = _load_timings()
+    measured = load_timings()
     runs: dict[str, Callable[[], None]] = {
         "settings": lambda: _settings(environ, result),
         "fingerprints": lambda: _fingerprints(environ, result),
@@ -454,7 +421,7 @@ def preflight(budget: float = DEFAULT_BUDGET, *, environ: dict[str, str] | None 
         if on_step:
             on_step(i, len(STEPS), sr, result.findings[before:])
     result.elapsed_s = time.monotonic() - t0
-    _save_timings(new_timings)
+    save_timings(new_timings)
     return result
 
 
