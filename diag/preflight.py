@@ -54,6 +54,7 @@ from diag.errors import (
     UsageError,
 )
 from diag.preflight_costs import load_timings, save_timings, timings_path
+from diag.status import CHECKED
 
 __all__ = ["preflight", "Preflight", "Finding", "StepResult", "STEPS", "DEFAULT_BUDGET",
            "timings_path", "write_junit", "progress_line"]
@@ -428,7 +429,7 @@ def preflight(budget: float = DEFAULT_BUDGET, *, environ: dict[str, str] | None 
 def progress_line(i: int, n: int, step: StepResult, findings: list[Finding]) -> str:
     """One stderr line per step (what `on_step` gets): readable in a CI log as it comes."""
     counts = ", ".join(f"{sum(f.status == s for f in findings)} {s}"
-                       for s in ("pass", "warn", "fail", "error")
+                       for s in CHECKED
                        if any(f.status == s for f in findings))
     what = step.note if step.state == "skipped" else counts or step.note or "nothing new"
     return f"diag preflight: [{i}/{n}] {step.name}: {step.state}, {what} ({step.seconds:.1f} s)"

@@ -25,7 +25,12 @@ from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, Usag
 # Where an output file is prepared and its errors worded (diag.outputs), for the report too.
 from diag.outputs import output_errors, prepare_output
 
+# The status order's home (diag.status), named here beside the records that carry one.
+from diag.status import CHECKED, COUNTED, STATUSES, worst_status
+
 __all__ = [
+    "CHECKED",
+    "COUNTED",
     "SCHEMA",
     "STATUSES",
     "Record",
@@ -44,12 +49,6 @@ __all__ = [
 
 SCHEMA = "diag.record/1"
 RUN_SCHEMA = "diag.run/1"
-
-# Display order (best to worst, a skip beside the passes). Severity is `worst_status`'s
-# business: a skip checked nothing, so it never outranks a checked result.
-STATUSES = ("pass", "skip", "warn", "fail", "error")
-CHECKED = ("pass", "warn", "fail", "error")  # from best to worst
-
 
 @dataclass
 class Record:
@@ -112,24 +111,6 @@ def _finite(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_finite(v) for v in obj]
     return obj
-
-
-def worst_status(statuses) -> str:
-    """The verdict of a set of records: the worst status among those that checked something.
-
-    The one verdict function of diag: run.json's `verdict`, the terminal summary and the HTML
-    report all use it. A `skip` checked nothing, so it never outranks a checked result (130
-    passes and 3 skipped backends are a pass); the verdict is `skip` ("nothing was checked")
-    only when no record checked anything, including when there are no records at all.
-
-    Args:
-      statuses: status strings (members of STATUSES).
-
-    Returns:
-      One of STATUSES.
-    """
-    checked = [s for s in statuses if s in CHECKED]
-    return max(checked, key=CHECKED.index) if checked else "skip"
 
 
 @dataclass

@@ -43,7 +43,7 @@ from diag.judge import Judge
 from diag.outputs import is_no_space, no_space, run_disk_full
 from diag.protocol import CaseJob, Job
 from diag.registry import PROBES, REPORT_SECTIONS
-from diag.results import Interrupted, Record, RunDir, RunResult, new_run_id, worst_status
+from diag.results import COUNTED, Interrupted, Record, RunDir, RunResult, new_run_id, worst_status
 from diag.suite import Case, Suite, check_applicable, check_memory, load_suite, planned_records
 from diag.trace import capture as trace_capture
 from diag.trace import passes as trace_passes
@@ -477,7 +477,7 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
             # here: what the run folder holds is what the counts and the caller are told.
             r.records = run_dir.records()
         statuses = [rec["status"] for rec in r.records]
-        counts = {s: statuses.count(s) for s in ("pass", "warn", "fail", "error", "skip")}
+        counts = {s: statuses.count(s) for s in COUNTED}
         try:
             run_dir.update_meta(state=state, finished=time.time(), counts=counts,
                                 phases=r.phases(), verdict=worst_status(statuses),

@@ -42,7 +42,8 @@ from diag.report.tables import (
 )
 from diag.report.trace import trace_context
 from diag.report.training import train_context
-from diag.results import STATUSES, RunDir, RunMeta, output_errors, worst_status
+from diag.results import RunDir, RunMeta, output_errors
+from diag.status import STATUSES, worst_status
 
 __all__ = ["asset", "environment", "render_report", "write_report"]
 

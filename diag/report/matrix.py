@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from diag import numerics
-from diag.results import STATUSES, worst_status
+from diag.status import STATUSES, worst_status
 
 __all__ = ["SETTING_PARAMS", "cell_id", "matrix_context", "row_key"]
 

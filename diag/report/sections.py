@@ -12,10 +12,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from diag.report.fields import as_mapping, mapping_or_none
+from diag.status import severity
 
 __all__ = ["sampling_context", "ab_context"]
 
-_RANK = {"pass": 0, "skip": 1, "warn": 2, "fail": 3, "error": 4}
 _ROW_LIMIT = 12
 
 
@@ -56,8 +56,8 @@ def sampling_context(
     ]
     if not greedy and not top_k:
         return None
-    greedy.sort(key=lambda g: -_RANK.get(str(g["status"]), 0))
-    top_k.sort(key=lambda t: -_RANK.get(str(t["status"]), 0))
+    greedy.sort(key=lambda g: -severity(str(g["status"])))
+    top_k.sort(key=lambda t: -severity(str(t["status"])))
     return {"greedy": greedy, "top_k": top_k}
 
 
@@ -171,7 +171,7 @@ def ab_context(
         )
     if not rows and not ab:
         return None
-    rows.sort(key=lambda row: -_RANK.get(str(row["status"]), 0))
+    rows.sort(key=lambda row: -severity(str(row["status"])))
     return {
         "setting": " ".join((ab or {}).get("B", [])) if isinstance(ab, Mapping) else "",
         "rows": rows,

@@ -16,7 +16,7 @@ from diag import numerics
 from diag.report.charts import to_float
 from diag.report.fields import as_mapping
 from diag.report.matrix import cell_id
-from diag.results import STATUSES, worst_status
+from diag.status import STATUSES, worst_status
 
 __all__ = [
     "METRIC_COLUMNS",

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from diag.report.fields import as_mapping, mapping_or_none
+from diag.status import FAILURES_FIRST
 
 __all__ = ["trace_context"]
 
-_RANK = {"fail": 0, "error": 1, "warn": 2, "pass": 3, "skip": 4}
 _OPS_SHOWN = 6
 # diag.trace.layout.SUMMARY_DIR and PASSES_DIR
 _SUMMARIES, _PASSES = Path("trace"), Path("trace") / "passes"
@@ -160,7 +160,8 @@ def trace_context(
                 "highest": _highest(s),
             }
         )
-    cases.sort(key=lambda c: (_RANK.get(c["status"], 5), c["i"]))
+    rank = {s: i for i, s in enumerate(FAILURES_FIRST)}
+    cases.sort(key=lambda c: (rank.get(c["status"], len(rank)), c["i"]))
     passes = []
     for a in attributions:
         first = mapping_or_none(a.get("first_difference"))

@@ -15,10 +15,10 @@ from typing import Any
 
 from diag.report.charts import figure_svg, panels, title_and_legend, to_float
 from diag.report.fields import mapping_or_none
+from diag.status import severity
 
 __all__ = ["train_context", "curves_figure", "curves_svg"]
 
-_RANK = {"pass": 0, "skip": 1, "warn": 2, "fail": 3, "error": 4}
 # Panels: (curve key, title, tolerance key in `allowed`).
 PANELS = (
     ("loss_err", "loss: relative error", "loss"),
@@ -134,7 +134,7 @@ def train_context(
             (probe_rows[0]["metrics"].get("allowed") if probe_rows else c["allowed"]),
             f"train-{n}",
         )
-        c["rows"].sort(key=lambda row: -_RANK.get(str(row["status"]), 0))
+        c["rows"].sort(key=lambda row: -severity(str(row["status"])))
         c["status"] = c["rows"][0]["status"]
         out.append(c)
     return {"cases": out}
