@@ -88,6 +88,36 @@ def _cached(hit: CachedTruth, t0: float, **extra) -> OracleResult:
     )
 
 
+def _computed(
+    op: str,
+    value: np.ndarray,
+    method: str,
+    t0: float,
+    cache: GroundTruthCache | None,
+    key: str | None,
+    stored: dict,
+    *,
+    fallbacks: int = 0,
+    exact: int = 0,
+    extra: dict | None = None,
+) -> OracleResult:
+    """An `OracleResult` for a value just computed (the twin of `_cached`), first stored in
+    `cache` under `key` when there is one, with its provenance: the op, the method and the
+    op's own `stored` facts (the entry's meta, which `_cached` reads back)."""
+    if cache is not None and key is not None:  # key is set whenever cache is
+        cache.put(key, value, {"op": op, "method": method, **stored})
+    return OracleResult(
+        value=value,
+        method=method,
+        fallbacks=fallbacks,
+        elements=int(value.size),
+        cache_hit=False,
+        seconds=time.perf_counter() - t0,
+        exact=exact,
+        extra=extra if extra is not None else {},
+    )
+
+
 def matmul_result(a, b, out_dtype=None, *, cache: GroundTruthCache | None = None) -> OracleResult:
     """Correctly rounded ``a @ b`` with its provenance.
 
@@ -135,18 +165,9 @@ def matmul_result(a, b, out_dtype=None, *, cache: GroundTruthCache | None = None
         if method not in methods:
             methods.append(method)
     method = "+".join(methods) or "empty"
-    if cache is not None and key is not None:  # key is set whenever cache is
-        cache.put(
-            key, value, {"op": "matmul", "method": method, "fallbacks": fallbacks, "exact": exact}
-        )
-    return OracleResult(
-        value=value,
-        method=method,
-        fallbacks=fallbacks,
-        elements=int(value.size),
-        cache_hit=False,
-        seconds=time.perf_counter() - t0,
-        exact=exact,
+    stored = {"fallbacks": fallbacks, "exact": exact}
+    return _computed(
+        "matmul", value, method, t0, cache, key, stored, fallbacks=fallbacks, exact=exact
     )
 
 
@@ -253,16 +274,9 @@ def softmax_result(
     value = value.reshape(x.shape)
     method = "f64-exp-bound" if value.size else "empty"
     extra = {"undefined_rows": undefined, "nan_rows": nan_rows}
-    if cache is not None and key is not None:  # key is set whenever cache is
-        cache.put(key, value, {"op": "softmax", "method": method, "fallbacks": fallbacks, **extra})
-    return OracleResult(
-        value=value,
-        method=method,
-        fallbacks=fallbacks,
-        elements=int(value.size),
-        cache_hit=False,
-        seconds=time.perf_counter() - t0,
-        extra=extra,
+    stored = {"fallbacks": fallbacks, **extra}
+    return _computed(
+        "softmax", value, method, t0, cache, key, stored, fallbacks=fallbacks, extra=extra
     )
 
 
@@ -303,16 +317,8 @@ def gelu_result(
             return _cached(hit, t0)
     value, fallbacks = gelu_core(x, out_dt, _slack)
     method = "f64-exp-bound" if value.size else "empty"
-    if cache is not None and key is not None:  # key is set whenever cache is
-        cache.put(key, value, {"op": "gelu", "method": method, "fallbacks": fallbacks})
-    return OracleResult(
-        value=value,
-        method=method,
-        fallbacks=fallbacks,
-        elements=int(value.size),
-        cache_hit=False,
-        seconds=time.perf_counter() - t0,
-    )
+    stored = {"fallbacks": fallbacks}
+    return _computed("gelu", value, method, t0, cache, key, stored, fallbacks=fallbacks)
 
 
 def gelu(x, out_dtype=None) -> np.ndarray:
@@ -356,16 +362,7 @@ def top_k_result(x, k: int, *, cache: GroundTruthCache | None = None) -> OracleR
     if cache is not None and key is not None:  # key is set whenever cache is
         # Indices < 2**53 are exact in float64, which the cache stores bit for bit.
         cache.put(key + "-indices", idx.astype(np.float64), {"op": "top_k/indices"})
-        cache.put(key, values, {"op": "top_k", "method": method, "k": k})
-    return OracleResult(
-        value=values,
-        method=method,
-        fallbacks=0,
-        elements=int(values.size),
-        cache_hit=False,
-        seconds=time.perf_counter() - t0,
-        extra={"indices": idx},
-    )
+    return _computed("top_k", values, method, t0, cache, key, {"k": k}, extra={"indices": idx})
 
 
 def top_k(x, k: int):
