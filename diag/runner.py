@@ -73,14 +73,14 @@ class _Run:
                  env: dict[str, str], ab_env: dict[str, str] | None = None,
                  on_record: Callable[[dict], None] | None):
         self.suite, self.skipped = suite, skipped
-        self.run_dir, self.work = run_dir, judge.work
+        self.run_dir, self.work = run_dir, judge.store.work
         self.repeats, self.case_timeout = repeats, case_timeout
         self.startup_timeout = startup_timeout
         self.repeat_budget = repeat_budget
         self.env = env
         self.on_record = on_record
         self.judge = judge
-        self.inputs = self.judge.inputs
+        self.inputs = self.judge.store.inputs
         self.records: list[dict[str, Any]] = []
         # case id -> backend label -> (its spec, its result event, its output digests): the
         # outputs stay files in the work folder, mapped again when a later backend's output
@@ -108,7 +108,7 @@ class _Run:
         if self.left[case.id] <= 0:
             for _, event, _ in self.outcomes.get(case.id, {}).values():
                 for output in event.get("outputs") or []:
-                    self.judge.release(output["path"])
+                    self.judge.store.release(output["path"])
 
     def emit(self, record: Record) -> None:
         record.run_id = self.run_dir.path.name
@@ -138,7 +138,7 @@ class _Run:
                                    f"to the host's (a transfer or conversion changed them)")
             return
         t0 = time.perf_counter()
-        oracle_info = judge.oracle_info(case)
+        oracle_info = judge.store.oracle_info(case)
         t0 = judge.clock(label, "truth", t0)
         shapes = ", ".join(f"{o.get('name')} {o.get('dtype')}{o.get('shape')}"
                            for o in event.get("outputs") or []) or "no outputs"
@@ -212,7 +212,7 @@ class _Run:
 
     def _run_backend(self, spec: BackendSpec) -> None:
         pending = self.plan(spec)
-        self.judge.write_inputs(pending)  # before the worker starts (written once per run)
+        self.judge.store.write_inputs(pending)  # before the worker starts (written once per run)
         crashes = 0
         while pending:
             pending, started, cause = self._run_worker(spec, pending)
@@ -413,7 +413,7 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         # Every input is drawn and written while the frameworks list their devices, which
         # the host would otherwise wait for idle (~0.4 s of the matmul suite's start).
         with ThreadPoolExecutor(1) as pool:
-            written = pool.submit(judge.write_inputs, [
+            written = pool.submit(judge.store.write_inputs, [
                 c for c in loaded.cases
                 if any(not_applicable(s, c.op, c.params) is None for s in candidates)])
             specs, skipped, parked = resolve_backends(backends, workers_env)

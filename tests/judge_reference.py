@@ -124,8 +124,8 @@ def record() -> None:
                        "cases": [{"id": c.id, "op": c.op,
                                   "op_args": {**PROBES[c.op].fixed_args, **c.op_args},
                                   "hunt_nans": PROBES[c.op].hunt_nans,
-                                  "inputs": judge.inputs.paths(c),
-                                  "input_dtypes": [c.dtype] * len(judge.inputs.paths(c))}
+                                  "inputs": judge.store.inputs.paths(c),
+                                  "input_dtypes": [c.dtype] * len(judge.store.inputs.paths(c))}
                                  for c in mine]}
                 (work / suite).mkdir(exist_ok=True)
                 stream = io.StringIO()

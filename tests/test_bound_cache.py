@@ -20,9 +20,9 @@ import pytest
 from diag import numerics
 from diag.compare.outcome import Outcome
 from diag.inputs import STORE_INPUT_BYTES, CostMemo, InputStore
-from diag.judge import Judge
 from diag.oracle.cache import GroundTruthCache
 from diag.registry import PROBES
+from diag.store import CaseStore
 from diag.suite import load_suite
 from diag.tolerance import tolerance
 from tests.conftest import needs_jax, run_diag
@@ -39,13 +39,13 @@ def _suite(tmp_path, shapes, dtypes=("float32",), name="s", seed=7):
     return load_suite(str(path)).cases
 
 
-def _judge(tmp_path, work: str, cache, **rule) -> Judge:
-    """A run's Judge: its own work folder, the cache folder shared by runs."""
+def _judge(tmp_path, work: str, cache, **rule) -> CaseStore:
+    """A run's case store: its own work folder, the cache folder shared by runs."""
     (tmp_path / work).mkdir()
-    return Judge(tmp_path / work, str(cache), **rule)
+    return CaseStore(tmp_path / work, str(cache), **rule)
 
 
-def _judge_truth_as_output(judge: Judge, case):
+def _judge_truth_as_output(judge: CaseStore, case):
     """matmul's verdict on the truth itself as a backend's output (a pass), through the
     run's memo; returns the Evaluation (its context returns the bound)."""
     truth = judge.truth.get(case)
@@ -57,7 +57,7 @@ def _judge_truth_as_output(judge: Judge, case):
 def _fresh_bound(case, cache_dir):
     work = cache_dir.parent / f"fresh-{case.id}"
     work.mkdir(exist_ok=True)
-    judge = Judge(work, str(cache_dir))
+    judge = CaseStore(work, str(cache_dir))
     truth = judge.truth.get(case).value
     return tolerance("matmul", truth.dtype).bound(judge.inputs.get(case), truth, case.params)
 

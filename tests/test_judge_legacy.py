@@ -40,8 +40,8 @@ def _run_backend(name: str, cases, judge: Judge, out_dir) -> dict[str, dict]:
     job = {"backend": name, "label": name, "out_dir": str(out_dir), "repeats": 1,
            "fingerprint": [],
            "cases": [{"id": c.id, "op": c.op, "op_args": {**PROBES[c.op].fixed_args, **c.op_args},
-                      "hunt_nans": PROBES[c.op].hunt_nans, "inputs": judge.inputs.paths(c),
-                      "input_dtypes": [c.dtype] * len(judge.inputs.paths(c))} for c in cases]}
+                      "hunt_nans": PROBES[c.op].hunt_nans, "inputs": judge.store.inputs.paths(c),
+                      "input_dtypes": [c.dtype] * len(judge.store.inputs.paths(c))} for c in cases]}
     stream = io.StringIO()
     run_job(job, stream)
     events = [json.loads(line) for line in stream.getvalue().splitlines()]

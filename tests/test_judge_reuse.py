@@ -23,6 +23,7 @@ from diag.backends.worker import _Written
 from diag.compare import elementwise
 from diag.judge import Judge
 from diag.registry import PROBES
+from diag.store import CaseStore
 from diag.suite import load_suite
 
 
@@ -69,7 +70,7 @@ def test_a_file_is_hashed_once_and_forgotten_with_its_last_link(tmp_path, monkey
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     np.save(tmp_path / "a.npy", numerics.bits_view(x))
     os.link(tmp_path / "a.npy", tmp_path / "b.npy")
-    judge = Judge(tmp_path, str(tmp_path / "cache"))
+    judge = CaseStore(tmp_path, str(tmp_path / "cache"))
     first = judge.output_digest(str(tmp_path / "a.npy"), x)
     assert judge.output_digest(str(tmp_path / "b.npy"), x) == first == real(x)
     assert len(hashed) == 1
@@ -93,7 +94,7 @@ def test_the_same_bits_against_the_same_truth_are_compared_once(tmp_path, monkey
     (case,) = _cases(tmp_path, [[64, 32, 48]])
     judge = Judge(tmp_path, str(tmp_path / "cache"))
     spec = get_spec("jax-cpu")
-    a, b = (np.asarray(x) for x in judge.inputs.get(case))
+    a, b = (np.asarray(x) for x in judge.store.inputs.get(case))
     product = np.matmul(a, b)
     rounded = product.astype(np.float16).astype(np.float32)  # less precise: a warn or fail
     outputs = {"p1": product, "p2": product.copy(), "r": rounded}
@@ -102,10 +103,11 @@ def test_the_same_bits_against_the_same_truth_are_compared_once(tmp_path, monkey
         np.save(tmp_path / f"{name}.npy", numerics.bits_view(out))
         outcomes[name] = judge.outcome(case, spec, _event(tmp_path / f"{name}.npy", out))
     verdicts = {n: PROBES["matmul"].evaluate(o) for n, o in outcomes.items()}
-    assert calls["compare"] == 2 and judge.recalled == 1  # p2 is p1's bits
+    assert calls["compare"] == 2 and judge.store.recalled == 1  # p2 is p1's bits
     assert verdicts["p1"].metrics == verdicts["p2"].metrics != verdicts["r"].metrics
     assert verdicts["p1"].metrics is not verdicts["p2"].metrics  # each record its own copy
-    fresh = elementwise.compare(product, judge.truth.get(case).value, verdicts["r"].context())
+    truth = judge.store.truth.get(case).value
+    fresh = elementwise.compare(product, truth, verdicts["r"].context())
     assert json.dumps(verdicts["p2"].metrics) == json.dumps(fresh)
     agree = PROBES["matmul"].agree
     first = agree(outcomes["p1"], outcomes["r"], ("a", "b"), verdicts["r"].context)

@@ -2,7 +2,7 @@
 
 Beside the truths it keeps two kinds of derived entry (`derived_key`, `put_mapped`,
 `get_mapped`): arrays every backend's verdict shares that were slow to compute (a long-K
-matmul's error bound, `diag.judge.Judge.shared`) and large seeded input sets
+matmul's error bound, `diag.store.CaseStore.shared`) and large seeded input sets
 (`diag.inputs.STORE_INPUT_BYTES`). Their keys name everything the value depends on, source
 code included, and a run memory-maps them read-only: the workers map cached inputs in place.
 
