@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import diag.nan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import nan_torch_steps  # noqa: E402
 import nan_train_step as example  # noqa: E402
 
 
@@ -334,25 +335,16 @@ def flax_optax_case():
 
 
 def torch_rmse_case():
-    """An MLP student equal to its teacher, loss sqrt(mse) = 0: backward writes NaN/Inf into
-    every gradient. For `diag nan FILE:torch_rmse_case`."""
+    """An 8-layer MLP student equal to its teacher, loss sqrt(mse) = 0: backward writes
+    NaN/Inf into every gradient (examples/nan_torch_steps.py). For
+    `diag nan FILE:torch_rmse_case`."""
     import torch
 
-    torch.manual_seed(0)
-    student = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256),
-                                                        torch.nn.Tanh()) for _ in range(8)])
-    teacher = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256),
-                                                        torch.nn.Tanh()) for _ in range(8)])
-    teacher.load_state_dict(student.state_dict())
-    x = torch.randn(128, 256)
+    def mlp():
+        return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256),
+                                                         torch.nn.Tanh()) for _ in range(8)])
 
-    def step():
-        with torch.no_grad():
-            target = teacher(x)
-        loss = torch.sqrt(torch.nn.functional.mse_loss(student(x), target))
-        loss.backward()
-        return loss.detach()
-
+    _, step = nan_torch_steps.rmse_distillation(mlp, (128, 256))
     return step, ()
 
 

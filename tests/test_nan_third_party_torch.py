@@ -15,12 +15,13 @@ clean steps with -inf masks are clean.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import traceback
 
 import pytest
 
-from tests.conftest import needs_torch, run_diag
+from tests.conftest import REPO_ROOT, needs_torch, run_diag
 
 pytestmark = needs_torch
 
@@ -31,6 +32,13 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from diag import nan  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+#: The steps under test, built by the example diag ships (the same file `diag nan` is run on).
+STEPS_FILE = REPO_ROOT / "examples" / "nan_torch_steps.py"
+_spec = importlib.util.spec_from_file_location("nan_torch_steps", STEPS_FILE)
+steps = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(steps)
+gpt2 = steps.gpt2
 
 
 class FirstNonFinite(TorchDispatchMode):
@@ -77,16 +85,6 @@ def op_name(func: str) -> str:
 def frame_in(frames, filename: str):
     got = [f for f in frames if os.path.basename(f.filename) == filename]
     return got[-1] if got else None
-
-
-def gpt2(scale: float = 1.0, seed: int = 0):
-    torch.manual_seed(seed)
-    cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=128,
-                                  n_positions=32, attn_implementation="eager")
-    model = transformers.GPT2LMHeadModel(cfg).half().eval()
-    with torch.no_grad():
-        model.transformer.h[1].attn.c_attn.weight.mul_(scale)
-    return model
 
 
 def test_gpt2_fp16_overflow_names_the_first_op_in_execution_order_not_the_mask_add():
@@ -142,20 +140,9 @@ def test_attention_with_an_additive_minus_inf_mask_is_clean():
 
 def distillation(seed: int = 0):
     """A student that equals its teacher and an RMSE loss: sqrt(mse) at mse == 0."""
-    torch.manual_seed(seed)
-    student = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
-    teacher = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
-    teacher.load_state_dict(student.state_dict())
-    x = torch.randn(16, 4)
-
-    def step():
-        with torch.no_grad():
-            target = teacher(x)
-        loss = torch.sqrt(torch.nn.functional.mse_loss(student(x), target))
-        loss.backward()
-        return loss.detach()
-
-    return student, step
+    return steps.rmse_distillation(
+        lambda: torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
+                                    torch.nn.Linear(8, 3)), (16, 4), seed)
 
 
 def test_rmse_at_zero_writes_nan_into_every_gradient_and_the_hunt_names_the_backward_op():
@@ -234,74 +221,19 @@ def test_a_torch_result_is_never_called_clean_by_the_jax_hunt():
         nan.hunt(f, framework="jax")
 
 
-RMSE_FILE = '''
-import torch
-
-torch.manual_seed(0)
-student = torch.nn.Linear(4, 3)
-teacher = torch.nn.Linear(4, 3)
-teacher.load_state_dict(student.state_dict())
-x = torch.randn(8, 4)
-
-
-def step():
-    with torch.no_grad():
-        target = teacher(x)
-    loss = torch.sqrt(torch.nn.functional.mse_loss(student(x), target))
-    loss.backward()
-    return loss.detach()
-
-
-def case():
-    return step, ()
-'''
-
-
-def test_cli_finds_nan_written_into_gradients(tmp_path):
-    path = tmp_path / "rmse.py"
-    path.write_text(RMSE_FILE)
-    proc = run_diag("nan", f"{path}:case")
+def test_cli_finds_nan_written_into_gradients():
+    proc = run_diag("nan", f"{STEPS_FILE}:rmse_case")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "backward" in proc.stdout and "SqrtBackward0" in proc.stdout
 
 
-GPT2_FILE = '''
-import torch
-import transformers
-
-torch.manual_seed(0)
-cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=128, n_positions=32,
-                              attn_implementation="eager")
-model = transformers.GPT2LMHeadModel(cfg).half().eval()
-with torch.no_grad():
-    model.transformer.h[1].attn.c_attn.weight.mul_(1000.0)
-
-
-def forward(ids):
-    with torch.no_grad():
-        return model(ids).logits
-
-
-def case():
-    return forward, (torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(1)),)
-'''
-
-
-def test_cli_names_gpt2s_attention_matmul(tmp_path):
+def test_cli_names_gpt2s_attention_matmul():
     import json
 
-    path = tmp_path / "gpt2_case.py"
-    path.write_text(GPT2_FILE)
-    model = gpt2(scale=1000.0)
-    ids = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(1))
-
-    def forward(i):
-        with torch.no_grad():
-            return model(i).logits
-
+    forward, (ids,) = steps.gpt2_case()  # what `diag nan` runs, in this process
     (want_op, frames), _ = reference(forward, ids)
     lib = frame_in(frames, "modeling_gpt2.py")
-    proc = run_diag("nan", f"{path}:case", "--json", env={"HF_HUB_OFFLINE": "1"})
+    proc = run_diag("nan", f"{STEPS_FILE}:gpt2_case", "--json", env={"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)["report"]
     assert report["primitive"] == op_name(want_op)
