@@ -4,6 +4,10 @@ A run directory holds ``run.json`` (environment and run state) and ``results.jso
 record per line, appended and flushed as each record arrives). Nothing is rewritten in place
 except ``run.json``, which is replaced atomically, so an interrupted or crashed run keeps
 every record finished before it stopped.
+
+The names a reader of a run folder needs are all importable from here: run.json's schema
+(`RunMeta`) lives in `diag.run_meta`, reading results.jsonl back (`read_results`) in
+`diag.results_file`, and the status order (`STATUSES`, `worst_status`) in `diag.status`.
 """
 
 from __future__ import annotations
@@ -15,8 +19,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,8 @@ from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, Usag
 
 # Where an output file is prepared and its errors worded (diag.outputs), for the report too.
 from diag.outputs import output_errors, prepare_output
+from diag.results_file import RecordsRead, read_records, read_results
+from diag.run_meta import RUN_FIELDS, RunMeta
 
 # The status order's home (diag.status), named here beside the records that carry one.
 from diag.status import CHECKED, COUNTED, STATUSES, worst_status
@@ -48,7 +53,7 @@ __all__ = [
 ]
 
 SCHEMA = "diag.record/1"
-RUN_SCHEMA = "diag.run/1"
+
 
 @dataclass
 class Record:
@@ -113,97 +118,6 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
-@dataclass
-class RunMeta:
-    """run.json: a run folder's environment and state (schema `diag.run/1`,
-    docs/records.md). The one description of run.json: the runner and `diag nodes` write it
-    through `RunDir.update_meta` (which refuses a key not named here), the report reads it
-    through `RunMeta.from_dict`.
-
-    Attributes:
-      run_id: the run folder's name.
-      state: `running`, `finished`, `interrupted` or `aborted`.
-      started, finished: Unix times.
-      environment: the host environment (`diag.environment.collect`): host, versions,
-        `command` (the command line), numerics environment variables, `flags`, `findings`.
-      suite: `name`, `path`, `cases` of the suite run.
-      backends_planned: the backend labels planned (`jax-cpu`, `jax-cpu+B`).
-      backends_skipped: backend -> why it could not run.
-      backends: backend label -> what its worker reported at start-up (`device`,
-        `framework`, `settings`, `fingerprints`, and with them `features`: the float32
-        default-setting arithmetic features of its matmul, `diag.precision.features`).
-      ab: an A/B run's setting: `B` (the assignments as given) and `env` (the B side's
-        environment additions); None otherwise.
-      report_sections: op -> the report section that shows its records (from the probe
-        table, `Probe.report_section`).
-      counts: records per status.
-      phases: backend label -> seconds per phase (`diag.runner.PHASES`: start, compile, run,
-        transfer, truth, judge, write, wall): where the run's time went.
-      verdict: the worst status among records that checked something (`worst_status`).
-      error: what stopped an `aborted` run.
-      command: the diag verb that wrote the folder when it is not `run` (`nodes`).
-      exit_code: the exit code `diag nodes` chose.
-      nodes: `diag nodes`' summary (verdict, selftest, suspects, devices).
-      extra: keys this diag does not know (a newer diag wrote the file), kept as read.
-    """
-
-    run_id: str = ""
-    state: str = "unknown"
-    started: float | None = None
-    finished: float | None = None
-    environment: dict[str, Any] = field(default_factory=dict)
-    suite: dict[str, Any] = field(default_factory=dict)
-    backends_planned: list[str] = field(default_factory=list)
-    backends_skipped: dict[str, str] = field(default_factory=dict)
-    backends: dict[str, Any] = field(default_factory=dict)
-    ab: dict[str, Any] | None = None
-    report_sections: dict[str, str] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=dict)
-    phases: dict[str, dict[str, float]] = field(default_factory=dict)
-    verdict: str | None = None
-    error: str | None = None
-    command: str | None = None
-    exit_code: int | None = None
-    nodes: dict[str, Any] | None = None
-    schema: str = RUN_SCHEMA
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def command_line(self) -> str | None:
-        """The command line the run was started with (`environment.command`)."""
-        value = self.environment.get("command")
-        return str(value) if value else None
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RunMeta:
-        """run.json's contents as a RunMeta; a field of the wrong JSON type (a hand-edited or
-        damaged file) reads as absent, unknown keys go to `extra`."""
-        kwargs: dict[str, Any] = {}
-        extra: dict[str, Any] = {}
-        for name, value in data.items():
-            if name not in _RUN_FIELDS:
-                extra[name] = value
-            elif isinstance(value, _RUN_FIELDS[name]) and not isinstance(value, bool):
-                kwargs[name] = value
-        return cls(**kwargs, extra=extra)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object run.json holds (unknown keys kept)."""
-        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
-        return {**self.extra, **data}
-
-
-# run.json field -> the JSON types it may hold (ints are valid floats).
-_RUN_FIELDS: dict[str, tuple[type, ...]] = {
-    "run_id": (str,), "state": (str,), "started": (int, float), "finished": (int, float),
-    "environment": (dict,), "suite": (dict,), "backends_planned": (list,),
-    "backends_skipped": (dict,), "backends": (dict,), "ab": (dict,),
-    "report_sections": (dict,), "counts": (dict,), "phases": (dict,), "verdict": (str,),
-    "error": (str,),
-    "command": (str,), "exit_code": (int,), "nodes": (dict,), "schema": (str,),
-}
-
-
 def _rewrite_in_place(path: Path, data: dict[str, Any]) -> bool:
     """On a full disk, write a JSON file over itself, compact, when it fits in the blocks
     the file already holds (no new block is needed, so the write cannot run out of space).
@@ -212,10 +126,19 @@ def _rewrite_in_place(path: Path, data: dict[str, Any]) -> bool:
       Whether it was written; False leaves the file as it was.
     """
     # All of it if it fits, else without the workers' measured arithmetic (the bulk).
-    fits = [json.dumps(_finite(d), separators=(",", ":"), default=str).encode("utf-8")
-            for d in (data, {**{k: v for k, v in data.items() if k != "backends"},
-                             "error": (f"{data.get('error') or 'no space left on device'}; "
-                                       "run.json kept without the backends' arithmetic")})]
+    fits = [
+        json.dumps(_finite(d), separators=(",", ":"), default=str).encode("utf-8")
+        for d in (
+            data,
+            {
+                **{k: v for k, v in data.items() if k != "backends"},
+                "error": (
+                    f"{data.get('error') or 'no space left on device'}; "
+                    "run.json kept without the backends' arithmetic"
+                ),
+            },
+        )
+    ]
     try:
         room = path.stat().st_blocks * 512 if path.is_file() else 0
         text = next((t for t in fits if len(t) <= room), None)
@@ -233,81 +156,6 @@ def _rewrite_in_place(path: Path, data: dict[str, Any]) -> bool:
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-
-
-@dataclass
-class RecordsRead:
-    """What reading a ``results.jsonl`` found: the records, and every line it could not read.
-
-    Attributes:
-      records: the records, in file order.
-      unreadable: 1-based numbers of lines that are not a JSON object, except a torn last
-        line. Records are appended whole and fsynced, so such a line means the file was
-        damaged or edited: a report that left them out silently could lose a `fail`.
-      torn_last_line: the number of the last line when it is not a JSON object (the host was
-        killed mid-write, the one damage an append-only file expects), else None.
-    """
-
-    records: list[dict[str, Any]]
-    unreadable: list[int] = field(default_factory=list)
-    torn_last_line: int | None = None
-
-    def problems(self, path: str | os.PathLike = "results.jsonl") -> list[str]:
-        """One sentence per kind of damage, for the terminal and the report (none if clean)."""
-        out = []
-        if self.unreadable:
-            shown = ", ".join(map(str, self.unreadable[:10]))
-            more = f", ... ({len(self.unreadable) - 10} more)" if len(self.unreadable) > 10 else ""
-            out.append(f"{len(self.unreadable)} line(s) of {path} could not be read (line "
-                       f"{shown}{more}); the verdict leaves them out, so it may hide a failure")
-        if self.torn_last_line is not None:
-            out.append(f"the last line of {path} (line {self.torn_last_line}) is torn, as a "
-                       "write cut short leaves it; it is left out")
-        return out
-
-
-def read_results(path: str | os.PathLike) -> RecordsRead:
-    """Read a ``results.jsonl`` file (or a run directory holding one), counting bad lines.
-
-    Args:
-      path: the file, or a run folder.
-
-    Returns:
-      RecordsRead: the records, the unreadable lines and a torn last line, if any. A missing
-      file reads as no records.
-    """
-    p = Path(path)
-    if p.is_dir():
-        p = p / "results.jsonl"
-    if not p.exists():
-        return RecordsRead([])
-    records: list[dict[str, Any]] = []
-    bad: list[int] = []
-    last = 0
-    with p.open(encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            last = number
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                rec = None
-            if isinstance(rec, dict):
-                records.append(rec)
-            else:
-                bad.append(number)
-    torn = bad.pop() if bad and bad[-1] == last else None
-    return RecordsRead(records, bad, torn)
-
-
-def read_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
-    """Yield the readable records of a ``results.jsonl`` file (or a run directory).
-
-    Unreadable lines are left out; call `read_results` to learn how many there were.
-    """
-    yield from read_results(path).records
 
 
 class RunDir:
@@ -328,8 +176,9 @@ class RunDir:
     def create(cls, root: str | os.PathLike, run_id: str, env: dict[str, Any]) -> RunDir:
         run = cls(Path(root) / run_id)
         run.path.mkdir(parents=True, exist_ok=False)
-        run.write_meta(RunMeta(run_id=run_id, state="running", started=time.time(),
-                               environment=env).to_dict())
+        run.write_meta(
+            RunMeta(run_id=run_id, state="running", started=time.time(), environment=env).to_dict()
+        )
         run.results_jsonl.touch()
         return run
 
@@ -344,15 +193,21 @@ class RunDir:
             with self.run_json.open(encoding="utf-8") as f:
                 meta = json.load(f)
         except json.JSONDecodeError as e:
-            raise UsageError(f"{self.run_json}: not valid JSON ({e.msg} at line {e.lineno}, "
-                             f"column {e.colno}); the run folder is damaged, rerun the "
-                             "suite or restore run.json") from None
+            raise UsageError(
+                f"{self.run_json}: not valid JSON ({e.msg} at line {e.lineno}, "
+                f"column {e.colno}); the run folder is damaged, rerun the "
+                "suite or restore run.json"
+            ) from None
         except UnicodeDecodeError:
-            raise UsageError(f"{self.run_json}: not UTF-8 text; the run folder is damaged, "
-                             "rerun the suite or restore run.json") from None
+            raise UsageError(
+                f"{self.run_json}: not UTF-8 text; the run folder is damaged, "
+                "rerun the suite or restore run.json"
+            ) from None
         if not isinstance(meta, dict):
-            raise UsageError(f"{self.run_json}: holds a JSON {type(meta).__name__}, not the "
-                             "object diag writes; rerun the suite or restore run.json")
+            raise UsageError(
+                f"{self.run_json}: holds a JSON {type(meta).__name__}, not the "
+                "object diag writes; rerun the suite or restore run.json"
+            )
         return meta
 
     def write_meta(self, meta: dict[str, Any]) -> None:
@@ -395,7 +250,7 @@ class RunDir:
           TypeError: a name that is not a run.json field (a typo would silently add a key
             the report never reads).
         """
-        unknown = set(changes) - set(_RUN_FIELDS)
+        unknown = set(changes) - set(RUN_FIELDS)
         if unknown:
             raise TypeError(f"not run.json fields (diag.results.RunMeta): {sorted(unknown)}")
         meta = self.read_meta()
@@ -412,7 +267,7 @@ class RunDir:
             try:
                 view = memoryview(line)
                 while view:  # a write may be partial; the next one then says why
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
                 os.fsync(fd)
             except OSError:
                 # A write cut short (a full disk) leaves no torn line: the file ends with the
@@ -433,6 +288,7 @@ class RunDir:
 
 
 # The outcome of `diag.run` (kept here, beside the records it holds).
+
 
 @dataclass
 class RunResult:
