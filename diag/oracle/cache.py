@@ -40,51 +40,43 @@ import json
 import logging
 import math
 import os
-import re
-import secrets
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from diag.errors import DiagError, UsageError
+from diag.errors import DiagError
 from diag.numerics import as_dtype, bits_digest, bits_view, dtype_name, from_bits
+from diag.oracle.cache_folder import (
+    JAX_SUBFOLDER,
+    MARKER,
+    CacheFolder,
+    NotACache,
+    default_cache_dir,
+    jax_cache_dir,
+)
 
-__all__ = ["MARKER", "ORACLE_VERSION", "CachedTruth", "GroundTruthCache", "MappedEntry",
-           "NotACache", "default_cache_dir", "jax_cache_dir", "source_digest"]
+__all__ = [
+    "JAX_SUBFOLDER",
+    "MARKER",
+    "ORACLE_VERSION",
+    "CacheFolder",
+    "CachedTruth",
+    "GroundTruthCache",
+    "MappedEntry",
+    "NotACache",
+    "default_cache_dir",
+    "jax_cache_dir",
+    "source_digest",
+]
 
 #: Bump when any oracle's arithmetic changes: old entries then stop matching.
 ORACLE_VERSION = "1"
 
-#: The file that marks a folder as diag's cache (CACHEDIR.TAG: backup tools skip the folder).
-MARKER = "CACHEDIR.TAG"
-_MARKER_SIGNATURE = "Signature: 8a477f597d28d172789f06886806bc55"
-_MARKER_TEXT = (f"{_MARKER_SIGNATURE}\n"
-                "# This folder is a diag ground-truth cache (diag.oracle.cache).\n"
-                "# `diag cache clear` deletes diag's entries here and nothing else.\n")
-_MARKER_LINE = "# This folder is a diag ground-truth cache"
-#: An entry file: ``<2 hex>/<64 hex>.npy`` or ``.json``, the 2 hex being the key's first two;
-#: a second array of the same result has a suffix to its key (top-k's ``-indices``).
-_ENTRY = re.compile(r"^([0-9a-f]{2})[0-9a-f]{62}(-[a-z]+)?\.(npy|json)$")
-_HEX2 = re.compile(r"[0-9a-f]{2}")
-#: diag's own folders that may sit beside the entries (`diag.nodes` keeps golden digests in
-#: ``$DIAG_CACHE_DIR/golden``); `clear` never enters them.
-#: JAX's persistent compilation cache for diag's JAX workers lives in ``jax`` (`jax_cache_dir`).
-JAX_SUBFOLDER = "jax"
-_DIAG_SUBFOLDERS = ("golden", JAX_SUBFOLDER)
-_TMP_PREFIX = ".tmp-"
-#: A temporary file older than this is a crashed writer's leftover; younger, a live write.
-_STALE_TMP_S = 600.0
-
 log = logging.getLogger(__name__)
 _warned_unwritable: set[str] = set()
-
-
-class NotACache(UsageError):
-    """`clear` was pointed at a folder diag did not create as its cache."""
 
 
 def source_digest(*code: Any) -> str:
@@ -104,22 +96,6 @@ def _file_digest(path: str) -> str:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
     except OSError:  # no source to read (a frozen build): the library versions still key it
         return ""
-
-
-def default_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """`$DIAG_CACHE_DIR` if set (in `environ`, default this process's), else
-    ``~/.cache/diag/oracle``."""
-    env = (os.environ if environ is None else environ).get("DIAG_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "diag" / "oracle"
-
-
-def jax_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """JAX's persistent compilation cache for diag's workers: ``jax`` in diag's cache folder.
-
-    `diag.workers.worker_env` points JAX_COMPILATION_CACHE_DIR here unless the user set it;
-    `GroundTruthCache.info` reports it and `clear` empties it.
-    """
-    return default_cache_dir(environ) / JAX_SUBFOLDER
 
 
 @dataclass(frozen=True)
@@ -166,30 +142,28 @@ def _identity(*paths: Path) -> tuple:
 
 
 def _meta_hash(meta: dict):
-    return hashlib.sha256(json.dumps({k: v for k, v in meta.items() if k != "sha256"},
-                                     sort_keys=True).encode())
+    return hashlib.sha256(
+        json.dumps({k: v for k, v in meta.items() if k != "sha256"}, sort_keys=True).encode()
+    )
 
 
 class _Corrupt(Exception):
     """An entry whose bits or metadata do not match its checksum (the path says which)."""
 
 
-def _is_entry(path: Path) -> bool:
-    m = _ENTRY.match(path.name)
-    return m is not None and m.group(1) == path.parent.name
+class GroundTruthCache(CacheFolder):
+    """Directory of cached oracle results: ``<root>/<key[:2]>/<key>.npy`` + ``.json``.
 
-
-class GroundTruthCache:
-    """Directory of cached oracle results: ``<root>/<key[:2]>/<key>.npy`` + ``.json``."""
+    The folder itself (its marker, atomic writes, `clear`, `info`) is `CacheFolder`'s.
+    """
 
     def __init__(self, root: str | Path | None = None):
         """Args:
         root: cache directory; default `default_cache_dir()`. Created (and marked) on first
             write.
         """
-        self.root = Path(root) if root is not None else default_cache_dir()
+        super().__init__(root)
         self._writable = True
-        self._ready = False  # the folder exists and is marked (or left unmarked on purpose)
         # key -> the identity of the entry's two files when this object last verified it: a
         # file replaced (every write is an atomic rename: a new inode) or changed in place (a
         # new mtime or size) is verified again; an unchanged one is not hashed twice (a run
@@ -226,14 +200,6 @@ class GroundTruthCache:
         d = self.root / key[:2]
         return d / f"{key}.npy", d / f"{key}.json"
 
-    @property
-    def marked(self) -> bool:
-        """Whether the folder carries diag's cache marker (diag created it)."""
-        try:
-            return _MARKER_LINE in (self.root / MARKER).read_text(errors="replace")
-        except OSError:
-            return False
-
     def get(self, key: str) -> CachedTruth | None:
         """The entry for `key`, or None if absent, unreadable or failing its checksum.
 
@@ -247,8 +213,11 @@ class GroundTruthCache:
             # Mapped, not read: the checksum pass and the caller's use read the page cache,
             # and a truth the run's memo lets go of costs it no memory.
             try:
-                bits = np.load(npy, mmap_mode="r" if math.prod(meta.get("shape") or [1])
-                               else None, allow_pickle=False)
+                bits = np.load(
+                    npy,
+                    mmap_mode="r" if math.prod(meta.get("shape") or [1]) else None,
+                    allow_pickle=False,
+                )
             except (EOFError, ValueError) as e:  # empty or shorter than its header says
                 raise _Corrupt(npy) from e
             stored = meta.get("sha256")
@@ -256,14 +225,19 @@ class GroundTruthCache:
                 return None
             if self._verified.get(key) != seen:
                 if stored != _checksum(meta, bits):
-                    log.warning("diag: ground-truth cache entry %s failed its checksum "
-                                "(corrupted on disk); recomputing it", npy)
+                    log.warning(
+                        "diag: ground-truth cache entry %s failed its checksum "
+                        "(corrupted on disk); recomputing it",
+                        npy,
+                    )
                     return None
                 self._verified[key] = seen
             value = from_bits(bits, meta["dtype"]).reshape(meta["shape"])
         except _Corrupt as bad:
-            log.warning("diag: ground-truth cache entry %s is damaged (empty or cut short); "
-                        "recomputing it", bad.args[0])
+            log.warning(
+                "diag: ground-truth cache entry %s is damaged (empty or cut short); recomputing it",
+                bad.args[0],
+            )
             return None
         except (OSError, ValueError, KeyError, TypeError, AttributeError, DiagError):
             return None
@@ -287,8 +261,9 @@ class GroundTruthCache:
             if meta["sha256"] != _meta_hash(meta).hexdigest():
                 raise _Corrupt(meta_path)
             try:  # (an empty array has no bytes to map)
-                bits = np.load(npy, mmap_mode="r" if math.prod(meta["shape"]) else None,
-                               allow_pickle=False)
+                bits = np.load(
+                    npy, mmap_mode="r" if math.prod(meta["shape"]) else None, allow_pickle=False
+                )
             except (EOFError, ValueError) as e:  # empty, or shorter than its header says
                 raise _Corrupt(npy) from e
             if list(bits.shape) != meta["shape"]:
@@ -299,15 +274,19 @@ class GroundTruthCache:
                 self._verified[key] = seen
             value = from_bits(bits, meta["dtype"])
         except _Corrupt as bad:
-            log.warning("diag: ground-truth cache entry %s failed its checksum (corrupted on "
-                        "disk); recomputing it", bad.args[0])
+            log.warning(
+                "diag: ground-truth cache entry %s failed its checksum (corrupted on "
+                "disk); recomputing it",
+                bad.args[0],
+            )
             return None
         except (OSError, ValueError, KeyError, TypeError, AttributeError, DiagError):
             return None
         return MappedEntry(value=value, meta=meta, path=npy, digest=meta["bits_sha256"])
 
-    def put_mapped(self, key: str, value: np.ndarray,
-                   meta: dict | None = None) -> MappedEntry | None:
+    def put_mapped(
+        self, key: str, value: np.ndarray, meta: dict | None = None
+    ) -> MappedEntry | None:
         """Store `value` as `put` does, for `get_mapped`; returns the stored entry, mapped.
 
         The checksum is the bits' sha256 (the digest diag checks inputs with) plus one over
@@ -318,15 +297,20 @@ class GroundTruthCache:
         value = np.ascontiguousarray(value)
         bits = bits_view(value)
         full = dict(meta or {})
-        full.update(dtype=dtype_name(as_dtype(value.dtype)), shape=list(value.shape),
-                    oracle_version=ORACLE_VERSION, bits_sha256=bits_digest(bits))
+        full.update(
+            dtype=dtype_name(as_dtype(value.dtype)),
+            shape=list(value.shape),
+            oracle_version=ORACLE_VERSION,
+            bits_sha256=bits_digest(bits),
+        )
         full["sha256"] = _meta_hash(full).hexdigest()
         npy = self._write(key, bits, full)
         if npy is None:
             return None
         mapped = np.load(npy, mmap_mode="r", allow_pickle=False) if value.size else bits
-        return MappedEntry(value=from_bits(mapped, full["dtype"]), meta=full, path=npy,
-                           digest=full["bits_sha256"])
+        return MappedEntry(
+            value=from_bits(mapped, full["dtype"]), meta=full, path=npy, digest=full["bits_sha256"]
+        )
 
     def put(self, key: str, value: np.ndarray, meta: dict | None = None) -> Path | None:
         """Store `value` (bit view) and `meta` atomically; returns the .npy path.
@@ -337,8 +321,11 @@ class GroundTruthCache:
         value = np.ascontiguousarray(value)
         bits = bits_view(value)
         full = dict(meta or {})
-        full.update(dtype=dtype_name(as_dtype(value.dtype)), shape=list(value.shape),
-                    oracle_version=ORACLE_VERSION)
+        full.update(
+            dtype=dtype_name(as_dtype(value.dtype)),
+            shape=list(value.shape),
+            oracle_version=ORACLE_VERSION,
+        )
         full["sha256"] = _checksum(full, bits)
         return self._write(key, bits, full)
 
@@ -351,144 +338,20 @@ class GroundTruthCache:
             npy.parent.mkdir(exist_ok=True)
             self._atomic_write(npy, lambda f: np.save(f, bits, allow_pickle=False))
             # The .json is written last: get() needs both, so a crash in between leaves a miss.
-            self._atomic_write(meta_path,
-                               lambda f: f.write(json.dumps(full, sort_keys=True).encode()))
+            self._atomic_write(
+                meta_path, lambda f: f.write(json.dumps(full, sort_keys=True).encode())
+            )
         except OSError as e:
             self._writable = False
             where = str(self.root)
             if where not in _warned_unwritable:
                 _warned_unwritable.add(where)
-                log.warning("diag: ground-truth cache %s is not writable (%s); going on "
-                            "uncached: set DIAG_CACHE_DIR or --cache-dir to a writable folder "
-                            "to keep ground truth between runs", where,
-                            e.strerror or type(e).__name__)
+                log.warning(
+                    "diag: ground-truth cache %s is not writable (%s); going on "
+                    "uncached: set DIAG_CACHE_DIR or --cache-dir to a writable folder "
+                    "to keep ground truth between runs",
+                    where,
+                    e.strerror or type(e).__name__,
+                )
             return None
         return npy
-
-    def mark(self) -> bool:
-        """Create the cache folder and mark it as diag's, as the first write does.
-
-        An existing folder is marked only when it holds nothing but diag's own files (an older
-        diag's cache, golden digests), never a folder of other files.
-
-        Returns:
-            Whether the folder is marked now.
-
-        Raises:
-            OSError: the folder or the marker cannot be written.
-        """
-        self._ready = False
-        self._ensure_root()
-        return self.marked
-
-    def _ensure_root(self) -> None:
-        if self._ready:
-            return
-        if not self.marked:
-            known = lambda p: (p.name.startswith(_TMP_PREFIX) or (  # noqa: E731
-                p.is_dir() and (_HEX2.fullmatch(p.name) or p.name in _DIAG_SUBFOLDERS)))
-            if not (self.root.is_dir() and not all(known(p) for p in self.root.iterdir())):
-                self.root.mkdir(parents=True, exist_ok=True)
-                self._atomic_write(self.root / MARKER, lambda f: f.write(_MARKER_TEXT.encode()))
-        self._ready = True
-
-    @staticmethod
-    def _atomic_write(path: Path, write: Callable) -> None:
-        # O_EXCL with a random name (what mkstemp does) but mode 0666: the umask decides.
-        for _ in range(100):
-            tmp = path.parent / f"{_TMP_PREFIX}{secrets.token_hex(8)}{path.suffix}"
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-                break
-            except FileExistsError:
-                continue
-        else:
-            raise FileExistsError(f"no free temporary name in {path.parent}")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                write(f)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-
-    def _files(self) -> list[Path]:
-        """diag's entry files in the folder (nothing else, whatever else is there)."""
-        if not self.root.is_dir():
-            return []
-        return sorted(p for p in self.root.glob("??/*") if p.is_file() and _is_entry(p))
-
-    def clear(self) -> int:
-        """Remove diag's entries (and crashed writers' temporary files); returns the count.
-
-        Only files named like entries, in a folder carrying diag's marker, are removed; the
-        marker stays, and any other file is left where it is.
-
-        Raises:
-            NotACache: the folder exists but lacks diag's marker: diag did not create it, so
-                nothing in it is removed.
-        """
-        if not self.root.exists():
-            return 0
-        try:  # a folder of nothing but diag's own (JAX's cache alone, say) is marked as diag's
-            marked = self.marked or self.mark()
-        except OSError:
-            marked = False
-        if not marked:
-            raise NotACache(f"{self.root} is not a diag cache folder (no {MARKER} marker "
-                            "written by diag): nothing removed; pass the folder `diag cache "
-                            "info` shows, or delete an old diag cache by hand")
-        now = time.time()
-        n = 0
-        for d in self.root.iterdir():
-            if not (d.is_dir() and _HEX2.fullmatch(d.name)):
-                continue
-            for p in d.iterdir():
-                stale_tmp = (p.name.startswith(_TMP_PREFIX) and p.is_file()
-                             and now - p.stat().st_mtime > _STALE_TMP_S)
-                if not (p.is_file() and _is_entry(p)) and not stale_tmp:
-                    continue
-                try:
-                    p.unlink()
-                    n += 1
-                except FileNotFoundError:
-                    pass
-            try:
-                d.rmdir()  # only when empty: anything else in it stays
-            except OSError:
-                pass
-        return n + self._clear_jax()
-
-    def _clear_jax(self) -> int:
-        """Remove the files of JAX's compilation cache kept in this (marked) folder."""
-        n = 0
-        jax_dir = self.root / JAX_SUBFOLDER
-        for p in sorted(jax_dir.rglob("*"), reverse=True) if jax_dir.is_dir() else []:
-            try:
-                if p.is_file() or p.is_symlink():
-                    p.unlink()
-                    n += 1
-                else:
-                    p.rmdir()
-            except OSError:  # another process writing there: left for the next clear
-                pass
-        return n
-
-    def info(self) -> dict:
-        """{"path", "marked", "entries", "bytes"} of the cache directory (diag's files only)."""
-        files = self._files()
-        info = {
-            "path": str(self.root),
-            "marked": self.marked,
-            "entries": sum(1 for p in files if p.suffix == ".json"),
-            "bytes": sum(p.stat().st_size for p in files),
-        }
-        jax_dir = self.root / JAX_SUBFOLDER
-        if jax_dir.is_dir():  # JAX's compilation cache for diag's workers (`jax_cache_dir`)
-            jf = [p for p in jax_dir.rglob("*") if p.is_file()]
-            info["jax_compilation_cache"] = {"path": str(jax_dir), "files": len(jf),
-                                             "bytes": sum(p.stat().st_size for p in jf)}
-        return info
