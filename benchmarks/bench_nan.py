@@ -25,7 +25,12 @@ hunt kept (JAX's persistent cache under $DIAG_CACHE_DIR/jax-ops). And the torch 
 distillation step at loss 0 (NaN in every gradient), `diag nan` vs a fresh process under
 `torch.autograd.detect_anomaly` until it raises.
 
-Usage: python benchmarks/bench_nan.py [--repeats N] [--only transformer] [--fresh]
+The torch transformer rows also time the step under `torch.autograd.detect_anomaly()` (the
+peer; it checks backward outputs only, so it never raises on the planted update NaN):
+locate/detect_anomaly, target <= 2x.
+
+Usage: python benchmarks/bench_nan.py [--repeats N] [--only transformer|torch-transformer]
+       [--fresh]
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import io
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -46,6 +52,9 @@ import diag.nan
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import nan_torch_steps  # noqa: E402
 import nan_train_step as example  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchutil import machine  # noqa: E402
 
 
 def mlp_with_norm_penalty(params, x):
@@ -71,10 +80,15 @@ def clean_step(params, x):
     return jax.value_and_grad(lambda p: jnp.mean(jnp.tanh(x @ p["ws"][0]) ** 2))(params)
 
 
+_CPU: list = []  # CPU time of the last `_time` call, read by the transformer rows
+
+
 def _time(f) -> float:
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     f()
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    _CPU[:] = [time.process_time() - c0]
+    return wall
 
 
 def _debug_run(fn, args):
@@ -249,7 +263,7 @@ def jax_transformer_step(bad: bool):
     return step, (model, opt, tok)
 
 
-def bench_transformer(repeats):
+def bench_transformer(repeats, torch_only=False):
     """Plain step vs locate, side by side, in both frameworks; fresh state for every sample."""
     rows = []
     try:
@@ -265,12 +279,21 @@ def bench_transformer(repeats):
                 step = torch_transformer_step(bad)
                 return _time(lambda: diag.nan.locate(step))
 
+            def anomaly(bad=bad):  # the peer: checks backward outputs only, so never raises here
+                step = torch_transformer_step(bad)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    with torch.autograd.detect_anomaly():
+                        return _time(step)
+
             rows.append((f"torch transformer step, {'NaN in AdamW update' if bad else 'clean'}",
                          diag.nan.reason(diag.nan.locate(torch_transformer_step(bad))),
-                         plain, hunt))
+                         plain, hunt, anomaly))
     except ImportError:
         print("torch: not installed, skipped")
     try:
+        if torch_only:
+            raise ImportError
         import flax.nnx  # noqa: F401
 
         for bad in (False, True):
@@ -284,22 +307,33 @@ def bench_transformer(repeats):
 
             step, args = jax_transformer_step(bad)
             rows.append((f"jax/nnx transformer step, {'NaN in AdamW update' if bad else 'clean'}",
-                         diag.nan.reason(diag.nan.locate(step, *args)), jplain, jhunt))
+                         diag.nan.reason(diag.nan.locate(step, *args)), jplain, jhunt, None))
     except ImportError:
-        print("flax: not installed, skipped")
-    for name, why, plain, hunt in rows:
-        plain(), hunt()  # warm-up: compile, first-call imports
-        s = {"step": [], "locate": []}
+        print("flax: not installed, skipped" if not torch_only else "jax rows skipped (--only)")
+    for name, why, plain, hunt, peer in rows:
+        variants = {"step": plain, "locate": hunt, **({"anomaly": peer} if peer else {})}
+        for f in variants.values():
+            f()  # warm-up: compile, first-call imports
+        s = {k: [] for k in variants}
+        cpu = {k: [] for k in variants}
         for _ in range(repeats):
-            s["step"].append(plain())
-            s["locate"].append(hunt())
+            for k, f in variants.items():
+                s[k].append(f())
+                cpu[k].append(_CPU[0])
         print(f"{name}:  {why[:110]}")
-        med = {}
+        med, mc = {}, {}
         for k, v in s.items():
             med[k], text = describe(v)
-            print(f"  {k:7s} {text}")
+            mc[k], ctext = describe(cpu[k])
+            print(f"  {k:7s} wall {text}  raw {[round(x * 1e3, 1) for x in v]} ms")
+            print(f"  {'':7s} cpu  {ctext}  raw {[round(x * 1e3, 1) for x in cpu[k]]} ms")
         target = " (target <= 3x)" if name.startswith("torch") else ""
-        print(f"  locate / step = {med['locate'] / med['step']:.2f}x{target}")
+        print(f"  locate / step = {med['locate'] / med['step']:.2f}x{target}, by CPU time "
+              f"{mc['locate'] / mc['step']:.2f}x")
+        if peer:
+            print(f"  locate / detect_anomaly = {med['locate'] / med['anomaly']:.2f}x "
+                  f"(target <= 2x), by CPU time {mc['locate'] / mc['anomaly']:.2f}x;  "
+                  f"detect_anomaly / step = {med['anomaly'] / med['step']:.2f}x")
 
 
 def flax_optax_case():
@@ -421,7 +455,7 @@ def bench_fresh(repeats: int) -> None:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--only", choices=["transformer"], default=None)
+    ap.add_argument("--only", choices=["transformer", "torch-transformer"], default=None)
     ap.add_argument("--fresh", action="store_true", help="only the fresh-process comparison")
     ap.add_argument("--child", choices=["debug_nans", "anomaly"], help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -429,8 +463,9 @@ def main():
         return _child(a.child)
     if a.fresh:
         return bench_fresh(a.repeats)
+    print(f"machine: {machine()}")
     print(f"jax {jax.__version__} on {jax.default_backend()}")
-    bench_transformer(a.repeats)
+    bench_transformer(a.repeats, torch_only=a.only == "torch-transformer")
     if a.only:
         return
     bench_jax("example train step (NaN in scan[3], forward)", example.train_step,

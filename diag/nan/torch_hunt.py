@@ -13,7 +13,6 @@ is not a result: a -inf attention mask is a fact shown with the report, not a fi
 
 from __future__ import annotations
 
-import math
 import os
 import weakref
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from diag.nan.report import NanHuntError, NanReport
 from diag.nan.summary import first_bad_index, summarize, values_at
 from diag.nan.torch_names import arrived as arrived_facts
 from diag.nan.torch_names import gradient_versions, named_inputs, sinks
+from diag.nan.torch_pointwise import pointwise_birth
 
 
 class _Birth:
@@ -295,34 +295,6 @@ class BirthHunter(OpMode):
                 op_name(func), kind, phase, src, path, ins, host_copy(bad), note, pointwise, library
             )
         )
-
-
-def pointwise_birth(flat_in: list, outs: list) -> str | None:
-    """``NaN`` when an elementwise op's output holds a NaN where no input does, ``Inf`` when it
-    holds an Inf where every input is finite, else None (each non-finite element came in)."""
-    try:
-        with torch._C.DisableTorchFunction(), torch.no_grad():
-            shape = outs[0].shape
-            in_nan = torch.zeros(shape, dtype=torch.bool, device=outs[0].device)
-            in_bad = in_nan.clone()
-            for x in flat_in:
-                if isinstance(x, float):
-                    in_nan |= x != x
-                    in_bad |= not math.isfinite(x)
-                elif is_float(x):
-                    in_nan |= torch.isnan(x).broadcast_to(shape)
-                    in_bad |= ~torch.isfinite(x).broadcast_to(shape)
-            for t in outs:
-                if t.shape != shape:
-                    return None
-                if bool((torch.isnan(t) & ~in_nan).any()):
-                    return "NaN"
-            for t in outs:
-                if bool((torch.isinf(t) & ~in_bad).any()):
-                    return "Inf"
-    except RuntimeError:  # inputs that do not broadcast to the output: not elementwise here
-        return None
-    return None
 
 
 _CUSTOM_NODE = torch.autograd.function.BackwardCFunction

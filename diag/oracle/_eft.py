@@ -48,7 +48,12 @@ def _two_sum(a: np.ndarray, b: np.ndarray):
     return s, e
 
 
-def row_sums(x: np.ndarray, passes: int, max_abs: float | None = None):
+def row_sums(
+    x: np.ndarray,
+    passes: int,
+    max_abs: float | None = None,
+    work: tuple[np.ndarray, np.ndarray] | None = None,
+):
     """Row sums of a finite float64 [c, n] array with a rigorous error bound.
 
     Args:
@@ -57,6 +62,8 @@ def row_sums(x: np.ndarray, passes: int, max_abs: float | None = None):
             exactly (see the module docstring).
         max_abs: a known bound on every |x| (saves the first pass's search for the largest,
             and the remainders' bound then comes from sigma, not from summing |r|).
+        work: optional two float64 scratch arrays of x's shape (not x itself): the passes run
+            in them instead of fresh temporaries (a caller that keeps them pays no page faults).
 
     Returns:
         (hi, lo, err), float64 [c] arrays: each exact row sum S satisfies
@@ -69,16 +76,17 @@ def row_sums(x: np.ndarray, passes: int, max_abs: float | None = None):
     hi = np.zeros(c)
     lo = np.zeros(c)
     err = np.zeros(c)
+    q_buf, r_buf = work if work is not None else (np.empty_like(x), np.empty_like(x))
     r = x
     for p in range(passes):
         if p == 0 and max_abs is not None:
             mu = np.full(c, float(max_abs))
         else:
-            mu = np.abs(r).max(axis=1) if n else np.zeros(c)
+            mu = np.abs(r, out=q_buf).max(axis=1) if n else np.zeros(c)
         sigma = np.ldexp(1.0, np.frexp(mu)[1] + m_bits)[:, None]  # >= 2**m_bits * mu
-        q = r + sigma
+        q = np.add(r, sigma, out=q_buf)
         q -= sigma
-        r = r - q
+        r = np.subtract(r, q, out=r_buf)
         tau = q.sum(axis=1)  # exact: Lemma 3.4
         hi, e = _two_sum(hi, tau)
         lo = lo + e
@@ -88,7 +96,11 @@ def row_sums(x: np.ndarray, passes: int, max_abs: float | None = None):
     # float64 sum of n remainders in any order: gamma_{n-1} sum|r|; sum|r| itself is computed
     # with relative error gamma_n (positive terms), covered by the factor 1.01 (n u <= 2**-3).
     # Lemma 3.3: |r| <= eps sigma after each pass, so n eps sigma bounds sum|r| without a pass.
-    abs_r = (n * _U) * sigma[:, 0] if max_abs is not None and passes == 1 else np.abs(r).sum(axis=1)
+    abs_r = (
+        (n * _U) * sigma[:, 0]
+        if max_abs is not None and passes == 1
+        else np.abs(r, out=q_buf).sum(axis=1)
+    )
     err += 1.01 * gamma(max(n, 1)) * abs_r + _U * np.abs(lo_new)
     return hi, lo_new, err
 
