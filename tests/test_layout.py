@@ -238,7 +238,7 @@ LONG_PENDING = {
     "diag/backends/worker.py": "run_job", "diag/compare/elementwise.py": "compare",
     "diag/compare/topk.py": "check_top_k", "diag/runner.py": "run",
     "diag/runner.py#2": "_run_worker", "diag/suite.py": "_expand",
-    "diag/features.py": "features", "diag/nodes/vote.py": "analyze",
+    "diag/features.py": "features",
     "diag/cli/devices.py": "nodes_cmd", "diag/cli/run.py": "run",
 }
 
