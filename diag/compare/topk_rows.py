@@ -123,7 +123,7 @@ def row_recall(xr: np.ndarray, cand: np.ndarray, k: int) -> float:
     return best
 
 
-def row_misses(xr: np.ndarray, cand: np.ndarray, k: int) -> tuple[bool, bool]:
+def row_misses(xr: np.ndarray, cand: np.ndarray, k: int) -> tuple[bool, bool | np.bool_]:
     """(misses_larger, misses_max) of one row (NaN aside): an element left out is strictly
     larger than one returned; the row maximum is not returned although a number was."""
     keys = rank_keys(xr, True)
@@ -133,7 +133,7 @@ def row_misses(xr: np.ndarray, cand: np.ndarray, k: int) -> tuple[bool, bool]:
     ret_num = ret & notnan
     left_num = ~ret & notnan
     larger = bool(ret_num.any() and left_num.any() and keys[left_num].max() > keys[ret_num].min())
-    row_max_missed = False
+    row_max_missed: bool | np.bool_ = False
     if notnan.any():
         top = keys[notnan].max()
         has_max = bool((keys[ret_num] == top).any())
