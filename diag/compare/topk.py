@@ -142,8 +142,8 @@ class _Tally:
         larger, row_max_missed = row_misses(xr, cand, k)
         is_wrong = row_max_missed or (larger and not approx)
         self.misses_larger += larger
-        self.misses_max += row_max_missed
-        self.wrong += is_wrong
+        self.misses_max += int(row_max_missed)
+        self.wrong += int(is_wrong)
         if is_wrong and len(self.wrong_examples) < 10:
             self.wrong_examples.append(
                 {
