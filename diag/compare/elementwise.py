@@ -142,6 +142,99 @@ class _UlpStats:
         return float(np.int64(a) + diff * t)
 
 
+class _Totals:
+    """The running totals of `compare`'s streaming pass, one chunk at a time."""
+
+    def __init__(self):
+        self.stats = _UlpStats()
+        self.ratio_max = _Max()
+        self.nan_count = self.inf_count = self.unexpected = 0
+        self.not_rounded = self.exceeded = 0
+        self.max_err = self.max_rel = 0.0
+
+    def add(self, start: int, o: np.ndarray, t: np.ndarray, bnd: np.ndarray) -> None:
+        """Takes in the chunk of output `o`, truth `t` and bound `bnd` at element `start`."""
+        o64, t64 = o.astype(np.float64), t.astype(np.float64)
+        with np.errstate(invalid="ignore"):  # Inf - Inf is NaN here, handled below
+            err = np.subtract(o64, t64)
+        np.abs(err, out=err)
+        top = err.max() if err.size else 0.0
+        # The common case: every element finite on both sides, which a finite largest error
+        # says (NaN and Inf propagate through the difference, and that of two float32 or
+        # narrower values cannot overflow in float64; a float64 one that does takes the
+        # general path below, which gives the same numbers). No masks, no NaN screens.
+        if np.isfinite(top):
+            ratio = self._add_finite(o, t, t64, err, float(top), bnd)
+        else:
+            ratio = self._add_nonfinite(o, t, o64, t64, bnd)
+        if not self.ratio_max.add(start, ratio) <= 1.0:  # counted only where some is over
+            self.exceeded += int(np.count_nonzero(ratio > 1.0))
+
+    def _add_finite(
+        self,
+        o: np.ndarray,
+        t: np.ndarray,
+        t64: np.ndarray,
+        err: np.ndarray,
+        top: float,
+        bnd: np.ndarray,
+    ) -> np.ndarray:
+        """A chunk with no NaN or Inf on either side; returns err / bound (in `err`)."""
+        ulp = _finite_ulp_distance(o, t)
+        self.not_rounded += ulp.size - self.stats.add(ulp)
+        self.max_err = max(self.max_err, top)
+        # err / |t| is |err / t| (a sign is all that dividing by -|t| changes); a zero
+        # truth (0/0, x/0) makes it non-finite, and then the masked form decides.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.divide(err, t64, out=t64)
+        lo, hi = rel.min(), rel.max()
+        if np.isfinite(lo) and np.isfinite(hi):
+            self.max_rel = max(self.max_rel, float(max(hi, -lo)))
+        else:
+            abs_t = np.abs(t.astype(np.float64))
+            rel = np.divide(err, abs_t, out=np.zeros(err.size), where=abs_t > 0)
+            self.max_rel = max(self.max_rel, float(rel.max()))
+        return np.divide(err, bnd, out=err)
+
+    def _add_nonfinite(
+        self, o: np.ndarray, t: np.ndarray, o64: np.ndarray, t64: np.ndarray, bnd: np.ndarray
+    ) -> np.ndarray:
+        """A chunk with a NaN or Inf somewhere: errors where both sides are finite."""
+        finite = np.isfinite(o64)
+        finite &= np.isfinite(t64)
+        o_nan, t_nan = np.isnan(o64), np.isnan(t64)
+        o_inf, t_inf = np.isinf(o64), np.isinf(t64)
+        self.nan_count += int(np.count_nonzero(o_nan))
+        self.inf_count += int(np.count_nonzero(o_inf))
+        # Non-finite where the truth is finite, or not the same non-finite value.
+        same = (o_nan & t_nan) | (o_inf & t_inf & (o64 == t64))
+        self.unexpected += int(np.count_nonzero(~finite & ~same))
+        ulp = numerics.ulp_distance(o, t)
+        self.not_rounded += ulp.size - self.stats.add(ulp[ulp < numerics.NAN_ULP])
+        err = np.zeros(o64.size)
+        np.subtract(o64, t64, out=err, where=finite)
+        np.abs(err, out=err)
+        abs_t = np.abs(t64)
+        rel = np.divide(err, abs_t, out=np.zeros(o64.size), where=finite & (abs_t > 0))
+        self.max_err = max(self.max_err, float(err.max()))  # no NaN in err or rel: masked
+        self.max_rel = max(self.max_rel, float(rel.max()))
+        return np.divide(err, bnd, out=np.zeros(o64.size), where=finite)
+
+
+def _mean_ulp(stats: _UlpStats, out_f: np.ndarray, tru_f: np.ndarray, n: int) -> float:
+    """The mean ULP distance; past a total of 2**53, numpy's own float64 sum of every one."""
+    mean = stats.mean() if stats.count else 0.0
+    if mean is None:
+        every = np.concatenate(
+            [
+                u[u < numerics.NAN_ULP]
+                for u in (numerics.ulp_distance(out_f[sl], tru_f[sl]) for _, sl in _chunks(n))
+            ]
+        )
+        mean = float(every.mean())
+    return mean
+
+
 def compare(output: np.ndarray, truth: np.ndarray, bound: np.ndarray) -> dict[str, Any]:
     """Element-wise metrics of `output` against the correctly rounded `truth`.
 
@@ -164,84 +257,26 @@ def compare(output: np.ndarray, truth: np.ndarray, bound: np.ndarray) -> dict[st
     out_f, tru_f = np.asarray(output).reshape(-1), np.asarray(truth).reshape(-1)
     bnd_f = np.asarray(bound).reshape(-1)
     _same_float_dtype(out_f, tru_f)
-    nan_count = inf_count = unexpected = not_rounded = exceeded = 0
-    stats = _UlpStats()
-    max_err = max_rel = 0.0
-    ratio_max = _Max()
+    tot = _Totals()
     for start, sl in _chunks(n):
-        o, t = out_f[sl], tru_f[sl]
-        o64, t64 = o.astype(np.float64), t.astype(np.float64)
-        with np.errstate(invalid="ignore"):  # Inf - Inf is NaN here, handled below
-            err = np.subtract(o64, t64)
-        np.abs(err, out=err)
-        top = err.max() if err.size else 0.0
-        # The common case: every element finite on both sides, which a finite largest error
-        # says (NaN and Inf propagate through the difference, and that of two float32 or
-        # narrower values cannot overflow in float64; a float64 one that does takes the
-        # general path below, which gives the same numbers). No masks, no NaN screens.
-        if np.isfinite(top):
-            ulp = _finite_ulp_distance(o, t)
-            not_rounded += ulp.size - stats.add(ulp)
-            max_err = max(max_err, float(top))
-            # err / |t| is |err / t| (a sign is all that dividing by -|t| changes); a zero
-            # truth (0/0, x/0) makes it non-finite, and then the masked form decides.
-            with np.errstate(divide="ignore", invalid="ignore"):
-                rel = np.divide(err, t64, out=t64)
-            lo, hi = rel.min(), rel.max()
-            if np.isfinite(lo) and np.isfinite(hi):
-                max_rel = max(max_rel, float(max(hi, -lo)))
-            else:
-                abs_t = np.abs(t.astype(np.float64))
-                rel = np.divide(err, abs_t, out=np.zeros(err.size), where=abs_t > 0)
-                max_rel = max(max_rel, float(rel.max()))
-            ratio = np.divide(err, bnd_f[sl], out=err)
-        else:
-            finite = np.isfinite(o64)
-            finite &= np.isfinite(t64)
-            o_nan, t_nan = np.isnan(o64), np.isnan(t64)
-            o_inf, t_inf = np.isinf(o64), np.isinf(t64)
-            nan_count += int(np.count_nonzero(o_nan))
-            inf_count += int(np.count_nonzero(o_inf))
-            # Non-finite where the truth is finite, or not the same non-finite value.
-            same = (o_nan & t_nan) | (o_inf & t_inf & (o64 == t64))
-            unexpected += int(np.count_nonzero(~finite & ~same))
-            ulp = numerics.ulp_distance(o, t)
-            not_rounded += ulp.size - stats.add(ulp[ulp < numerics.NAN_ULP])
-            err = np.zeros(o64.size)
-            np.subtract(o64, t64, out=err, where=finite)
-            np.abs(err, out=err)
-            abs_t = np.abs(t64)
-            rel = np.divide(err, abs_t, out=np.zeros(o64.size), where=finite & (abs_t > 0))
-            max_err = max(max_err, float(err.max()))  # no NaN in err or rel: masked
-            max_rel = max(max_rel, float(rel.max()))
-            ratio = np.divide(err, bnd_f[sl], out=np.zeros(o64.size), where=finite)
-        if not ratio_max.add(start, ratio) <= 1.0:  # counted only where some element is over
-            exceeded += int(np.count_nonzero(ratio > 1.0))
-    mean = stats.mean() if stats.count else 0.0
-    if mean is None:  # a total past 2**53: numpy's own float64 sum of every distance
-        every = np.concatenate(
-            [
-                u[u < numerics.NAN_ULP]
-                for u in (numerics.ulp_distance(out_f[sl], tru_f[sl]) for _, sl in _chunks(n))
-            ]
-        )
-        mean = float(every.mean())
+        tot.add(start, out_f[sl], tru_f[sl], bnd_f[sl])
+    stats = tot.stats
     metrics: dict[str, Any] = {
         "elements": n,
-        "nan_count": nan_count,
-        "inf_count": inf_count,
-        "unexpected_nonfinite": unexpected,
+        "nan_count": tot.nan_count,
+        "inf_count": tot.inf_count,
+        "unexpected_nonfinite": tot.unexpected,
         "max_ulp": stats.max,
-        "mean_ulp": mean,
+        "mean_ulp": _mean_ulp(stats, out_f, tru_f, n),
         "p99_ulp": stats.percentile(99) if stats.count else 0.0,
-        "frac_not_correctly_rounded": float(not_rounded) / max(n, 1),
-        "max_abs_err": max_err,
-        "max_rel_err": max_rel,
-        "bound_ratio": float(ratio_max.value),
-        "bound_exceeded": exceeded,
+        "frac_not_correctly_rounded": float(tot.not_rounded) / max(n, 1),
+        "max_abs_err": tot.max_err,
+        "max_rel_err": tot.max_rel,
+        "bound_ratio": float(tot.ratio_max.value),
+        "bound_exceeded": tot.exceeded,
     }
     if n:
-        w = ratio_max.index
+        w = tot.ratio_max.index
         at = slice(w, w + 1)
         metrics["worst"] = {
             "index": format_index(w, truth.shape),
