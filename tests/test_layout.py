@@ -237,7 +237,6 @@ LONG_PENDING = {
     "diag/backends/worker.py": "run_job",
     "diag/runner.py": "run",
     "diag/runner.py#2": "_run_worker", "diag/suite.py": "_expand",
-    "diag/features.py": "features",
     "diag/cli/devices.py": "nodes_cmd", "diag/cli/run.py": "run",
 }
 
