@@ -237,7 +237,7 @@ LONG_PENDING = {
     "diag/backends/worker.py": "run_job",
     "diag/runner.py": "run",
     "diag/runner.py#2": "_run_worker", "diag/suite.py": "_expand",
-    "diag/cli/devices.py": "nodes_cmd", "diag/cli/run.py": "run",
+    "diag/cli/run.py": "run",
 }
 
 
