@@ -201,6 +201,7 @@ def nodes_cmd(
 def _show_nodes(result, run_dir, report_path, as_json: bool) -> None:
     """`diag nodes`' verdict: JSON on stdout, or tables and lines."""
     from diag import nodes, render
+    from diag.render.nodes import nodes_summary, nodes_tables
 
     if as_json:
         render.out.print_json(
@@ -214,9 +215,9 @@ def _show_nodes(result, run_dir, report_path, as_json: bool) -> None:
             )
         )
         return
-    for table in render.nodes_tables(result):
+    for table in nodes_tables(result):
         render.out.print(table)
-    for line in render.nodes_summary(result, run_dir):
+    for line in nodes_summary(result, run_dir):
         render.print_line(line)
     for line in nodes.misconfigured_lines(result):
         render.print_line(line)
@@ -258,6 +259,7 @@ def env_cmd(
     import os
 
     from diag import environment, render
+    from diag.render.env import env_tables
     from diag.workers import parse_python
 
     environ = {**os.environ, **parse_python(split(python))}
@@ -275,6 +277,6 @@ def env_cmd(
     if as_json:
         render.out.print_json(json.dumps({**report, "exit_code": code}, default=str))
     else:
-        for table in render.env_tables(report):
+        for table in env_tables(report):
             render.out.print(table)
     raise typer.Exit(code)
