@@ -318,6 +318,107 @@ class _NarrowProducts:
         return prods.sum(axis=1).astype(np.float32)
 
 
+class _Steps:
+    """The features measured so far, in order: each step runs its battery through `matmul`
+    and keeps the hypotheses (units) that predict every output bit."""
+
+    def __init__(self, matmul: Callable, dt: np.dtype):
+        self.matmul, self.dt = matmul, dt
+        self.p = {"float32": 24, "bfloat16": 8, "float16": 11}[dt.name]
+        self.odt: list[str] = []
+        self.details: list[Feature] = []
+
+    def step(self, name, battery, hyps, needs=(), note=""):
+        """Decide feature `name`: (its value, the hypotheses that fit); `unknown` without
+        running it when a feature it `needs` is unknown."""
+        missing = [f.name for f in self.details if f.name in needs and f.value == "unknown"]
+        if missing:  # its hypotheses would rest on a guess
+            self.details.append(Feature(name, "unknown", (), f"needs {', '.join(missing)}"))
+            return "unknown", []
+        feature, fits = _decide(name, self.matmul, battery(), hyps, self.odt, note)
+        self.details.append(feature)
+        return feature.value, fits
+
+    def result(self) -> Features:
+        details = self.details
+        odt = self.odt
+        if odt and odt[0] != "float32":
+            details = [
+                replace(
+                    f,
+                    note=(f.note + "; " if f.note else "")
+                    + f"the output is {odt[0]}: sums below its precision are not "
+                    f"observable",
+                )
+                for f in details
+            ]
+        v = {f.name: f.value for f in details}
+        return Features(
+            dtype=self.dt.name,
+            output_dtype=odt[0] if odt else "?",
+            product_exact=v["product_exact"],
+            extra_bits=v["extra_bits"],
+            rounding=v["rounding"],
+            block_fma_width=v["block_fma_width"],
+            order=v["order"],
+            subnormals=v["subnormals"],
+            details=tuple(details),
+        )
+
+
+def _width_and_order(s: _Steps, base: Unit, extra: int | None) -> Unit:
+    """Block FMA width and order, measured together: a reversed or pairwise order moves the
+    block boundaries. Two features come out of the one battery."""
+    dt = s.dt
+
+    def width_order():
+        bat = _block(dt, extra)
+        for w in (1, 2, 3, 4, 8, 16):
+            bat.extend(_order(dt, w, extra))
+        return bat
+
+    _, fits = s.step(
+        "block_fma_width",
+        width_order,
+        {(w, o): replace(base, block=w, order=o) for w in BLOCK_WIDTHS for o in ORDERS},
+        needs=("rounding", "extra_bits"),
+    )
+    joint = s.details.pop()
+    for name, i in (("block_fma_width", 0), ("order", 1)):
+        vals = sorted({f[i] for f in fits}, key=str)
+        value = vals[0] if len(vals) == 1 else "unknown"
+        note = (
+            ""
+            if len(vals) == 1
+            else joint.note
+            if not vals
+            else (f"the inputs cannot tell apart {', '.join(map(str, vals))}")
+        )
+        s.details.append(Feature(name, value, joint.evidence if i == 0 else (), note))
+    w, o = s.details[-2].value, s.details[-1].value
+    return replace(
+        base, block=w if isinstance(w, int) else 1, order=o if o in ORDERS else "sequential"
+    )
+
+
+def _product_exact(s: _Steps, base: Unit) -> Unit:
+    dt, p = s.dt, s.p
+    if p == ACC_BITS:  # float32: the exact product shows only through a fused sum
+        pe, _ = s.step(
+            "product_exact",
+            lambda: _products(dt, p),
+            {True: base, False: replace(base, product_exact=False)},
+            needs=("rounding", "extra_bits", "block_fma_width", "order"),
+        )
+    else:  # a product of two narrow inputs fits float32: read it alone
+        pe, _ = s.step(
+            "product_exact",
+            lambda: _products(dt, p),
+            {True: base, "rounded to the input format": _NarrowProducts(dt)},
+        )
+    return replace(base, product_exact=pe if isinstance(pe, bool) else True)
+
+
 def features(matmul: Callable[[np.ndarray, np.ndarray], Any], dtype: Any = "float32") -> Features:
     """Measure the arithmetic features of a matmul with crafted inputs (module docstring).
 
@@ -339,99 +440,23 @@ def features(matmul: Callable[[np.ndarray, np.ndarray], Any], dtype: Any = "floa
     Raises:
       ValueError: an unsupported dtype, or the matmul returned the wrong shape.
     """
-    dt = as_unit_dtype(dtype)
-    p = {"float32": 24, "bfloat16": 8, "float16": 11}[dt.name]
-    odt: list[str] = []
+    s = _Steps(matmul, as_unit_dtype(dtype))
+    dt, p = s.dt, s.p
     base = Unit()
-    details: list[Feature] = []
-
-    def step(name, battery, hyps, needs=(), note=""):
-        missing = [f.name for f in details if f.name in needs and f.value == "unknown"]
-        if missing:  # its hypotheses would rest on a guess
-            details.append(Feature(name, "unknown", (), f"needs {', '.join(missing)}"))
-            return "unknown", []
-        feature, fits = _decide(name, matmul, battery(), hyps, odt, note)
-        details.append(feature)
-        return feature.value, fits
-
-    r, _ = step(
+    r, _ = s.step(
         "rounding", lambda: _rounding(dt), {r: replace(base, rounding=r) for r in ROUNDINGS}
     )
     base = replace(base, rounding=r if r in ROUNDINGS else "nearest")
     hyps: dict[Any, Unit] = {e: replace(base, extra_bits=e) for e in range(MAX_EXTRA_BITS + 1)}
     hyps[f">={MAX_EXTRA_BITS + 1}"] = replace(base, extra_bits=None)
-    e, _ = step("extra_bits", lambda: _extra_bits(dt, p), hyps, needs=("rounding",))
+    e, _ = s.step("extra_bits", lambda: _extra_bits(dt, p), hyps, needs=("rounding",))
     extra = e if isinstance(e, int) else None
     base = replace(base, extra_bits=extra)
-
-    # Width and order together: a reversed or pairwise order moves the block boundaries.
-    def width_order():
-        bat = _block(dt, extra)
-        for w in (1, 2, 3, 4, 8, 16):
-            bat.extend(_order(dt, w, extra))
-        return bat
-
-    _, fits = step(
-        "block_fma_width",
-        width_order,
-        {(w, o): replace(base, block=w, order=o) for w in BLOCK_WIDTHS for o in ORDERS},
-        needs=("rounding", "extra_bits"),
-    )
-    joint = details.pop()
-    for name, i in (("block_fma_width", 0), ("order", 1)):
-        vals = sorted({f[i] for f in fits}, key=str)
-        value = vals[0] if len(vals) == 1 else "unknown"
-        note = (
-            ""
-            if len(vals) == 1
-            else joint.note
-            if not vals
-            else (f"the inputs cannot tell apart {', '.join(map(str, vals))}")
-        )
-        details.append(Feature(name, value, joint.evidence if i == 0 else (), note))
-    w, o = details[-2].value, details[-1].value
-    base = replace(
-        base, block=w if isinstance(w, int) else 1, order=o if o in ORDERS else "sequential"
-    )
-    if p == ACC_BITS:  # float32: the exact product shows only through a fused sum
-        pe, _ = step(
-            "product_exact",
-            lambda: _products(dt, p),
-            {True: base, False: replace(base, product_exact=False)},
-            needs=("rounding", "extra_bits", "block_fma_width", "order"),
-        )
-    else:  # a product of two narrow inputs fits float32: read it alone
-        pe, _ = step(
-            "product_exact",
-            lambda: _products(dt, p),
-            {True: base, "rounded to the input format": _NarrowProducts(dt)},
-        )
-    base = replace(base, product_exact=pe if isinstance(pe, bool) else True)
-    step(
+    base = _width_and_order(s, base, extra)
+    base = _product_exact(s, base)
+    s.step(
         "subnormals",
         lambda: _subnormals(dt),
-        {s: replace(base, subnormals=s) for s in ("kept", "flushed")},
+        {sub: replace(base, subnormals=sub) for sub in ("kept", "flushed")},
     )
-
-    if odt and odt[0] != "float32":
-        details = [
-            replace(
-                f,
-                note=(f.note + "; " if f.note else "")
-                + f"the output is {odt[0]}: sums below its precision are not "
-                f"observable",
-            )
-            for f in details
-        ]
-    v = {f.name: f.value for f in details}
-    return Features(
-        dtype=dt.name,
-        output_dtype=odt[0] if odt else "?",
-        product_exact=v["product_exact"],
-        extra_bits=v["extra_bits"],
-        rounding=v["rounding"],
-        block_fma_width=v["block_fma_width"],
-        order=v["order"],
-        subnormals=v["subnormals"],
-        details=tuple(details),
-    )
+    return s.result()

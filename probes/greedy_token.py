@@ -11,6 +11,7 @@ where the rounded probabilities of the top two are equal).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,109 @@ def _top3(row: np.ndarray) -> list[dict]:
     r64 = np.where(np.isnan(r64), -np.inf, r64)
     top = np.argsort(-r64, kind="stable")[:3]
     return [{"index": int(i), "logit": float(r64[i]), "bits": _hex(row[i])} for i in top]
+
+
+@dataclass
+class _Exact:
+    """The exact greedy answer of each row of `logits` (NaN rows aside), as float64."""
+
+    xm: np.ndarray  # [rows, vocab] the logits, NaN as -inf
+    mx: np.ndarray  # [rows] the maximum logit
+    expected: np.ndarray  # [rows] its lowest index
+    unique: np.ndarray  # [rows] the maximum occurs once
+    tied: np.ndarray  # [rows] the maximum occurs more than once
+    nan_row: np.ndarray  # [rows] the row holds a NaN
+
+
+def _exact_greedy(logits: np.ndarray) -> _Exact:
+    rows, vocab = logits.shape
+    x64 = logits.astype(np.float64)
+    nan_row = np.asarray(np.isnan(x64).any(axis=1))
+    xm = np.where(np.isnan(x64), -np.inf, x64)
+    mx = xm.max(axis=1) if vocab else np.zeros(rows)
+    n_max = (xm == mx[:, None]).sum(axis=1)
+    return _Exact(
+        xm=xm,
+        mx=mx,
+        expected=xm.argmax(axis=1) if vocab else np.zeros(rows, np.int64),
+        unique=(n_max == 1) & ~nan_row,
+        tied=(n_max > 1) & ~nan_row,
+        nan_row=nan_row,
+    )
+
+
+def _check_path(
+    name: str,
+    tok: np.ndarray,
+    logits: np.ndarray,
+    exact: _Exact,
+    rounded_probs: np.ndarray | None,
+) -> dict[str, Any]:
+    """One path's metrics: its tokens `tok` [rows] against the exact greedy tokens."""
+    rows, vocab = logits.shape
+    inr = (tok >= 0) & (tok < vocab)
+    picked = np.where(inr, exact.xm[np.arange(rows), np.where(inr, tok, 0)], np.nan)
+    disagree = exact.unique & (tok != exact.expected)
+    rounding_tie = np.zeros(rows, bool)
+    if rounded_probs is not None and PROBABILITY_PATH in name:
+        probs = np.asarray(rounded_probs).astype(np.float64)
+        top = np.nanmax(np.where(np.isnan(probs), -np.inf, probs), axis=1)
+        safe = np.where(inr, tok, 0)
+        rounding_tie = disagree & inr & (probs[np.arange(rows), safe] == top)
+        disagree &= ~rounding_tie
+    wrong_tie = exact.tied & ~(picked == exact.mx)
+    lowest = exact.tied & (tok == exact.expected)
+    bad = np.flatnonzero(disagree | wrong_tie | rounding_tie)
+    examples = [
+        {
+            "row": int(r),
+            "expected": int(exact.expected[r]),
+            "chosen": int(tok[r]),
+            "tied_max": bool(exact.tied[r]),
+            "rounding_tie": bool(rounding_tie[r]),
+            "chosen_logit": (float(picked[r]) if inr[r] else None),
+            "top3": _top3(logits[r]),
+        }
+        for r in bad[:10]
+    ]
+    return {
+        "disagree": int(disagree.sum()),
+        "wrong_on_tie": int(wrong_tie.sum()),
+        "rounding_tie": int(rounding_tie.sum()),
+        "tie_lowest_index": int(lowest.sum()),
+        "examples": examples,
+    }
+
+
+def _batch_dependence(chosen: dict[str, np.ndarray], logits: np.ndarray) -> dict[str, Any]:
+    """Per group of paths that differ only in a ``batchN`` component: the rows they split on."""
+    groups: dict[str, list[str]] = {}
+    for name in chosen:
+        parts = name.split("/")
+        if any(_BATCH_LABEL.match(p) for p in parts):
+            key = "/".join(p for p in parts if not _BATCH_LABEL.match(p))
+            groups.setdefault(key, []).append(name)
+    batch: dict[str, Any] = {}
+    for key, names in groups.items():
+        if key in chosen:  # the same path on all rows at once is one more batch size
+            names = [key] + names
+        if len(names) < 2:
+            continue
+        stack = np.stack([chosen[nm] for nm in names])
+        differ = np.flatnonzero((stack != stack[0]).any(axis=0))
+        batch[key] = {
+            "paths": names,
+            "rows_differ": int(differ.size),
+            "examples": [
+                {
+                    "row": int(r),
+                    "tokens": {nm: int(chosen[nm][r]) for nm in names},
+                    "top3": _top3(logits[r]),
+                }
+                for r in differ[:10]
+            ],
+        }
+    return batch
 
 
 def check_greedy(
@@ -77,95 +181,29 @@ def check_greedy(
     if logits.ndim != 2:
         raise UsageError(f"check_greedy: logits must be [rows, vocab], got shape {logits.shape}")
     rows, vocab = logits.shape
-    x64 = logits.astype(np.float64)
-    nan_row = np.isnan(x64).any(axis=1)
-    xm = np.where(np.isnan(x64), -np.inf, x64)
-    mx = xm.max(axis=1) if vocab else np.zeros(rows)
-    n_max = (xm == mx[:, None]).sum(axis=1)
-    unique = (n_max == 1) & ~nan_row
-    tied = (n_max > 1) & ~nan_row
-    expected = xm.argmax(axis=1) if vocab else np.zeros(rows, np.int64)
+    exact = _exact_greedy(logits)
     paths: dict[str, Any] = {}
-    chosen_all: dict[str, np.ndarray] = {}
+    chosen: dict[str, np.ndarray] = {}
     for name, tok in tokens.items():
         tok = np.asarray(tok).reshape(-1)
         if tok.shape[0] != rows:
             raise UsageError(
                 f"check_greedy: path {name!r} gives {tok.shape[0]} tokens for {rows} rows"
             )
-        tok = tok.astype(np.int64)
-        chosen_all[name] = tok
-        inr = (tok >= 0) & (tok < vocab)
-        picked = np.where(inr, xm[np.arange(rows), np.where(inr, tok, 0)], np.nan)
-        disagree = unique & (tok != expected)
-        rounding_tie = np.zeros(rows, bool)
-        if rounded_probs is not None and PROBABILITY_PATH in name:
-            probs = np.asarray(rounded_probs).astype(np.float64)
-            top = np.nanmax(np.where(np.isnan(probs), -np.inf, probs), axis=1)
-            safe = np.where(inr, tok, 0)
-            rounding_tie = disagree & inr & (probs[np.arange(rows), safe] == top)
-            disagree &= ~rounding_tie
-        wrong_tie = tied & ~(picked == mx)
-        lowest = tied & (tok == expected)
-        bad = np.flatnonzero(disagree | wrong_tie | rounding_tie)
-        examples = []
-        for r in bad[:10]:
-            examples.append(
-                {
-                    "row": int(r),
-                    "expected": int(expected[r]),
-                    "chosen": int(tok[r]),
-                    "tied_max": bool(tied[r]),
-                    "rounding_tie": bool(rounding_tie[r]),
-                    "chosen_logit": (float(picked[r]) if inr[r] else None),
-                    "top3": _top3(logits[r]),
-                }
-            )
-        paths[name] = {
-            "disagree": int(disagree.sum()),
-            "wrong_on_tie": int(wrong_tie.sum()),
-            "rounding_tie": int(rounding_tie.sum()),
-            "tie_lowest_index": int(lowest.sum()),
-            "examples": examples,
-        }
-    groups: dict[str, list[str]] = {}
-    for name in tokens:
-        parts = name.split("/")
-        if any(_BATCH_LABEL.match(p) for p in parts):
-            key = "/".join(p for p in parts if not _BATCH_LABEL.match(p))
-            groups.setdefault(key, []).append(name)
-    batch: dict[str, Any] = {}
-    for key, names in groups.items():
-        if key in tokens:  # the same path on all rows at once is one more batch size
-            names = [key] + names
-        if len(names) < 2:
-            continue
-        stack = np.stack([chosen_all[nm] for nm in names])
-        differ = np.flatnonzero((stack != stack[0]).any(axis=0))
-        batch[key] = {
-            "paths": names,
-            "rows_differ": int(differ.size),
-            "examples": [
-                {
-                    "row": int(r),
-                    "tokens": {nm: int(chosen_all[nm][r]) for nm in names},
-                    "top3": _top3(logits[r]),
-                }
-                for r in differ[:10]
-            ],
-        }
+        chosen[name] = tok.astype(np.int64)
+        paths[name] = _check_path(name, chosen[name], logits, exact, rounded_probs)
     return {
         "rows": int(rows),
         "vocab": int(vocab),
-        "unique_rows": int(unique.sum()),
-        "tied_rows": int(tied.sum()),
-        "nan_rows": int(nan_row.sum()),
+        "unique_rows": int(exact.unique.sum()),
+        "tied_rows": int(exact.tied.sum()),
+        "nan_rows": int(exact.nan_row.sum()),
         "paths": paths,
         "disagreeing_paths": sorted(
             nm for nm, p in paths.items() if p["disagree"] or p["wrong_on_tie"]
         ),
         "rounding_tie_paths": sorted(nm for nm, p in paths.items() if p["rounding_tie"]),
-        "batch_dependence": batch,
+        "batch_dependence": _batch_dependence(chosen, logits),
     }
 
 

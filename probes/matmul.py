@@ -133,8 +133,8 @@ def on_torch(backend, precision: str = "default", precision_via: str = "none"):
 
 
 def on_numpy(backend, precision: str = "default", precision_via: str = "none"):
-    """The emulated dot algorithm of an `emu-*` backend (`diag.precision.emulate`)."""
-    from diag.precision import emulate
+    """The emulated dot algorithm of an `emu-*` backend (`diag.dot_algorithms.emulate`)."""
+    from diag.dot_algorithms import emulate
 
     algorithm = backend.algorithm(precision)
     return lambda a, b: emulate(algorithm, a, b)

@@ -57,6 +57,51 @@ def _sum_minus_one(row: np.ndarray) -> float:
     return math.fsum(np.ldexp(sums[exps], exps + lo - p).tolist() + [-1.0])
 
 
+def _sum_to_one(
+    o2: np.ndarray, t2: np.ndarray, rows_def: np.ndarray, once: Callable
+) -> tuple[float, int, float]:
+    """(largest |sum - 1| of the output's defined rows, its row, the truth's own largest over
+    the same rows); rows where the output is not finite are left out (counted elsewhere)."""
+    worst_sum, worst_row = 0.0, -1
+    finite_rows = []
+    for r in rows_def:
+        if not np.isfinite(o2[r]).all():
+            continue  # counted by unexpected_nonfinite
+        finite_rows.append(int(r))
+        err = abs(_sum_minus_one(o2[r]))
+        if err > worst_sum or worst_row < 0:
+            worst_sum, worst_row = err, int(r)
+    # The truth's own error over the same rows (those this backend returned finite).
+    truth_errs = once(
+        "truth_sum_errors",
+        lambda: np.array([abs(_sum_minus_one(t2[r])) for r in rows_def], np.float64),
+    )
+    finite_at = np.isin(rows_def, finite_rows)
+    truth_sum = max([0.0, *truth_errs[finite_at].tolist()])
+    return worst_sum, worst_row, truth_sum
+
+
+def _hazard(
+    o2: np.ndarray, undefined: np.ndarray, nonfinite_in: np.ndarray
+) -> dict[str, Any] | None:
+    """What the output holds in the rows the math leaves undefined, by kind; None if none."""
+    hazard = None
+    for name, mask in (
+        ("fully masked (all -inf)", undefined),
+        ("holding NaN or +inf", nonfinite_in),
+    ):
+        idx = np.flatnonzero(mask)
+        if not idx.size:
+            continue
+        kinds: dict[str, int] = {}
+        for r in idx:
+            kind = _row_kind(o2[r])
+            kinds[kind] = kinds.get(kind, 0) + 1
+        hazard = hazard or {}
+        hazard[name] = {"rows": int(idx.size), "returned": kinds, "first_row": int(idx[0])}
+    return hazard
+
+
 def compare_softmax(
     output: np.ndarray,
     truth: np.ndarray,
@@ -126,40 +171,11 @@ def compare_softmax(
     metrics["rows"] = int(x2.shape[0])
     metrics["defined_rows"] = int(rows_def.size)
     metrics["compute_dtype"] = numerics.dtype_name(compute_dtype)
-    worst_sum, worst_row = 0.0, -1
-    finite_rows = []
-    for r in rows_def:
-        if not np.isfinite(o2[r]).all():
-            continue  # counted by unexpected_nonfinite
-        finite_rows.append(int(r))
-        err = abs(_sum_minus_one(o2[r]))
-        if err > worst_sum or worst_row < 0:
-            worst_sum, worst_row = err, int(r)
-    # The truth's own error over the same rows (those this backend returned finite).
-    truth_errs = once(
-        "truth_sum_errors",
-        lambda: np.array([abs(_sum_minus_one(t2[r])) for r in rows_def], np.float64),
-    )
-    finite_at = np.isin(rows_def, finite_rows)
-    truth_sum = max([0.0, *truth_errs[finite_at].tolist()])
+    worst_sum, worst_row, truth_sum = _sum_to_one(o2, t2, rows_def, once)
     metrics["sum_to_one_max_err"] = worst_sum
     metrics["sum_to_one_worst_row"] = worst_row
     metrics["truth_sum_to_one_max_err"] = truth_sum
-    hazard = None
-    for name, mask in (
-        ("fully masked (all -inf)", undefined),
-        ("holding NaN or +inf", nonfinite_in),
-    ):
-        idx = np.flatnonzero(mask)
-        if not idx.size:
-            continue
-        kinds: dict[str, int] = {}
-        for r in idx:
-            kind = _row_kind(o2[r])
-            kinds[kind] = kinds.get(kind, 0) + 1
-        hazard = hazard or {}
-        hazard[name] = {"rows": int(idx.size), "returned": kinds, "first_row": int(idx[0])}
-    metrics["hazard"] = hazard
+    metrics["hazard"] = _hazard(o2, undefined, nonfinite_in)
     return metrics
 
 

@@ -3,7 +3,7 @@
 Why: most users have no TPU at hand, yet the TPU's default float32 matmul is one bf16 pass.
 Running a probe on `emu-bf16x1` next to `jax-cpu` shows what that default does to it
 (the `[d,4] x [4,d]` drift between JAX on TPU and PyTorch, for one). The arithmetic is
-`diag.precision.emulate`, defined there with its sources.
+`diag.dot_algorithms.emulate`, defined there with its sources.
 
 An emulation is never a hardware result: the device reads `platform: emulated` with a kind
 that says "not hardware", the backend names start with `emu-`, and their specs promise
@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from diag.backends.base import Prepared
-from diag.precision import ALGORITHMS
+from diag.dot_algorithms import ALGORITHMS
 
 FRAMEWORK = "numpy"
 _algorithm: str | None = None

@@ -5,99 +5,147 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from diag.cli._app import app, split
 from diag.errors import DiagError
 
-
-@app.command("nodes")
-def nodes_cmd(
-    repeats: int = typer.Option(
-        10,
+# `diag nodes`'s options, one alias each (the command's signature reads as their list).
+_Repeats = Annotated[
+    int,
+    typer.Option(
         "--repeats",
         "-r",
         min=1,
         help="Calls per device per workload (inputs alternate between two seeded arrays).",
     ),
-    workload: list[str] | None = typer.Option(
-        None,
+]
+_Workload = Annotated[
+    list[str] | None,
+    typer.Option(
         "--workload",
         "-w",
         help="Builtin (matmul_bf16, matmul_f32, softmax, train_step) or your own "
         "module:function / file.py:function; repeatable. Default: every builtin.",
     ),
-    input_shape: str = typer.Option(
-        "128,128", "--input-shape", help="Input shape for your own workload, e.g. 64,256."
-    ),
-    input_dtype: str = typer.Option(
-        "float32", "--input-dtype", help="Input dtype for your own workload."
-    ),
-    host_devices: int | None = typer.Option(
-        None,
+]
+_InputShape = Annotated[
+    str, typer.Option("--input-shape", help="Input shape for your own workload, e.g. 64,256.")
+]
+_InputDtype = Annotated[
+    str, typer.Option("--input-dtype", help="Input dtype for your own workload.")
+]
+_HostDevices = Annotated[
+    int | None,
+    typer.Option(
         "--host-devices",
         min=1,
         help="Scan N CPU devices (sets --xla_force_host_platform_device_count).",
     ),
-    platform: str | None = typer.Option(
-        None,
+]
+_Platform = Annotated[
+    str | None,
+    typer.Option(
         "--platform",
         help="cpu, gpu or tpu (torch: cpu or gpu); default the framework's default.",
     ),
-    inject: list[str] | None = typer.Option(
-        None,
+]
+_Inject = Annotated[
+    list[str] | None,
+    typer.Option(
         "--inject",
         help="Self-test fault: 'device=3,kind=nan|bitflip|stuck|slow,rate=0.01' "
         "(also process=I, seed=S, delay=SECONDS); repeatable.",
     ),
-    distributed: bool = typer.Option(
-        False,
+]
+_Distributed = Annotated[
+    bool,
+    typer.Option(
         "--distributed",
         help="Multi-host: start jax.distributed (auto-detected on "
         "TPU pods and SLURM) or torch.distributed (torchrun's "
         "environment; gloo on CPU, NCCL on GPU).",
     ),
-    framework: str | None = typer.Option(
-        None,
+]
+_Framework = Annotated[
+    str | None,
+    typer.Option(
         "--framework",
         help="jax or torch; default torch when started by torchrun (TORCHELASTIC_* or "
         "RANK+LOCAL_RANK+WORLD_SIZE set), else jax.",
     ),
-    coordinator: str | None = typer.Option(
-        None,
+]
+_Coordinator = Annotated[
+    str | None,
+    typer.Option(
         "--coordinator",
         help="HOST:PORT of process 0, when the launcher's environment does not name the cluster.",
     ),
-    num_processes: int | None = typer.Option(None, "--num-processes", min=1),
-    process_id: int | None = typer.Option(None, "--process-id", min=0),
-    init_timeout: int = typer.Option(
-        60, "--init-timeout", min=1, help="Seconds to wait for every process to join."
-    ),
-    seed: int = typer.Option(0, "--seed", help="Seed of the inputs (part of the golden key)."),
-    golden_dir: Path | None = typer.Option(
-        None,
+]
+_NumProcesses = Annotated[int | None, typer.Option("--num-processes", min=1)]
+_ProcessId = Annotated[int | None, typer.Option("--process-id", min=0)]
+_InitTimeout = Annotated[
+    int, typer.Option("--init-timeout", min=1, help="Seconds to wait for every process to join.")
+]
+_Seed = Annotated[int, typer.Option("--seed", help="Seed of the inputs (part of the golden key).")]
+_GoldenDir = Annotated[
+    Path | None,
+    typer.Option(
         "--golden-dir",
         help="Golden digest store (default $DIAG_CACHE_DIR/golden or ~/.cache/diag/golden).",
     ),
-    save_golden: bool = typer.Option(
-        False, "--save-golden", help="Store this scan's digests as golden when every device agrees."
+]
+_SaveGolden = Annotated[
+    bool,
+    typer.Option(
+        "--save-golden", help="Store this scan's digests as golden when every device agrees."
     ),
-    slow_factor: float = typer.Option(
-        1.5,
+]
+_SlowFactor = Annotated[
+    float,
+    typer.Option(
         "--slow-factor",
         help="Straggler: fastest repeat slower than this times the median device.",
     ),
-    fail_on_slow: bool = typer.Option(
-        False, "--fail-on-slow", help="Stragglers are suspects too (exit 3)."
-    ),
-    out: Path = typer.Option(
-        Path("reports"), "--out", "-o", help="Folder the run folder is created in (process 0 only)."
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON on stdout."),
-    report: bool = typer.Option(
-        True, "--report/--no-report", help="Write report.html into the run folder."
-    ),
+]
+_FailOnSlow = Annotated[
+    bool, typer.Option("--fail-on-slow", help="Stragglers are suspects too (exit 3).")
+]
+_Out = Annotated[
+    Path,
+    typer.Option("--out", "-o", help="Folder the run folder is created in (process 0 only)."),
+]
+_Json = Annotated[bool, typer.Option("--json", help="Print the verdict as JSON on stdout.")]
+_Report = Annotated[
+    bool, typer.Option("--report/--no-report", help="Write report.html into the run folder.")
+]
+
+
+@app.command("nodes")
+def nodes_cmd(
+    repeats: _Repeats = 10,
+    workload: _Workload = None,
+    input_shape: _InputShape = "128,128",
+    input_dtype: _InputDtype = "float32",
+    host_devices: _HostDevices = None,
+    platform: _Platform = None,
+    inject: _Inject = None,
+    distributed: _Distributed = False,
+    framework: _Framework = None,
+    coordinator: _Coordinator = None,
+    num_processes: _NumProcesses = None,
+    process_id: _ProcessId = None,
+    init_timeout: _InitTimeout = 60,
+    seed: _Seed = 0,
+    golden_dir: _GoldenDir = None,
+    save_golden: _SaveGolden = False,
+    slow_factor: _SlowFactor = 1.5,
+    fail_on_slow: _FailOnSlow = False,
+    out: _Out = Path("reports"),
+    as_json: _Json = False,
+    report: _Report = True,
 ) -> None:
     """Scan devices (and hosts) for wrong results: same workloads everywhere, vote on the bits."""
     from diag import nodes, render
@@ -153,6 +201,7 @@ def nodes_cmd(
 def _show_nodes(result, run_dir, report_path, as_json: bool) -> None:
     """`diag nodes`' verdict: JSON on stdout, or tables and lines."""
     from diag import nodes, render
+    from diag.render.nodes import nodes_summary, nodes_tables
 
     if as_json:
         render.out.print_json(
@@ -166,9 +215,9 @@ def _show_nodes(result, run_dir, report_path, as_json: bool) -> None:
             )
         )
         return
-    for table in render.nodes_tables(result):
+    for table in nodes_tables(result):
         render.out.print(table)
-    for line in render.nodes_summary(result, run_dir):
+    for line in nodes_summary(result, run_dir):
         render.print_line(line)
     for line in nodes.misconfigured_lines(result):
         render.print_line(line)
@@ -210,6 +259,7 @@ def env_cmd(
     import os
 
     from diag import environment, render
+    from diag.render.env import env_tables
     from diag.workers import parse_python
 
     environ = {**os.environ, **parse_python(split(python))}
@@ -227,6 +277,6 @@ def env_cmd(
     if as_json:
         render.out.print_json(json.dumps({**report, "exit_code": code}, default=str))
     else:
-        for table in render.env_tables(report):
+        for table in env_tables(report):
             render.out.print(table)
     raise typer.Exit(code)

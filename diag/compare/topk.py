@@ -4,39 +4,14 @@ NaN and signed-zero order are reported as semantics, not errors.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from diag import numerics
+from diag.compare.topk_rows import rank_keys, row_misses, row_recall, structure_problems
 from diag.compare.verdict import Mismatch, format_mismatch
 from diag.tolerance import TOPK_EXACT_RECALL
-
-_NAN_KEY = np.iinfo(np.int64).max
-
-
-def _keys(row: np.ndarray, nan_largest: bool) -> np.ndarray:
-    from diag.oracle import rank_key
-
-    k = rank_key(row)
-    if not nan_largest:
-        k = np.where(k == _NAN_KEY, np.iinfo(np.int64).min + 1, k)
-    return k
-
-
-def _topk_keys(keys: np.ndarray, k: int) -> np.ndarray:
-    """The multiset of the k highest keys (descending)."""
-    if k == 0:
-        return keys[:0]
-    top = -np.partition(-keys, k - 1)[:k]
-    return np.sort(top)[::-1]
-
-
-def _multiset_hits(got: np.ndarray, want: np.ndarray) -> int:
-    gv, gc = np.unique(got, return_counts=True)
-    wv, wc = np.unique(want, return_counts=True)
-    _, gi, wi = np.intersect1d(gv, wv, assume_unique=True, return_indices=True)
-    return int(np.minimum(gc[gi], wc[wi]).sum())
 
 
 def _vals(v: np.ndarray) -> list:
@@ -126,6 +101,105 @@ def _rows3(x, values, indices):
     return x2, values.reshape(-1, L), indices.reshape(-1, L)
 
 
+@dataclass
+class _Tally:
+    """`check_top_k`'s findings, counted row by row against the exact top-k (canon_v, canon_i)."""
+
+    k: int
+    returned: int
+    recall_target: float | None
+    need_sorted: bool
+    canon_v: np.ndarray
+    canon_i: np.ndarray
+    counts: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("out_of_range", "duplicate", "value_mismatch", "unsorted"), 0
+        )
+    )
+    invalid_rows: int = 0
+    misses_larger: int = 0
+    misses_max: int = 0
+    wrong: int = 0
+    below: int = 0
+    semantic_rows: int = 0
+    invalid_examples: list[dict] = field(default_factory=list)
+    wrong_examples: list[dict] = field(default_factory=list)
+    worst: int | None = None
+
+    def __post_init__(self) -> None:
+        self.recalls = np.ones(self.canon_v.shape[0])
+
+    def add_row(self, r: int, xr: np.ndarray, vals: np.ndarray, idx: np.ndarray) -> None:
+        """Check output row `r` (values `vals` at indices `idx`) of input row `xr`."""
+        k, approx = self.k, self.recall_target is not None
+        problems = structure_problems(xr, vals, idx, self.need_sorted)
+        self._add_problems(r, problems)
+        # Recall and wrongness use the distinct in-range indices actually selected.
+        cand = np.unique(idx[(idx >= 0) & (idx < xr.shape[0])])
+        best = row_recall(xr, cand, k)
+        self.recalls[r] = best
+        self.below += self.recall_target is not None and best < self.recall_target
+        larger, row_max_missed = row_misses(xr, cand, k)
+        is_wrong = row_max_missed or (larger and not approx)
+        self.misses_larger += larger
+        self.misses_max += int(row_max_missed)
+        self.wrong += int(is_wrong)
+        if is_wrong and len(self.wrong_examples) < 10:
+            self.wrong_examples.append(
+                {
+                    "row": r,
+                    "expected": _vals(self.canon_v[r]),
+                    "returned": _vals(np.sort(xr.astype(np.float64)[cand])[::-1]),
+                    "missed_max": row_max_missed,
+                }
+            )
+        if self.worst is None or best < self.recalls[self.worst]:
+            self.worst = r
+        if not problems and not is_wrong and best == 1.0 and self.returned == k and not approx:
+            self.semantic_rows += not np.array_equal(idx, self.canon_i[r])
+
+    def _add_problems(self, row: int, problems: list[tuple[str, str]]) -> None:
+        for kind, _ in problems:
+            self.counts[kind] += 1
+        if problems:
+            self.invalid_rows += 1
+            if len(self.invalid_examples) < 10:
+                text = "; ".join(t for _, t in problems)
+                self.invalid_examples.append({"row": row, "problem": text})
+
+    def metrics(self, semantics: list[str], values: np.ndarray) -> dict[str, Any]:
+        """The metrics of `check_top_k`; `values` [rows, returned] name the worst row's."""
+        rows = self.canon_v.shape[0]
+        metrics: dict[str, Any] = {
+            "rows": int(rows),
+            "k": int(self.k),
+            "returned": int(self.returned),
+            "mode": "exact" if self.recall_target is None else "approx",
+            "invalid_rows": self.invalid_rows,
+            **{f"{key}_rows": v for key, v in self.counts.items()},
+            "invalid_examples": self.invalid_examples,
+            "misses_larger_rows": int(self.misses_larger),
+            "misses_max_rows": int(self.misses_max),
+            "wrong_rows": int(self.wrong),
+            "wrong_examples": self.wrong_examples,
+            "recall_min": float(self.recalls.min()) if rows else 1.0,
+            "recall_mean": float(self.recalls.mean()) if rows else 1.0,
+            "recall_target": self.recall_target,
+            "rows_below_target": int(self.below),
+            "semantic_diff_rows": int(self.semantic_rows),
+            "semantics": semantics,
+        }
+        if self.worst is not None:
+            worst = self.worst
+            metrics["worst_row"] = {
+                "row": int(worst),
+                "recall": float(self.recalls[worst]),
+                "expected": _vals(self.canon_v[worst]),
+                "returned": _vals(np.sort(values[worst].astype(np.float64))[::-1]),
+            }
+        return metrics
+
+
 def check_top_k(
     x: np.ndarray,
     values: np.ndarray,
@@ -169,156 +243,21 @@ def check_top_k(
     from diag.errors import UsageError
 
     x2, v2, i2 = _rows3(x, values, indices)
-    rows, n = x2.shape
+    rows = x2.shape[0]
     L = v2.shape[1]
     if L < k:
         raise UsageError(f"check_top_k: the output has {L} columns, fewer than k = {k}")
     need_sorted = (L == k) if sorted_output is None else bool(sorted_output)
-    approx = recall_target is not None
-    counts = {"out_of_range": 0, "duplicate": 0, "value_mismatch": 0, "unsorted": 0}
-    invalid_rows = misses_larger = misses_max = semantic_rows = below = wrong = 0
-    invalid_examples: list[dict] = []
-    wrong_examples: list[dict] = []
-    recalls = np.ones(rows)
-    worst = None
     if truth is None:
         from diag.oracle import top_k as exact_top_k
 
         truth = exact_top_k(x2, k)
     canon_v, canon_i = (np.asarray(t).reshape(rows, k) for t in truth)
+    tally = _Tally(k, L, recall_target, need_sorted, canon_v, canon_i)
     for r in range(rows):
-        xr = x2[r]
-        x64 = xr.astype(np.float64)
-        idx = i2[r].astype(np.int64)
-        vals = v2[r]
-        problems = []
-        inr = (idx >= 0) & (idx < n)
-        if not inr.all():
-            counts["out_of_range"] += 1
-            problems.append(f"index {int(idx[~inr][0])} out of range 0..{n - 1}")
-        uniq, first = np.unique(idx, return_index=True)
-        if uniq.size != idx.size:
-            counts["duplicate"] += 1
-            dup = np.setdiff1d(np.arange(idx.size), first)
-            problems.append(f"index {int(idx[dup[0]])} returned twice")
-        safe = np.where(inr, idx, 0)
-        got = xr[safe]
-        vb = (
-            numerics.bits_view(vals.astype(xr.dtype))
-            if vals.dtype != xr.dtype
-            else numerics.bits_view(vals)
-        )
-        v64 = vals.astype(np.float64)
-        same = (vb == numerics.bits_view(got)) | (np.isnan(v64) & np.isnan(got.astype(np.float64)))
-        same &= inr
-        if not same.all():
-            counts["value_mismatch"] += 1
-            j = int(np.flatnonzero(~same)[0])
-            problems.append(
-                f"value {float(v64[j])!r} at position {j} is not x[{int(idx[j])}]"
-                + (f" = {float(got[j].astype(np.float64))!r}" if inr[j] else "")
-            )
-        if need_sorted:
-            isn = np.isnan(v64)
-            num = v64[~isn]
-            nan_block = (
-                not isn.any() or isn[: int(isn.sum())].all() or isn[L - int(isn.sum()) :].all()
-            )
-            with np.errstate(invalid="ignore"):  # inf - inf between equal infinities
-                rising = np.flatnonzero(np.diff(num) > 0) if num.size > 1 else np.array([], int)
-            if rising.size or not nan_block:
-                counts["unsorted"] += 1
-                if rising.size:
-                    j = int(rising[0])
-                    problems.append(
-                        f"values not sorted descending ({float(num[j])!r} before "
-                        f"{float(num[j + 1])!r})"
-                    )
-                else:
-                    # The first NaN outside a leading or trailing block of NaNs.
-                    lead = int(np.argmin(isn)) if not isn.all() else L
-                    trail = int(np.argmin(isn[::-1])) if not isn.all() else L
-                    where = next(int(p) for p in np.flatnonzero(isn) if lead <= p < L - trail)
-                    problems.append(
-                        f"values not sorted: NaN at position {where} between "
-                        f"numbers (NaN must come first or last)"
-                    )
-        if problems:
-            invalid_rows += 1
-            if len(invalid_examples) < 10:
-                invalid_examples.append({"row": r, "problem": "; ".join(problems)})
-        # Recall and wrongness use the distinct in-range indices actually selected.
-        cand = np.unique(idx[inr])
-        best = 0.0
-        for nan_largest in (True, False):
-            keys = _keys(xr, nan_largest)
-            want = _topk_keys(keys, k)
-            got_k = _topk_keys(keys[cand], min(k, cand.size))
-            rec = _multiset_hits(got_k, want) / k if k else 1.0
-            best = max(best, rec)
-        recalls[r] = best
-        if recall_target is not None and best < recall_target:
-            below += 1
-        keys = _keys(xr, True)
-        notnan = ~np.isnan(x64)
-        ret = np.zeros(n, bool)
-        ret[cand] = True
-        ret_num = ret & notnan
-        left_num = ~ret & notnan
-        larger = bool(
-            ret_num.any() and left_num.any() and keys[left_num].max() > keys[ret_num].min()
-        )
-        row_max_missed = False
-        if notnan.any():
-            top = keys[notnan].max()
-            has_max = bool((keys[ret_num] == top).any())
-            nans = int((~notnan).sum())
-            row_max_missed = not has_max and (ret_num.any() or nans < k)
-        misses_larger += larger
-        misses_max += row_max_missed
-        is_wrong = row_max_missed or (larger and not approx)
-        wrong += is_wrong
-        if is_wrong and len(wrong_examples) < 10:
-            wrong_examples.append(
-                {
-                    "row": r,
-                    "expected": _vals(canon_v[r]),
-                    "returned": _vals(np.sort(x64[cand])[::-1]),
-                    "missed_max": row_max_missed,
-                }
-            )
-        if worst is None or best < recalls[worst]:
-            worst = r
-        if not problems and not is_wrong and best == 1.0 and L == k and not approx:
-            if not np.array_equal(idx, canon_i[r]):
-                semantic_rows += 1
-    metrics: dict[str, Any] = {
-        "rows": int(rows),
-        "k": int(k),
-        "returned": int(L),
-        "mode": "approx" if approx else "exact",
-        "invalid_rows": invalid_rows,
-        **{f"{key}_rows": v for key, v in counts.items()},
-        "invalid_examples": invalid_examples,
-        "misses_larger_rows": int(misses_larger),
-        "misses_max_rows": int(misses_max),
-        "wrong_rows": int(wrong),
-        "wrong_examples": wrong_examples,
-        "recall_min": float(recalls.min()) if rows else 1.0,
-        "recall_mean": float(recalls.mean()) if rows else 1.0,
-        "recall_target": recall_target,
-        "rows_below_target": int(below),
-        "semantic_diff_rows": int(semantic_rows),
-        "semantics": describe_topk_semantics(x2, v2, i2) if need_sorted else [],
-    }
-    if worst is not None:
-        metrics["worst_row"] = {
-            "row": int(worst),
-            "recall": float(recalls[worst]),
-            "expected": _vals(canon_v[worst]),
-            "returned": _vals(np.sort(v2[worst].astype(np.float64))[::-1]),
-        }
-    return metrics
+        tally.add_row(r, x2[r], v2[r], i2[r].astype(np.int64))
+    semantics = describe_topk_semantics(x2, v2, i2) if need_sorted else []
+    return tally.metrics(semantics, v2)
 
 
 def top_k_mismatch(metrics: dict[str, Any], *, approx: bool) -> Mismatch | None:
@@ -438,8 +377,8 @@ def agree_top_k(
     same_idx = 0
     for r in range(rows):
         # The best k of each side's candidates (approx_max_k may return more than k).
-        ka = np.sort(_keys(va[r], True))[::-1][:k]
-        kb = np.sort(_keys(vb[r], True))[::-1][:k]
+        ka = np.sort(rank_keys(va[r], True))[::-1][:k]
+        kb = np.sort(rank_keys(vb[r], True))[::-1][:k]
         if not np.array_equal(ka, kb):
             differ.append(r)
     ia, ib = np.asarray(a[1]).reshape(rows, -1), np.asarray(b[1]).reshape(rows, -1)

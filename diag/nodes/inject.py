@@ -42,22 +42,31 @@ class Injection:
     delay: float = 0.002
 
     def applies_to(self, device_id: int, process_index: int) -> bool:
-        return ((self.device is None or self.device == device_id)
-                and (self.process is None or self.process == process_index))
+        return (self.device is None or self.device == device_id) and (
+            self.process is None or self.process == process_index
+        )
 
     def spec(self) -> str:
         """The ``--inject`` text that gives this injection back."""
-        parts = [f"device={self.device}" if self.device is not None else "",
-                 f"process={self.process}" if self.process is not None else "",
-                 f"kind={self.kind}", f"rate={self.rate:g}",
-                 f"seed={self.seed}" if self.seed else "",
-                 f"delay={self.delay:g}" if self.kind == "slow" else ""]
+        parts = [
+            f"device={self.device}" if self.device is not None else "",
+            f"process={self.process}" if self.process is not None else "",
+            f"kind={self.kind}",
+            f"rate={self.rate:g}",
+            f"seed={self.seed}" if self.seed else "",
+            f"delay={self.delay:g}" if self.kind == "slow" else "",
+        ]
         return ",".join(p for p in parts if p)
 
     def describe(self) -> str:
-        where = ", ".join(p for p in (f"device {self.device}" if self.device is not None else "",
-                                      f"process {self.process}" if self.process is not None
-                                      else "") if p)
+        where = ", ".join(
+            p
+            for p in (
+                f"device {self.device}" if self.device is not None else "",
+                f"process {self.process}" if self.process is not None else "",
+            )
+            if p
+        )
         return f"{self.kind} at rate {self.rate:g} per call on {where}"
 
 
@@ -77,17 +86,22 @@ def parse_injection(text: str) -> Injection:
         fields[key.strip()] = value.strip()
     unknown = set(fields) - {"device", "process", "kind", "rate", "seed", "delay"}
     if unknown:
-        raise UsageError(f"--inject {text!r}: unknown key(s) {', '.join(sorted(unknown))}; "
-                         "expected device, process, kind, rate, seed, delay")
+        raise UsageError(
+            f"--inject {text!r}: unknown key(s) {', '.join(sorted(unknown))}; "
+            "expected device, process, kind, rate, seed, delay"
+        )
     kind = fields.get("kind")
     if kind not in FAULT_KINDS:
         raise UsageError(f"--inject {text!r}: kind must be one of {', '.join(FAULT_KINDS)}")
     try:
-        inj = Injection(kind=kind, rate=float(fields.get("rate", 1.0)),
-                        device=int(fields["device"]) if "device" in fields else None,
-                        process=int(fields["process"]) if "process" in fields else None,
-                        seed=int(fields.get("seed", 0)),
-                        delay=float(fields.get("delay", 0.002)))
+        inj = Injection(
+            kind=kind,
+            rate=float(fields.get("rate", 1.0)),
+            device=int(fields["device"]) if "device" in fields else None,
+            process=int(fields["process"]) if "process" in fields else None,
+            seed=int(fields.get("seed", 0)),
+            delay=float(fields.get("delay", 0.002)),
+        )
     except ValueError as e:
         raise UsageError(f"--inject {text!r}: {e}") from None
     if not 0.0 < inj.rate <= 1.0:
@@ -122,20 +136,29 @@ def repeats_for(rate: float, workloads: int = 1, target: float = 0.99) -> int:
     return max(r, 1)
 
 
-def detection_table(repeats: int, workloads: int,
-                    injections: Sequence[Injection]) -> dict[str, Any]:
-    rates = sorted({0.1, 0.01, 0.001} | {i.rate for i in injections if i.kind != "slow"},
-                   reverse=True)
+def detection_table(
+    repeats: int, workloads: int, injections: Sequence[Injection]
+) -> dict[str, Any]:
+    rates = sorted(
+        {0.1, 0.01, 0.001} | {i.rate for i in injections if i.kind != "slow"}, reverse=True
+    )
     return {
         "formula": "P(detect) = 1 - (1 - rate)^(R*W)",
-        "repeats": repeats, "workloads": workloads, "calls_per_device": repeats * workloads,
-        "rows": [{"rate": p, "p_detect": detection_probability(p, repeats, workloads),
-                  "repeats_for_99": repeats_for(p, workloads, 0.99)} for p in rates],
+        "repeats": repeats,
+        "workloads": workloads,
+        "calls_per_device": repeats * workloads,
+        "rows": [
+            {
+                "rate": p,
+                "p_detect": detection_probability(p, repeats, workloads),
+                "repeats_for_99": repeats_for(p, workloads, 0.99),
+            }
+            for p in rates
+        ],
     }
 
 
-def check_injections(injections: Sequence[Injection],
-                     devices: Sequence[tuple[int, int]]) -> None:
+def check_injections(injections: Sequence[Injection], devices: Sequence[tuple[int, int]]) -> None:
     """Refuse an injection that matches no scanned device: a self-test that cannot fail.
 
     Args:
@@ -160,8 +183,10 @@ def check_injections(injections: Sequence[Injection],
             what = f"no process {inj.process}"
         else:
             what = f"device {inj.device} is not on process {inj.process}"
-        raise UsageError(f"--inject {inj.spec()!r}: {what} in this scan ({have}); name one of "
-                         "the scanned devices")
+        raise UsageError(
+            f"--inject {inj.spec()!r}: {what} in this scan ({have}); name one of "
+            "the scanned devices"
+        )
 
 
 def _id_ranges(ids: Sequence[int]) -> str:
@@ -175,8 +200,51 @@ def _id_ranges(ids: Sequence[int]) -> str:
     return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
-def injection_outcomes(nodes: Mapping[str, Any], injections: Sequence[Injection],
-                       slow_factor: float = 1.5) -> list[dict[str, Any]]:
+def _never_fired(inj: Injection, where: str, repeats: int, n_work: int, r99: int | None) -> str:
+    """The self-test line for a fault that never fired: what would make it fire."""
+    p = detection_probability(inj.rate, repeats, n_work)
+    text = (
+        f"self-test FAILED: {where} never fired in {repeats} repeat(s) x {n_work} "
+        f"workload(s) = {repeats * n_work} call(s) per device (chance it fires at least once: "
+        f"{100 * p:.3g}%), so nothing was tested"
+    )
+    if r99 is not None:
+        text += f"; to expect to see it (99%) use --repeats {r99}"
+    elif inj.rate < 1:
+        text += (
+            "; a slow fault needs rate=1 to be seen (stragglers are judged by their fastest repeat)"
+        )
+    return text
+
+
+def _why_unseen(inj: Injection, nodes: Mapping[str, Any], repeats: int, slow_factor: float) -> str:
+    """Why a fault that fired was not found: what diag could not see."""
+    if inj.kind == "slow":
+        return (
+            "a straggler is judged by its fastest repeat, so a slow fault needs rate=1"
+            if inj.rate < 1
+            else "two or more devices are needed to compare times"
+            if len(nodes.get("devices", [])) < 2
+            else f"the delay did not lift its fastest repeat above {slow_factor:g} x the "
+            f"median device; inject a longer delay=SECONDS"
+        )
+    refs = nodes.get("references") or {}
+    if refs.get("majority") or refs.get("golden"):
+        return "the faulty outputs' bits equal the reference (the fault changed nothing)"
+    return (
+        "there was no reference to compare with (too few devices for a majority "
+        "and no stored golden digest), and "
+        + (
+            f"with {repeats} repeat(s) no input is seen twice"
+            if repeats <= INPUTS_PER_WORKLOAD
+            else "the device's repeats of the same input agreed with each other"
+        )
+    )
+
+
+def injection_outcomes(
+    nodes: Mapping[str, Any], injections: Sequence[Injection], slow_factor: float = 1.5
+) -> list[dict[str, Any]]:
     """Whether the scan found each injected fault: a self-test that missed must say so.
 
     A corrupting injection (nan, bitflip, stuck) is found when a device it applies to got a
@@ -199,11 +267,13 @@ def injection_outcomes(nodes: Mapping[str, Any], injections: Sequence[Injection]
     """
     repeats = int(nodes.get("repeats") or 1)
     n_work = max(len(nodes.get("workloads") or []), 1)
-    calls = repeats * n_work
     out = []
     for inj in injections:
-        devs = [d for d in nodes.get("devices", [])
-                if inj.applies_to(d["device_id"], d["process_index"])]
+        devs = [
+            d
+            for d in nodes.get("devices", [])
+            if inj.applies_to(d["device_id"], d["process_index"])
+        ]
         fired = sum(int(d.get("injected_calls") or 0) for d in devs)
         caught = sum(int(d.get("injected_caught") or 0) for d in devs)
         hit = [d for d in devs if d.get("injected_calls")]
@@ -211,46 +281,37 @@ def injection_outcomes(nodes: Mapping[str, Any], injections: Sequence[Injection]
             found = any("slow" in d.get("kinds", []) for d in hit)
             r99 = None
         else:
-            found = any(d.get("verdict") == "suspect" and d.get("injected_caught")
-                        for d in hit)
+            found = any(d.get("verdict") == "suspect" and d.get("injected_caught") for d in hit)
             r99 = repeats_for(inj.rate, n_work, 0.99)
         where = f"the injected {inj.describe()}"
         if found:
-            text = (f"self-test passed: {where} was found ({caught} of {fired} faulty call(s) "
-                    "flagged)" if inj.kind != "slow" else
-                    f"self-test passed: {where} was found (the device is reported slow)")
+            text = (
+                f"self-test passed: {where} was found ({caught} of {fired} faulty call(s) flagged)"
+                if inj.kind != "slow"
+                else f"self-test passed: {where} was found (the device is reported slow)"
+            )
         elif fired == 0:
-            p = detection_probability(inj.rate, repeats, n_work)
-            text = (f"self-test FAILED: {where} never fired in {repeats} repeat(s) x {n_work} "
-                    f"workload(s) = {calls} call(s) per device (chance it fires at least once: "
-                    f"{100 * p:.3g}%), so nothing was tested")
-            if r99 is not None:
-                text += f"; to expect to see it (99%) use --repeats {r99}"
-            elif inj.rate < 1:
-                text += ("; a slow fault needs rate=1 to be seen (stragglers are judged by "
-                         "their fastest repeat)")
+            text = _never_fired(inj, where, repeats, n_work, r99)
         elif inj.kind == "slow":
-            why = ("a straggler is judged by its fastest repeat, so a slow fault needs rate=1"
-                   if inj.rate < 1 else
-                   "two or more devices are needed to compare times" if
-                   len(nodes.get("devices", [])) < 2 else
-                   f"the delay did not lift its fastest repeat above {slow_factor:g} x the "
-                   f"median device; inject a longer delay=SECONDS")
+            why = _why_unseen(inj, nodes, repeats, slow_factor)
             text = f"self-test FAILED: {where} fired but the device was not reported slow: {why}"
         else:
-            refs = nodes.get("references") or {}
-            if refs.get("majority") or refs.get("golden"):
-                why = "the faulty outputs' bits equal the reference (the fault changed nothing)"
-            else:
-                why = ("there was no reference to compare with (too few devices for a majority "
-                       "and no stored golden digest), and " +
-                       (f"with {repeats} repeat(s) no input is seen twice"
-                        if repeats <= INPUTS_PER_WORKLOAD else
-                        "the device's repeats of the same input agreed with each other"))
-            text = (f"self-test FAILED: {where} fired on {fired} call(s) but diag flagged "
-                    f"{caught}: {why}")
-        out.append({"spec": inj.spec(), "kind": inj.kind, "rate": inj.rate,
-                    "devices": [d["device_id"] for d in devs], "fired": fired,
-                    "caught": caught, "found": bool(found), "repeats_for_99": r99,
-                    "text": text})
+            why = _why_unseen(inj, nodes, repeats, slow_factor)
+            text = (
+                f"self-test FAILED: {where} fired on {fired} call(s) but diag flagged "
+                f"{caught}: {why}"
+            )
+        out.append(
+            {
+                "spec": inj.spec(),
+                "kind": inj.kind,
+                "rate": inj.rate,
+                "devices": [d["device_id"] for d in devs],
+                "fired": fired,
+                "caught": caught,
+                "found": bool(found),
+                "repeats_for_99": r99,
+                "text": text,
+            }
+        )
     return out

@@ -1,5 +1,4 @@
-"""A scan's run folder: run.json, one record per device, nodes.json (the report reads them).
-"""
+"""A scan's run folder: run.json, one record per device, nodes.json (the report reads them)."""
 
 from __future__ import annotations
 
@@ -7,14 +6,67 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from diag.nodes.result import NodeScan
 
+if TYPE_CHECKING:
+    from diag.results import Record
+
 _STATUS = {"ok": "pass", "slow": "warn", "suspect": "fail"}
 
+#: The vote's per-device figures a device's record carries as metrics.
+_METRICS = (
+    "calls",
+    "mismatched_calls",
+    "nan_count",
+    "inf_count",
+    "intermittent_calls",
+    "golden_mismatch_calls",
+    "undecided_calls",
+    "max_ulp",
+    "injected_calls",
+    "injected_caught",
+    "time_ratio",
+)
 
-def write_run(nodes: NodeScan, out: os.PathLike | str = "reports",
-              argv: Sequence[str] | None = None) -> Path:
+
+def _device_record(nodes: NodeScan, d: dict[str, Any], run_id: str) -> Record:
+    """One device's record (``kind: "node"``) from its entry in `NodeScan.devices`."""
+    from diag.results import Record
+
+    return Record(
+        op="nodes",
+        probe="nodes.scan",
+        case=f"process {d['process_index']} device {d['device_id']}",
+        params={
+            "device_id": d["device_id"],
+            "process_index": d["process_index"],
+            "host": d["host"],
+            "repeats": nodes.repeats,
+        },
+        backend=f"{nodes.framework}-{d.get('platform', '')}",
+        device={
+            "platform": d.get("platform"),
+            "kind": d.get("kind"),
+            "id": d["device_id"],
+            "host": d["host"],
+            "process_index": d["process_index"],
+        },
+        dtype="",
+        kind="node",
+        status=_STATUS[d["verdict"]],
+        reason=d["reason"],
+        metrics={k: d.get(k) for k in _METRICS},
+        timings={"run_s_median": d.get("time_median_s"), "run_s_min": d.get("time_min_s")},
+        framework={"name": nodes.framework, **nodes.versions},
+        run_id=run_id,
+    )
+
+
+def write_run(
+    nodes: NodeScan, out: os.PathLike | str = "reports", argv: Sequence[str] | None = None
+) -> Path:
     """Write a run folder: run.json, one record per device in results.jsonl, and nodes.json.
 
     The per-device records (``kind: "node"``, status pass / warn for slow / fail for a suspect)
@@ -30,33 +82,24 @@ def write_run(nodes: NodeScan, out: os.PathLike | str = "reports",
       The run folder.
     """
     from diag.environment import collect
-    from diag.results import Record, RunDir, new_run_id
+    from diag.results import RunDir, new_run_id
 
     run_id = new_run_id()
     run = RunDir.create(out, run_id, collect(list(argv) if argv is not None else None))
     for d in nodes.devices:
-        run.append(Record(
-            op="nodes", probe="nodes.scan",
-            case=f"process {d['process_index']} device {d['device_id']}",
-            params={"device_id": d["device_id"], "process_index": d["process_index"],
-                    "host": d["host"], "repeats": nodes.repeats},
-            backend=f"{nodes.framework}-{d.get('platform', '')}",
-            device={"platform": d.get("platform"), "kind": d.get("kind"), "id": d["device_id"],
-                    "host": d["host"], "process_index": d["process_index"]},
-            dtype="", kind="node", status=_STATUS[d["verdict"]], reason=d["reason"],
-            metrics={k: d.get(k) for k in ("calls", "mismatched_calls", "nan_count",
-                                           "inf_count", "intermittent_calls",
-                                           "golden_mismatch_calls", "undecided_calls",
-                                           "max_ulp", "injected_calls", "injected_caught",
-                                           "time_ratio")},
-            timings={"run_s_median": d.get("time_median_s"), "run_s_min": d.get("time_min_s")},
-            framework={"name": nodes.framework, **nodes.versions}, run_id=run_id))
+        run.append(_device_record(nodes, d, run_id))
     run.write_json("nodes.json", {**nodes.to_dict(), "run_id": run_id})
-    run.update_meta(state="finished", finished=time.time(), command="nodes",
-                    exit_code=nodes.exit_code,
-                    nodes={"verdict": nodes.verdict,
-                           "selftest": (nodes.selftest or {}).get("verdict"),
-                           "suspects": len(nodes.suspects),
-                           "misconfigured": len(nodes.misconfigured),
-                           "devices": len(nodes.devices)})
+    run.update_meta(
+        state="finished",
+        finished=time.time(),
+        command="nodes",
+        exit_code=nodes.exit_code,
+        nodes={
+            "verdict": nodes.verdict,
+            "selftest": (nodes.selftest or {}).get("verdict"),
+            "suspects": len(nodes.suspects),
+            "misconfigured": len(nodes.misconfigured),
+            "devices": len(nodes.devices),
+        },
+    )
     return run.path

@@ -37,15 +37,26 @@ EXIT_SELFTEST_MISSED = EXIT_NUMERICAL_FAILURE
 FRAMEWORKS = ("jax", "torch")
 
 
-def _start(framework: str, host_devices, platform, distributed, coordinator, num_processes,
-           process_id, init_timeout) -> Runtime:
-    """The runtime of `framework`, its distributed runtime started when asked."""
+def _start(
+    framework: str,
+    host_devices: int | None,
+    platform: str | None,
+    distributed: bool,
+    cluster: tuple[str | None, int | None, int | None],
+    init_timeout: int,
+) -> Runtime:
+    """The runtime of `framework`, its distributed runtime started when asked (`cluster`:
+    the coordinator, number of processes and process id given, or None each)."""
+    coordinator, num_processes, process_id = cluster
     if framework == "torch":
         if host_devices is not None:
-            raise UsageError("--host-devices forces jax CPU devices; with --framework torch "
-                             "start one rank per device (torchrun --nproc-per-node N)")
-        return TorchRuntime(platform, distributed, coordinator, num_processes, process_id,
-                            init_timeout)
+            raise UsageError(
+                "--host-devices forces jax CPU devices; with --framework torch "
+                "start one rank per device (torchrun --nproc-per-node N)"
+            )
+        return TorchRuntime(
+            platform, distributed, coordinator, num_processes, process_id, init_timeout
+        )
     if "jax" not in sys.modules:
         # XLA aborts the whole process on a flag it does not know; find out in a throwaway one.
         from diag.flags import validate_xla_flags
@@ -56,8 +67,20 @@ def _start(framework: str, host_devices, platform, distributed, coordinator, num
         init_distributed(jax, coordinator, num_processes, process_id, init_timeout)
     elif any(v is not None for v in (coordinator, num_processes, process_id)):
         raise UsageError("--coordinator/--num-processes/--process-id need --distributed")
-    return JaxRuntime(jax, platform or ("cpu" if host_devices is not None else None),
-                      distributed)
+    return JaxRuntime(jax, platform or ("cpu" if host_devices is not None else None), distributed)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a scan runs (the same on every process) and how it votes: `scan`'s arguments."""
+
+    workloads: list[Workload]
+    framework: str
+    repeats: int
+    seed: int
+    injections: Sequence[Injection]
+    slow_factor: float
+    fail_on_slow: bool
 
 
 @dataclass
@@ -78,10 +101,10 @@ class _Seen:
     nproc: int
 
 
-def _observe(rt: Runtime, workloads: Sequence[Workload], repeats: int, seed: int,
-             injections: Sequence[Injection], golden_dir, use_golden: bool) -> _Seen:
+def _observe(rt: Runtime, plan: _Plan, golden_dir, use_golden: bool) -> _Seen:
     """Run, gather digests and configuration fingerprints, and measure ULPs (collectives:
     every process calls this with the same arguments)."""
+    workloads, repeats, seed, injections = plan.workloads, plan.repeats, plan.seed, plan.injections
     check_injections(injections, rt.all_devices())
     devices = rt.local_devices()
     t_run = time.perf_counter()
@@ -99,30 +122,40 @@ def _observe(rt: Runtime, workloads: Sequence[Workload], repeats: int, seed: int
     names = [w.name for w in workloads]
     keys = {w.name: w.key(seed) for w in workloads}
     gdir = Path(golden_dir) if golden_dir else store.default_golden_dir()
-    gpath = store.golden_path(gdir, got.devices[0]["platform"], got.devices[0]["kind"],
-                              versions)
+    gpath = store.golden_path(gdir, got.devices[0]["platform"], got.devices[0]["kind"], versions)
     golden = store.load_golden(gpath, keys) if use_golden else {}
     ref, _ = references(digests, golden, names)
     ulps = gather_ulps(rt, local_ulps(local, ref), got)
-    obs = Observations(got.devices, names, digests, got.nan, got.inf, got.times, got.injected,
-                       ulps)
-    return _Seen(obs, fingerprints, golden, gdir, gpath, keys, versions, local, run_s,
-                 rt.process_index, rt.process_count)
+    obs = Observations(got.devices, names, digests, got.nan, got.inf, got.times, got.injected, ulps)
+    return _Seen(
+        obs,
+        fingerprints,
+        golden,
+        gdir,
+        gpath,
+        keys,
+        versions,
+        local,
+        run_s,
+        rt.process_index,
+        rt.process_count,
+    )
 
 
 def _selftest(vote: NodeVote, injections, repeats, names, slow_factor):
     if not injections:
         return None
-    outcomes = injection_outcomes({**vote.to_dict(), "repeats": repeats, "workloads": names},
-                                  injections, slow_factor)
+    outcomes = injection_outcomes(
+        {**vote.to_dict(), "repeats": repeats, "workloads": names}, injections, slow_factor
+    )
     missed = [o for o in outcomes if not o["found"]]
     return {"verdict": "missed" if missed else "found", "injections": outcomes}
 
 
-def _golden_info(seen: _Seen, vote: NodeVote, misconfigured: list, save_golden: bool,
-                 notes: list, framework: str) -> dict[str, Any]:
-    info: dict[str, Any] = {"path": str(seen.gpath), "compared": sorted(seen.golden),
-                            "saved": 0}
+def _golden_info(
+    seen: _Seen, vote: NodeVote, misconfigured: list, save_golden: bool, notes: list, framework: str
+) -> dict[str, Any]:
+    info: dict[str, Any] = {"path": str(seen.gpath), "compared": sorted(seen.golden), "saved": 0}
     if not save_golden:
         return info
     if vote.suspects:
@@ -132,9 +165,19 @@ def _golden_info(seen: _Seen, vote: NodeVote, misconfigured: list, save_golden: 
     elif seen.pid == 0:
         dev = seen.obs.devices[0]
         store.mark_cache_folder(seen.gdir)
-        info["saved"] = store.save_golden(seen.gpath, seen.keys, seen.obs.digests, {
-            "platform": dev["platform"], "device_kind": dev["kind"], "framework": framework,
-            **seen.versions, "host": dev["host"], "devices": len(seen.obs.devices)})
+        info["saved"] = store.save_golden(
+            seen.gpath,
+            seen.keys,
+            seen.obs.digests,
+            {
+                "platform": dev["platform"],
+                "device_kind": dev["kind"],
+                "framework": framework,
+                **seen.versions,
+                "host": dev["host"],
+                "devices": len(seen.obs.devices),
+            },
+        )
     return info
 
 
@@ -155,15 +198,27 @@ def _check(repeats, host_devices, slow_factor, workloads, framework) -> tuple[li
     return workloads, framework
 
 
-def scan(*, workloads: Sequence[Workload] | None = None, repeats: int = 10, seed: int = 0,
-         host_devices: int | None = None, platform: str | None = None,
-         injections: Sequence[Injection] = (), distributed: bool = False,
-         coordinator: str | None = None, num_processes: int | None = None,
-         process_id: int | None = None, init_timeout: int = 60,
-         golden_dir: os.PathLike | None = None, save_golden: bool = False,
-         use_golden: bool = True, slow_factor: float = 1.5,
-         fail_on_slow: bool = False, framework: str | None = None,
-         epilogue: Callable[[NodeScan], Any] | None = None) -> NodeScan:
+def scan(
+    *,
+    workloads: Sequence[Workload] | None = None,
+    repeats: int = 10,
+    seed: int = 0,
+    host_devices: int | None = None,
+    platform: str | None = None,
+    injections: Sequence[Injection] = (),
+    distributed: bool = False,
+    coordinator: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    init_timeout: int = 60,
+    golden_dir: os.PathLike | None = None,
+    save_golden: bool = False,
+    use_golden: bool = True,
+    slow_factor: float = 1.5,
+    fail_on_slow: bool = False,
+    framework: str | None = None,
+    epilogue: Callable[[NodeScan], Any] | None = None,
+) -> NodeScan:
     """Scan every local device (every device of every process with `distributed`).
 
     Args:
@@ -205,27 +260,34 @@ def scan(*, workloads: Sequence[Workload] | None = None, repeats: int = 10, seed
         raised.
     """
     workloads, framework = _check(repeats, host_devices, slow_factor, workloads, framework)
+    plan = _Plan(workloads, framework, repeats, seed, injections, slow_factor, fail_on_slow)
+    cluster = (coordinator, num_processes, process_id)
     t_start = time.perf_counter()
     with _quiet(distributed):
-        rt = _start(framework, host_devices, platform, distributed, coordinator,
-                    num_processes, process_id, init_timeout)
+        rt = _start(framework, host_devices, platform, distributed, cluster, init_timeout)
     try:
         with _quiet(distributed):
-            seen = _observe(rt, workloads, repeats, seed, injections, golden_dir, use_golden)
-        result = _result(seen, workloads, framework, repeats, seed, injections, save_golden,
-                         slow_factor, fail_on_slow, t_start)
-        try:
-            if epilogue is not None and result.process_index == 0:
-                epilogue(result)
-        finally:
-            # No process leaves before process 0 has written the verdict: torchrun stops
-            # every rank as soon as one exits non-zero (as every rank does with a suspect).
-            with _quiet(distributed):
-                barrier(rt)
+            seen = _observe(rt, plan, golden_dir, use_golden)
+        result = _result(seen, plan, save_golden, t_start)
+        _epilogue(rt, result, epilogue, distributed)
     finally:
         with _quiet(distributed):
             rt.shutdown()
     return result
+
+
+def _epilogue(
+    rt: Runtime, result: NodeScan, epilogue: Callable[[NodeScan], Any] | None, distributed: bool
+) -> None:
+    """Process 0 runs `epilogue` while every process waits for it at a barrier."""
+    try:
+        if epilogue is not None and result.process_index == 0:
+            epilogue(result)
+    finally:
+        # No process leaves before process 0 has written the verdict: torchrun stops
+        # every rank as soon as one exits non-zero (as every rank does with a suspect).
+        with _quiet(distributed):
+            barrier(rt)
 
 
 def _quiet(distributed: bool):
@@ -233,9 +295,10 @@ def _quiet(distributed: bool):
     return StdoutToStderr() if distributed else contextlib.nullcontext()
 
 
-def _result(seen: _Seen, workloads, framework, repeats, seed, injections, save_golden,
-            slow_factor, fail_on_slow, t_start) -> NodeScan:
+def _result(seen: _Seen, plan: _Plan, save_golden: bool, t_start: float) -> NodeScan:
     """The vote, the configuration comparison and the self-test, as one `NodeScan`."""
+    workloads, framework, repeats, seed = plan.workloads, plan.framework, plan.repeats, plan.seed
+    injections, slow_factor, fail_on_slow = plan.injections, plan.slow_factor, plan.fail_on_slow
     names = [w.name for w in workloads]
     vote = analyze(seen.obs, seen.golden, slow_factor=slow_factor, fail_on_slow=fail_on_slow)
     misconfigured, summary, config_notes = config.judge(vote, seen.fingerprints)
@@ -249,22 +312,39 @@ def _result(seen: _Seen, workloads, framework, repeats, seed, injections, save_g
         exit_code = EXIT_SELFTEST_MISSED
     local, obs, run_s = seen.local, seen.obs, seen.run_s
     return NodeScan(
-        process_index=seen.pid, num_processes=seen.nproc,
-        platform=obs.devices[0]["platform"], device_kind=obs.devices[0]["kind"],
-        versions=seen.versions, repeats=repeats, seed=seed,
+        process_index=seen.pid,
+        num_processes=seen.nproc,
+        platform=obs.devices[0]["platform"],
+        device_kind=obs.devices[0]["kind"],
+        versions=seen.versions,
+        repeats=repeats,
+        seed=seed,
         inputs_per_workload=INPUTS_PER_WORKLOAD,
-        workloads=[{"name": w.name, "shape": list(w.shape), "dtype": w.dtype,
-                    "key": w.key(seed)} for w in workloads],
+        workloads=[
+            {"name": w.name, "shape": list(w.shape), "dtype": w.dtype, "key": w.key(seed)}
+            for w in workloads
+        ],
         golden=_golden_info(seen, vote, misconfigured, save_golden, notes, framework),
-        injections=[{"kind": i.kind, "rate": i.rate, "device": i.device,
-                     "process": i.process, "seed": i.seed, "text": i.describe()}
-                    for i in injections],
+        injections=[
+            {
+                "kind": i.kind,
+                "rate": i.rate,
+                "device": i.device,
+                "process": i.process,
+                "seed": i.seed,
+                "text": i.describe(),
+            }
+            for i in injections
+        ],
         detection=detection_table(repeats, len(workloads), injections),
         selftest=selftest,
-        local_devices=len(local.devices), compile_seconds=local.compile_s,
+        local_devices=len(local.devices),
+        compile_seconds=local.compile_s,
         scan_seconds=run_s - local.compile_s,
         seconds_per_device=(run_s - local.compile_s) / max(len(local.devices), 1),
         total_seconds=time.perf_counter() - t_start,
         **{**vote.to_dict(), "exit_code": exit_code, "verdict": verdict, "notes": notes},
-        framework=framework, misconfigured=misconfigured, config=summary,
+        framework=framework,
+        misconfigured=misconfigured,
+        config=summary,
     )

@@ -31,11 +31,18 @@ if TYPE_CHECKING:
     from rich.console import JustifyMethod
     from rich.progress import TaskID
 
-    from diag.nodes import NodeScan
 
-__all__ = ["console", "out", "RunProgress", "summary_table", "problems_table", "print_error",
-           "print_line", "nodes_tables", "nodes_summary", "env_tables", "nan_report_table",
-           "preflight_table"]
+__all__ = [
+    "console",
+    "out",
+    "RunProgress",
+    "summary_table",
+    "problems_table",
+    "print_error",
+    "print_line",
+    "nan_report_table",
+    "preflight_table",
+]
 
 # Width for a stream that is not a terminal (a CI log, a file): wide enough that no table
 # of diag's is wrapped or folded; rich only pads a table to its content's width.
@@ -60,7 +67,6 @@ def _console(stderr: bool) -> Console:
 
 console = _console(stderr=True)
 out = _console(stderr=False)
-
 
 
 def print_error(message: str) -> None:
@@ -98,15 +104,24 @@ class RunProgress:
             return
         self._total, self._t0 = total, time.monotonic()
         if not self.live:
-            print_line(f"diag run: {total} record(s) planned on backends: "
-                       f"{', '.join(backends) or 'none'}", err=True)
+            print_line(
+                f"diag run: {total} record(s) planned on backends: {', '.join(backends) or 'none'}",
+                err=True,
+            )
             return
-        self._progress = Progress(TextColumn("[bold]diag run[/]"), BarColumn(),
-                                  MofNCompleteColumn(), TextColumn("{task.description}"),
-                                  TimeElapsedColumn(), console=console, transient=False)
+        self._progress = Progress(
+            TextColumn("[bold]diag run[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
         self._progress.start()
         self._task = self._progress.add_task(
-            escape(f"backends: {', '.join(backends) or 'none'}"), total=total)
+            escape(f"backends: {', '.join(backends) or 'none'}"), total=total
+        )
 
     def record(self, rec: dict[str, Any]) -> None:
         self._counts[rec["status"]] += 1
@@ -116,17 +131,22 @@ class RunProgress:
             return
         if not self.live:
             kind = "" if rec.get("kind", "probe") == "probe" else f" ({rec.get('kind')})"
-            print_line(f"diag run: [{self._done}/{self._total}] {rec['backend']} "
-                       f"{rec['probe']} {rec['case']}{kind}: {rec['status']} "
-                       f"({time.monotonic() - self._t0:.1f} s)", err=True)
+            print_line(
+                f"diag run: [{self._done}/{self._total}] {rec['backend']} "
+                f"{rec['probe']} {rec['case']}{kind}: {rec['status']} "
+                f"({time.monotonic() - self._t0:.1f} s)",
+                err=True,
+            )
             sys.stderr.flush()
             return
         if not self._progress or self._task is None:  # both are set in start()
             return
         counts = " ".join(f"{badge(s)} {self._counts[s]}" for s in STATUSES if self._counts[s])
-        self._progress.update(self._task, advance=advance,
-                              description=f"{escape(str(rec['backend']))} "
-                                          f"{escape(str(rec['case']))}  {counts}")
+        self._progress.update(
+            self._task,
+            advance=advance,
+            description=f"{escape(str(rec['backend']))} {escape(str(rec['case']))}  {counts}",
+        )
 
     def stop(self) -> None:
         if self._progress:
@@ -152,25 +172,50 @@ def summary_table(records: Iterable[dict[str, Any]]) -> Table:
     for r in records:
         if r["status"] != "skip":
             groups[(r["probe"].split(".", 1)[-1], r["backend"], shown_dtype(r))].append(r)
-    table = Table(title="diag: results",
-                  caption="bound ratio: worst error / the error bound of the claimed "
-                          "arithmetic (above 1: less precision than claimed); ULP only where "
-                          "no bound applies")
-    for col, justify in (("probe", "left"), ("backend", "left"), ("dtype", "left"),
-                         ("verdict", "left"), ("bound ratio", "right"), ("ULP", "right"),
-                         ("records", "left")):
+    table = Table(
+        title="diag: results",
+        caption="bound ratio: worst error / the error bound of the claimed "
+        "arithmetic (above 1: less precision than claimed); ULP only where "
+        "no bound applies",
+    )
+    for col, justify in (
+        ("probe", "left"),
+        ("backend", "left"),
+        ("dtype", "left"),
+        ("verdict", "left"),
+        ("bound ratio", "right"),
+        ("ULP", "right"),
+        ("records", "left"),
+    ):
         # Wrap rather than cut: `softmax_vocab` and `softmax_hazards` must stay apart.
         table.add_column(col, justify=cast("JustifyMethod", justify), overflow="fold")
     for (probe, backend, dtype), rs in groups.items():
         statuses = [r["status"] for r in rs]
         counts = ", ".join(f"{statuses.count(s)} {s}" for s in STATUSES if s in statuses)
-        ratios = [r["metrics"].get("bound_ratio") for r in rs
-                  if isinstance(r["metrics"].get("bound_ratio"), (int, float))]
-        ulps = [] if ratios else [r["metrics"].get(k) for r in rs for k in _ULP_KEYS
-                                  if isinstance(r["metrics"].get(k), int)]
-        table.add_row(escape(probe), escape(str(backend)), escape(str(dtype)),
-                      badge(worst_status(statuses)), num(max(ratios)) if ratios else "—",
-                      num(max(ulps)) if ulps else "—", counts)
+        ratios = [
+            r["metrics"].get("bound_ratio")
+            for r in rs
+            if isinstance(r["metrics"].get("bound_ratio"), (int, float))
+        ]
+        ulps = (
+            []
+            if ratios
+            else [
+                r["metrics"].get(k)
+                for r in rs
+                for k in _ULP_KEYS
+                if isinstance(r["metrics"].get(k), int)
+            ]
+        )
+        table.add_row(
+            escape(probe),
+            escape(str(backend)),
+            escape(str(dtype)),
+            badge(worst_status(statuses)),
+            num(max(ratios)) if ratios else "—",
+            num(max(ulps)) if ulps else "—",
+            counts,
+        )
     return table
 
 
@@ -188,9 +233,11 @@ def phases_line(phases: dict[str, dict[str, float]]) -> str | None:
     parts = []
     for label, p in phases.items():
         # The NaN hunt shows only where one ran.
-        split = ", ".join(f"{k} {p[k]:.1f}" for k in ("start", "compile", "run", "transfer",
-                                                     "hunt", "truth", "judge", "write")
-                          if k in p and (k != "hunt" or p[k]))
+        split = ", ".join(
+            f"{k} {p[k]:.1f}"
+            for k in ("start", "compile", "run", "transfer", "hunt", "truth", "judge", "write")
+            if k in p and (k != "hunt" or p[k])
+        )
         parts.append(f"{label} {p.get('wall', 0.0):.1f} s ({split})")
     return "diag: time: " + "; ".join(parts) if parts else None
 
@@ -198,8 +245,9 @@ def phases_line(phases: dict[str, dict[str, float]]) -> str | None:
 def problems_table(records: Iterable[dict[str, Any]], limit: int = 20) -> Table | None:
     """The error/fail/warn/skip records with their reasons, worst first (first `limit`)."""
     order = ("error", "fail", "warn", "skip")
-    bad = sorted((r for r in records if r["status"] in order),
-                 key=lambda r: order.index(r["status"]))
+    bad = sorted(
+        (r for r in records if r["status"] in order), key=lambda r: order.index(r["status"])
+    )
     if not bad:
         return None
     # A backend that is absent is said apart: a clean run has nothing to look at.
@@ -210,171 +258,33 @@ def problems_table(records: Iterable[dict[str, Any]], limit: int = 20) -> Table 
     for col in ("status", "backend", "probe", "case", "reason"):
         table.add_column(col, overflow="fold")
     for r in bad[:limit]:
-        table.add_row(badge(r["status"]), escape(str(r["backend"])), escape(str(r["probe"])),
-                      escape(str(r["case"])), escape(str(r["reason"])))
+        table.add_row(
+            badge(r["status"]),
+            escape(str(r["backend"])),
+            escape(str(r["probe"])),
+            escape(str(r["case"])),
+            escape(str(r["reason"])),
+        )
     if len(bad) > limit:
         table.caption = f"... and {len(bad) - limit} more in results.jsonl"
     return table
 
 
-def env_tables(report: dict[str, Any]) -> list:
-    """`diag env`: backends, settings and flags, fingerprints, findings (see diag.flags)."""
-    from rich.markup import escape
-
-    def cell(v: Any) -> str:
-        return "—" if v is None else escape(str(v))
-
-    backends = Table(title="diag env: backends")
-    for col in ("backend", "device", "framework", "settings"):
-        backends.add_column(col, overflow="fold")
-    fps = Table(title="diag env: matmul fingerprints (measured with crafted inputs)")
-    for col in ("backend", "precision", "via", "algorithm", "input bits", "accumulator"):
-        fps.add_column(col, overflow="fold")
-    for fw, data in report["frameworks"].items():
-        if data.get("error"):
-            backends.add_row(cell(fw), "—", "—", f"[yellow]{cell(data['error'])}[/]")
-        for name, info in data.get("backends", {}).items():
-            dev, framework = info.get("device") or {}, info.get("framework") or {}
-            backends.add_row(
-                cell(name), cell(f"{dev.get('kind')} x{dev.get('count')}"),
-                cell(f"{framework.get('name')} {framework.get('version')}"),
-                cell("\n".join(f"{k}={v}" for k, v in (info.get("settings") or {}).items())))
-            for fp in info.get("fingerprints") or []:
-                label = fp.get("label", "")
-                style = "green" if label == "F32_F32_F32" else "yellow"
-                fps.add_row(cell(name), cell(fp.get("precision")), cell(fp.get("via")),
-                            f"[{style}]{cell(label)}[/]",
-                            cell(", ".join(map(str, fp.get("input_bits") or []))),
-                            cell(fp.get("accumulator")))
-    settings = Table(title="diag env: environment and flags")
-    settings.add_column("setting")
-    settings.add_column("value", overflow="fold")
-    for k, v in sorted(report.get("env", {}).items()):
-        settings.add_row(cell(k), cell(v))
-    for var, entry in report.get("flags", {}).items():
-        for name, value in entry.get("flags", {}).items():
-            settings.add_row(cell(f"{var} --{name}"), cell(value))
-    settings.add_row("XLA_FLAGS check", cell(report.get("xla_flags_check")))
-    found = Table(title=f"diag env: {len(report['findings'])} setting(s) to look at",
-                  show_lines=True)
-    for col in ("severity", "setting", "value", "why", "instead"):
-        found.add_column(col, overflow="fold")
-    for f in report["findings"]:
-        style = "bold red" if f["severity"] == "risk" else "yellow"
-        found.add_row(f"[{style}]{cell(f['severity'])}[/]", cell(f["setting"]),
-                      cell(f["value"]), cell(f["why"]), cell(f["instead"]))
-    tables = [backends, settings]
-    if fps.row_count:
-        tables.append(fps)
-    feats = _features_table(report, cell)
-    if feats.row_count:
-        tables.append(feats)
-    return tables + ([found] if report["findings"] else [])
-
-
-def _features_table(report: dict[str, Any], cell) -> Table:
-    """`diag env --deep`: each matmul's arithmetic features (diag.features)."""
-    cols = ("product_exact", "extra_bits", "rounding", "block_fma_width", "order",
-            "subnormals")
-    table = Table(title="diag env --deep: matmul arithmetic features (crafted inputs)")
-    # `via` tells apart two rows of one precision set two ways (an argument, a config)
-    for col in ("backend", "precision", "via", "inputs", "output") + cols:
-        table.add_column(col, overflow="fold")
-    for data in report["frameworks"].values():
-        for name, info in data.get("backends", {}).items():
-            for f in info.get("features") or []:
-                vals = [f"[yellow]{cell(f.get(c))}[/]" if f.get(c) == "unknown" else
-                        cell(f.get(c)) for c in cols]
-                if f.get("error"):
-                    vals = [f"[red]{cell(f['error'])}[/]"] + [""] * (len(cols) - 1)
-                table.add_row(cell(name), cell(f.get("precision")), cell(f.get("via")),
-                              cell(f.get("dtype")), cell(f.get("output_dtype")), *vals)
-    return table
-
-
-_NODE_STYLE = {"ok": "green", "slow": "yellow", "suspect": "bold red"}
-
-
-def nodes_tables(nodes: NodeScan) -> list:
-    """`diag nodes`: a table per device (verdict and evidence), hosts, detection, notes.
-
-    Args:
-      nodes: what `diag.nodes.scan` returned.
-    """
-    from diag.numerics import NAN_ULP  # a NaN against a number
-
-    kinds = sorted({str(d["kind"]) for d in nodes.devices})
-    table = Table(title=escape(f"diag nodes: {len(nodes.devices)} device(s), "
-                               f"{', '.join(kinds)}"))
-    for col, justify in (("proc", "right"), ("host", "left"), ("device", "right"),
-                         ("verdict", "left"), ("wrong", "right"), ("NaN+Inf", "right"),
-                         ("max ULP", "right"), ("median", "right"), ("x med", "right"),
-                         ("evidence", "left")):
-        table.add_column(col, justify=cast("JustifyMethod", justify), overflow="fold")
-    for d in nodes.devices:
-        v = d["verdict"]
-        table.add_row(str(d["process_index"]), escape(str(d["host"])), str(d["device_id"]),
-                      f"[{_NODE_STYLE.get(v, '')}]{v}[/]",
-                      f"{d['mismatched_calls']}/{d['calls']}",
-                      str(d["nan_count"] + d["inf_count"]),
-                      "—" if d["max_ulp"] is None else
-                      ("NaN" if d["max_ulp"] >= NAN_ULP else f"{d['max_ulp']:.3g}"),
-                      f"{d['time_median_s'] * 1e3:.3g} ms", f"{d['time_ratio']:.2f}",
-                      escape(", ".join(d["kinds"])) or "—")
-    tables = [table]
-    if len(nodes.hosts) > 1:
-        hosts = Table(title="diag nodes: hosts")
-        for col in ("process", "host", "devices", "suspects", "slow", "verdict"):
-            hosts.add_column(col)
-        for h in nodes.hosts:
-            v = h["verdict"]
-            hosts.add_row(str(h["process_index"]), escape(str(h["host"])), str(h["devices"]),
-                          str(h["suspects"]), str(h["slow"]), f"[{_NODE_STYLE.get(v, '')}]{v}[/]")
-        tables.append(hosts)
-    det = nodes.detection
-    detect = Table(title=escape(f"diag nodes: detection, {det['formula']}, "
-                                f"R={det['repeats']}, W={det['workloads']}"))
-    for col in ("fault rate per call", "P(detect) now", "R for 99%"):
-        detect.add_column(col, justify="right")
-    for row in det["rows"]:
-        detect.add_row(f"{row['rate']:g}", f"{100 * row['p_detect']:.4g}%",
-                       str(row["repeats_for_99"]))
-    tables.append(detect)
-    return tables
-
-
-def nodes_summary(nodes: NodeScan, run_dir: Any = None) -> list[str]:
-    """The closing lines of `diag nodes`: injections, notes, verdict, where it was written."""
-    lines = [f"diag: device {d['device_id']} (process {d['process_index']}, {d['host']}): "
-             f"{d['verdict']}: {d['reason']}" for d in nodes.devices if d["verdict"] != "ok"]
-    lines += [f"diag: injected {i['text']}" for i in nodes.injections]
-    lines += [f"diag: note: {n}" for n in nodes.notes]
-    bad = nodes.suspects
-    if bad:
-        names = ", ".join(f"device {s['device_id']} (process {s['process_index']}, "
-                          f"{s['host']})" for s in bad)
-        lines.append(f"diag: {len(bad)} suspect(s): {names}")
-    else:
-        lines.append(f"diag: all {len(nodes.devices)} device(s) agree")
-    if nodes.slow:
-        lines.append(f"diag: {len(nodes.slow)} slow device(s): "
-                     + ", ".join(str(s["device_id"]) for s in nodes.slow))
-    if run_dir is not None:
-        lines.append(f"diag: run folder: {run_dir}")
-    return lines
-
-
 def preflight_table(result: Any) -> Table:
     """`diag preflight`: one row per finding (step, status, check, what, what to do)."""
     verdict_style = "green" if result.exit_code == 0 else "bold red"
-    table = Table(title=f"diag preflight: [{verdict_style}]{escape(result.verdict)}[/] "
-                        f"(exit {result.exit_code}, {result.elapsed_s:.1f} s of a "
-                        f"{result.budget_s:g} s budget)", show_lines=True)
+    table = Table(
+        title=f"diag preflight: [{verdict_style}]{escape(result.verdict)}[/] "
+        f"(exit {result.exit_code}, {result.elapsed_s:.1f} s of a "
+        f"{result.budget_s:g} s budget)",
+        show_lines=True,
+    )
     for col in ("step", "status", "check", "finding", "what to do"):
         table.add_column(col, overflow="fold")
     for f in result.findings:
-        table.add_row(escape(f.step), badge(f.status), escape(f.check), escape(f.what),
-                      escape(f.todo or "—"))
+        table.add_row(
+            escape(f.step), badge(f.status), escape(f.check), escape(f.what), escape(f.todo or "—")
+        )
     return table
 
 
@@ -383,25 +293,37 @@ def nan_report_table(report: Any) -> Table:
     from rich.markup import escape
 
     passed_in = report.phase == "input"
-    title = (f"diag nan: {report.kind} passed in" if passed_in
-             else f"diag nan: {report.kind} born in {report.primitive}")
+    title = (
+        f"diag nan: {report.kind} passed in"
+        if passed_in
+        else f"diag nan: {report.kind} born in {report.primitive}"
+    )
     table = Table(title=escape(title), show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
-    rows = [("op", f"none: the {report.kind} was passed in ({report.framework})" if passed_in
-                   else f"[bold red]{escape(report.primitive)}[/] ({report.framework}) produced "
-                   f"{report.kind}"),
-            ("source", report.source or "—"),
-            ("file", f"{report.file}:{report.line}" if report.file else "—"),
-            ("path", report.path or "(top level)"),
-            ("phase", report.phase)]
+    rows = [
+        (
+            "op",
+            f"none: the {report.kind} was passed in ({report.framework})"
+            if passed_in
+            else f"[bold red]{escape(report.primitive)}[/] ({report.framework}) produced "
+            f"{report.kind}",
+        ),
+        ("source", report.source or "—"),
+        ("file", f"{report.file}:{report.line}" if report.file else "—"),
+        ("path", report.path or "(top level)"),
+        ("phase", report.phase),
+    ]
     for i, s in enumerate(report.inputs):
         rows.append((f"input {i}", s.short()))
     if report.output is not None:
         rows.append(("output", report.output.short()))
     if report.bad_index is not None:
-        at = (", ".join(num(v) for v in report.inputs_at_index)
-              if report.inputs_at_index is not None else "—")
+        at = (
+            ", ".join(num(v) for v in report.inputs_at_index)
+            if report.inputs_at_index is not None
+            else "—"
+        )
         rows.append(("first bad element", f"index {list(report.bad_index)}; inputs there: {at}"))
     rows.append(("births seen", str(report.births)))
     if getattr(report, "raised", ""):

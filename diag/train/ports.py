@@ -75,9 +75,47 @@ def _suspects(cfg: TrainConfig, run: dict, params, batches, allowed) -> list[str
     return found
 
 
-def compare_ports(original: str = "jax", port: str = "torch", *, bug: str | None = None,
-                  original_bug: str | None = None, cfg: TrainConfig = DEFAULT_CONFIG,
-                  compute: str = "float32", seed: int = 0) -> PortReport:
+def _drift_text(original: str, port: str, steps: int, curve: dict) -> str:
+    """The verdict when both runs stay within tolerance (`curve`: port vs original)."""
+    return (
+        f"drift, not a bug: {original} and {port} both stay within the float32 "
+        f"tolerance of the float64 reference for {steps} steps (they differ by up to "
+        f"{max(curve['loss_err']):.2g} in the loss, {max(curve['grad_err']):.2g} in a gradient, "
+        f"{max(curve['update_err']):.2g} in an update): rounding, not a different function"
+    )
+
+
+def _blame(off: list[str], div, errors: dict, names: dict[str, str]) -> str:
+    """Which run leaves the reference, where (`div`: its first divergence, or None for a
+    NaN/Inf first), and whether the other stays within tolerance."""
+    who = off[0]
+    where = (
+        div.text()
+        if div
+        else f"step {errors[who]['nonfinite'][0]}: NaN/Inf in the {errors[who]['nonfinite'][1]}"
+    )
+    return (
+        f"the {who} ({names[who]}) leaves the float64 reference at {where}"
+        + (f" (so does the {off[1]})" if len(off) > 1 else "")
+        + (
+            f", while the {'original' if who == 'port' else 'port'} "
+            f"({names['original' if who == 'port' else 'port']}) stays within tolerance"
+            if len(off) == 1
+            else ""
+        )
+    )
+
+
+def compare_ports(
+    original: str = "jax",
+    port: str = "torch",
+    *,
+    bug: str | None = None,
+    original_bug: str | None = None,
+    cfg: TrainConfig = DEFAULT_CONFIG,
+    compute: str = "float32",
+    seed: int = 0,
+) -> PortReport:
     """Run `original` and `port` from the same weights and batches and say: drift or bug.
 
     Args:
@@ -108,38 +146,27 @@ def compare_ports(original: str = "jax", port: str = "torch", *, bug: str | None
     params, batches = init_params(cfg, rng), make_batches(cfg, rng)
     allowed = dict(TRAIN_RUN_RTOL[compute])
     ref = run_reference(cfg, params, batches)
-    runs = {"original": run_impl(original, with_bug(cfg, original_bug), params, batches,
-                                 compute),
-            "port": run_impl(port, with_bug(cfg, bug), params, batches, compute)}
+    runs = {
+        "original": run_impl(original, with_bug(cfg, original_bug), params, batches, compute),
+        "port": run_impl(port, with_bug(cfg, bug), params, batches, compute),
+    }
     errors = {k: trajectory_errors(cfg, r, ref, params) for k, r in runs.items()}
     summaries = {f"{k} vs reference": summarize(e, allowed) for k, e in errors.items()}
     summaries["port vs original"] = summarize(
         trajectory_errors(cfg, runs["port"], runs["original"], params),
-        {k: AGREEMENT_FACTOR * v for k, v in allowed.items()})
+        {k: AGREEMENT_FACTOR * v for k, v in allowed.items()},
+    )
     divs = {k: first_divergence(e, allowed) for k, e in errors.items()}
     names = {"original": original, "port": port}
     off = [k for k in ("port", "original") if divs[k] is not None or errors[k]["nonfinite"]]
     if not off:
-        c = summaries["port vs original"]["curve"]
-        return PortReport(
-            "drift", None, None, [],
-            f"drift, not a bug: {original} and {port} both stay within the float32 "
-            f"tolerance of the float64 reference for {cfg.steps} steps (they differ by up to "
-            f"{max(c['loss_err']):.2g} in the loss, {max(c['grad_err']):.2g} in a gradient, "
-            f"{max(c['update_err']):.2g} in an update): rounding, not a different function",
-            summaries)
+        text = _drift_text(original, port, cfg.steps, summaries["port vs original"]["curve"])
+        return PortReport("drift", None, None, [], text, summaries)
     culprit = off[0] if len(off) == 1 else "both"
     who = off[0]
     div = divs[who]
     suspects = _suspects(cfg, runs[who], params, batches, allowed)
-    where = (div.text() if div else
-             f"step {errors[who]['nonfinite'][0]}: NaN/Inf in the "
-             f"{errors[who]['nonfinite'][1]}")
-    blame = (f"the {who} ({names[who]}) leaves the float64 reference at {where}"
-             + (f" (so does the {off[1]})" if len(off) > 1 else "")
-             + (f", while the {'original' if who == 'port' else 'port'} "
-                f"({names['original' if who == 'port' else 'port']}) stays within tolerance"
-                if len(off) == 1 else ""))
+    blame = _blame(off, div, errors, names)
     if errors[who]["nonfinite"] and names[who] in ("jax", "torch"):
         from diag.train.hunt import locate_nan
 
@@ -152,5 +179,6 @@ def compare_ports(original: str = "jax", port: str = "torch", *, bug: str | None
         cause = f"it follows the float64 run with this bug planted: {named}"
     else:
         cause = "no known porting bug explains it (diag.train.PORT_BUGS)"
-    return PortReport("bug", culprit, div, suspects, f"a bug, not drift: {blame}; {cause}",
-                      summaries)
+    return PortReport(
+        "bug", culprit, div, suspects, f"a bug, not drift: {blame}; {cause}", summaries
+    )
