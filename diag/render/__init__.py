@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from diag.render.cells import badge, num
-from diag.results import STATUSES, worst_status
+from diag.status import STATUSES, severity, worst_status
 
 if TYPE_CHECKING:
     from rich.console import JustifyMethod
@@ -244,9 +244,8 @@ def phases_line(phases: dict[str, dict[str, float]]) -> str | None:
 
 def problems_table(records: Iterable[dict[str, Any]], limit: int = 20) -> Table | None:
     """The error/fail/warn/skip records with their reasons, worst first (first `limit`)."""
-    order = ("error", "fail", "warn", "skip")
     bad = sorted(
-        (r for r in records if r["status"] in order), key=lambda r: order.index(r["status"])
+        (r for r in records if r["status"] != "pass"), key=lambda r: -severity(r["status"])
     )
     if not bad:
         return None
