@@ -45,7 +45,7 @@ DECISIONS: dict[str, tuple[str, int, int]] = {
 }
 #: Kinds a flip is reported at; a sort's permutation is an intermediate (equal-looking values
 #: in another order): its flips are reported where they change a mask or a pick.
-_REPORTED = {"compare": True, "argmax": True, "top_k": True, "sort": False}
+_REPORTED = {"compare": True, "threshold": True, "argmax": True, "top_k": True, "sort": False}
 #: Ops that use a mask or indices to pick float values, and the kind of decision they report.
 CONSUMERS = {
     "where": "select",
@@ -209,7 +209,9 @@ class Decider:
         ins = [self.mode.origin_of(t) for t in operands if isinstance(t, torch.Tensor)]
         upstream = next((o for o in ins if o.forced is not None), None)
         primitive = f"aten.{name}"
-        if upstream is not None:
+        if judged[3]:  # one rounding of its own float64 operands explains it
+            upstream = None
+        if upstream is not None:  # its operands differ by an earlier flipped decision
             judged = judged[:3] + (bool(upstream.forced),)
             cause = f"follows {upstream.text}"
         else:
