@@ -300,3 +300,25 @@ def test_composed_sampler_names_what_changed_the_token_or_the_kept_set(dtype, co
         pick = [r for r in rep.decisions if r.primitive == "aten.argmax"]
         assert pick and pick[0].source == line_of(sampler, "torch.argmax")
         assert pick[0].flipped == int((x[rows, token] != x[rows, truth]).sum())
+
+
+# -- the example, through the real `diag diverge` script -------------------------------------
+
+
+def test_the_hf_sampler_example_exits_1_on_a_made_flip_and_0_on_a_forced_one():
+    """(Its `clean` target is the in-process float32 cases above.)"""
+    import json
+    from pathlib import Path
+
+    from tests.conftest import run_diag
+
+    ex = Path(__file__).resolve().parent.parent / "examples" / "diverge_hf_sampler.py"
+    r = run_diag("diverge", f"{ex}:made", "--json", timeout=240)
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    d = doc["report"]["first_decision"]
+    assert d["primitive"] == "aten.le" and d["cause"] == MADE and doc["failed"]
+    assert d["library"] == lib_line(lp.TopPLogitsWarper, "cumulative_probs <= (1 - self.top_p)")
+    r = run_diag("diverge", f"{ex}:forced", timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert "forced by rounding" in r.stdout and "aten.argmax" in r.stdout
