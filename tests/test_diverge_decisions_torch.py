@@ -322,3 +322,62 @@ def test_the_hf_sampler_example_exits_1_on_a_made_flip_and_0_on_a_forced_one():
     r = run_diag("diverge", f"{ex}:forced", timeout=240)
     assert r.returncode == 0, r.stderr
     assert "forced by rounding" in r.stdout and "aten.argmax" in r.stdout
+
+
+# -- the mechanism on small functions: masks follow the float64 decision --------------------
+
+
+def lost_then_compared(x):
+    a = (x + 256.0) - 256.0  # bf16: x + 256 keeps multiples of 2
+    return torch.where(a >= x, x, -x)
+
+
+def test_a_bf16_where_takes_the_float64_branch_in_the_shadow_and_names_the_add():
+    x = torch.tensor(np.random.default_rng(0).uniform(0.5, 8.0, 256)).to(torch.bfloat16)
+    xe = x.double().numpy()
+    a_low = ((xe + 256.0).astype(ml_dtypes.bfloat16).astype(np.float64) - 256.0)
+    flips = ~(a_low >= xe)  # float64: a == x, so every element is True
+    assert flips.any()  # the premise
+    rep = diag.diverge.shadow(lost_then_compared, x)
+    d = rep.first_decision
+    assert d.primitive == "aten.ge" and d.source == line_of(lost_then_compared, "a >= x")
+    assert d.flipped == int(flips.sum()) and d.cause == MADE and d.verdict == "fail"
+    assert d.cause_op == "aten.add at " + line_of(lost_then_compared, "(x + 256.0) - 256.0")
+    # the shadow took the float64 branch: the result carries the sign flips (2 |x| / max |x|)
+    want = np.max(np.where(flips, 2 * np.abs(xe), 0.0)) / np.max(np.abs(xe))
+    assert rep.result_error == pytest.approx(want) and rep.failed
+
+
+def nudged(x, y):
+    return torch.where(x * 1.001 > y, x, -x)
+
+
+def test_a_compare_closer_than_bf16_resolves_is_forced_and_exits_0():
+    x = torch.ones(64, dtype=torch.bfloat16)
+    rep = diag.diverge.shadow(nudged, x, x.clone())
+    a = rnd(1.001, torch.bfloat16)
+    assert not a > 1.0 and 1.001 > 1.0  # the premise: bf16 ties what float64 does not
+    d = rep.first_decision
+    assert d.primitive == "aten.gt" and d.flipped == 64 and d.cause == FORCED
+    assert forced(np.full(64, 1.001), np.ones(64), torch.bfloat16)
+    assert rep.result_error > rep.result_threshold and not rep.failed  # a warning: exit 0
+
+
+def sorted_pick(x, y):
+    order = torch.sort(x / 0.7, descending=True)[1]
+    return torch.gather(y, -1, order[..., :1])
+
+
+def test_a_sort_permutation_is_reported_where_it_changes_a_pick():
+    hi, lo = adjacent_pair(torch.bfloat16, 600.0, 4000.0, 0.7, collapse=True)
+    x = torch.tensor([[lo, hi, 1.0, 2.0]]).to(torch.bfloat16)  # the tie sorts lo first
+    y = torch.tensor([[10.0, 20.0, 30.0, 40.0]])
+    picked = sorted_pick(x, y).item()
+    truth = sorted_pick(x.double(), y).item()
+    rep = diag.diverge.shadow(sorted_pick, x, y)
+    if picked == truth:
+        check_clean(rep)
+        return
+    d = rep.first_decision
+    assert d.primitive == "aten.gather" and d.cause == FORCED
+    assert "aten.sort" in d.cause_op and d.source == line_of(sorted_pick, "torch.gather")
