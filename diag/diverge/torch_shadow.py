@@ -91,6 +91,7 @@ class _Mode(OpMode):
         self.unfollowed: set[str] = set()
         self._sh: dict[int, tuple[weakref.ref, torch.Tensor, float, float, Any]] = {}
         self.decider = Decider(self)
+        self._decided = False  # whether a mask or indices has ever had a shadow of its own
 
     def shadow_of(self, t: torch.Tensor) -> tuple[torch.Tensor, float, float]:
         """(shadow, carried error, threshold); a tensor never seen is its own shadow (a mask
@@ -129,6 +130,8 @@ class _Mode(OpMode):
                 del table[key]
 
         table[key] = (weakref.ref(t, drop), sh, err, thr, origin)
+        if not _real(t):
+            self._decided = True
 
     def _keep_decided(self, t: torch.Tensor, sh: torch.Tensor, origin: Any) -> None:
         """A mask's or indices' shadow, kept only while it differs from the program's."""
@@ -151,7 +154,7 @@ class _Mode(OpMode):
             return self._view(func, args, kwargs)
         flat = flat_args((args, kwargs), [])
         ins = [x for x in flat if _real(x)]
-        dins = [x for x in flat if self._distinct(x)]
+        dins = [x for x in flat if self._distinct(x)] if self._decided else []
         kind = OP_KIND.get(func)
         if kind is None:
             kind = OP_KIND[func] = op_kind(func)
@@ -278,7 +281,7 @@ class _Mode(OpMode):
             dtype = _NP[y.dtype]
             thr = max(inherited, diverge_carried_threshold(dtype))
             y_np, s_np = _low(y), host(s)
-            r_np = host(r) if isinstance(r, torch.Tensor) else None
+            r_np = (s_np if r is s else host(r)) if isinstance(r, torch.Tensor) else None
             err = self.ledger.measure(
                 f"aten.{name}",
                 name,
@@ -305,9 +308,7 @@ class _Mode(OpMode):
         if err == 0.0:
             return None
         if r is not None and y.shape == r.shape == s.shape:
-            with np.errstate(invalid="ignore", over="ignore"):
-                own = float(absdiff(y, r).max()) if y.size else 0.0
-                came = float(absdiff(r, s).max()) if y.size else 0.0
+            own, came = _maxdiff(y, r), (0.0 if r is s else _maxdiff(r, s))
             if own > 0.0 and own >= came:
                 return Origin(f"aten.{name}", where, made_by=name)
         inputs = dins or ins
@@ -331,6 +332,15 @@ class _Mode(OpMode):
             elif isinstance(t, torch.Tensor):
                 self._sh.pop(id(t), None)
         return out
+
+
+def _maxdiff(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| (one temporary; `absdiff`'s rules where either is not finite)."""
+    if not a.size:
+        return 0.0
+    d = np.subtract(a, b, dtype=np.float64)
+    m = float(np.abs(d, out=d).max()) if isinstance(d, np.ndarray) else abs(float(d))
+    return m if math.isfinite(m) else float(absdiff(a, b).max())
 
 
 def _wide_or(x: Any, exact: dict) -> Any:
