@@ -133,8 +133,8 @@ def judge_decision(
     a, b = a[diff], b[diff]
     ra, rb = (_round(x, dtype) for x in (a, b))
     with np.errstate(invalid="ignore"):
-        forced = bool(np.all(np.sign(ra - rb) != np.sign(a - b)))
-    return flipped, total, _margin(a, b, dtype), forced
+        each = np.sign(ra - rb) != np.sign(a - b)
+    return (flipped, total, *_margin_forced(a, b, each, dtype))
 
 
 def _judge_ranking(kind, low, exact, dtype, operands_exact) -> tuple[int, int, float, bool]:
@@ -152,8 +152,7 @@ def _judge_ranking(kind, low, exact, dtype, operands_exact) -> tuple[int, int, f
         return (
             flipped,
             total,
-            _margin(ev[diff], lv[diff], dtype),
-            bool(np.all(lr[diff] >= er[diff])),
+            *_margin_forced(ev[diff], lv[diff], lr[diff] >= er[diff], dtype),
         )
     k = low.shape[-1]
     lv = np.take_along_axis(x, low.astype(np.int64), -1)
@@ -167,8 +166,7 @@ def _judge_ranking(kind, low, exact, dtype, operands_exact) -> tuple[int, int, f
         return (
             flipped,
             total,
-            _margin(ev[diff], lv[diff], dtype),
-            bool(np.all(lr[diff] == er[diff])),
+            *_margin_forced(ev[diff], lv[diff], lr[diff] == er[diff], dtype),
         )
     # top_k: the kept sets per row; a kept element counts as flipped when its float64 value is
     # below the k-th largest float64 value (equal values may be kept either way).
@@ -178,14 +176,24 @@ def _judge_ranking(kind, low, exact, dtype, operands_exact) -> tuple[int, int, f
     if not flipped:
         return 0, total, math.nan, False
     kb = np.broadcast_to(kth, lv.shape)[miss]
-    forced = bool(np.all(_round(lv[miss], dtype) >= _round(kb, dtype)))
+    each = _round(lv[miss], dtype) >= _round(kb, dtype)
     del k
-    return flipped, total, _margin(kb, lv[miss], dtype), forced
+    return (flipped, total, *_margin_forced(kb, lv[miss], each, dtype))
 
 
 def _round(x: np.ndarray, dtype) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
         return numerics.round_to_dtype(np.asarray(x, np.float64), dtype).astype(np.float64)
+
+
+def _margin_forced(a: np.ndarray, b: np.ndarray, each: np.ndarray, dtype) -> tuple[float, bool]:
+    """(margin, forced) over flipped elements with float64 operands a, b and per element
+    whether one rounding forces it: forced when all are; the margin is that of the elements
+    the computation moved when some are not (the forced ones say nothing of its error)."""
+    if bool(np.all(each)):
+        return _margin(a, b, dtype), True
+    made = ~np.asarray(each, bool)
+    return _margin(a[made], b[made], dtype), False
 
 
 def _margin(a: np.ndarray, b: np.ndarray, dtype) -> float:
@@ -223,8 +231,8 @@ def record(
         )
     else:
         culprit = cause_op() if callable(cause_op) else cause_op
-        by = f" ({culprit} moved a value across)" if culprit else ""
-        reason = f"{what}{gap}: made by the computation{by}"
+        by = f": {culprit}, moved a value across" if culprit else ""
+        reason = f"{what}{gap}; made by the computation{by}"
     return DecisionRecord(
         index=index,
         primitive=primitive,

@@ -170,14 +170,15 @@ def _float_val(v) -> bool:
 
 
 def _culprit_name(h, ops: list) -> str:
-    """``div at sampler.py:12 (sample)``: the op that added the most carried error among the
-    decision's operands' ancestors."""
+    """``div at s.py:12 (sample), its error grown by exp at s.py:13 (sample)``: the op that
+    added the most carried error among the decision's operands' ancestors (the grower), after
+    the op whose error it grew (the one that added the most before it), when there is one."""
     cul = max((o.cul for o in ops if o.cul is not None), key=lambda c: c[0], default=None)
     if cul is None:
         return ""
     name = _label(h, cul[1])
     via = cul[2] if len(cul) > 2 else None
-    return name if via is None else f"{name}, growing the error of {_label(h, via)}"
+    return name if via is None else f"{_label(h, via)}, its error grown by {name}"
 
 
 def _label(h, label: int | str) -> str:
