@@ -32,6 +32,8 @@ import numpy as np
 from diag import numerics
 
 KINDS = ("compare", "argmax", "top_k", "sort", "select", "mask", "threshold")
+#: The kinds that rank values along an axis (indices out), the others decide per element.
+RANKINGS = frozenset(KINDS[1:4])
 FORCED = "forced by rounding"
 MADE = "made by the computation"
 
@@ -120,7 +122,7 @@ def judge_decision(
     """
     del operands_low
     low, exact = np.asarray(low), np.asarray(exact)
-    if kind in ("argmax", "top_k", "sort"):
+    if kind in RANKINGS:
         return _judge_ranking(kind, low, exact, dtype, operands_exact)
     low, exact = np.broadcast_arrays(low, exact)
     diff = low != exact
@@ -140,7 +142,7 @@ def judge_decision(
 def _judge_ranking(kind, low, exact, dtype, operands_exact) -> tuple[int, int, float, bool]:
     x = np.asarray(operands_exact[0], np.float64)
     xr = _round(x, dtype)
-    if kind == "argmax":
+    if kind == KINDS[1]:  # argmax
         li, ei = low[..., None].astype(np.int64), exact[..., None].astype(np.int64)
         lv, ev = np.take_along_axis(x, li, -1)[..., 0], np.take_along_axis(x, ei, -1)[..., 0]
         diff = lv != ev  # a float64 tie taken either way is no flip
@@ -157,7 +159,7 @@ def _judge_ranking(kind, low, exact, dtype, operands_exact) -> tuple[int, int, f
     k = low.shape[-1]
     lv = np.take_along_axis(x, low.astype(np.int64), -1)
     ev = np.take_along_axis(x, exact.astype(np.int64), -1)
-    if kind == "sort":  # positions holding another float64 value (equal values may swap)
+    if kind == KINDS[3]:  # sort: positions holding another float64 value (equal values may swap)
         diff = lv != ev
         flipped, total = int(diff.sum()), int(diff.size)
         if not flipped:
