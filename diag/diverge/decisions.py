@@ -32,6 +32,8 @@ import numpy as np
 from diag import numerics
 
 KINDS = ("compare", "argmax", "top_k", "sort", "select", "mask", "threshold")
+#: The kinds that rank values along an axis (indices out), the others decide per element.
+RANKINGS = frozenset(KINDS[1:4])
 FORCED = "forced by rounding"
 MADE = "made by the computation"
 
@@ -120,7 +122,7 @@ def judge_decision(
     """
     del operands_low
     low, exact = np.asarray(low), np.asarray(exact)
-    if kind in ("argmax", "top_k", "sort"):
+    if kind in RANKINGS:
         return _judge_ranking(kind, low, exact, dtype, operands_exact)
     low, exact = np.broadcast_arrays(low, exact)
     diff = low != exact
@@ -133,14 +135,14 @@ def judge_decision(
     a, b = a[diff], b[diff]
     ra, rb = (_round(x, dtype) for x in (a, b))
     with np.errstate(invalid="ignore"):
-        forced = bool(np.all(np.sign(ra - rb) != np.sign(a - b)))
-    return flipped, total, _margin(a, b, dtype), forced
+        each = np.sign(ra - rb) != np.sign(a - b)
+    return (flipped, total, *_margin_forced(a, b, each, dtype))
 
 
 def _judge_ranking(kind, low, exact, dtype, operands_exact) -> tuple[int, int, float, bool]:
     x = np.asarray(operands_exact[0], np.float64)
     xr = _round(x, dtype)
-    if kind == "argmax":
+    if kind == KINDS[1]:  # argmax
         li, ei = low[..., None].astype(np.int64), exact[..., None].astype(np.int64)
         lv, ev = np.take_along_axis(x, li, -1)[..., 0], np.take_along_axis(x, ei, -1)[..., 0]
         diff = lv != ev  # a float64 tie taken either way is no flip
@@ -152,13 +154,12 @@ def _judge_ranking(kind, low, exact, dtype, operands_exact) -> tuple[int, int, f
         return (
             flipped,
             total,
-            _margin(ev[diff], lv[diff], dtype),
-            bool(np.all(lr[diff] >= er[diff])),
+            *_margin_forced(ev[diff], lv[diff], lr[diff] >= er[diff], dtype),
         )
     k = low.shape[-1]
     lv = np.take_along_axis(x, low.astype(np.int64), -1)
     ev = np.take_along_axis(x, exact.astype(np.int64), -1)
-    if kind == "sort":  # positions holding another float64 value (equal values may swap)
+    if kind == KINDS[3]:  # sort: positions holding another float64 value (equal values may swap)
         diff = lv != ev
         flipped, total = int(diff.sum()), int(diff.size)
         if not flipped:
@@ -167,8 +168,7 @@ def _judge_ranking(kind, low, exact, dtype, operands_exact) -> tuple[int, int, f
         return (
             flipped,
             total,
-            _margin(ev[diff], lv[diff], dtype),
-            bool(np.all(lr[diff] == er[diff])),
+            *_margin_forced(ev[diff], lv[diff], lr[diff] == er[diff], dtype),
         )
     # top_k: the kept sets per row; a kept element counts as flipped when its float64 value is
     # below the k-th largest float64 value (equal values may be kept either way).
@@ -178,14 +178,24 @@ def _judge_ranking(kind, low, exact, dtype, operands_exact) -> tuple[int, int, f
     if not flipped:
         return 0, total, math.nan, False
     kb = np.broadcast_to(kth, lv.shape)[miss]
-    forced = bool(np.all(_round(lv[miss], dtype) >= _round(kb, dtype)))
+    each = _round(lv[miss], dtype) >= _round(kb, dtype)
     del k
-    return flipped, total, _margin(kb, lv[miss], dtype), forced
+    return (flipped, total, *_margin_forced(kb, lv[miss], each, dtype))
 
 
 def _round(x: np.ndarray, dtype) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
         return numerics.round_to_dtype(np.asarray(x, np.float64), dtype).astype(np.float64)
+
+
+def _margin_forced(a: np.ndarray, b: np.ndarray, each: np.ndarray, dtype) -> tuple[float, bool]:
+    """(margin, forced) over flipped elements with float64 operands a, b and per element
+    whether one rounding forces it: forced when all are; the margin is that of the elements
+    the computation moved when some are not (the forced ones say nothing of its error)."""
+    if bool(np.all(each)):
+        return _margin(a, b, dtype), True
+    made = ~np.asarray(each, bool)
+    return _margin(a[made], b[made], dtype), False
 
 
 def _margin(a: np.ndarray, b: np.ndarray, dtype) -> float:
@@ -223,8 +233,8 @@ def record(
         )
     else:
         culprit = cause_op() if callable(cause_op) else cause_op
-        by = f" ({culprit} moved a value across)" if culprit else ""
-        reason = f"{what}{gap}: made by the computation{by}"
+        by = f": {culprit}, moved a value across" if culprit else ""
+        reason = f"{what}{gap}; made by the computation{by}"
     return DecisionRecord(
         index=index,
         primitive=primitive,

@@ -26,6 +26,15 @@ from diag.interp.jaxpr import is_inexact
 
 COMPARE = frozenset("gt ge lt le eq ne".split())
 RANKING = {"argmax": "argmax", "argmin": "argmax", "top_k": "top_k", "sort": "sort"}
+#: Where each ranking primitive names its axis, and which output holds the indices (None:
+#: the integer payload of an argsort).
+AXIS = {
+    "argmax": ("axes", 0),
+    "argmin": ("axes", 0),
+    "top_k": ("axis", 1),
+    "sort": ("dimension", None),
+}
+MINIMA = frozenset({"argmin"})
 CUMULATIVE = frozenset("cumsum cumlogsumexp".split())
 #: Literals in dtypes with fewer significand bits than this are reported (float32's rounding
 #: of ``0.1`` is 3e-9 relative: true, but noise in a report); every rounded literal gets the
@@ -144,23 +153,23 @@ def _ranking(e, ins, vals, shadows):
     x = ins[0]
     if not _float_val(x):
         return None
-    if name in ("argmax", "argmin"):
-        axis, k_low, k_exact = p["axes"][0], 0, 0
-    elif name == "top_k":
-        axis, k_low, k_exact = p.get("axis", -1), 1, 1
-    else:  # sort: an argsort sorts an index payload along with one float key
+    key, out = AXIS[name]
+    axis = p.get(key, -1)
+    if isinstance(axis, tuple):  # argmax's axes: one axis
+        axis = axis[0]
+    if out is None:  # an argsort sorts an index payload along with one float key
         ints = [k for k, v in enumerate(e.outvars) if np.dtype(v.aval.dtype).kind in "iu"]
         if p.get("num_keys", 1) != 1 or not ints:
             return None
-        axis, k_low, k_exact = p["dimension"], ints[0], ints[0]
-    low, exact = np.asarray(vals[k_low]), np.asarray(shadows[k_exact])
+        out = ints[0]
+    low, exact = np.asarray(vals[out]), np.asarray(shadows[out])
     if np.array_equal(low, exact):
         return None
     lo, ex = host(x.val), host(x.sh)
-    if name == "argmin":
+    if name in MINIMA:
         lo, ex = -lo, -ex
     lo, ex = np.moveaxis(lo, axis, -1), np.moveaxis(ex, axis, -1)
-    if name != "argmax" and name != "argmin":
+    if low.ndim == lo.ndim:  # top_k, sort: indices along the axis (argmax: the axis reduced)
         low, exact = np.moveaxis(low, axis, -1), np.moveaxis(exact, axis, -1)
     return RANKING[name], low, exact, [lo], [ex]
 
@@ -170,14 +179,15 @@ def _float_val(v) -> bool:
 
 
 def _culprit_name(h, ops: list) -> str:
-    """``div at sampler.py:12 (sample)``: the op that added the most carried error among the
-    decision's operands' ancestors."""
+    """``div at s.py:12 (sample), its error grown by exp at s.py:13 (sample)``: the op that
+    added the most carried error among the decision's operands' ancestors (the grower), after
+    the op whose error it grew (the one that added the most before it), when there is one."""
     cul = max((o.cul for o in ops if o.cul is not None), key=lambda c: c[0], default=None)
     if cul is None:
         return ""
     name = _label(h, cul[1])
     via = cul[2] if len(cul) > 2 else None
-    return name if via is None else f"{name}, growing the error of {_label(h, via)}"
+    return name if via is None else f"{_label(h, via)}, its error grown by {name}"
 
 
 def _label(h, label: int | str) -> str:

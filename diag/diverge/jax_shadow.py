@@ -140,7 +140,7 @@ class _Shadow(Evaluator):
         wide = [_widen(i.val) for i in ins]
         if not followed:
             ref = None
-        elif all(i.err == 0.0 for i in ins):
+        elif all(i.err == 0.0 for i in ins) and all(map(_same_decision, ins)):
             ref = shadows  # the shadows are the inputs: the float64 op on them is the reference
         else:
             try:
@@ -185,6 +185,15 @@ class _Shadow(Evaluator):
         """Judge `e` if it is a decision; pass on what later decisions are judged by."""
         jax_decide.propagate(e, ins, outs, entries)
         jax_decide.decide(self, e, ins, vals, shadows, where, path, phase)
+
+
+def _same_decision(v: _SV) -> bool:
+    """Whether a value that is not a float (an index, a predicate) is its shadow: one a
+    decision made other than float64 differs, and then the op on the shadows is no reference
+    for the op's own error."""
+    if v.thr != np.inf or v.sh is v.val:
+        return True
+    return bool(np.array_equal(np.asarray(v.val), np.asarray(v.sh)))
 
 
 def _carry(out: _SV, srcs: list) -> _SV:

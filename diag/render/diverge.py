@@ -190,6 +190,16 @@ def _useful(cols: list, rows: list) -> list:
     ]
 
 
+def _short(d: Any) -> Any:
+    """A decision as its table row shows it: the cause in a word, the op that moved a value
+    without the chain behind it (the verdict line has it whole)."""
+    import dataclasses
+
+    op = d.cause_op.split(", its error grown", 1)[0]
+    cause = "forced" if d.cause.startswith("forced") else "made"
+    return dataclasses.replace(d, cause=cause, cause_op=op)
+
+
 def _shadow_parts(report: Any) -> list:
     from diag.diverge.decisions import verdict
 
@@ -214,7 +224,8 @@ def _shadow_parts(report: Any) -> list:
         title = f"decisions taken the other way than float64: first {d.primitive} at " + (
             d.source or "an unknown line"
         )
-        parts.append(_rows_table(title, _useful(_DECISION_COLS, decisions), decisions, d))
+        shown = [_short(x) for x in decisions]
+        parts.append(_rows_table(title, _useful(_DECISION_COLS, shown), shown, shown[0]))
     for lit in getattr(report, "literals", ()):
         parts.append(
             escape(
