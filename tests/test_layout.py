@@ -192,6 +192,7 @@ SAME_SPELLING = {
     # JAX's `top_k` primitive, and the decision kind named after it (DecisionRecord.kind).
     "diag/diverge/decisions.py": "the decision kind named after the primitive it judges",
     "diag/diverge/jax_decide.py": "JAX's top_k primitive, read from the jaxpr",
+    "diag/diverge/torch_decide.py": "the decision kind named after JAX's top_k (aten.topk's)",
 }
 
 

@@ -220,7 +220,7 @@ class Decider:
             len(self.mode.ledger.entries), primitive, kind, judged, dtype, where, path, phase, cause
         )
         if upstream is not None:
-            what = rec.reason.split(":", 1)[0]
+            what = _what(rec)
             rec = dataclasses.replace(
                 rec,
                 cause_op=cause,
@@ -281,7 +281,7 @@ class Decider:
                 phase,
                 o.text,
             )
-            what = rec.reason.split(":", 1)[0]
+            what = _what(rec)
             rec = dataclasses.replace(
                 rec,
                 cause_op=o.text,
@@ -292,6 +292,12 @@ class Decider:
             )
             self.mode.ledger.decisions.append(rec)
             o.recorded = True
+
+
+def _what(rec: DecisionRecord) -> str:
+    return (
+        f"{rec.primitive} decided {rec.flipped} of {rec.total} elements the other way than float64"
+    )
 
 
 def _round(x, dtype) -> np.ndarray:
