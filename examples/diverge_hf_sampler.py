@@ -18,9 +18,10 @@ VOCAB = 32_000
 
 
 def top_p_sampler(logits):
-    """Top-p 0.9, then the greedy pick among the kept tokens; returns (kept mask, token)."""
+    """Top-p 0.9, then the greedy pick among the kept tokens; returns (scores, token): the
+    tokens cut have the score -inf."""
     scores = TopPLogitsWarper(0.9)(None, logits)
-    return torch.isfinite(scores), torch.argmax(scores, dim=-1)
+    return scores, torch.argmax(scores, dim=-1)
 
 
 def greedy(logits):

@@ -31,6 +31,7 @@ import torch
 from diag import numerics
 from diag.diverge import decisions
 from diag.diverge.decisions import FORCED, MADE, DecisionRecord, LiteralRecord
+from diag.diverge.rules import ulp_of
 
 #: aten op (name without overload) -> (decision kind, which output holds the decision, the
 #: sign that makes "largest" the decided direction: argmin/min decide on -x).
@@ -185,7 +186,7 @@ class Decider:
         if judged[0] == 0:
             return out, None
         if literal is not None:  # the literal is not rounded: compared exactly, it decides
-            judged = judged[:3] + (_forced_exact(_np(out) != _np(sh_out), ex[0], ex[1], dtype),)
+            judged = judged[:2] + _forced_exact(_np(out) != _np(sh_out), ex[0], ex[1], dtype)
         kind = (
             "threshold"
             if any(self.mode.origin_of(t).made_by in _CUMULATIVE for t in operands)
@@ -305,13 +306,21 @@ def _round(x, dtype) -> np.ndarray:
         return numerics.round_to_dtype(np.asarray(x, np.float64), dtype).astype(np.float64)
 
 
-def _forced_exact(flipped: np.ndarray, a, t, dtype) -> bool:
-    """A comparison of a tensor with a literal taken exactly: forced when rounding the float64
-    tensor value once already puts it on the other side of (or onto) the literal."""
+def _forced_exact(flipped: np.ndarray, a, t, dtype) -> tuple[float, bool]:
+    """(margin, forced) of a comparison of a tensor with a literal taken exactly: forced when
+    rounding the float64 tensor value once already puts it on the other side of (or onto) the
+    literal; the margin (ULPs of `dtype`) is that of the elements the computation moved."""
     a = np.broadcast_to(np.asarray(a, np.float64), flipped.shape)[flipped]
     t = np.broadcast_to(np.asarray(t, np.float64), flipped.shape)[flipped]
     with np.errstate(invalid="ignore"):
-        return bool(np.all(np.sign(_round(a, dtype) - t) != np.sign(a - t)))
+        each = np.sign(_round(a, dtype) - t) != np.sign(a - t)
+    forced = bool(np.all(each))
+    if not forced:
+        a, t = a[~each], t[~each]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d = np.abs(a - t) / ulp_of(np.maximum(np.abs(a), np.abs(t)), dtype)
+    d = d[~np.isnan(d)]
+    return (float(d.min()) if d.size else math.nan), forced
 
 
 __all__ = [
