@@ -88,11 +88,11 @@ def adjacent_pair(dtype, lo: float, hi: float, t: float, collapse: bool) -> tupl
     raise AssertionError("no such pair")
 
 
-def near_tie_logits(rng, dtype, collapse: bool, t: float = 0.7):
-    """Logits ~1e3 whose 40th and 41st largest are one ulp of `dtype` apart, and whose
+def near_tie_logits(rng, dtype, collapse: bool, t: float = 0.7, base: float = 1e3):
+    """Logits ~`base` whose 40th and 41st largest are one ulp of `dtype` apart, and whose
     quotients by `t` tie in `dtype` (`collapse`) or not; the other 39 of the top 40 distinct."""
-    k40, k41 = adjacent_pair(dtype, 600.0 if dtype == torch.bfloat16 else 1500.0, 4000.0, t,
-                             collapse)
+    lo = base * (0.6 if dtype == torch.bfloat16 else 1.5)
+    k40, k41 = adjacent_pair(dtype, lo, 4.0 * base, t, collapse)
     x = rng.normal(0.0, 2.0, (1, V))
     cols = rng.permutation(V)[:41]
     x[0, cols[:39]] = k40 + 40.0 + 8.0 * np.arange(39)
@@ -103,8 +103,11 @@ def near_tie_logits(rng, dtype, collapse: bool, t: float = 0.7):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("collapse", [True, False])
-def test_temperature_then_top_k_names_the_cut_and_whether_rounding_forced_it(dtype, collapse):
-    low, x = near_tie_logits(np.random.default_rng(int(collapse)), dtype, collapse)
+@pytest.mark.parametrize("base", [1e2, 1e3, 8e3])
+def test_temperature_then_top_k_names_the_cut_and_whether_rounding_forced_it(
+    dtype, collapse, base
+):
+    low, x = near_tie_logits(np.random.default_rng(int(collapse)), dtype, collapse, base=base)
     got = kept_values(temp_top_k(low), x)
     want = kept_values(temp_top_k(torch.tensor(x)), x)
     rep = diag.diverge.shadow(temp_top_k, low)
@@ -138,6 +141,29 @@ def test_top_k_on_the_logits_themselves_is_clean():
     rep = diag.diverge.shadow(lambda s: warper(None, s), low)
     check_clean(rep)
     assert not rep.failed
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_top_p_on_a_128k_vocabulary(dtype):
+    """Llama-3-sized vocabulary (128256): the knife edge, as in the 32k cases."""
+    low = torch.tensor(np.random.default_rng(7).normal(0.0, 1.5, (1, 128256))).to(dtype)
+    x = low.double().numpy()
+    got = kept_values(top_p(low), x)
+    want = kept_values(top_p(torch.tensor(x)), x)
+    rep = diag.diverge.shadow(top_p, low)
+    if same(got, want):
+        check_clean(rep)
+        return
+    d = rep.first_decision
+    assert d.primitive == "aten.le" and d.kind == "threshold"
+    s = np.sort(x[0])
+    p = np.exp(s - s.max())
+    c64 = np.cumsum(p / p.sum())
+    c_low = torch.sort(low[0])[0].softmax(-1).cumsum(-1)
+    flipped = (c_low <= (1 - 0.9)).numpy() != (c64 <= 1 - 0.9)
+    t = 1 - 0.9
+    want_forced = bool(np.all(np.sign(rnd(c64[flipped], dtype) - t) != np.sign(c64[flipped] - t)))
+    assert d.flipped == int(flipped.sum()) and d.cause == (FORCED if want_forced else MADE)
 
 
 # -- greedy after a temperature ------------------------------------------------------------
