@@ -407,3 +407,22 @@ def test_a_sort_permutation_is_reported_where_it_changes_a_pick():
     d = rep.first_decision
     assert d.primitive == "aten.gather" and d.cause == FORCED
     assert "aten.sort" in d.cause_op and d.source == line_of(sorted_pick, "torch.gather")
+
+
+def lost_then_selected(x):
+    a = (x + 256.0) - 256.0
+    return x[a >= x].sum()
+
+
+def test_values_picked_by_a_flipped_mask_restart_the_shadow_and_the_mask_is_named():
+    """Boolean indexing with a mask float64 decides otherwise picks another number of values:
+    no element-wise shadow exists; the decision is the finding and the note says so."""
+    x = torch.tensor(np.random.default_rng(0).uniform(0.5, 8.0, 256)).to(torch.bfloat16)
+    xe = x.double().numpy()
+    a_low = (xe + 256.0).astype(ml_dtypes.bfloat16).astype(np.float64) - 256.0
+    assert (~(a_low >= xe)).any()  # the premise, as in the `where` case
+    rep = diag.diverge.shadow(lost_then_selected, x)
+    d = rep.first_decision
+    assert d.primitive == "aten.ge" and d.cause == MADE and rep.failed
+    assert d.flipped == int((~(a_low >= xe)).sum())
+    assert "flipped mask" in rep.note

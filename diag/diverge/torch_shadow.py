@@ -89,6 +89,7 @@ class _Mode(OpMode):
         super().__init__()
         self.ledger = Ledger()
         self.unfollowed: set[str] = set()
+        self.restarted: set[str] = set()  # shaped by a flipped mask: no shadow to compare
         self._sh: dict[int, tuple[weakref.ref, torch.Tensor, float, float, Any]] = {}
         self.decider = Decider(self)
         self._decided = False  # whether a mask or indices has ever had a shadow of its own
@@ -273,6 +274,11 @@ class _Mode(OpMode):
             if not _real(y):
                 self._keep_decided(y, s, origin)
                 continue
+            if s.shape != y.shape:  # picked by a flipped mask: the shadow restarts from y
+                sh = y.detach().to(torch.float64, copy=True)
+                self._keep(y, sh, math.inf, diverge_carried_threshold(_NP[y.dtype]), origin)
+                self.restarted.add(f"aten.{name}")
+                continue
             r = refs[k] if k < len(refs) else None
             fx = None
             if op_class(name) == "reduction" and not writes and own is not None:
@@ -367,10 +373,16 @@ def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
     result_error, thr = 0.0, math.inf
     if first is not None:
         _, result_error, thr = mode.shadow_of(first)
-    note = ""
+    notes = []
     if mode.unfollowed:
-        note = (
+        notes.append(
             f"no float64 form for {', '.join(sorted(mode.unfollowed))}: the shadow "
             f"restarts from their outputs"
         )
+    if mode.restarted:
+        notes.append(
+            f"{', '.join(sorted(mode.restarted))} picked another number of values by a "
+            f"flipped mask: the shadow restarts from their outputs"
+        )
+    note = "; ".join(notes)
     return mode.ledger.report("torch", name, result_error, note, result_threshold=thr)
