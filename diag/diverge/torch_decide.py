@@ -155,7 +155,10 @@ class Decider:
         return sh_out, origin
 
     def _compare(self, name, x, other, out, sh_out, where, path, phase):
-        dtype = numerics.as_dtype(str(x.dtype).split(".")[-1])
+        common = torch.result_type(x, other) if isinstance(other, torch.Tensor) else x.dtype
+        if not common.is_floating_point:
+            return sh_out, None
+        dtype = numerics.as_dtype(str(common).split(".")[-1])
         literal = None
         if isinstance(other, (float, int)) and not isinstance(other, bool):
             used = float(torch.tensor(other, dtype=x.dtype).item())
