@@ -426,3 +426,31 @@ def test_values_picked_by_a_flipped_mask_restart_the_shadow_and_the_mask_is_name
     assert d.primitive == "aten.ge" and d.cause == MADE and rep.failed
     assert d.flipped == int((~(a_low >= xe)).sum())
     assert "flipped mask" in rep.note
+
+
+# -- more of transformers' warpers: a finding wherever the kept set differs ------------------
+
+
+@pytest.mark.parametrize(
+    "make, both_ways",
+    [
+        (lambda: lp.EtaLogitsWarper(3e-4), True),
+        (lambda: lp.EpsilonLogitsWarper(3e-4), True),
+        (lambda: lp.TopHLogitsWarper(0.5), True),
+        # its sort of |log p + H| feeds a gather: a permutation that differs may still end in
+        # the same kept set, so only one way is claimed
+        (lambda: lp.TypicalLogitsWarper(0.9), False),
+    ],
+)
+def test_other_warpers_report_a_decision_wherever_the_kept_set_differs(make, both_ways):
+    low = torch.tensor(np.random.default_rng(0).normal(0.0, 2.0, (2, V))).to(torch.bfloat16)
+    x = low.double().numpy()
+    warper = make()
+    differs = not same(kept_values(warper(None, low), x),
+                       kept_values(warper(None, torch.tensor(x)), x))
+    rep = diag.diverge.shadow(lambda s: warper(None, s), low)
+    if differs:
+        d = rep.first_decision
+        assert d is not None and d.library.startswith("logits_process.py:")
+    elif both_ways:
+        check_clean(rep)

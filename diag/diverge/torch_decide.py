@@ -70,11 +70,11 @@ class Origin:
         made_by: the bare op name that produced the value (through views): ``cumsum``.
     """
 
-    __slots__ = ("primitive", "where", "forced", "recorded", "made_by")
+    __slots__ = ("primitive", "where", "forced", "recorded", "made_by", "cause")
 
-    def __init__(self, primitive, where, forced=None, recorded=True, made_by=""):
+    def __init__(self, primitive, where, forced=None, recorded=True, made_by="", cause=""):
         self.primitive, self.where, self.forced = primitive, where, forced
-        self.recorded, self.made_by = recorded, made_by
+        self.recorded, self.made_by, self.cause = recorded, made_by, cause
 
     @property
     def text(self) -> str:
@@ -234,7 +234,7 @@ class Decider:
         reported = _REPORTED[kind]
         if reported:
             self.mode.ledger.decisions.append(rec)
-        return Origin(primitive, where, rec.verdict == "warn", recorded=reported, made_by=name)
+        return Origin(primitive, where, rec.verdict == "warn", reported, name, rec.cause_op)
 
     def _cause(self, literal, dtype, operands, where) -> str:
         """What moved a value across: a literal rounded to the dtype, if it alone flips an
@@ -286,12 +286,13 @@ class Decider:
                 o.text,
             )
             what = _what(rec)
+            by = f", moved by {o.cause}" if o.cause else ""
             rec = dataclasses.replace(
                 rec,
-                cause_op=o.text,
+                cause_op=f"{o.text}{by}",
                 reason=(
-                    f"{what}: {o.text} ({FORCED if o.forced else MADE}) changed which values "
-                    f"it keeps"
+                    f"{what}: {o.text} ({FORCED if o.forced else MADE}{by}) changed which "
+                    f"values it keeps"
                 ),
             )
             self.mode.ledger.decisions.append(rec)
