@@ -6,7 +6,10 @@ of interleaved repeats with min/max):
   shadow   `diag.diverge.shadow(fn, *args)`: every op run three ways (as written, on the
            float64 shadows, in float64 on its actual inputs: skipped when they equal their
            shadows) plus the figures per op
-and the ratio shadow/eager (target <= 5x), of the medians and of the fastest samples. For the JAX-vs-PyTorch port of
+and the ratio shadow/eager (target <= 5x), of the medians and of the fastest samples (a 3-layer
+MLP's forward and backward in each framework, and a bf16 top-p/greedy sampler on 32k logits,
+examples/diverge_sampler.py, and transformers' top-p warper on 32k bf16 logits,
+examples/diverge_hf_sampler.py, whose decisions are judged too). For the JAX-vs-PyTorch port of
 examples/diverge_port.py:
   runs     run_jax() + run_torch() (the jitted JAX block and the eager PyTorch block, at
            width --size, 128 tokens)
@@ -32,7 +35,9 @@ import torch
 import diag.diverge
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import diverge_hf_sampler as hf_sampler  # noqa: E402
 import diverge_port as port  # noqa: E402
+import diverge_sampler as sampler  # noqa: E402
 
 
 def torch_step(d: int):
@@ -134,6 +139,25 @@ def main() -> None:
     variants = {"eager": eager, "shadow": lambda: diag.diverge.shadow(fn, *args)}
     samples = _interleaved(variants, a.repeats)
     _row("jax mlp value_and_grad", samples, "shadow", "eager", 5)
+
+    # A bf16 top-p/greedy sampler on 32k logits whose cut flips (examples/diverge_sampler.py
+    # :made): every comparison, argmax and top_k judged against float64 besides the values.
+    fn, args = sampler.made()
+
+    def eager_sampler():
+        with jax.disable_jit():
+            jax.block_until_ready(fn(*args))
+
+    variants = {"eager": eager_sampler, "shadow": lambda: diag.diverge.shadow(fn, *args)}
+    samples = _interleaved(variants, a.repeats)
+    _row("jax bf16 sampler 32k", samples, "shadow", "eager", 5)
+
+    # transformers' TopPLogitsWarper then argmax on 32k bf16 logits whose cut flips
+    # (examples/diverge_hf_sampler.py:made): the PyTorch shadow with its decisions judged.
+    fn, args = hf_sampler.made()
+    variants = {"eager": lambda: fn(*args), "shadow": lambda: diag.diverge.shadow(fn, *args)}
+    samples = _interleaved(variants, a.repeats)
+    _row("torch bf16 hf top-p 32k", samples, "shadow", "eager", 5)
 
     def runs():
         jax.block_until_ready(port.run_jax())

@@ -190,6 +190,10 @@ SAME_SPELLING = {
     # "same names everywhere"): `diag.oracle.matmul_result`.
     "diag/oracle/__init__.py": "the ground-truth API and its cache keys",
     "diag/oracle/mp.py": "the mpmath reference's API",
+    # JAX's `top_k` primitive, and the decision kind named after it (DecisionRecord.kind).
+    "diag/diverge/decisions.py": "the decision kind named after the primitive it judges",
+    "diag/diverge/jax_decide.py": "JAX's top_k primitive, read from the jaxpr",
+    "diag/diverge/torch_decide.py": "the decision kind named after JAX's top_k (aten.topk's)",
 }
 
 

@@ -35,9 +35,13 @@ def diverge_cmd(
         help="Seconds the targets may run; past them diag stops with exit 4.",
     ),
 ) -> None:
-    """Name the first divergent op or tap (exit 1 if one is found, 0 if none, 2 bad usage or
-    nothing to compare, 4 the target raised or ran past --timeout)."""
+    """Name the first divergent op or tap, and every decision (comparison, argmax, top-k cut,
+    mask) taken the other way than float64 (exit 1 if a divergent op, a decision made by the
+    computation or a result past its threshold is found; 0 if none, or only decisions forced
+    by rounding, which are printed as warnings; 2 bad usage or nothing to compare, 4 the target
+    raised or ran past --timeout)."""
     from diag import diverge, nan, render
+    from diag.diverge.decisions import verdict
     from diag.flags import validate_xla_flags
     from diag.interp.guard import user_code
 
@@ -56,17 +60,20 @@ def diverge_cmd(
         else:
             runs = [(lambda f=f, a=a, k=k: f(*a, **k)) for f, a, k in loaded]
             report = diverge.compare(runs[0], runs[1], modules=modules)
+    if hasattr(report, "decisions"):
+        code, why = verdict(report)
+    else:
+        code, why = (1 if report.first is not None else 0), ""
     if as_json:
-        render.out.print_json(
-            json.dumps(
-                {
-                    "targets": list(targets),
-                    "found": report.first is not None,
-                    "report": report.to_dict(),
-                }
-            )
-        )
+        doc = {
+            "targets": list(targets),
+            "found": report.first is not None,
+            "report": report.to_dict(),
+        }
+        if hasattr(report, "decisions"):  # a shadow report: the exit status and why
+            doc["failed"], doc["verdict"] = code == 1, why
+        render.out.print_json(json.dumps(doc))
     else:
         for part in render.diverge_tables(report):
             render.out.print(part)
-    raise typer.Exit(1 if report.first is not None else 0)
+    raise typer.Exit(code)

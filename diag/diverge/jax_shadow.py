@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from diag.diverge import jax_decide
 from diag.diverge.ledger import Ledger
 from diag.diverge.records import DivergeError, ShadowReport
 from diag.diverge.rules import release_scratch
@@ -39,11 +40,16 @@ _F64 = np.dtype(np.float64)
 class _SV(Value):
     """A value, its float64 shadow, its carried error and the threshold of its dtype."""
 
-    __slots__ = ("sh", "err", "thr")
+    __slots__ = ("sh", "err", "thr", "cul", "cum", "dec")
 
     def __init__(self, val: Any, sh: Any, err: float = 0.0, thr: float = 0.0):
         super().__init__(val)
         self.sh, self.err = sh, err
+        # What `jax_decide` judges a decision by: the op that added the most carried error
+        # among the value's ancestors (added error, ledger entry or a label), whether it
+        # descends from a cumulative sum, whether a recorded decision made it.
+        self.cul: tuple | None = None  # (added error, entry or label, the one it grew)
+        self.cum = self.dec = False
         dtype = getattr(val, "dtype", None)
         self.thr = (
             max(thr, diverge_carried_threshold(dtype))
@@ -93,26 +99,29 @@ class _Shadow(Evaluator):
         super().__init__()
         self.ledger = Ledger()
         self.unfollowed: set[str] = set()
+        self.literal_cache: dict[int, list[tuple[int, float]]] = {}
 
     def wrap(self, val: Any) -> _SV:
         return _SV(val, _widen(val))
 
     def index(self, v: Value, i: int) -> _SV:
         sv = cast(_SV, v)  # this evaluator makes only _SV values (wrap/index/stack/apply)
-        return _SV(sv.val[i], sv.sh[i], sv.err, sv.thr)
+        return _carry(_SV(sv.val[i], sv.sh[i], sv.err, sv.thr), [sv])
 
     def stack(self, vs: list, aval) -> _SV:
         if not vs:
             z = jnp.zeros(aval.shape, aval.dtype)
             return _SV(z, _widen(z))
-        return _SV(
+        out = _SV(
             jnp.stack([v.val for v in vs]),
             jnp.stack([v.sh for v in vs]),
             max(v.err for v in vs),
             max(v.thr for v in vs),
         )
+        return _carry(out, vs)
 
     def apply(self, e, ins: list, path: str, backward: bool) -> list:
+        ins = jax_decide.literal_inputs(self, e, ins)
         vals = _bind(e, [i.val for i in ins])
         floats = [k for k, v in enumerate(e.outvars) if _is_float(v.aval.dtype)]
         followed = True
@@ -121,13 +130,17 @@ class _Shadow(Evaluator):
         except Exception:  # noqa: BLE001 - no float64 form: follow the program's values
             self.unfollowed.add(e.primitive.name)
             shadows, followed = [_widen(v) for v in vals], False
+        where = _where(e, tuple(self.outer))
+        phase = "backward" if backward else "forward"
         if not floats:
-            return [_SV(v, s) for v, s in zip(vals, shadows)]
+            outs = [_SV(v, s) for v, s in zip(vals, shadows)]
+            self._decide(e, ins, outs, vals, shadows, where, path, phase, {})
+            return outs
         name = e.primitive.name
         wide = [_widen(i.val) for i in ins]
         if not followed:
             ref = None
-        elif all(i.err == 0.0 for i in ins):
+        elif all(i.err == 0.0 for i in ins) and all(map(_same_decision, ins)):
             ref = shadows  # the shadows are the inputs: the float64 op on them is the reference
         else:
             try:
@@ -138,8 +151,7 @@ class _Shadow(Evaluator):
         carried_in = [(i.err, i.thr) for i in ins if _is_float(getattr(i.val, "dtype", None))]
         inherited = max((t for _, t in carried_in), default=0.0)
         outs = []
-        where = _where(e, tuple(self.outer))
-        phase = "backward" if backward else "forward"
+        entries: dict[int, int] = {}
         for k, (v, s) in enumerate(zip(vals, shadows)):
             if k not in floats:
                 outs.append(_SV(v, s))
@@ -147,6 +159,7 @@ class _Shadow(Evaluator):
             terms = max([np.size(i.val) / max(np.size(v), 1) for i in ins] + [longest])
             dtype = np.dtype(e.outvars[k].aval.dtype)
             thr = max(inherited, diverge_carried_threshold(dtype))
+            entries[k] = len(self.ledger.entries)
             err = self.ledger.measure(
                 name,
                 name,
@@ -164,8 +177,31 @@ class _Shadow(Evaluator):
                 longest=int(longest),
             )
             outs.append(_SV(v, s, err, thr))
+        self._decide(e, ins, outs, vals, shadows, where, path, phase, entries)
         self.observe(e, ins, outs, path, backward)  # each value with its float64 shadow
         return outs
+
+    def _decide(self, e, ins, outs, vals, shadows, where, path, phase, entries) -> None:
+        """Judge `e` if it is a decision; pass on what later decisions are judged by."""
+        jax_decide.propagate(e, ins, outs, entries)
+        jax_decide.decide(self, e, ins, vals, shadows, where, path, phase)
+
+
+def _same_decision(v: _SV) -> bool:
+    """Whether a value that is not a float (an index, a predicate) is its shadow: one a
+    decision made other than float64 differs, and then the op on the shadows is no reference
+    for the op's own error."""
+    if v.thr != np.inf or v.sh is v.val:
+        return True
+    return bool(np.array_equal(np.asarray(v.val), np.asarray(v.sh)))
+
+
+def _carry(out: _SV, srcs: list) -> _SV:
+    """`out` (sliced or stacked from `srcs`) with what `jax_decide` keeps per value."""
+    cul = [s.cul for s in srcs if s.cul is not None]
+    out.cul = max(cul, key=lambda c: c[0]) if cul else None
+    out.cum, out.dec = any(s.cum for s in srcs), any(s.dec for s in srcs)
+    return out
 
 
 def _facts(e, wide: list, k: int) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
@@ -210,11 +246,12 @@ def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
             ) from e
         finally:
             release_scratch()  # the figures' per-thread buffers (diag.diverge.rules)
-    result = next((o.err for o in outs if _is_float(getattr(o.val, "dtype", None))), 0.0)
+    res = next((o for o in outs if _is_float(getattr(o.val, "dtype", None))), None)
+    result, result_thr = (0.0, np.inf) if res is None else (res.err, res.thr)
     note = ""
     if h.unfollowed:
         note = (
             f"no float64 form for {', '.join(sorted(h.unfollowed))}: the shadow restarts "
             f"from their outputs"
         )
-    return h.ledger.report("jax", name, result, note)
+    return h.ledger.report("jax", name, result, note, result_thr)

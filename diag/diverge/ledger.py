@@ -13,10 +13,14 @@ from collections.abc import Callable
 import numpy as np
 
 from diag import numerics
+from diag.diverge import decisions
+from diag.diverge.decisions import DecisionRecord, LiteralRecord
 from diag.diverge.records import OpRecord, ShadowReport
 from diag.diverge.rules import carried_error, op_class, own_error
 
 TOP = 10
+#: Flipped decisions kept in a report (a loop may flip one per iteration).
+MAX_DECISIONS = 100
 
 
 class _Entry:
@@ -64,6 +68,48 @@ class Ledger:
     def __init__(self):
         self.entries: list[_Entry] = []
         self.first: _Entry | None = None
+        self.decisions: list[DecisionRecord] = []
+        self.literals: list[LiteralRecord] = []
+
+    def decide(
+        self,
+        primitive: str,
+        kind: str,
+        low: np.ndarray,
+        exact: np.ndarray,
+        dtype,
+        operands_low: list[np.ndarray],
+        operands_exact: list[np.ndarray],
+        where: Callable[[], tuple[str, str]],
+        path: str,
+        phase: str,
+        *,
+        cause_op: Callable[[], str] | str = "",
+    ) -> DecisionRecord | None:
+        """Judge one decision (`decisions.judge_decision`); record and return it when some
+        element went the other way than float64, else None.
+
+        Args:
+            primitive, kind: what the report shows (``gt``, ``compare``; see `DecisionRecord`).
+            low, exact: the decision as taken and as float64 takes it on the shadows.
+            dtype: the dtype it was taken in.
+            operands_low, operands_exact: its float operands and their float64 shadows
+                (decided axis last for argmax/top_k/sort).
+            where: returns (source, library line); called only for a flipped decision.
+            path, phase: where it sits, ``forward``/``backward``.
+            cause_op: the op that moved a value across (or a callable giving it, called only
+                for a flip made by the computation), e.g. ``div at sampler.py:12``.
+        """
+        judged = decisions.judge_decision(
+            kind, low, exact, dtype=dtype, operands_low=operands_low, operands_exact=operands_exact
+        )
+        if judged[0] == 0:
+            return None
+        rec = decisions.record(
+            len(self.entries), primitive, kind, judged, dtype, where, path, phase, cause_op
+        )
+        self.decisions.append(rec)
+        return rec
 
     def measure(
         self,
@@ -141,7 +187,12 @@ class Ledger:
         return carried
 
     def report(
-        self, framework: str, function: str, result_error: float, note: str = ""
+        self,
+        framework: str,
+        function: str,
+        result_error: float,
+        note: str = "",
+        result_threshold: float = math.inf,
     ) -> ShadowReport:
         """The `ShadowReport`: `first`, the top contributors, the curve."""
         ranked = sorted(
@@ -156,6 +207,10 @@ class Ledger:
             n_ops=len(self.entries),
             result_error=result_error,
             note=note,
+            decisions=tuple(self.decisions[:MAX_DECISIONS]),
+            first_decision=self.decisions[0] if self.decisions else None,
+            literals=tuple(dict.fromkeys(self.literals)),
+            result_threshold=result_threshold,
         )
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
+from diag.diverge.decisions import DecisionRecord, LiteralRecord
 from diag.errors import EXIT_USAGE, EXIT_WORKER_CRASH, DiagError
 
 
@@ -78,6 +80,12 @@ class ShadowReport:
         n_ops: how many ops with float outputs were evaluated.
         result_error: carried error of the function's (first float) result.
         note: what the reader should know (ops the shadow could not follow, ...).
+        decisions: the decisions (comparisons, argmax, top-k, masks) taken the other way
+            than float64, in execution order (`diag.diverge.decisions`).
+        first_decision: the first of them, or None.
+        literals: constants rounded to the dtype at trace time (written vs used).
+        result_threshold: the carried-error threshold of the result's dtype: a result past
+            it is never reported clean (`diag.diverge.decisions.verdict`).
     """
 
     framework: str
@@ -88,6 +96,17 @@ class ShadowReport:
     n_ops: int
     result_error: float
     note: str = ""
+    decisions: tuple[DecisionRecord, ...] = ()
+    first_decision: DecisionRecord | None = None
+    literals: tuple[LiteralRecord, ...] = ()
+    result_threshold: float = math.inf
+
+    @property
+    def failed(self) -> bool:
+        """Whether `diag diverge` exits 1 on this report (`decisions.verdict`)."""
+        from diag.diverge.decisions import verdict
+
+        return verdict(self)[0] == 1
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: an infinite figure is the string ``inf``, a missing one None."""

@@ -18,6 +18,7 @@ the user's program depends on; their shadow is their output. A tensor the shadow
 
 from __future__ import annotations
 
+import math
 import os
 import weakref
 from collections.abc import Callable
@@ -29,7 +30,9 @@ import torch
 
 from diag.diverge.ledger import Ledger
 from diag.diverge.records import DivergeError, ShadowReport
-from diag.diverge.rules import op_class, release_scratch
+from diag.diverge.rules import absdiff, op_class, release_scratch
+from diag.diverge.torch_decide import CONSUMERS, DECISIONS, NO_ORIGIN, Decider, Origin
+from diag.diverge.torch_facts import facts, host, map_args
 from diag.interp.torch_mode import OpMode
 from diag.interp.torch_ops import (
     OP_KIND,
@@ -40,31 +43,21 @@ from diag.interp.torch_ops import (
     written_args,
     written_tensors,
 )
+from diag.interp.torch_source import lines_from_stack
 from diag.tolerance.diverge import diverge_carried_threshold
 
-_NP = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
-       torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(ml_dtypes.bfloat16)}
+_NP = {
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+    torch.float16: np.dtype(np.float16),
+    torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
+}
 _REAL = frozenset(_NP)
 _SEEDED = torch.Tag.nondeterministic_seeded
 
 
 def _real(t: Any) -> bool:
     return is_float(t) and t.dtype in _REAL
-
-
-def _map(x: Any, fn: Callable) -> Any:
-    """`x` (an aten call's args/kwargs) with every tensor and float dtype passed through fn."""
-    if isinstance(x, (torch.Tensor, torch.dtype)):
-        return fn(x)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_map(y, fn) for y in x)
-    if isinstance(x, dict):
-        return {k: _map(v, fn) for k, v in x.items()}
-    return x
-
-
-def _host(t: torch.Tensor) -> np.ndarray:
-    return t.detach().to(torch.float64).cpu().numpy()
 
 
 def _low(t: torch.Tensor) -> np.ndarray:
@@ -85,23 +78,51 @@ def _wide(x: Any) -> Any:
 
 
 class _Mode(OpMode):
-    """Runs each op three ways and hands the figures to a `Ledger`."""
+    """Runs each op three ways and hands the figures to a `Ledger`.
+
+    Shadows are kept per tensor: a float tensor's float64 shadow, and a mask's or indices'
+    when the float64 decision that made them differs from the program's (a tensor that is not
+    float and has no entry is its own shadow).
+    """
 
     def __init__(self):
         super().__init__()
         self.ledger = Ledger()
         self.unfollowed: set[str] = set()
-        self._sh: dict[int, tuple[weakref.ref, torch.Tensor, float, float]] = {}
+        self.restarted: set[str] = set()  # shaped by a flipped mask: no shadow to compare
+        self._sh: dict[int, tuple[weakref.ref, torch.Tensor, float, float, Any]] = {}
+        self.decider = Decider(self)
+        self._decided = False  # whether a mask or indices has ever had a shadow of its own
 
     def shadow_of(self, t: torch.Tensor) -> tuple[torch.Tensor, float, float]:
-        """(shadow, carried error, threshold); a tensor never seen is its own shadow."""
+        """(shadow, carried error, threshold); a tensor never seen is its own shadow (a mask
+        or indices that differ from their float64 shadow carry an infinite error)."""
         got = self._sh.get(id(t))
         if got is not None and got[0]() is t:
             return got[1], got[2], got[3]
-        return (t.detach().to(torch.float64, copy=True), 0.0,
-                diverge_carried_threshold(_NP[t.dtype]))
+        if not _real(t):
+            return t, 0.0, 0.0
+        return (
+            t.detach().to(torch.float64, copy=True),
+            0.0,
+            diverge_carried_threshold(_NP[t.dtype]),
+        )
 
-    def _keep(self, t: torch.Tensor, sh: torch.Tensor, err: float, thr: float) -> None:
+    def origin_of(self, t: torch.Tensor) -> Origin:
+        """What moved `t` off its shadow (`NO_ORIGIN` when nothing did)."""
+        got = self._sh.get(id(t))
+        if got is not None and got[0]() is t and got[4] is not None:
+            return got[4]
+        return NO_ORIGIN
+
+    def _distinct(self, t: Any) -> bool:
+        """A mask or indices with a float64 shadow of their own."""
+        if not isinstance(t, torch.Tensor) or _real(t):
+            return False
+        got = self._sh.get(id(t))
+        return got is not None and got[0]() is t
+
+    def _keep(self, t: torch.Tensor, sh: torch.Tensor, err: float, thr: float, origin=None):
         key, table = id(t), self._sh
 
         def drop(ref: weakref.ref) -> None:  # a shadow lives as long as its tensor
@@ -109,12 +130,21 @@ class _Mode(OpMode):
             if got is not None and got[0] is ref:
                 del table[key]
 
-        table[key] = (weakref.ref(t, drop), sh, err, thr)
+        table[key] = (weakref.ref(t, drop), sh, err, thr, origin)
+        if not _real(t):
+            self._decided = True
+
+    def _keep_decided(self, t: torch.Tensor, sh: torch.Tensor, origin: Any) -> None:
+        """A mask's or indices' shadow, kept only while it differs from the program's."""
+        if sh.shape == t.shape and sh.dtype == t.dtype and torch.equal(sh, t):
+            self._sh.pop(id(t), None)
+        else:
+            self._keep(t, sh, math.inf, 0.0, origin)
 
     def _sh_arg(self, x: Any) -> Any:
         if isinstance(x, torch.dtype):
             return _wide(x)
-        if _real(x):
+        if _real(x) or self._distinct(x):
             return self.shadow_of(x)[0]
         return x
 
@@ -122,28 +152,43 @@ class _Mode(OpMode):
         kwargs = kwargs or {}
         writes = written_args(func)
         if writes is VIEW:
-            out = func(*args, **kwargs)
-            base = args[0] if args else None
-            if _real(base) and isinstance(out, torch.Tensor):
-                sh, err, thr = self.shadow_of(base)
-                try:
-                    self._keep(out, func(sh, *args[1:], **kwargs), err, thr)
-                except Exception:  # noqa: BLE001
-                    pass
-            return out
-        ins = [x for x in flat_args((args, kwargs), []) if _real(x)]
+            return self._view(func, args, kwargs)
+        flat = flat_args((args, kwargs), [])
+        ins = [x for x in flat if _real(x)]
+        dins = [x for x in flat if self._distinct(x)] if self._decided else []
         kind = OP_KIND.get(func)
         if kind is None:
             kind = OP_KIND[func] = op_kind(func)
         # Nothing to shadow; a random draw (run once: the user's generator must not move);
         # a fill or uninitialised memory (`empty_like`): values that come from no arithmetic.
-        if not ins or _SEEDED in func.tags or kind in ("fill", "garbage"):
+        if (not ins and not dins) or _SEEDED in func.tags or kind in ("fill", "garbage"):
             return self._plain(func, args, kwargs)
+        return self._shadowed(func, args, kwargs, writes, ins, dins)
+
+    def _view(self, func, args, kwargs):
+        """A view's shadow is the same view of its base's shadow."""
+        out = func(*args, **kwargs)
+        base = args[0] if args else None
+        if isinstance(out, torch.Tensor) and (_real(base) or self._distinct(base)):
+            sh, err, thr = self.shadow_of(base)
+            try:
+                self._keep(out, func(sh, *args[1:], **kwargs), err, thr, self.origin_of(base))
+            except Exception:  # noqa: BLE001
+                pass
+        return out
+
+    def _shadowed(self, func, args, kwargs, writes, ins, dins):
+        """Run the op as written, on the shadows and in float64; judge and keep its outputs."""
         before = [self.shadow_of(t) for t in ins]
+        if writes:  # a mask written in place gets a shadow of its own to write into
+            for g in written_tensors(writes, args, kwargs):
+                for t in g:
+                    if not _real(t) and not self._distinct(t):
+                        self._keep(t, t.clone(), math.inf, 0.0, None)
         # float64 copies of the actual inputs: taken before an op that writes its inputs,
         # after (and only when needed) for the others
-        own = (_map(args, _wide), _map(kwargs, _wide)) if writes else None
-        sh_args, sh_kwargs = _map(args, self._sh_arg), _map(kwargs, self._sh_arg)
+        own = (map_args(args, _wide), map_args(kwargs, _wide)) if writes else None
+        sh_args, sh_kwargs = map_args(args, self._sh_arg), map_args(kwargs, self._sh_arg)
         out = func(*args, **kwargs)
         name = func._schema.name.split("::", 1)[-1]
         try:
@@ -151,107 +196,157 @@ class _Mode(OpMode):
         except Exception:  # noqa: BLE001 - no float64 form: follow the program's values
             self.unfollowed.add(f"aten.{name}")
             return self._plain(func, args, kwargs, ran=out)
-        if all(err == 0.0 for _, err, _ in before) and not writes:
-            ref = sh_out  # the shadows are the inputs: the float64 op on them is the reference
-            own = (sh_args, sh_kwargs)
-        else:
-            if own is None:  # an input equal to its shadow lends it as its float64 copy
-                exact = {id(t): sh for t, (sh, err, _) in zip(ins, before) if err == 0.0}
-                own = (_map(args, lambda x: _wide_or(x, exact)),
-                       _map(kwargs, lambda x: _wide_or(x, exact)))
-            try:
-                ref = func(*own[0], **own[1])
-            except Exception:  # noqa: BLE001
-                ref = None
+        ref, own = self._reference(
+            func, args, kwargs, writes, ins, dins, before, own, (sh_args, sh_kwargs, sh_out)
+        )
+        where, phase, path = self._lines()
+        decided = None
+        if name in DECISIONS and ins:
+            sh_out, decided = self.decider.decide(
+                name, func, args, kwargs, out, sh_out, where, path, phase
+            )
+        elif dins and (name in CONSUMERS or any(_real(t) for t in flat_args(out, []))):
+            self.decider.consume(name, func, args, kwargs, dins, where, path, phase)
         if writes:  # what the op wrote, paired with its shadow and reference copies
             lows = [t for g in written_tensors(writes, args, kwargs) for t in g]
             shs = [t for g in written_tensors(writes, sh_args, sh_kwargs) for t in g]
-            refs = [t for g in written_tensors(writes, *own) for t in g]
+            refs = [t for g in written_tensors(writes, *own) for t in g] if own else []
         else:
             lows, shs = flat_args(out, []), flat_args(sh_out, [])
-            refs = flat_args(ref, []) if ref is not None else [None] * len(lows)
-        carried_in = [(err, thr) for _, err, thr in before]
-        inherited = max(thr for _, _, thr in before)
-        src, phase, path = self.where()
-        where = _where(src)
+            refs = flat_args(ref, []) if ref is not None else []
+        origin = decided or next((self.origin_of(t) for t in dins), None)
+        self._outputs(
+            name,
+            func,
+            own,
+            writes,
+            ins,
+            dins,
+            before,
+            (lows, shs, refs),
+            (where, phase, path),
+            origin,
+        )
+        self.observe(func, ins, lows)  # each tensor's float64 shadow: `shadow_of`
+        return out
+
+    def _reference(self, func, args, kwargs, writes, ins, dins, before, own, shadowed):
+        """(the float64 op on the actual inputs or None, the arguments it ran on)."""
+        sh_args, sh_kwargs, sh_out = shadowed
+        if all(err == 0.0 for _, err, _ in before) and not writes and not dins:
+            return sh_out, (sh_args, sh_kwargs)  # the shadows are the inputs
+        if writes and not any(_real(t) for g in written_tensors(writes, args, kwargs) for t in g):
+            return None, None  # it writes masks or indices only: nothing to measure
+        if own is None:  # an input equal to its shadow lends it as its float64 copy
+            exact = {id(t): sh for t, (sh, err, _) in zip(ins, before) if err == 0.0}
+            own = (
+                map_args(args, lambda x: _wide_or(x, exact)),
+                map_args(kwargs, lambda x: _wide_or(x, exact)),
+            )
+        try:
+            return func(*own[0], **own[1]), own
+        except Exception:  # noqa: BLE001
+            return None, own
+
+    def _lines(self) -> tuple[Callable[[], tuple[str, str]], str, str]:
+        """(where: a callable giving (user line, library line), phase, path) of this op."""
+        node = torch._C._current_autograd_node()
+        if node is None:
+            src, library = lines_from_stack()
+            phase, path = "forward", "/".join(self.modules)
+        else:
+            src, phase, path = self.where(node)
+            library = ""
+        file, line, fn = src
+        text = f"{os.path.basename(file)}:{line} ({fn})" if file else ""
+        return (lambda: (text, library)), phase, path
+
+    def _outputs(self, name, func, own, writes, ins, dins, before, triples, lines, origin):
+        """Measure each float output against its reference and shadow; keep the shadows."""
+        where, phase, path = lines
+        carried_in = [(err, thr) for _, err, thr in before] + [(math.inf, 0.0) for _ in dins]
+        inherited = max((thr for _, _, thr in before), default=0.0)
         longest = max((max(t.shape, default=1) for t in ins), default=1)
+        lows, shs, refs = triples
         for k, (y, s) in enumerate(zip(lows, shs)):
-            if not _real(y) or not isinstance(s, torch.Tensor):
+            if not isinstance(y, torch.Tensor) or not isinstance(s, torch.Tensor):
+                continue
+            if not _real(y):
+                self._keep_decided(y, s, origin)
+                continue
+            if s.shape != y.shape:  # picked by a flipped mask: the shadow restarts from y
+                sh = y.detach().to(torch.float64, copy=True)
+                self._keep(y, sh, math.inf, diverge_carried_threshold(_NP[y.dtype]), origin)
+                self.restarted.add(f"aten.{name}")
                 continue
             r = refs[k] if k < len(refs) else None
-            facts = None
-            if op_class(name) == "reduction" and not writes:
-                facts = _facts(func, own[0], own[1], k)
+            fx = None
+            if op_class(name) == "reduction" and not writes and own is not None:
+                fx = facts(func, own[0], own[1], k)
             terms = max([t.numel() / max(y.numel(), 1) for t in ins] + [longest])
             dtype = _NP[y.dtype]
             thr = max(inherited, diverge_carried_threshold(dtype))
+            y_np, s_np = _low(y), host(s)
+            r_np = (s_np if r is s else host(r)) if isinstance(r, torch.Tensor) else None
             err = self.ledger.measure(
-                f"aten.{name}", name, _low(y), _host(r) if isinstance(r, torch.Tensor)
-                else None, _host(s), dtype, carried_in, thr, where, path, phase,
-                facts=facts, terms=terms, longest=int(longest))
-            self._keep(y, s, err, thr)
-        self.observe(func, ins, lows)  # each tensor's float64 shadow: `shadow_of`
-        return out
+                f"aten.{name}",
+                name,
+                y_np,
+                r_np,
+                s_np,
+                dtype,
+                carried_in,
+                thr,
+                where,
+                path,
+                phase,
+                facts=fx,
+                terms=terms,
+                longest=int(longest),
+            )
+            o = self._value_origin(name, (y_np, r_np, s_np, err), ins, dins, where)
+            self._keep(y, s, err, thr, o)
+
+    def _value_origin(self, name, figures, ins, dins, where) -> Origin | None:
+        """The op whose own rounding is the larger part of this value's error against its
+        shadow: this one, or (an error that came in) the origin of its most erroneous input."""
+        y, r, s, err = figures
+        if err == 0.0:
+            return None
+        if r is not None and y.shape == r.shape == s.shape:
+            own, came = _maxdiff(y, r), (0.0 if r is s else _maxdiff(r, s))
+            if own > 0.0 and own >= came:
+                return Origin(f"aten.{name}", where, made_by=name)
+        inputs = dins or ins
+        worst = max(inputs, key=lambda t: self.shadow_of(t)[1])
+        o = self.origin_of(worst)
+        if o.forced is not None or not o.primitive:
+            return o if o.primitive else Origin(f"aten.{name}", where, made_by=name)
+        return Origin(o.primitive, o.where, made_by=name)
 
     def _plain(self, func, args, kwargs, ran: Any = None):
         """Run an op once; its outputs are their own shadows."""
         out = func(*args, **kwargs) if ran is None else ran
         for t in flat_args(out, []):
             if _real(t):
-                self._keep(t, t.detach().to(torch.float64, copy=True), 0.0,
-                           diverge_carried_threshold(_NP[t.dtype]))
+                self._keep(
+                    t,
+                    t.detach().to(torch.float64, copy=True),
+                    0.0,
+                    diverge_carried_threshold(_NP[t.dtype]),
+                )
+            elif isinstance(t, torch.Tensor):
+                self._sh.pop(id(t), None)
         return out
 
 
-def _facts(func, args, kwargs, k: int) -> Callable[[], tuple[np.ndarray, Any]]:
-    """(sum of |terms|, number of terms) of output k of a reduction, on demand; `args` and
-    `kwargs` are the float64 ones the reference ran on (they are not written)."""
-
-    def get():
-        mag = flat_args(func(*_map(args, _abs), **_map(kwargs, _abs)), [])[k]
-        return _host(mag), _count(func, args, kwargs, k)
-
-    return get
-
-
-#: Terms per element of a reduction's output, by op and argument shapes: the op on ones does
-#: not depend on the values, and the same layer's ops repeat (every step, every layer of a
-#: width). Only counts that are one number for every element are kept.
-_COUNTS: dict = {}
-
-
-def _count(func, args, kwargs, k: int) -> Any:
-    """The op on ones: how many terms each element of output k sums (a number or an array)."""
-    key: tuple[Any, int, Any, Any] | None
-    try:
-        key = (func, k, _signature(args), _signature(kwargs))
-        got = _COUNTS.get(key)
-    except TypeError:  # an argument that is not hashable: no cache
-        key = got = None
-    if got is not None:
-        return got
-    cnt = _host(flat_args(func(*_map(args, _ones), **_map(kwargs, _ones)), [])[k])
-    if key is not None and cnt.size and cnt.min() == cnt.max():
-        if len(_COUNTS) > 4096:
-            _COUNTS.clear()
-        one = _COUNTS[key] = float(cnt.flat[0])
-        return one
-    return cnt
-
-
-def _signature(x: Any) -> Any:
-    """What the op on ones depends on: shapes of float64 tensors, and every other value; a
-    tensor of another dtype (indices) holds values the count may depend on: not hashable."""
-    if isinstance(x, torch.Tensor):
-        if x.dtype != torch.float64:
-            raise TypeError("a non-float tensor")
-        return ("tensor", tuple(x.shape))
-    if isinstance(x, (list, tuple)):
-        return (type(x).__name__,) + tuple(_signature(y) for y in x)
-    if isinstance(x, dict):
-        return tuple((k, _signature(v)) for k, v in x.items())
-    hash(x)
-    return (type(x).__name__, x)
+def _maxdiff(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| (one temporary; `absdiff`'s rules where either is not finite)."""
+    if not a.size:
+        return 0.0
+    d = np.subtract(a, b, dtype=np.float64)
+    m = float(np.abs(d, out=d).max()) if isinstance(d, np.ndarray) else abs(float(d))
+    return m if math.isfinite(m) else float(absdiff(a, b).max())
 
 
 def _wide_or(x: Any, exact: dict) -> Any:
@@ -261,20 +356,6 @@ def _wide_or(x: Any, exact: dict) -> Any:
         if got is not None:
             return got
     return _wide(x)
-
-
-def _abs(x: Any) -> Any:
-    return x.abs() if isinstance(x, torch.Tensor) and x.dtype == torch.float64 else x
-
-
-def _ones(x: Any) -> Any:
-    return torch.ones_like(x) if isinstance(x, torch.Tensor) and x.dtype == torch.float64 else x
-
-
-def _where(src: tuple[str, int, str]) -> Callable[[], tuple[str, str]]:
-    file, line, fn = src
-    text = f"{os.path.basename(file)}:{line} ({fn})" if file else ""
-    return lambda: (text, "")
 
 
 def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
@@ -289,9 +370,19 @@ def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
     finally:
         release_scratch()
     first = next((t for t in flat_args(result, []) if _real(t)), None)
-    result_error = mode.shadow_of(first)[1] if first is not None else 0.0
-    note = ""
+    result_error, thr = 0.0, math.inf
+    if first is not None:
+        _, result_error, thr = mode.shadow_of(first)
+    notes = []
     if mode.unfollowed:
-        note = (f"no float64 form for {', '.join(sorted(mode.unfollowed))}: the shadow "
-                f"restarts from their outputs")
-    return mode.ledger.report("torch", name, result_error, note)
+        notes.append(
+            f"no float64 form for {', '.join(sorted(mode.unfollowed))}: the shadow "
+            f"restarts from their outputs"
+        )
+    if mode.restarted:
+        notes.append(
+            f"{', '.join(sorted(mode.restarted))} picked another number of values by a "
+            f"flipped mask: the shadow restarts from their outputs"
+        )
+    note = "; ".join(notes)
+    return mode.ledger.report("torch", name, result_error, note, result_threshold=thr)

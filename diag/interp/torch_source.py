@@ -73,6 +73,24 @@ def library_from_stack() -> str:
     return ""
 
 
+def lines_from_stack() -> tuple[tuple[str, int, str], str]:
+    """`source_from_stack` and `library_from_stack` in one walk of the stack: (the user's
+    (file, line, function), the innermost installed library's ``file.py:LINE (function)``
+    below it, or "")."""
+    f: FrameType | None = sys._getframe(1)
+    library = ""
+    while f is not None:
+        path = f.f_code.co_filename
+        if is_user_file(path):
+            return (path, f.f_lineno, f.f_code.co_name), library
+        if not library:
+            p = os.path.normcase(os.path.abspath(path))
+            if _SITE.search(p) and not p.startswith(_SKIP_DIRS):
+                library = f"{os.path.basename(path)}:{f.f_lineno} ({f.f_code.co_name})"
+        f = f.f_back
+    return ("", 0, ""), library
+
+
 class NodeLines(TorchFunctionMode):
     """Tags each autograd node made by a torch call with the user line that made it.
 

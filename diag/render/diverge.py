@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.markup import escape
@@ -9,98 +10,236 @@ from rich.table import Table
 
 from diag import numerics
 
+BLOCKS = "▁▂▃▄▅▆▇█"
+
 
 def _num(x: Any) -> str:
     """A figure as the render package shows one (`numerics.fmt`, not compacted)."""
     return "—" if isinstance(x, bool) else numerics.fmt(x, compact=False)
 
 
-def _curve(values: list[float], first: int | None, width: int = 64,
-           what: str = "carried error along {} ops") -> str:
-    """An error along the ops or taps as one line of blocks (log scale), the first marked."""
-    import math
+def _curve(
+    values: list[float],
+    first: int | None,
+    width: int = 64,
+    what: str = "carried error along {} ops",
+) -> str:
+    """An error along the ops or taps as one line of blocks (log scale), the first marked.
 
+    Finite values set the scale; an infinite one is drawn as a full block and a NaN as ``?``,
+    and the label says how many there are (a large finite error is never called inf)."""
     if not values:
         return f"{what.format(0)}: nothing to draw"
     if not any(values):
         return f"{what.format(len(values))}: 0 at every one"
-    logs = [math.log10(v) if 0 < v < math.inf else (3.0 if v else -17.0) for v in values]
-    step = max(1, math.ceil(len(logs) / width))
-    cols = [max(logs[i:i + step]) for i in range(0, len(logs), step)] or [0.0]
-    lo, hi = min(cols), max(cols)
-    line = "".join("▁▂▃▄▅▆▇█"[min(7, int((c - lo) / ((hi - lo) or 1) * 7.999))] for c in cols)
+    fin = [math.log10(v) for v in values if 0 < v < math.inf]
+    lo, hi = (min(fin), max(fin)) if fin else (0.0, 0.0)
+    step = max(1, math.ceil(len(values) / width))
+    cols = [_column(values[i : i + step], lo, hi) for i in range(0, len(values), step)]
+    line = "".join(cols)
     if first is not None:
         k = first // step
-        line = f"{line[:k]}[bold red]{line[k]}[/]{line[k + 1:]}"
-    top = _num(10 ** hi) if hi < 3 else "inf"
-    return f"{what.format(len(values))} (log scale, {_num(10 ** lo)} .. {top}): {line}"
+        line = f"{line[:k]}[bold red]{line[k]}[/]{line[k + 1 :]}"
+    scale = f"{_num(10**lo)} .. {_num(10**hi)}" if fin else "no finite error above 0"
+    n_inf = sum(1 for v in values if v == math.inf)
+    n_nan = sum(1 for v in values if v != v)
+    odd = "".join(
+        f", {n} {name} ({mark})"
+        for n, name, mark in ((n_inf, "inf", "█"), (n_nan, "NaN", "?"))
+        if n
+    )
+    return f"{what.format(len(values))} (log scale, {scale}{odd}): {line}"
+
+
+def _column(vs: list[float], lo: float, hi: float) -> str:
+    if any(v != v for v in vs):
+        return "?"
+    top = max(vs)
+    if top == math.inf:
+        return BLOCKS[-1]
+    if top <= 0:
+        return BLOCKS[0]
+    return BLOCKS[min(7, max(0, int((math.log10(top) - lo) / ((hi - lo) or 1) * 7.999)))]
 
 
 def _rows_table(title: str, cols: list[tuple[str, Any]], rows: list, first: Any) -> Table:
     """One row per op or tap; `cols` are (header, attribute or None for the index)."""
     table = Table(title=escape(title), title_justify="left")
     for col, a in cols:  # the op and its line are kept whole; the figures fold instead
-        keep = a in ("primitive", "source", "name")
-        table.add_column(col, overflow="fold", min_width=min(48, max(
-            [len(str(getattr(o, a))) for o in rows] + [len(col)])) if keep else None)
+        width = None
+        if a in ("primitive", "source", "name"):
+            width = min(48, max([len(str(getattr(o, a))) for o in rows] + [len(col)]))
+        table.add_column(col, overflow="fold", min_width=width)
     for o in rows:
         mark = first is not None and o.index == first.index
-        table.add_row(*[(f"{o.index} ◀" if mark else str(o.index)) if a is None else
-                        _num(v) if isinstance(v := getattr(o, a), float) else
-                        escape(str(list(v) if isinstance(v, tuple) else v) or "—")
-                        for _, a in cols], style="bold red" if mark else None)
+        cells = [_cell(o, a, mark) for _, a in cols]
+        table.add_row(*cells, style="bold red" if mark else None)
     return table
+
+
+def _cell(o: Any, a: str | None, mark: bool) -> str:
+    if a is None:
+        return f"{o.index} ◀" if mark else str(o.index)
+    v = getattr(o, a)
+    if isinstance(v, float):
+        return _num(v)
+    return escape(str(list(v) if isinstance(v, tuple) else v) or "—")
 
 
 def _tap_verdict(f: Any) -> str:
     """The verdict line for the first divergent tap; an infinite ratio said in words."""
-    import math
-
     if math.isinf(f.ratio):
-        why = f.note or (f"one run is non-finite (or all zero) where the other is not, so the "
-                         f"relative difference is {_num(f.max_rel)}")
-        return (f"diag diverge: {f.name} differs beyond any allowance: {why} (two correct "
-                f"{f.dtype} implementations may differ by {_num(f.allowed)})")
-    return (f"diag diverge: {f.name} differs by {_num(f.max_rel)} (normwise), {_num(f.ratio)}x "
-            f"what two correct {f.dtype} implementations may differ by "
-            f"({_num(f.allowed)})")
+        why = f.note or (
+            f"one run is non-finite (or all zero) where the other is not, so the "
+            f"relative difference is {_num(f.max_rel)}"
+        )
+        return (
+            f"diag diverge: {f.name} differs beyond any allowance: {why} (two correct "
+            f"{f.dtype} implementations may differ by {_num(f.allowed)})"
+        )
+    return (
+        f"diag diverge: {f.name} differs by {_num(f.max_rel)} (normwise), {_num(f.ratio)}x "
+        f"what two correct {f.dtype} implementations may differ by "
+        f"({_num(f.allowed)})"
+    )
 
 
 def diverge_tables(report: Any) -> list:
-    """A `diag.diverge` report (shadow or compare) as a table, a curve and a verdict line."""
-    f = report.first
+    """A `diag.diverge` report (shadow or compare) as tables, a curve and a verdict line."""
     if hasattr(report, "taps"):
-        cols = [("#", None), ("tap", "name"), ("dtype", "dtype"), ("shape", "shape"),
-                ("max rel", "max_rel"), ("mean rel", "mean_rel"), ("allowed", "allowed"),
-                ("ratio", "ratio"), ("note", "note")][:None if any(t.note for t in report.taps)
-                                                       else -1]
-        parts: list = [_rows_table(f"diag diverge: first divergent tap {f.name}" if f else
-                                   "diag diverge: no divergent tap", cols, report.taps, f)]
-        parts.append(_curve([t.max_rel for t in report.taps], f.index if f else None,
-                            what="difference along {} taps"))
-        parts += [escape(f"{label}: {', '.join(names)}") for label, names in
-                  (("only in A", report.only_a), ("only in B", report.only_b)) if names]
-        parts.append(escape(_tap_verdict(f)) if f else
-                     f"diag diverge: {len(report.taps)} shared taps within what two correct "
-                     f"implementations may differ by")
-        return parts
-    rows = sorted(list(report.ops) + ([f] if f and all(o.index != f.index for o in report.ops)
-                                      else []), key=lambda o: o.index)
-    cols = [("#", None), ("op", "primitive"), ("source", "source"), ("path", "path"),
-            ("phase", "phase"), ("dtype", "dtype"), ("own ULP", "own_ulps"),
-            ("own/bound", "own_ratio"), ("carried in", "carried_in"), ("carried", "carried"),
-            ("amplif.", "amplification")]
-    # Columns that would say nothing (no jit/scan/module path, no backward op) are left out.
-    cols = [c for c in cols if not ((c[1] == "path" and not any(o.path for o in rows)) or
-                                    (c[1] == "phase" and all(o.phase == "forward" for o in rows)))]
+        return _tap_parts(report)
+    return _shadow_parts(report)
+
+
+def _tap_parts(report: Any) -> list:
+    f = report.first
+    cols = [
+        ("#", None),
+        ("tap", "name"),
+        ("dtype", "dtype"),
+        ("shape", "shape"),
+        ("max rel", "max_rel"),
+        ("mean rel", "mean_rel"),
+        ("allowed", "allowed"),
+        ("ratio", "ratio"),
+        ("note", "note"),
+    ]
+    if not any(t.note for t in report.taps):
+        cols = cols[:-1]
+    title = f"diag diverge: first divergent tap {f.name}" if f else "diag diverge: no divergent tap"
+    parts: list = [_rows_table(title, cols, report.taps, f)]
+    parts.append(
+        _curve(
+            [t.max_rel for t in report.taps],
+            f.index if f else None,
+            what="difference along {} taps",
+        )
+    )
+    for label, names in (("only in A", report.only_a), ("only in B", report.only_b)):
+        if names:
+            parts.append(escape(f"{label}: {', '.join(names)}"))
+    parts.append(
+        escape(_tap_verdict(f))
+        if f
+        else f"diag diverge: {len(report.taps)} shared taps within what two correct "
+        f"implementations may differ by"
+    )
+    return parts
+
+
+_OP_COLS = [
+    ("#", None),
+    ("op", "primitive"),
+    ("source", "source"),
+    ("path", "path"),
+    ("phase", "phase"),
+    ("dtype", "dtype"),
+    ("own ULP", "own_ulps"),
+    ("own/bound", "own_ratio"),
+    ("carried in", "carried_in"),
+    ("carried", "carried"),
+    ("amplif.", "amplification"),
+]
+_DECISION_COLS = [
+    ("#", None),
+    ("decision", "primitive"),
+    ("kind", "kind"),
+    ("source", "source"),
+    ("library", "library"),
+    ("path", "path"),
+    ("phase", "phase"),
+    ("dtype", "dtype"),
+    ("flipped", "flipped"),
+    ("of", "total"),
+    ("margin ULP", "margin_ulps"),
+    ("cause", "cause"),
+    ("moved by", "cause_op"),
+]
+
+
+def _useful(cols: list, rows: list) -> list:
+    """Columns that would say nothing (no path, library or cause op, no backward) left out."""
+    blank = ("path", "library", "cause_op")
+    return [
+        c
+        for c in cols
+        if not (
+            (c[1] in blank and not any(getattr(o, c[1]) for o in rows))
+            or (c[1] == "phase" and all(o.phase == "forward" for o in rows))
+        )
+    ]
+
+
+def _short(d: Any) -> Any:
+    """A decision as its table row shows it: the cause in a word, the op that moved a value
+    without the chain behind it (the verdict line has it whole)."""
+    import dataclasses
+
+    op = d.cause_op.split(", its error grown", 1)[0]
+    cause = "forced" if d.cause.startswith("forced") else "made"
+    return dataclasses.replace(d, cause=cause, cause_op=op)
+
+
+def _shadow_parts(report: Any) -> list:
+    from diag.diverge.decisions import verdict
+
+    f = report.first
+    rows = list(report.ops)
+    if f and all(o.index != f.index for o in rows):
+        rows.append(f)
+    rows.sort(key=lambda o: o.index)
     head = f"diag diverge: {report.function} ({report.framework}): "
-    parts = [_rows_table(head + (f"first divergent op {f.primitive} at "
-                                 f"{f.source or 'an unknown line'}" if f else "no divergent op"),
-                         cols, rows, f),
-             _curve(list(report.curve), f.index if f else None)]
+    title = head + (
+        f"first divergent op {f.primitive} at {f.source or 'an unknown line'}"
+        if f
+        else "no divergent op"
+    )
+    parts: list = [
+        _rows_table(title, _useful(_OP_COLS, rows), rows, f),
+        _curve(list(report.curve), f.index if f else None),
+    ]
+    decisions = list(getattr(report, "decisions", ()))
+    if decisions:
+        d = decisions[0]
+        title = f"decisions taken the other way than float64: first {d.primitive} at " + (
+            d.source or "an unknown line"
+        )
+        shown = [_short(x) for x in decisions]
+        parts.append(_rows_table(title, _useful(_DECISION_COLS, shown), shown, shown[0]))
+    for lit in getattr(report, "literals", ()):
+        parts.append(
+            escape(
+                f"literal at {lit.source or 'an unknown line'}: written {lit.written}, "
+                f"used {lit.used} ({lit.dtype})"
+            )
+        )
     if report.note:
         parts.append(f"note: {escape(report.note)}")
-    parts.append(escape(f"diag diverge: {f.reason}" if f else
-                        f"diag diverge: {report.n_ops} ops within their bounds; result carries "
-                        f"{_num(report.result_error)}"))
+    code, why = verdict(report)
+    if not why:
+        why = (
+            f"{report.n_ops} ops within their bounds, every decision as float64 takes it; "
+            f"result carries {_num(report.result_error)}"
+        )
+    parts.append(escape(f"diag diverge: {why}"))
     return parts

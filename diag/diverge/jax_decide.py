@@ -1,0 +1,198 @@
+"""The decisions of a JAX shadow run: comparisons, argmax/argmin, top_k, sort, select_n.
+
+`diag.diverge.jax_shadow` evaluates every equation twice, in its dtypes and in float64 on the
+shadows, so the shadow of a decision's output *is* the float64 decision: the shadow of a
+``gt`` is the float64 predicate, that of ``argmax``/``top_k``/an argsort the float64 indices,
+and a ``select_n`` or ``gather`` evaluated on the shadows follows them. The shadow therefore
+follows the float64 decision, and later findings are not artefacts of the first. This module
+compares each decision with its shadow (`diag.diverge.decisions` judges a flip forced or made),
+keeps per value what the judgement needs (the op that added the most carried error among its
+ancestors: `culprit`; whether it descends from a cumulative sum: `cum`; whether a recorded
+decision already covers a predicate: `dec`), and gives a literal rounded at trace time
+(``0.8984375:bf16`` for a written ``0.9``) a shadow of the value written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from diag import numerics
+from diag.diverge.decisions import LiteralRecord, written_literal
+from diag.interp.jax_source import Literal, source
+from diag.interp.jaxpr import is_inexact
+
+COMPARE = frozenset("gt ge lt le eq ne".split())
+RANKING = {"argmax": "argmax", "argmin": "argmax", "top_k": "top_k", "sort": "sort"}
+#: Where each ranking primitive names its axis, and which output holds the indices (None:
+#: the integer payload of an argsort).
+AXIS = {
+    "argmax": ("axes", 0),
+    "argmin": ("axes", 0),
+    "top_k": ("axis", 1),
+    "sort": ("dimension", None),
+}
+MINIMA = frozenset({"argmin"})
+CUMULATIVE = frozenset("cumsum cumlogsumexp".split())
+#: Literals in dtypes with fewer significand bits than this are reported (float32's rounding
+#: of ``0.1`` is 3e-9 relative: true, but noise in a report); every rounded literal gets the
+#: written value as its shadow whatever its dtype.
+REPORT_BELOW_BITS = 24
+
+
+def host(x: Any) -> np.ndarray:
+    return np.asarray(x).astype(np.float64)
+
+
+def _is_float_dtype(dtype: Any) -> bool:
+    return dtype is not None and is_inexact(dtype) and np.dtype(dtype).kind != "c"
+
+
+def literal_inputs(h, e, ins: list) -> list:
+    """`ins` with each float literal that the tracer rounded (a written ``0.9`` used as
+    ``0.8984375`` in bf16) given the written value as its shadow (and its rounding as its
+    carried error); the literal is recorded in the ledger."""
+    got = h.literal_cache.get(id(e))
+    if got is None:
+        got = h.literal_cache[id(e)] = _written(h, e)
+    if not got:
+        return ins
+    ins = list(ins)
+    for k, w in got:
+        v = ins[k]
+        used = float(np.asarray(v.val, np.float64))
+        err = abs(used - w) / abs(w) if w else 0.0
+        sv = type(v)(v.val, jnp.asarray(w, jnp.float64), err, 0.0)
+        sv.cul = (err, f"the literal {w!r} (used as {used!r})", None)
+        ins[k] = sv
+    return ins
+
+
+def _written(h, e) -> list[tuple[int, float]]:
+    found = []
+    for k, var in enumerate(e.invars):
+        if not isinstance(var, Literal):
+            continue
+        dtype = getattr(var.val, "dtype", None)
+        if dtype is None or not _is_float_dtype(dtype) or np.ndim(var.val) != 0:
+            continue
+        used = float(np.asarray(var.val, np.float64))
+        src, filename, line, _ = source(e)
+        if not filename or not np.isfinite(used):
+            continue
+        text = written_literal(filename, line, used, np.dtype(dtype))
+        if text is None:
+            continue
+        found.append((k, float(text)))
+        if numerics.precision_bits(np.dtype(dtype)) < REPORT_BELOW_BITS:
+            name = numerics.dtype_name(np.dtype(dtype))
+            h.ledger.literals.append(LiteralRecord(src, text, repr(used), name))
+    return found
+
+
+def propagate(e, ins: list, outs: list, entries: dict[int, int]) -> None:
+    """Set `culprit`, `cum`, `dec` of each output from the inputs and this op.
+
+    `entries` maps an output position to its ledger entry index (float outputs measured)."""
+    name = e.primitive.name
+    inherited = max((i.cul for i in ins if i.cul is not None), key=lambda c: c[0], default=None)
+    cin = max((i.err for i in ins if i.thr != np.inf), default=0.0)
+    cum = name in CUMULATIVE or any(i.cum for i in ins)
+    dec = name in COMPARE or name in RANKING or any(i.dec for i in ins)
+    for k, o in enumerate(outs):
+        o.cum, o.dec, o.cul = cum, dec, inherited
+        idx = entries.get(k)
+        if idx is None or not np.isfinite(cin):
+            continue
+        added = o.err - cin
+        if added > 0 and (inherited is None or added > inherited[0]):
+            o.cul = (added, idx, inherited[1] if inherited is not None else None)
+
+
+def decide(h, e, ins: list, vals: list, shadows: list, where, path: str, phase: str) -> None:
+    """Compare the decision equation `e` (if it is one) with its float64 shadow; record it."""
+    name = e.primitive.name
+    if name in COMPARE:
+        if not all(_float_val(i) for i in ins) or np.array_equal(vals[0], shadows[0]):
+            return
+        kind = "threshold" if any(i.cum for i in ins) else "compare"
+        ops = ins
+        low, exact = np.asarray(vals[0]), np.asarray(shadows[0])
+        lows, exacts = [host(i.val) for i in ins], [host(i.sh) for i in ins]
+    elif name == "select_n":
+        pred = ins[0]
+        if pred.dec or np.array_equal(np.asarray(pred.val), np.asarray(pred.sh)):
+            return
+        kind, ops, lows, exacts = "select", [pred], [], []
+        low, exact = np.asarray(pred.val), np.asarray(pred.sh)
+    elif name in RANKING:
+        got = _ranking(e, ins, vals, shadows)
+        if got is None:
+            return
+        kind, low, exact, lows, exacts = got
+        ops = ins[:1]
+    else:
+        return
+    dtype = np.dtype(ins[0].val.dtype) if kind != "select" else np.dtype(np.float64)
+    if kind == "select":
+        dtype = next(
+            (np.dtype(i.val.dtype) for i in ins[1:] if _float_val(i)), np.dtype(np.float64)
+        )
+    h.ledger.decide(
+        name, kind, low, exact, dtype, lows, exacts, where, path, phase,
+        cause_op=lambda: _culprit_name(h, ops),
+    )  # fmt: skip
+
+
+def _ranking(e, ins, vals, shadows):
+    """(kind, low, exact, operands low, operands exact) of argmax/argmin/top_k/argsort, with
+    the decided axis last; None when there is nothing to decide."""
+    name, p = e.primitive.name, e.params
+    x = ins[0]
+    if not _float_val(x):
+        return None
+    key, out = AXIS[name]
+    axis = p.get(key, -1)
+    if isinstance(axis, tuple):  # argmax's axes: one axis
+        axis = axis[0]
+    if out is None:  # an argsort sorts an index payload along with one float key
+        ints = [k for k, v in enumerate(e.outvars) if np.dtype(v.aval.dtype).kind in "iu"]
+        if p.get("num_keys", 1) != 1 or not ints:
+            return None
+        out = ints[0]
+    low, exact = np.asarray(vals[out]), np.asarray(shadows[out])
+    if np.array_equal(low, exact):
+        return None
+    lo, ex = host(x.val), host(x.sh)
+    if name in MINIMA:
+        lo, ex = -lo, -ex
+    lo, ex = np.moveaxis(lo, axis, -1), np.moveaxis(ex, axis, -1)
+    if low.ndim == lo.ndim:  # top_k, sort: indices along the axis (argmax: the axis reduced)
+        low, exact = np.moveaxis(low, axis, -1), np.moveaxis(exact, axis, -1)
+    return RANKING[name], low, exact, [lo], [ex]
+
+
+def _float_val(v) -> bool:
+    return _is_float_dtype(getattr(v.val, "dtype", None))
+
+
+def _culprit_name(h, ops: list) -> str:
+    """``div at s.py:12 (sample), its error grown by exp at s.py:13 (sample)``: the op that
+    added the most carried error among the decision's operands' ancestors (the grower), after
+    the op whose error it grew (the one that added the most before it), when there is one."""
+    cul = max((o.cul for o in ops if o.cul is not None), key=lambda c: c[0], default=None)
+    if cul is None:
+        return ""
+    name = _label(h, cul[1])
+    via = cul[2] if len(cul) > 2 else None
+    return name if via is None else f"{_label(h, via)}, its error grown by {name}"
+
+
+def _label(h, label: int | str) -> str:
+    if isinstance(label, str):
+        return label
+    entry = h.ledger.entries[label]
+    src, lib = entry.where()
+    return f"{entry.primitive} at {src or lib or 'an unknown line'}"

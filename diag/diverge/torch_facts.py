@@ -1,0 +1,90 @@
+"""The facts a reduction's own-error bound needs in the PyTorch shadow, computed on demand.
+
+Sum of |terms| (the op in float64 on |inputs|) and the number of terms per element (the op on
+ones), cached per op and argument shapes (`diag.diverge.rules.own_error` asks for them only when
+the cheap bound does not already clear the op).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from diag.interp.torch_ops import flat_args
+
+
+def map_args(x: Any, fn: Callable) -> Any:
+    """`x` (an aten call's args/kwargs) with every tensor and float dtype passed through fn."""
+    if isinstance(x, (torch.Tensor, torch.dtype)):
+        return fn(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(map_args(y, fn) for y in x)
+    if isinstance(x, dict):
+        return {k: map_args(v, fn) for k, v in x.items()}
+    return x
+
+
+def host(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(torch.float64).cpu().numpy()
+
+
+def facts(func, args, kwargs, k: int) -> Callable[[], tuple[np.ndarray, Any]]:
+    """(sum of |terms|, number of terms) of output k of a reduction, on demand; `args` and
+    `kwargs` are the float64 ones the reference ran on (they are not written)."""
+
+    def get():
+        mag = flat_args(func(*map_args(args, _abs), **map_args(kwargs, _abs)), [])[k]
+        return host(mag), _count(func, args, kwargs, k)
+
+    return get
+
+
+#: Terms per element of a reduction's output, by op and argument shapes: the op on ones does
+#: not depend on the values, and the same layer's ops repeat (every step, every layer of a
+#: width). Only counts that are one number for every element are kept.
+_COUNTS: dict = {}
+
+
+def _count(func, args, kwargs, k: int) -> Any:
+    """The op on ones: how many terms each element of output k sums (a number or an array)."""
+    key: tuple[Any, int, Any, Any] | None
+    try:
+        key = (func, k, _signature(args), _signature(kwargs))
+        got = _COUNTS.get(key)
+    except TypeError:  # an argument that is not hashable: no cache
+        key = got = None
+    if got is not None:
+        return got
+    cnt = host(flat_args(func(*map_args(args, _ones), **map_args(kwargs, _ones)), [])[k])
+    if key is not None and cnt.size and cnt.min() == cnt.max():
+        if len(_COUNTS) > 4096:
+            _COUNTS.clear()
+        one = _COUNTS[key] = float(cnt.flat[0])
+        return one
+    return cnt
+
+
+def _signature(x: Any) -> Any:
+    """What the op on ones depends on: shapes of float64 tensors, and every other value; a
+    tensor of another dtype (indices) holds values the count may depend on: not hashable."""
+    if isinstance(x, torch.Tensor):
+        if x.dtype != torch.float64:
+            raise TypeError("a non-float tensor")
+        return ("tensor", tuple(x.shape))
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__,) + tuple(_signature(y) for y in x)
+    if isinstance(x, dict):
+        return tuple((k, _signature(v)) for k, v in x.items())
+    hash(x)
+    return (type(x).__name__, x)
+
+
+def _abs(x: Any) -> Any:
+    return x.abs() if isinstance(x, torch.Tensor) and x.dtype == torch.float64 else x
+
+
+def _ones(x: Any) -> Any:
+    return torch.ones_like(x) if isinstance(x, torch.Tensor) and x.dtype == torch.float64 else x
