@@ -294,10 +294,16 @@ def verdict(report) -> tuple[int, str]:
         return 1, f"{d.primitive} at {d.source or 'an unknown line'}: {d.reason}"
     if warns:
         d = warns[0]
+        carried = (
+            f"; the result carries {report.result_error:.3g}, over the threshold "
+            f"{report.result_threshold:.2g}, because of them"
+            if over
+            else ""
+        )
         return 0, (
             f"{len(warns)} decision(s) forced by rounding, none made by the computation "
             f"(exit 0, a warning): first {d.primitive} at {d.source or 'an unknown line'}: "
-            f"{d.reason}"
+            f"{d.reason}{carried}"
         )
     if over:
         return 1, (
