@@ -44,6 +44,16 @@ def top_p_sampler(logits, temperature):
     return greedy, mask, indices
 
 
+@jax.jit
+def argsort_top_p_sampler(logits, temperature):
+    """Top-p through an argsort and `take_along_axis`, as ports of transformers' warper do."""
+    probs = jax.nn.softmax(logits / temperature, axis=-1)
+    order = jnp.argsort(-probs, axis=-1)
+    probs_sorted = jnp.take_along_axis(probs, order, axis=-1)
+    cumsum = jnp.cumsum(probs_sorted, axis=-1)
+    return cumsum - probs_sorted > 0.9, order
+
+
 @partial(jax.jit, static_argnames="k")
 def top_k_sampler(logits, temperature, k):
     _, indices = jax.lax.top_k(logits / temperature, k=k)
@@ -140,6 +150,22 @@ def test_a_top_p_cut_is_flagged_exactly_when_the_kept_set_differs(case):
             assert d.cause_op and report.failed
     elif report.first is None and not report.decisions:
         assert not report.failed
+
+
+@pytest.mark.parametrize("case", ["flat", "peaked"])
+def test_an_argsort_is_judged_by_the_cut_taken_on_it(case):
+    """The bf16 permutation differs from float64's among near-equal probabilities; that alone
+    is no finding: the cut taken on the sorted values is."""
+    x, t = TOP_P_CASES[case]
+    logits, temp = bf16(x), bf16(t)
+    mask, order_low = (np.asarray(v) for v in argsort_top_p_sampler(logits, temp))
+    _, mask64, order, _ = top_p_truth(logits, temp)
+    kept = set(order_low[0][~mask[0]].tolist())
+    kept64 = set(order[0][~mask64[0]].tolist())
+    report = shadow(argsort_top_p_sampler, logits, temp)
+    assert bool(report.decisions) == (kept != kept64)
+    assert {d.primitive for d in report.decisions} <= {"gt"}
+    assert (kept != kept64) == (case == "flat")
 
 
 def test_the_flat_case_is_a_real_knife_edge():

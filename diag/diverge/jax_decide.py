@@ -1,4 +1,4 @@
-"""The decisions of a JAX shadow run: comparisons, argmax/argmin, top_k, sort, select_n.
+"""The decisions of a JAX shadow run: comparisons, argmax/argmin, top_k, select_n.
 
 `diag.diverge.jax_shadow` evaluates every equation twice, in its dtypes and in float64 on the
 shadows, so the shadow of a decision's output *is* the float64 decision: the shadow of a
@@ -25,14 +25,16 @@ from diag.interp.jax_source import Literal, source
 from diag.interp.jaxpr import is_inexact
 
 COMPARE = frozenset("gt ge lt le eq ne".split())
-RANKING = {"argmax": "argmax", "argmin": "argmax", "top_k": "top_k", "sort": "sort"}
-#: Where each ranking primitive names its axis, and which output holds the indices (None:
-#: the integer payload of an argsort).
+#: An argsort (``sort`` with an index payload) is not judged by itself: a permutation that
+#: differs among values the dtype cannot tell apart (or that its softmax rounded) is no
+#: finding; the shadow follows the float64 permutation, and what is decided on the sorted
+#: values (a cumsum threshold, a greedy pick) or read with it (the result) is judged.
+RANKING = {"argmax": "argmax", "argmin": "argmax", "top_k": "top_k"}
+#: Where each ranking primitive names its axis, and which output holds the indices.
 AXIS = {
     "argmax": ("axes", 0),
     "argmin": ("axes", 0),
     "top_k": ("axis", 1),
-    "sort": ("dimension", None),
 }
 MINIMA = frozenset({"argmin"})
 CUMULATIVE = frozenset("cumsum cumlogsumexp".split())
@@ -147,7 +149,7 @@ def decide(h, e, ins: list, vals: list, shadows: list, where, path: str, phase: 
 
 
 def _ranking(e, ins, vals, shadows):
-    """(kind, low, exact, operands low, operands exact) of argmax/argmin/top_k/argsort, with
+    """(kind, low, exact, operands low, operands exact) of argmax/argmin/top_k, with
     the decided axis last; None when there is nothing to decide."""
     name, p = e.primitive.name, e.params
     x = ins[0]
@@ -157,11 +159,6 @@ def _ranking(e, ins, vals, shadows):
     axis = p.get(key, -1)
     if isinstance(axis, tuple):  # argmax's axes: one axis
         axis = axis[0]
-    if out is None:  # an argsort sorts an index payload along with one float key
-        ints = [k for k, v in enumerate(e.outvars) if np.dtype(v.aval.dtype).kind in "iu"]
-        if p.get("num_keys", 1) != 1 or not ints:
-            return None
-        out = ints[0]
     low, exact = np.asarray(vals[out]), np.asarray(shadows[out])
     if np.array_equal(low, exact):
         return None
@@ -169,7 +166,7 @@ def _ranking(e, ins, vals, shadows):
     if name in MINIMA:
         lo, ex = -lo, -ex
     lo, ex = np.moveaxis(lo, axis, -1), np.moveaxis(ex, axis, -1)
-    if low.ndim == lo.ndim:  # top_k, sort: indices along the axis (argmax: the axis reduced)
+    if low.ndim == lo.ndim:  # top_k: indices along the axis (argmax: the axis reduced)
         low, exact = np.moveaxis(low, axis, -1), np.moveaxis(exact, axis, -1)
     return RANKING[name], low, exact, [lo], [ex]
 
