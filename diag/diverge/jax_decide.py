@@ -14,6 +14,7 @@ decision already covers a predicate: `dec`), and gives a literal rounded at trac
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
@@ -68,6 +69,7 @@ def literal_inputs(h, e, ins: list) -> list:
         err = abs(used - w) / abs(w) if w else 0.0
         sv = type(v)(v.val, jnp.asarray(w, jnp.float64), err, 0.0)
         sv.cul = (err, f"the literal {w!r} (used as {used!r})", None)
+        sv.lit = (w, used)
         ins[k] = sv
     return ins
 
@@ -103,8 +105,9 @@ def propagate(e, ins: list, outs: list, entries: dict[int, int]) -> None:
     cin = max((i.err for i in ins if i.thr != np.inf), default=0.0)
     cum = name in CUMULATIVE or any(i.cum for i in ins)
     dec = name in COMPARE or name in RANKING or any(i.dec for i in ins)
+    flip = next((i.flip for i in ins if i.flip is not None), None)
     for k, o in enumerate(outs):
-        o.cum, o.dec, o.cul = cum, dec, inherited
+        o.cum, o.dec, o.cul, o.flip = cum, dec, inherited, flip
         idx = entries.get(k)
         if idx is None or not np.isfinite(cin):
             continue
@@ -113,9 +116,11 @@ def propagate(e, ins: list, outs: list, entries: dict[int, int]) -> None:
             o.cul = (added, idx, inherited[1] if inherited is not None else None)
 
 
-def decide(h, e, ins: list, vals: list, shadows: list, where, path: str, phase: str) -> None:
-    """Compare the decision equation `e` (if it is one) with its float64 shadow; record it."""
+def decide(h, e, ins: list, outs: list, vals, shadows, where, path: str, phase: str) -> None:
+    """Compare the decision equation `e` (if it is one) with its float64 shadow; record it,
+    and mark its outputs as descending from the flip."""
     name = e.primitive.name
+    exact_ops: tuple[int, ...] = ()
     if name in COMPARE:
         if not all(_float_val(i) for i in ins) or np.array_equal(vals[0], shadows[0]):
             return
@@ -123,6 +128,7 @@ def decide(h, e, ins: list, vals: list, shadows: list, where, path: str, phase: 
         ops = ins
         low, exact = np.asarray(vals[0]), np.asarray(shadows[0])
         lows, exacts = [host(i.val) for i in ins], [host(i.sh) for i in ins]
+        exact_ops = tuple(k for k, i in enumerate(ins) if i.lit is not None)
     elif name == "select_n":
         pred = ins[0]
         if pred.dec or np.array_equal(np.asarray(pred.val), np.asarray(pred.sh)):
@@ -142,10 +148,56 @@ def decide(h, e, ins: list, vals: list, shadows: list, where, path: str, phase: 
         dtype = next(
             (np.dtype(i.val.dtype) for i in ins[1:] if _float_val(i)), np.dtype(np.float64)
         )
-    h.ledger.decide(
+    rec = h.ledger.decide(
         name, kind, low, exact, dtype, lows, exacts, where, path, phase,
-        cause_op=lambda: _culprit_name(h, ops),
+        cause_op=lambda: _cause(h, ops, low, exact, dtype, exacts),
+        exact_operands=exact_ops,
     )  # fmt: skip
+    if rec is None:
+        return
+    upstream = next((o.flip for o in ops if o.flip is not None), None)
+    if upstream is not None and rec.verdict == "fail":
+        rec = _follows(rec, upstream)
+        h.ledger.decisions[-1] = rec
+    for o in outs:
+        o.flip = rec
+
+
+def _follows(rec, up):
+    """A flip whose operands differ because the shadow followed an earlier flip `up` (the
+    greedy pick after a top-p mask): it takes that flip's cause and verdict."""
+    text = f"the flipped {up.primitive} at {up.source or 'an unknown line'}"
+    what = rec.reason.split(" (float64 margin", 1)[0].split("; made", 1)[0]
+    return dataclasses.replace(
+        rec,
+        cause=up.cause,
+        cause_op=f"follows {text}",
+        verdict=up.verdict,
+        reason=f"{what}: it follows {text}, {up.cause} there",
+    )
+
+
+def _cause(h, ops: list, low, exact, dtype, exacts: list) -> str:
+    """What moved a value across: a literal rounded at trace time, when its rounding alone
+    flips an element (the once-rounded operand against the used literal decides otherwise
+    than the float64 operand against the written one); else `_culprit_name`."""
+    lits = [(k, o.lit) for k, o in enumerate(ops) if o.lit is not None]
+    if len(lits) == 1 and len(exacts) == 2:
+        k, (written, used) = lits[0]
+        diff = np.broadcast_to(np.asarray(low) != np.asarray(exact), np.broadcast(*exacts).shape)
+        t = np.broadcast_to(exacts[1 - k], diff.shape)[diff]
+        a = numerics.round_to_dtype(t, dtype).astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            moved = np.sign(a - used) != np.sign(t - written)
+        if moved.any():
+            name = numerics.dtype_name(dtype)
+            lit = f"the literal {written!r} rounded to {used!r} ({name})"
+            if moved.all():
+                return lit
+            rest = _culprit_name(h, ops)
+            n = f"{int(moved.sum())} of {moved.size} flips"
+            return f"{lit} ({n}), and {rest}" if rest else f"{lit} ({n})"
+    return _culprit_name(h, ops)
 
 
 def _ranking(e, ins, vals, shadows):
