@@ -11,6 +11,10 @@ error). The float64 ones run under `jax.enable_x64`; an equation that cannot be 
 float64 (a higher-order primitive the evaluator does not descend into, a custom call) keeps its
 shadow equal to its output and is counted in the report's note.
 
+Decisions (comparisons, argmax/argmin, top_k, select_n) are judged against their float64
+shadow by `diag.diverge.jax_decide`; since every equation also runs on the shadows, what comes
+after a flipped decision follows the float64 one.
+
 Equations are run one by one, not compiled together: what XLA's fusion or excess precision
 changes in the compiled function is not seen (`diag run` compares settings for that).
 """
