@@ -108,3 +108,18 @@ def test_the_curve_says_inf_and_nan_and_never_calls_a_large_error_inf():
     parts = [str(p) for p in render.diverge_tables(report(curve=(1e-3, math.nan)))]
     curve = next(p for p in parts if p.startswith("carried error along"))
     assert "1 NaN" in curve and curve.endswith("?")
+
+
+def test_forced_flips_warn_and_say_what_they_cost_the_result():
+    from diag.diverge.decisions import DecisionRecord
+
+    d = DecisionRecord(
+        index=0, primitive="gt", kind="compare", source="s.py:3 (f)", library="", path="",
+        phase="forward", dtype="bfloat16", flipped=1, total=4, margin_ulps=0.25,
+        cause="forced by rounding", cause_op="", verdict="warn", reason="forced",
+    )  # fmt: skip
+    code, why = verdict(report(decisions=(d,), first_decision=d, result_error=1.27))
+    assert code == 0 and "forced by rounding" in why and "1.27" in why
+    assert verdict(report(decisions=(d,), first_decision=d))[0] == 0
+    made = DecisionRecord(**{**d.__dict__, "verdict": "fail", "cause": "made by the computation"})
+    assert verdict(report(decisions=(d, made), first_decision=d))[0] == 1

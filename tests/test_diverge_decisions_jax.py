@@ -44,6 +44,16 @@ def top_p_sampler(logits, temperature):
     return greedy, mask, indices
 
 
+@jax.jit
+def argsort_top_p_sampler(logits, temperature):
+    """Top-p through an argsort and `take_along_axis`, as ports of transformers' warper do."""
+    probs = jax.nn.softmax(logits / temperature, axis=-1)
+    order = jnp.argsort(-probs, axis=-1)
+    probs_sorted = jnp.take_along_axis(probs, order, axis=-1)
+    cumsum = jnp.cumsum(probs_sorted, axis=-1)
+    return cumsum - probs_sorted > 0.9, order
+
+
 @partial(jax.jit, static_argnames="k")
 def top_k_sampler(logits, temperature, k):
     _, indices = jax.lax.top_k(logits / temperature, k=k)
@@ -133,13 +143,35 @@ def test_a_top_p_cut_is_flagged_exactly_when_the_kept_set_differs(case):
         assert d.kind == "threshold" and d.source.endswith("(top_p_sampler)")
         flipped = mask[0] != mask64[0]
         assert d.flipped == int(flipped.sum())
-        forced = bool(np.all(forced_compare(before[0][flipped], np.full(flipped.sum(), TOP_P))))
+        # the literal is taken at its written value: only the cumsum side is rounded
+        t = before[0][flipped]
+        forced = bool(np.all(np.sign(rd(t) - TOP_P) != np.sign(t - TOP_P)))
         assert (d.cause == "forced by rounding") == forced
         assert d.verdict == ("warn" if forced else "fail")
         if not forced:
             assert d.cause_op and report.failed
+            # the rounded literal alone explains a flip: a once-rounded value against the
+            # literal as used decides otherwise than float64 against the written one
+            alone = np.sign(rd(t) - float(rd(TOP_P))) != np.sign(t - TOP_P)
+            assert d.cause_op.startswith("the literal 0.9") == bool(alone.any())
     elif report.first is None and not report.decisions:
         assert not report.failed
+
+
+@pytest.mark.parametrize("case", ["flat", "peaked"])
+def test_an_argsort_is_judged_by_the_cut_taken_on_it(case):
+    """The bf16 permutation differs from float64's among near-equal probabilities; that alone
+    is no finding: the cut taken on the sorted values is."""
+    x, t = TOP_P_CASES[case]
+    logits, temp = bf16(x), bf16(t)
+    mask, order_low = (np.asarray(v) for v in argsort_top_p_sampler(logits, temp))
+    _, mask64, order, _ = top_p_truth(logits, temp)
+    kept = set(order_low[0][~mask[0]].tolist())
+    kept64 = set(order[0][~mask64[0]].tolist())
+    report = shadow(argsort_top_p_sampler, logits, temp)
+    assert bool(report.decisions) == (kept != kept64)
+    assert {d.primitive for d in report.decisions} <= {"gt"}
+    assert (kept != kept64) == (case == "flat")
 
 
 def test_the_flat_case_is_a_real_knife_edge():
@@ -335,3 +367,28 @@ def test_the_sampler_example_exit_status(name):
         assert "forced by rounding" in doc["verdict"] and "exit 0" in doc["verdict"]
     if not changed:
         assert r.returncode == 0 and rep["first"] is None
+
+
+def test_a_decision_downstream_of_a_flip_follows_it():
+    """A second comparison whose operand differs only because the shadow followed the first
+    flip takes that flip's cause and verdict instead of blaming the `where` between them."""
+
+    @jax.jit
+    def f(x, y):
+        s = x * y - 0.3
+        sign = jnp.where(s > 0.0, 1.0, -1.0)
+        return (sign * 2.0 > 1.0).sum()
+
+    rng = np.random.default_rng(5)
+    x = bf16(rng.uniform(0.5, 1.0, 4096))
+    y = bf16(0.3 / f64(bf16(rng.uniform(0.5, 1.0, 4096))))
+    s64 = f64(x) * f64(y) - 0.3
+    flipped = (np.asarray(x * y - bf16(0.3)).astype(np.float64) > 0) != (s64 > 0)
+    assert flipped.any()
+    report = shadow(f, x, y)
+    first, *rest = report.decisions
+    assert first.flipped == int(flipped.sum()) and rest
+    second = rest[0]
+    assert second.flipped == first.flipped
+    assert second.cause_op.startswith(f"follows the flipped gt at {first.source}")
+    assert (second.verdict, second.cause) == (first.verdict, first.cause)

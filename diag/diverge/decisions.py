@@ -101,6 +101,7 @@ def judge_decision(
     dtype,
     operands_low: list[np.ndarray],
     operands_exact: list[np.ndarray],
+    exact_operands: tuple[int, ...] = (),
 ) -> tuple[int, int, float, bool]:
     """(flipped, total, margin_ulps, forced) of one decision.
 
@@ -115,6 +116,9 @@ def judge_decision(
         operands_exact: the float64 shadows of the operands: two for a comparison, one (the
             decided axis last) for argmax/top_k/sort, none for a select/mask whose predicate
             came from elsewhere.
+        exact_operands: positions of comparison operands taken as they are, not rounded: a
+            literal the program rounded at trace time is compared with its written value (an
+            implementation may compare with the exact value, so its rounding is no excuse).
 
     `forced` is True when rounding the float64 operands once to `dtype` and deciding on them
     does not reproduce the float64 decision for every flipped element (a tie or reversal after
@@ -133,7 +137,7 @@ def judge_decision(
         return flipped, total, math.nan, False
     a, b = (np.broadcast_to(np.asarray(o, np.float64), diff.shape) for o in operands_exact)
     a, b = a[diff], b[diff]
-    ra, rb = (_round(x, dtype) for x in (a, b))
+    ra, rb = (x if k in exact_operands else _round(x, dtype) for k, x in enumerate((a, b)))
     with np.errstate(invalid="ignore"):
         each = np.sign(ra - rb) != np.sign(a - b)
     return (flipped, total, *_margin_forced(a, b, each, dtype))
@@ -294,10 +298,16 @@ def verdict(report) -> tuple[int, str]:
         return 1, f"{d.primitive} at {d.source or 'an unknown line'}: {d.reason}"
     if warns:
         d = warns[0]
+        carried = (
+            f"; the result carries {report.result_error:.3g}, over the threshold "
+            f"{report.result_threshold:.2g}, because of them"
+            if over
+            else ""
+        )
         return 0, (
             f"{len(warns)} decision(s) forced by rounding, none made by the computation "
             f"(exit 0, a warning): first {d.primitive} at {d.source or 'an unknown line'}: "
-            f"{d.reason}"
+            f"{d.reason}{carried}"
         )
     if over:
         return 1, (

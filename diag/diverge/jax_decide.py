@@ -1,4 +1,4 @@
-"""The decisions of a JAX shadow run: comparisons, argmax/argmin, top_k, sort, select_n.
+"""The decisions of a JAX shadow run: comparisons, argmax/argmin, top_k, select_n.
 
 `diag.diverge.jax_shadow` evaluates every equation twice, in its dtypes and in float64 on the
 shadows, so the shadow of a decision's output *is* the float64 decision: the shadow of a
@@ -14,6 +14,7 @@ decision already covers a predicate: `dec`), and gives a literal rounded at trac
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
@@ -25,14 +26,16 @@ from diag.interp.jax_source import Literal, source
 from diag.interp.jaxpr import is_inexact
 
 COMPARE = frozenset("gt ge lt le eq ne".split())
-RANKING = {"argmax": "argmax", "argmin": "argmax", "top_k": "top_k", "sort": "sort"}
-#: Where each ranking primitive names its axis, and which output holds the indices (None:
-#: the integer payload of an argsort).
+#: An argsort (``sort`` with an index payload) is not judged by itself: a permutation that
+#: differs among values the dtype cannot tell apart (or that its softmax rounded) is no
+#: finding; the shadow follows the float64 permutation, and what is decided on the sorted
+#: values (a cumsum threshold, a greedy pick) or read with it (the result) is judged.
+RANKING = {"argmax": "argmax", "argmin": "argmax", "top_k": "top_k"}
+#: Where each ranking primitive names its axis, and which output holds the indices.
 AXIS = {
     "argmax": ("axes", 0),
     "argmin": ("axes", 0),
     "top_k": ("axis", 1),
-    "sort": ("dimension", None),
 }
 MINIMA = frozenset({"argmin"})
 CUMULATIVE = frozenset("cumsum cumlogsumexp".split())
@@ -66,6 +69,7 @@ def literal_inputs(h, e, ins: list) -> list:
         err = abs(used - w) / abs(w) if w else 0.0
         sv = type(v)(v.val, jnp.asarray(w, jnp.float64), err, 0.0)
         sv.cul = (err, f"the literal {w!r} (used as {used!r})", None)
+        sv.lit = (w, used)
         ins[k] = sv
     return ins
 
@@ -101,8 +105,9 @@ def propagate(e, ins: list, outs: list, entries: dict[int, int]) -> None:
     cin = max((i.err for i in ins if i.thr != np.inf), default=0.0)
     cum = name in CUMULATIVE or any(i.cum for i in ins)
     dec = name in COMPARE or name in RANKING or any(i.dec for i in ins)
+    flip = next((i.flip for i in ins if i.flip is not None), None)
     for k, o in enumerate(outs):
-        o.cum, o.dec, o.cul = cum, dec, inherited
+        o.cum, o.dec, o.cul, o.flip = cum, dec, inherited, flip
         idx = entries.get(k)
         if idx is None or not np.isfinite(cin):
             continue
@@ -111,9 +116,11 @@ def propagate(e, ins: list, outs: list, entries: dict[int, int]) -> None:
             o.cul = (added, idx, inherited[1] if inherited is not None else None)
 
 
-def decide(h, e, ins: list, vals: list, shadows: list, where, path: str, phase: str) -> None:
-    """Compare the decision equation `e` (if it is one) with its float64 shadow; record it."""
+def decide(h, e, ins: list, outs: list, vals, shadows, where, path: str, phase: str) -> None:
+    """Compare the decision equation `e` (if it is one) with its float64 shadow; record it,
+    and mark its outputs as descending from the flip."""
     name = e.primitive.name
+    exact_ops: tuple[int, ...] = ()
     if name in COMPARE:
         if not all(_float_val(i) for i in ins) or np.array_equal(vals[0], shadows[0]):
             return
@@ -121,6 +128,7 @@ def decide(h, e, ins: list, vals: list, shadows: list, where, path: str, phase: 
         ops = ins
         low, exact = np.asarray(vals[0]), np.asarray(shadows[0])
         lows, exacts = [host(i.val) for i in ins], [host(i.sh) for i in ins]
+        exact_ops = tuple(k for k, i in enumerate(ins) if i.lit is not None)
     elif name == "select_n":
         pred = ins[0]
         if pred.dec or np.array_equal(np.asarray(pred.val), np.asarray(pred.sh)):
@@ -140,14 +148,60 @@ def decide(h, e, ins: list, vals: list, shadows: list, where, path: str, phase: 
         dtype = next(
             (np.dtype(i.val.dtype) for i in ins[1:] if _float_val(i)), np.dtype(np.float64)
         )
-    h.ledger.decide(
+    rec = h.ledger.decide(
         name, kind, low, exact, dtype, lows, exacts, where, path, phase,
-        cause_op=lambda: _culprit_name(h, ops),
+        cause_op=lambda: _cause(h, ops, low, exact, dtype, exacts),
+        exact_operands=exact_ops,
     )  # fmt: skip
+    if rec is None:
+        return
+    upstream = next((o.flip for o in ops if o.flip is not None), None)
+    if upstream is not None and rec.verdict == "fail":
+        rec = _follows(rec, upstream)
+        h.ledger.decisions[-1] = rec
+    for o in outs:
+        o.flip = rec
+
+
+def _follows(rec, up):
+    """A flip whose operands differ because the shadow followed an earlier flip `up` (the
+    greedy pick after a top-p mask): it takes that flip's cause and verdict."""
+    text = f"the flipped {up.primitive} at {up.source or 'an unknown line'}"
+    what = rec.reason.split(" (float64 margin", 1)[0].split("; made", 1)[0]
+    return dataclasses.replace(
+        rec,
+        cause=up.cause,
+        cause_op=f"follows {text}",
+        verdict=up.verdict,
+        reason=f"{what}: it follows {text}, {up.cause} there",
+    )
+
+
+def _cause(h, ops: list, low, exact, dtype, exacts: list) -> str:
+    """What moved a value across: a literal rounded at trace time, when its rounding alone
+    flips an element (the once-rounded operand against the used literal decides otherwise
+    than the float64 operand against the written one); else `_culprit_name`."""
+    lits = [(k, o.lit) for k, o in enumerate(ops) if o.lit is not None]
+    if len(lits) == 1 and len(exacts) == 2:
+        k, (written, used) = lits[0]
+        diff = np.broadcast_to(np.asarray(low) != np.asarray(exact), np.broadcast(*exacts).shape)
+        t = np.broadcast_to(exacts[1 - k], diff.shape)[diff]
+        a = numerics.round_to_dtype(t, dtype).astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            moved = np.sign(a - used) != np.sign(t - written)
+        if moved.any():
+            name = numerics.dtype_name(dtype)
+            lit = f"the literal {written!r} rounded to {used!r} ({name})"
+            if moved.all():
+                return lit
+            rest = _culprit_name(h, ops)
+            n = f"{int(moved.sum())} of {moved.size} flips"
+            return f"{lit} ({n}), and {rest}" if rest else f"{lit} ({n})"
+    return _culprit_name(h, ops)
 
 
 def _ranking(e, ins, vals, shadows):
-    """(kind, low, exact, operands low, operands exact) of argmax/argmin/top_k/argsort, with
+    """(kind, low, exact, operands low, operands exact) of argmax/argmin/top_k, with
     the decided axis last; None when there is nothing to decide."""
     name, p = e.primitive.name, e.params
     x = ins[0]
@@ -157,11 +211,6 @@ def _ranking(e, ins, vals, shadows):
     axis = p.get(key, -1)
     if isinstance(axis, tuple):  # argmax's axes: one axis
         axis = axis[0]
-    if out is None:  # an argsort sorts an index payload along with one float key
-        ints = [k for k, v in enumerate(e.outvars) if np.dtype(v.aval.dtype).kind in "iu"]
-        if p.get("num_keys", 1) != 1 or not ints:
-            return None
-        out = ints[0]
     low, exact = np.asarray(vals[out]), np.asarray(shadows[out])
     if np.array_equal(low, exact):
         return None
@@ -169,7 +218,7 @@ def _ranking(e, ins, vals, shadows):
     if name in MINIMA:
         lo, ex = -lo, -ex
     lo, ex = np.moveaxis(lo, axis, -1), np.moveaxis(ex, axis, -1)
-    if low.ndim == lo.ndim:  # top_k, sort: indices along the axis (argmax: the axis reduced)
+    if low.ndim == lo.ndim:  # top_k: indices along the axis (argmax: the axis reduced)
         low, exact = np.moveaxis(low, axis, -1), np.moveaxis(exact, axis, -1)
     return RANKING[name], low, exact, [lo], [ex]
 

@@ -11,6 +11,10 @@ error). The float64 ones run under `jax.enable_x64`; an equation that cannot be 
 float64 (a higher-order primitive the evaluator does not descend into, a custom call) keeps its
 shadow equal to its output and is counted in the report's note.
 
+Decisions (comparisons, argmax/argmin, top_k, select_n) are judged against their float64
+shadow by `diag.diverge.jax_decide`; since every equation also runs on the shadows, what comes
+after a flipped decision follows the float64 one.
+
 Equations are run one by one, not compiled together: what XLA's fusion or excess precision
 changes in the compiled function is not seen (`diag run` compares settings for that).
 """
@@ -40,7 +44,7 @@ _F64 = np.dtype(np.float64)
 class _SV(Value):
     """A value, its float64 shadow, its carried error and the threshold of its dtype."""
 
-    __slots__ = ("sh", "err", "thr", "cul", "cum", "dec")
+    __slots__ = ("sh", "err", "thr", "cul", "cum", "dec", "lit", "flip")
 
     def __init__(self, val: Any, sh: Any, err: float = 0.0, thr: float = 0.0):
         super().__init__(val)
@@ -50,6 +54,8 @@ class _SV(Value):
         # descends from a cumulative sum, whether a recorded decision made it.
         self.cul: tuple | None = None  # (added error, entry or label, the one it grew)
         self.cum = self.dec = False
+        self.lit: tuple[float, float] | None = None  # (written, used) of a rounded literal
+        self.flip: Any = None  # the first flipped decision (DecisionRecord) it descends from
         dtype = getattr(val, "dtype", None)
         self.thr = (
             max(thr, diverge_carried_threshold(dtype))
@@ -184,7 +190,7 @@ class _Shadow(Evaluator):
     def _decide(self, e, ins, outs, vals, shadows, where, path, phase, entries) -> None:
         """Judge `e` if it is a decision; pass on what later decisions are judged by."""
         jax_decide.propagate(e, ins, outs, entries)
-        jax_decide.decide(self, e, ins, vals, shadows, where, path, phase)
+        jax_decide.decide(self, e, ins, outs, vals, shadows, where, path, phase)
 
 
 def _same_decision(v: _SV) -> bool:
@@ -201,6 +207,7 @@ def _carry(out: _SV, srcs: list) -> _SV:
     cul = [s.cul for s in srcs if s.cul is not None]
     out.cul = max(cul, key=lambda c: c[0]) if cul else None
     out.cum, out.dec = any(s.cum for s in srcs), any(s.dec for s in srcs)
+    out.flip = next((s.flip for s in srcs if s.flip is not None), None)
     return out
 
 

@@ -85,6 +85,7 @@ class Ledger:
         phase: str,
         *,
         cause_op: Callable[[], str] | str = "",
+        exact_operands: tuple[int, ...] = (),
     ) -> DecisionRecord | None:
         """Judge one decision (`decisions.judge_decision`); record and return it when some
         element went the other way than float64, else None.
@@ -99,9 +100,17 @@ class Ledger:
             path, phase: where it sits, ``forward``/``backward``.
             cause_op: the op that moved a value across (or a callable giving it, called only
                 for a flip made by the computation), e.g. ``div at sampler.py:12``.
+            exact_operands: comparison operands not rounded in the forced test (literals
+                taken at their written value: `decisions.judge_decision`).
         """
         judged = decisions.judge_decision(
-            kind, low, exact, dtype=dtype, operands_low=operands_low, operands_exact=operands_exact
+            kind,
+            low,
+            exact,
+            dtype=dtype,
+            operands_low=operands_low,
+            operands_exact=operands_exact,
+            exact_operands=exact_operands,
         )
         if judged[0] == 0:
             return None

@@ -195,7 +195,7 @@ def _short(d: Any) -> Any:
     without the chain behind it (the verdict line has it whole)."""
     import dataclasses
 
-    op = d.cause_op.split(", its error grown", 1)[0]
+    op = d.cause_op.split(", its error grown", 1)[0].split(" (", 1)[0]
     cause = "forced" if d.cause.startswith("forced") else "made"
     return dataclasses.replace(d, cause=cause, cause_op=op)
 
