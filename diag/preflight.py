@@ -54,6 +54,7 @@ from diag.errors import (
     UsageError,
 )
 from diag.preflight_costs import load_timings, save_timings, timings_path
+from diag.preflight_nodes import request_env
 
 __all__ = ["preflight", "Preflight", "Finding", "StepResult", "STEPS", "DEFAULT_BUDGET",
            "timings_path", "write_junit", "progress_line"]
@@ -270,11 +271,12 @@ def _judge_backends(environ: dict[str, str], result: Preflight,
 
 
 def _probes(environ: dict[str, str], result: Preflight, cache_dir: str | None,
-            with_fingerprints: bool) -> None:
+            with_fingerprints: bool, node_scan: dict[str, str]) -> None:
     from diag import runner
 
-    # The workers inherit this process's environment; what `environ` changes goes with them.
-    extra = {k: v for k, v in environ.items() if os.environ.get(k) != v}
+    # The workers inherit this process's environment; what `environ` changes goes with them,
+    # and so does the node scan's request (`node_scan`: diag.preflight_nodes).
+    extra = {k: v for k, v in environ.items() if os.environ.get(k) != v} | node_scan
     out = Path(tempfile.mkdtemp(prefix="diag-preflight-"))
     try:
         run = runner.run("preflight", out=out, repeats=PROBE_REPEATS, cache_dir=cache_dir,
@@ -309,20 +311,29 @@ def _probes(environ: dict[str, str], result: Preflight, cache_dir: str | None,
                                    if ran else "no backend present to probe"))
 
 
-def _nodes(environ: dict[str, str], result: Preflight, injections: tuple) -> None:
+def _nodes(environ: dict[str, str], result: Preflight, injections: tuple,
+           scanned: Path | None) -> float | None:
+    """The node scan's findings; returns its seconds when the probes' JAX worker scanned
+    (`scanned` holds its answer, diag.preflight_nodes), None when it ran here."""
     from diag import nodes
     from diag.backends import framework_installed
+    from diag.preflight_nodes import collect
     from diag.workers import jax_cache_for_import
 
     if not framework_installed("jax"):  # the scan's workloads are JAX's
         result.findings.append(Finding("nodes", "devices", "skip",
                                        "jax is not installed: the node scan runs on JAX",
                                        "pip install 'diag[jax]' to scan the devices"))
-        return
-    # In this process (jax is imported here, with this process's XLA_FLAGS), as `diag nodes`,
-    # with the JAX workers' persistent compilation cache (read once, when jax is imported).
-    with jax_cache_for_import():
-        scan = nodes.scan(repeats=NODE_REPEATS, injections=injections)
+        return None
+    found = collect(scanned) if scanned is not None else None
+    if found is not None:
+        scan, seconds = found
+    else:
+        # In this process (jax is imported here, with this process's XLA_FLAGS), as `diag
+        # nodes`, with the JAX workers' persistent compilation cache (read at jax's import).
+        seconds = None
+        with jax_cache_for_import():
+            scan = nodes.scan(repeats=NODE_REPEATS, injections=injections)
     for s in scan.suspects:
         result.findings.append(Finding(
             "nodes", f"device {s.get('device_id')} on {s.get('host')}", "fail",
@@ -338,6 +349,7 @@ def _nodes(environ: dict[str, str], result: Preflight, injections: tuple) -> Non
             "nodes", f"{scan.platform} devices", "pass",
             f"{len(scan.devices)} {scan.device_kind} device(s) agree with themselves over "
             f"{scan.repeats} repeats" + (f" ({scan.notes[0]})" if scan.notes else "")))
+    return seconds
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,56 +385,80 @@ def preflight(budget: float = DEFAULT_BUDGET, *, environ: dict[str, str] | None 
     environ = dict(os.environ if environ is None else environ)
     result = Preflight(budget_s=float(budget))
     measured = load_timings()
-    runs: dict[str, Callable[[], None]] = {
+    merged: set[str] = set()
+    scan_dir = Path(tempfile.mkdtemp(prefix="diag-preflight-nodes-"))
+    scanned = scan_dir / "nodes.json"  # the probes' JAX worker's node scan, when merged
+    runs: dict[str, Callable[[], float | None]] = {
         "settings": lambda: _settings(environ, result),
         "fingerprints": lambda: _fingerprints(environ, result),
         "probes": lambda: _probes(environ, result, cache_dir,
-                                  with_fingerprints="fingerprints" in merged),
-        "nodes": lambda: _nodes(environ, result, tuple(injections)),
+                                  with_fingerprints="fingerprints" in merged,
+                                  node_scan=request_env(scanned, NODE_REPEATS, tuple(injections))
+                                  if "nodes" in merged else {}),
+        "nodes": lambda: _nodes(environ, result, tuple(injections),
+                                scanned if "nodes" in merged else None),
     }
     new_timings: dict[str, float] = {}
-    merged: set[str] = set()
     t0 = time.monotonic()
-    for i, step in enumerate(STEPS, 1):
-        expected = measured.get(step.name, step.estimate_s)
-        left = budget - (time.monotonic() - t0)
-        before = len(result.findings)
-        if step.name == "fingerprints" and measured.get("probes", _ESTIMATES["probes"]) <= left:
-            # The probe workers measure the same settings and fingerprints: one framework
-            # start instead of two, when the probes fit (they come next, nothing in between).
-            merged.add(step.name)
-            sr = StepResult(step.name, "with probes", 0.0, expected,
-                            "measured by the probe workers")
-        elif step.name != "settings" and expected > left:
-            sr = StepResult(step.name, "skipped", 0.0, expected,
-                            f"needs ~{expected:.0f} s, {max(left, 0):.0f} s of the budget left")
-            result.findings.append(Finding(step.name, step.name, "skip",
-                                           f"skipped: {sr.note} ({step.what})",
-                                           f"raise --budget to at least "
-                                           f"{budget - left + expected:.0f} to include it"))
-        else:
-            start = time.monotonic()
-            try:
-                runs[step.name]()
-                sr = StepResult(step.name, "ran", 0.0, expected)
-            except UsageError:
-                raise  # bad flags, bad input: exit 2 before a verdict
-            except Exception as e:  # noqa: BLE001 - a crashed step is a finding (exit 4)
-                first = " ".join(str(e).split())[:300]
-                sr = StepResult(step.name, "crashed", 0.0, expected, type(e).__name__)
-                result.findings.append(Finding(step.name, step.name, "error",
-                                               f"{type(e).__name__}: {first}",
-                                               f"rerun `diag --debug {step.command}` for the "
-                                               "traceback"))
-            sr.seconds = time.monotonic() - start
+    try:
+        for i, step in enumerate(STEPS, 1):
+            expected = measured.get(step.name, step.estimate_s)
+            left = budget - (time.monotonic() - t0)
+            before = len(result.findings)
+            if step.name == "probes" and expected + measured.get(
+                    "nodes", _ESTIMATES["nodes"]) <= left:
+                # Both fit: the probes' JAX worker scans the devices after its cases (jax is
+                # imported there already; diag.preflight_nodes), the host does not import it.
+                merged.add("nodes")
+            sr = _step(step, expected, left, budget, measured, merged, runs[step.name], result)
             if sr.state == "ran":
                 new_timings[step.name] = round(sr.seconds, 3)
-        result.steps.append(sr)
-        if on_step:
-            on_step(i, len(STEPS), sr, result.findings[before:])
+            result.steps.append(sr)
+            if on_step:
+                on_step(i, len(STEPS), sr, result.findings[before:])
+    finally:
+        shutil.rmtree(scan_dir, ignore_errors=True)
     result.elapsed_s = time.monotonic() - t0
     save_timings(new_timings)
     return result
+
+
+def _step(step: Step, expected: float, left: float, budget: float,
+          measured: dict[str, float], merged: set[str], run: Callable[[], float | None],
+          result: Preflight) -> StepResult:
+    """Run one step, or say why not (the budget, or another step measures it)."""
+    if step.name == "fingerprints" and measured.get("probes", _ESTIMATES["probes"]) <= left:
+        # The probe workers measure the same settings and fingerprints: one framework
+        # start instead of two, when the probes fit (they come next, nothing in between).
+        merged.add(step.name)
+        return StepResult(step.name, "with probes", 0.0, expected,
+                          "measured by the probe workers")
+    if step.name != "settings" and expected > left and step.name not in merged:
+        sr = StepResult(step.name, "skipped", 0.0, expected,
+                        f"needs ~{expected:.0f} s, {max(left, 0):.0f} s of the budget left")
+        result.findings.append(Finding(step.name, step.name, "skip",
+                                       f"skipped: {sr.note} ({step.what})",
+                                       f"raise --budget to at least "
+                                       f"{budget - left + expected:.0f} to include it"))
+        return sr
+    start = time.monotonic()
+    try:
+        seconds = run()
+        sr = StepResult(step.name, "ran", 0.0, expected)
+    except UsageError:
+        raise  # bad flags, bad input: exit 2 before a verdict
+    except Exception as e:  # noqa: BLE001 - a crashed step is a finding (exit 4)
+        seconds = None
+        first = " ".join(str(e).split())[:300]
+        sr = StepResult(step.name, "crashed", 0.0, expected, type(e).__name__)
+        result.findings.append(Finding(step.name, step.name, "error",
+                                       f"{type(e).__name__}: {first}",
+                                       f"rerun `diag --debug {step.command}` for the "
+                                       "traceback"))
+    sr.seconds = time.monotonic() - start
+    if seconds is not None:  # measured where it ran: the probes' JAX worker
+        sr.seconds, sr.note = seconds, "scanned by the probes' JAX worker"
+    return sr
 
 
 def progress_line(i: int, n: int, step: StepResult, findings: list[Finding]) -> str:

@@ -242,6 +242,9 @@ def run_job(job_json: dict, stream) -> None:
     arithmetic = _arithmetic(backend, job)
     if arithmetic:
         _send(stream, Arithmetic(seconds=time.perf_counter() - t0, **arithmetic))
+    from diag.preflight_nodes import scan_in_worker
+
+    scan_in_worker(spec.framework)  # `diag preflight` asks its JAX worker for the node scan
     _send(stream, Done())
 
 
