@@ -15,7 +15,8 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from diag.errors import UsageError
 
 __all__ = ["load_output", "worker_env", "jax_cache_env", "jax_cache_for_import",
            "candidate_backends", "resolve_backends", "run_env_worker",
-           "parse_python", "python_var", "DISCOVERY_TIMEOUT"]
+           "parse_python", "python_var", "DISCOVERY_TIMEOUT", "start_beside"]
 
 DISCOVERY_TIMEOUT = 180.0
 
@@ -280,6 +281,28 @@ def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
     return run, skipped, parked
 
 
+#: At most this many backends' workers run at once (`start_beside`), the one the host reads
+#: included: each holds its framework and its outputs in memory.
+MAX_BESIDE = max(2, min(4, (os.cpu_count() or 2) // 4))
+
+
+def start_beside(specs: Sequence[BackendSpec], parked: Mapping[str, Worker]
+                 ) -> list[BackendSpec]:
+    """The backends after the first (`specs[0]`, the host's) whose workers start with it.
+
+    A backend may run beside others when it computes on the host's CPU and holds no device
+    another backend needs: diag's numpy emulation, or a CPU backend of a framework that listed
+    only the CPU (a JAX that also sees a GPU takes GPU memory when it starts). Its worker runs
+    its cases while the host judges the earlier backends' results; the host reads each
+    backend's events in the planned order, so records come in the order they would one by
+    one. At most `MAX_BESIDE` workers run at once; the rest start in their turn.
+    """
+    cpu_only = {fw for fw, w in parked.items() if w.platforms == ["cpu"]}
+    ok = [s for s in specs[1:] if s.framework == "numpy"
+          or (s.platform == "cpu" and s.framework in cpu_only)]
+    return ok[:MAX_BESIDE - 1]
+
+
 def run_env_worker(framework: str, environ: Mapping[str, str], fingerprints: bool,
                     timeout: float, deep: bool = False) -> dict[str, Any]:
     """One `--env FRAMEWORK` worker (`diag env`): what it reports per backend.
@@ -349,6 +372,9 @@ class Worker:
         #: what its framework listed, when it was started to list them (`_discover`)
         self.platforms: list[str] | None = None
         self.log_path = log_path
+        #: when it was handed its job (`perf_counter`), and when its last event arrived
+        self.handed = time.perf_counter()
+        self.received = self.handed
         self._log = open(log_path, "ab") if log_path else None
         self._early: list[bytes] = []  # stderr before there is a log file
         self._lock = threading.Lock()
@@ -371,6 +397,7 @@ class Worker:
     def adopt(self, spec: BackendSpec, job_path: Path, log_path: Path) -> None:
         """Hand a parked worker its job; what it wrote to stderr so far goes first in the
         backend's log."""
+        self.handed = time.perf_counter()
         with self._lock:
             self.spec, self.log_path = spec, log_path
             self._log = open(log_path, "ab")
@@ -410,14 +437,16 @@ class Worker:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             try:
-                self._events.put(json.loads(line))
+                self._events.put((time.perf_counter(), json.loads(line)))
             except json.JSONDecodeError:
                 continue
-        self._events.put(None)  # EOF: the worker exited or closed its stream
+        self._events.put((time.perf_counter(), None))  # EOF: it exited or closed its stream
 
     def next_event(self, timeout: float) -> dict | None:
-        """The next event; None at EOF. Raises queue.Empty on timeout."""
-        return self._events.get(timeout=timeout)
+        """The next event; None at EOF. Raises queue.Empty on timeout. `received` is when it
+        arrived (a worker started beside others may have sent it long before it is read)."""
+        self.received, event = self._events.get(timeout=timeout)
+        return event
 
     def finish(self) -> bool:
         """After its `done`: wait for it to exit (the framework's teardown, ~0.3 s), unless
