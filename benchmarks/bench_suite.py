@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -53,11 +54,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchutil import machine  # noqa: E402
+
 BACKENDS = "jax-cpu,torch-cpu"
 TARGETS = {"record_s": 0.4, "record_vs_f64_matmul": 2.5, "matmul_warm_s": 15.0,
            "sampling_warm_s": 45.0, "matmul_host_rss_gb": 1.0, "wall_vs_own": 1.3}
 FLOOR_CODE = "import jax; jax.devices(); import torch"
 _FLOOR: list[float] = []  # import-floor samples, one before every suite sample
+_FLOOR_CPU: list[float] = []  # their CPU seconds (user + sys)
 
 # Runs diag's CLI in this interpreter and, at exit, writes the host's peak RSS (VmHWM: it
 # starts afresh at exec, unlike ru_maxrss) and the largest worker's (RUSAGE_CHILDREN).
@@ -149,11 +154,18 @@ def _own_seconds(records: list[dict]) -> float:
     return own + sum(truths.values())
 
 
+def _cpu() -> float:
+    """CPU seconds of every finished child process waited for (user + sys)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _floor(checkout: Path) -> None:
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     subprocess.run([sys.executable, "-c", FLOOR_CODE], check=True, capture_output=True,
                    env=_env(checkout), cwd=tempfile.gettempdir())
     _FLOOR.append(time.perf_counter() - t0)
+    _FLOOR_CPU.append(_cpu() - c0)
 
 
 def _sample(checkout: Path, suite: str, cache: Path, out: Path, extra: dict | None = None
@@ -163,18 +175,19 @@ def _sample(checkout: Path, suite: str, cache: Path, out: Path, extra: dict | No
     cmd = [sys.executable, "-c", _WRAPPER, "run", "--suite", suite, "--backend", BACKENDS,
            "--no-report", "--json", "--cache-dir", str(cache), "--out", str(out)]
     os.sync()  # the previous sample's dirty pages are written back now, not during this one
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out,
                           env=_env(checkout, {"DIAG_BENCH_PEAK": str(peak_file),
                                               **(extra or {})}))
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _cpu() - c0
     if proc.returncode not in (0, 1):  # 1: a numerical failure is a result, not a crash
         sys.exit(f"bench_suite: diag run exited {proc.returncode} ({checkout}): "
                  f"{proc.stderr.strip().splitlines()[-1:]}")
     summary = json.loads(proc.stdout)
     meta = json.loads((Path(summary["run_dir"]) / "run.json").read_text())
     peak = json.loads(peak_file.read_text())
-    return {"wall": wall, "own": _own_seconds(summary["records"]), "host_rss": peak["host"],
+    return {"wall": wall, "cpu": cpu, "floor": _FLOOR[-1],
+            "own": _own_seconds(summary["records"]), "host_rss": peak["host"],
             "worker_rss": peak["worker"], "phases": meta.get("phases") or {},
             "counts": summary["counts"]}
 
@@ -233,7 +246,7 @@ def main() -> int:
     if args.before:
         checkouts["before"] = args.before.resolve()
     tmp = Path(tempfile.mkdtemp(prefix="diag-bench-suite-"))
-    print(f"bench_suite: {os.cpu_count()} CPUs; load average at start {_load()}")
+    print(f"machine: {machine()}")
     if os.environ.get("PYTHONDONTWRITEBYTECODE"):
         print("bench_suite: PYTHONDONTWRITEBYTECODE is set: no .pyc is written, so every "
               "process compiles diag's sources afresh (both checkouts alike)")
@@ -255,7 +268,9 @@ def main() -> int:
 
     floor = statistics.median(_FLOOR) if _FLOOR else float("nan")
     print(f"import floor ({FLOOR_CODE}): median {floor:.2f} s; samples "
-          f"{', '.join(f'{f:.2f}' for f in _FLOOR)}\n")
+          f"{', '.join(f'{f:.2f}' for f in _FLOOR)}; CPU s median "
+          f"{statistics.median(_FLOOR_CPU):.2f}, samples "
+          f"{', '.join(f'{f:.2f}' for f in _FLOOR_CPU)}\n")
     for suite in args.suites.split(","):
         for state in ("warm", "cold", "warm, no JAX cache"):
             runs = {n: results.get((n, suite, state)) for n in checkouts}
@@ -271,6 +286,16 @@ def main() -> int:
                       f"peak RSS host {m['host_rss'] / 2**30:.2f} GB, largest worker "
                       f"{m['worker_rss'] / 2**30:.2f} GB; records {m['counts']}")
                 print(f"          phases: {_phases(m['phases'])}")
+                # Each sample beside the floor measured just before it (interleaved): the
+                # ratios of the samples, their median; and the CPU seconds, which load on a
+                # shared machine inflates less than the wall time.
+                own = [s["wall"] / max(s["own"], 1e-9) for s in samples]
+                bound = [s["wall"] / (s["own"] + s["floor"]) for s in samples]
+                cpus = ", ".join(f"{s['cpu']:.1f}" for s in samples)
+                print(f"          wall/own per sample {', '.join(f'{r:.2f}' for r in own)} "
+                      f"(median {statistics.median(own):.2f}); wall/(own + the import floor "
+                      f"beside it) median {statistics.median(bound):.2f}; CPU s "
+                      f"{cpus}")
             if runs.get("before"):
                 a, b = _median(runs["after"]), _median(runs["before"])
                 print(f"  after/before: wall {a['wall'] / b['wall']:.2f}x, host RSS "

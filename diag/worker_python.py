@@ -14,10 +14,10 @@ import os
 import sys
 from collections.abc import Mapping
 
-from diag.backends import BACKENDS, framework_installed
+from diag.backends import BACKENDS
 from diag.errors import UsageError
 
-__all__ = ["python_var", "parse_python", "framework_available", "worker_cmd"]
+__all__ = ["python_var", "parse_python", "worker_cmd"]
 
 
 def python_var(framework: str) -> str:
@@ -66,11 +66,6 @@ def _python(framework: str, env: Mapping[str, str]) -> str:
     """The Python `framework`'s workers run under: its DIAG_PYTHON_* or diag's own."""
     var = python_var(framework)
     return _checked_python(env[var], var) if env.get(var) else sys.executable
-
-
-def framework_available(framework: str, env: Mapping[str, str]) -> bool:
-    """Whether a worker could import `framework`: it has its own Python, or diag's has it."""
-    return bool(env.get(python_var(framework))) or framework_installed(framework)
 
 
 def worker_cmd(framework: str, env: Mapping[str, str], *args: str) -> list[str]:

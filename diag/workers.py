@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from diag import numerics
-from diag.backends import BACKENDS, BackendSpec, get_spec
-from diag.worker_python import framework_available, parse_python, python_var, worker_cmd
+from diag.backends import BACKENDS, BackendSpec, framework_installed, get_spec
+from diag.worker_python import parse_python, python_var, worker_cmd
 
 __all__ = [
     "load_output",
@@ -41,6 +41,11 @@ __all__ = [
 ]
 
 DISCOVERY_TIMEOUT = 180.0
+
+
+def framework_available(framework: str, env: Mapping[str, str]) -> bool:
+    """Whether a worker could import `framework`: it has its own Python, or diag's has it."""
+    return bool(env.get(python_var(framework))) or framework_installed(framework)
 
 
 # ---------------------------------------------------------------------------------------------
