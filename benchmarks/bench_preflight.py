@@ -62,12 +62,25 @@ def _run(cmd: list[str], env: dict) -> tuple[float, float, str]:
     return wall, cpu, proc.stdout
 
 
+def _environ() -> dict[str, str]:
+    """The environment the samples run with: with PYTHONDONTWRITEBYTECODE dropped unless
+    --keep-no-bytecode (an installed diag has its .pyc files; without them every one of
+    preflight's processes compiles diag's sources again, ~0.12 CPU-s each here)."""
+    env = dict(os.environ)
+    if not KEEP_NO_BYTECODE:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+KEEP_NO_BYTECODE = False
+
+
 def floor() -> tuple[float, float, str]:
-    return _run([sys.executable, "-c", FLOOR_CODE], dict(os.environ))
+    return _run([sys.executable, "-c", FLOOR_CODE], _environ())
 
 
 def preflight(cache: Path, jax_cache: bool = True) -> tuple[float, float, str]:
-    env = {**os.environ, "DIAG_CACHE_DIR": str(cache)}
+    env = {**_environ(), "DIAG_CACHE_DIR": str(cache)}
     if not jax_cache:
         env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     return _run([*_command(), "preflight", "--json"], env)
@@ -78,8 +91,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-jax-cache", action=argparse.BooleanOptionalAction, default=True,
                         help="also time warm runs with JAX's compilation cache off")
+    parser.add_argument("--keep-no-bytecode", action="store_true",
+                        help="keep PYTHONDONTWRITEBYTECODE from the environment")
     args = parser.parse_args()
+    global KEEP_NO_BYTECODE
+    KEEP_NO_BYTECODE = args.keep_no_bytecode
     print(f"machine: {machine()}")
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        print("PYTHONDONTWRITEBYTECODE is set here: " + (
+            "kept, so every diag process compiles diag's sources afresh" if KEEP_NO_BYTECODE
+            else "dropped for the samples, as an installed diag has its .pyc files"))
     kinds = ("floor", "cold", "warm") + (("warm, no JAX cache",) if args.no_jax_cache else ())
     res: dict[str, list[tuple[float, float, str]]] = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory(prefix="diag-bench-preflight-") as tmp:

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -76,13 +77,11 @@ def scan_in_worker(framework: str) -> None:
 
 
 def collect(path: Path) -> tuple[Any, float] | None:
-    """(the `NodeScan` a worker wrote, its seconds), or None when none did."""
-    from diag.nodes import NodeScan
-
+    """(the scan a worker wrote, as attributes: ``NodeScan.to_dict()``'s keys; its seconds),
+    or None when none did. The host reads it without importing `diag.nodes` (its workloads
+    import numpy's and the scan's machinery, needed only where a scan runs)."""
     try:
         data = json.loads(path.read_text())
-        fields = {f.name for f in dataclasses.fields(NodeScan)}
-        scan = NodeScan(**{k: v for k, v in data["scan"].items() if k in fields})
-        return scan, float(data["seconds"])
+        return types.SimpleNamespace(**data["scan"]), float(data["seconds"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -224,7 +224,6 @@ def nodes_step(
 ) -> float | None:
     """The node scan's findings; returns its seconds when the probes' JAX worker scanned
     (`scanned` holds its answer, diag.preflight_nodes), None when it ran here."""
-    from diag import nodes
     from diag.backends import framework_installed
     from diag.preflight_nodes import collect
     from diag.workers import jax_cache_for_import
@@ -246,6 +245,8 @@ def nodes_step(
     else:
         # In this process (jax is imported here, with this process's XLA_FLAGS), as `diag
         # nodes`, with the JAX workers' persistent compilation cache (read at jax's import).
+        from diag import nodes
+
         seconds = None
         with jax_cache_for_import():
             scan = nodes.scan(repeats=NODE_REPEATS, injections=injections)
