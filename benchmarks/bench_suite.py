@@ -140,6 +140,11 @@ def _env(checkout: Path, extra: dict | None = None) -> dict:
     return env
 
 
+def _hunt_seconds(records: list[dict]) -> float:
+    """The NaN hunts' seconds (in the workers, the `hunt` phase): apart from `_own_seconds`."""
+    return sum((r.get("timings") or {}).get("hunt_s", 0.0) for r in records)
+
+
 def _own_seconds(records: list[dict]) -> float:
     """The backends' own work in a run: compile + timed runs per record, plus the ground
     truth's seconds once per input set (as both backends' records report the same truth)."""
@@ -187,7 +192,8 @@ def _sample(checkout: Path, suite: str, cache: Path, out: Path, extra: dict | No
     meta = json.loads((Path(summary["run_dir"]) / "run.json").read_text())
     peak = json.loads(peak_file.read_text())
     return {"wall": wall, "cpu": cpu, "floor": _FLOOR[-1],
-            "own": _own_seconds(summary["records"]), "host_rss": peak["host"],
+            "own": _own_seconds(summary["records"]), "hunt": _hunt_seconds(summary["records"]),
+            "host_rss": peak["host"],
             "worker_rss": peak["worker"], "phases": meta.get("phases") or {},
             "counts": summary["counts"]}
 
@@ -290,11 +296,13 @@ def main() -> int:
                 # ratios of the samples, their median; and the CPU seconds, which load on a
                 # shared machine inflates less than the wall time.
                 own = [s["wall"] / max(s["own"], 1e-9) for s in samples]
-                bound = [s["wall"] / (s["own"] + s["floor"]) for s in samples]
+                bound = [s["wall"] / (s["own"] + s.get("hunt", 0.0) + s["floor"])
+                         for s in samples]
                 cpus = ", ".join(f"{s['cpu']:.1f}" for s in samples)
                 print(f"          wall/own per sample {', '.join(f'{r:.2f}' for r in own)} "
-                      f"(median {statistics.median(own):.2f}); wall/(own + the import floor "
-                      f"beside it) median {statistics.median(bound):.2f}; CPU s "
+                      f"(median {statistics.median(own):.2f}); NaN hunt {m.get('hunt', 0.0):.1f} s; "
+                      f"wall/(own + hunt + the import floor beside it) median "
+                      f"{statistics.median(bound):.2f}; CPU s "
                       f"{cpus}")
             if runs.get("before"):
                 a, b = _median(runs["after"]), _median(runs["before"])
