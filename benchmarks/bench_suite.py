@@ -300,7 +300,8 @@ def main() -> int:
                          for s in samples]
                 cpus = ", ".join(f"{s['cpu']:.1f}" for s in samples)
                 print(f"          wall/own per sample {', '.join(f'{r:.2f}' for r in own)} "
-                      f"(median {statistics.median(own):.2f}); NaN hunt {m.get('hunt', 0.0):.1f} s; "
+                      f"(median {statistics.median(own):.2f}); NaN hunt "
+                      f"{m.get('hunt', 0.0):.1f} s; "
                       f"wall/(own + hunt + the import floor beside it) median "
                       f"{statistics.median(bound):.2f}; CPU s "
                       f"{cpus}")
