@@ -20,9 +20,25 @@ import types
 from pathlib import Path
 from typing import Any
 
-__all__ = ["NODE_SCAN_VAR", "request_env", "scan_in_worker", "collect"]
+__all__ = [
+    "NODE_SCAN_VAR",
+    "NO_FEATURES_VAR",
+    "request_env",
+    "scan_in_worker",
+    "collect",
+    "features_wanted",
+]
 
 NODE_SCAN_VAR = "DIAG_PREFLIGHT_NODE_SCAN"
+#: Set in the probe workers' environment: they measure the fingerprints preflight judges but
+#: not the matmul's arithmetic features (`diag.precision.features`, for `diag check`'s
+#: baselines; ~0.2 CPU-s per backend here), which nothing in preflight reads.
+NO_FEATURES_VAR = "DIAG_PREFLIGHT_NO_FEATURES"
+
+
+def features_wanted() -> bool:
+    """In a worker: whether to measure the arithmetic features after the fingerprints."""
+    return not os.environ.get(NO_FEATURES_VAR)
 
 
 def request_env(path: Path, repeats: int, injections: tuple) -> dict[str, str]:

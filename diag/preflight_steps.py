@@ -165,10 +165,13 @@ def probes_step(
     node_scan: dict[str, str],
 ) -> None:
     from diag import runner
+    from diag.preflight_nodes import NO_FEATURES_VAR
 
     # The workers inherit this process's environment; what `environ` changes goes with them,
-    # and so does the node scan's request (`node_scan`: diag.preflight_nodes).
+    # and so do the node scan's request (`node_scan`) and "no arithmetic features"
+    # (diag.preflight_nodes).
     extra = {k: v for k, v in environ.items() if os.environ.get(k) != v} | node_scan
+    extra[NO_FEATURES_VAR] = "1"
     out = Path(tempfile.mkdtemp(prefix="diag-preflight-"))
     try:
         run = runner.run(
@@ -176,7 +179,7 @@ def probes_step(
             out=out,
             repeats=PROBE_REPEATS,
             cache_dir=cache_dir,
-            env=extra or None,
+            env=extra,
             argv=["diag", "preflight"],
         )
         # The workers measured their settings and the fingerprint of each precision setting

@@ -271,9 +271,13 @@ def _arithmetic(backend, job: Job) -> dict:
     runs = getattr(backend, "IMPLEMENTATION", backend.FRAMEWORK)
     if not settings or FINGERPRINT_OP not in ops_for(runs):
         return {}
-    return {"fingerprints": matmul_fingerprints(
-        backend, [cast("tuple[str, str]", tuple(p)) for p in settings]),
-            "features": matmul_features(backend, [("default", "none")], dtypes=("float32",))}
+    from diag.preflight_nodes import features_wanted
+
+    out = {"fingerprints": matmul_fingerprints(
+        backend, [cast("tuple[str, str]", tuple(p)) for p in settings])}
+    if features_wanted():  # `diag preflight`'s probe workers skip them (nothing reads them)
+        out["features"] = matmul_features(backend, [("default", "none")], dtypes=("float32",))
+    return out
 
 
 def _timed_call(case: CaseJob):
