@@ -11,6 +11,8 @@ worker are included:
 * warm: one ground-truth cache folder, filled by a first run that is not counted;
 * cold: an empty `--cache-dir` for every sample (every ground truth computed).
 
+With `--before`, the two checkouts' samples alternate (after, before, after, ...).
+
 Per suite and cache state it prints the median wall time and every sample; the phase split of
 the median sample (run.json's `phases`: start, compile, run, transfer, truth, judge, write);
 the peak RSS of the host process (its VmHWM) and of the largest worker (RUSAGE_CHILDREN's
@@ -198,23 +200,29 @@ def _sample(checkout: Path, suite: str, cache: Path, out: Path, extra: dict | No
             "counts": summary["counts"]}
 
 
-def _series(checkout: Path, suite: str, state: str, repeats: int, tmp: Path) -> list[dict]:
-    tmp.mkdir(parents=True, exist_ok=True)
-    samples = []
-    warm_cache = tmp / f"cache-{suite}"
-    # The ground-truth cache is --cache-dir; JAX's compilation cache follows DIAG_CACHE_DIR.
-    extra = {"DIAG_CACHE_DIR": str(warm_cache if state != "cold" else tmp / "jax-cold")}
-    if state == "warm, no JAX cache":
-        extra["JAX_ENABLE_COMPILATION_CACHE"] = "false"
-    if state != "cold" and not warm_cache.exists():
-        _sample(checkout, suite, warm_cache, Path(tempfile.mkdtemp(dir=tmp)), extra)  # fills it
+def _series(checkouts: dict[str, Path], suite: str, state: str, repeats: int, tmp: Path
+            ) -> dict[str, list[dict]]:
+    """`repeats` samples per checkout, interleaved (after, before, after, before, ...): load
+    that comes and goes on a shared machine lands on both alike."""
+    caches, extras = {}, {}
+    for name, checkout in checkouts.items():
+        (tmp / name).mkdir(parents=True, exist_ok=True)
+        warm_cache = caches[name] = tmp / name / f"cache-{suite}"
+        # The ground-truth cache is --cache-dir; JAX's compilation cache follows DIAG_CACHE_DIR.
+        extra = extras[name] = {"DIAG_CACHE_DIR": str(warm_cache)}
+        if state == "warm, no JAX cache":
+            extra["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+        if state != "cold" and not warm_cache.exists():  # a first run fills it, not counted
+            _sample(checkout, suite, warm_cache, Path(tempfile.mkdtemp(dir=tmp / name)), extra)
+    samples: dict[str, list[dict]] = {name: [] for name in checkouts}
     for _ in range(repeats):
-        cache = warm_cache if state != "cold" else Path(tempfile.mkdtemp(dir=tmp))
-        if state == "cold":
-            extra["DIAG_CACHE_DIR"] = str(cache)
-        samples.append(_sample(checkout, suite, cache, Path(tempfile.mkdtemp(dir=tmp)), extra))
-        if state == "cold":
-            shutil.rmtree(cache, ignore_errors=True)
+        for name, checkout in checkouts.items():
+            cache = caches[name] if state != "cold" else Path(tempfile.mkdtemp(dir=tmp / name))
+            extra = {**extras[name], "DIAG_CACHE_DIR": str(cache)}
+            samples[name].append(_sample(checkout, suite, cache,
+                                         Path(tempfile.mkdtemp(dir=tmp / name)), extra))
+            if state == "cold":
+                shutil.rmtree(cache, ignore_errors=True)
     return samples
 
 
@@ -261,13 +269,13 @@ def main() -> int:
         for name, checkout in checkouts.items():
             rec_cache = tmp / f"cache-record-{name}"
             results[name, "record"] = _record(checkout, rec_cache, max(3, args.repeats))
-            for suite in args.suites.split(","):
-                for state, n in (("warm", args.repeats), ("cold", args.cold_repeats),
-                                 ("warm, no JAX cache", args.no_jax_cache_repeats)):
-                    if n < 1:
-                        continue
-                    results[name, suite, state] = _series(checkout, suite, state, n,
-                                                          tmp / name)
+        for suite in args.suites.split(","):
+            for state, n in (("warm", args.repeats), ("cold", args.cold_repeats),
+                             ("warm, no JAX cache", args.no_jax_cache_repeats)):
+                if n < 1:
+                    continue
+                for name, samples in _series(checkouts, suite, state, n, tmp).items():
+                    results[name, suite, state] = samples
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"bench_suite: load average at end {_load()}\n")
@@ -306,6 +314,12 @@ def main() -> int:
                       f"{statistics.median(bound):.2f}; CPU s "
                       f"{cpus}")
             if runs.get("before"):
+                pairs = [x["wall"] / y["wall"] for x, y in zip(runs["after"], runs["before"])]
+                cpu = [x["cpu"] / y["cpu"] for x, y in zip(runs["after"], runs["before"])]
+                print(f"  after/before per interleaved pair: wall "
+                      f"{', '.join(f'{r:.2f}' for r in pairs)} (median "
+                      f"{statistics.median(pairs):.2f}); CPU s {', '.join(f'{r:.2f}' for r in cpu)}"
+                      f" (median {statistics.median(cpu):.2f})")
                 a, b = _median(runs["after"]), _median(runs["before"])
                 print(f"  after/before: wall {a['wall'] / b['wall']:.2f}x, host RSS "
                       f"{a['host_rss'] / b['host_rss']:.2f}x, wall/own "
