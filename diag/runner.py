@@ -424,8 +424,8 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         if on_start:
             on_start(planned, [s.label for s in specs])
         r.skip_records(requested=bool(backends))
-        r.started = {s.label: r.start_worker(s, r.plan(s))  # CPU backends side by side
-                     for s in start_beside(specs, parked) if not (ab_env or trace)}
+        for s in [] if ab_env or trace else start_beside(specs, parked):  # CPU: side by side
+            r.started[s.label] = r.start_worker(s, r.plan(s))  # (killed below if the run stops)
         for spec in specs:
             r.run_backend(spec)
         if trace and r.ab is not None:  # the first XLA pass where A and B differ
