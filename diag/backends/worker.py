@@ -63,6 +63,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from diag.preflight_nodes import features_wanted, scan_in_worker
 from diag.protocol import Arithmetic, CaseError, CaseJob, Done, Event, Job, Platforms, Ready, Result
 from diag.registry import FINGERPRINT_OP, build, ops_for
 
@@ -168,8 +169,6 @@ def run_job(job_json: dict, stream) -> None:
     arithmetic = _arithmetic(backend, job)
     if arithmetic:
         _send(stream, Arithmetic(seconds=time.perf_counter() - t0, **arithmetic))
-    from diag.preflight_nodes import scan_in_worker
-
     scan_in_worker(spec.framework)  # `diag preflight` asks its JAX worker for the node scan
     _send(stream, Done())
 
@@ -271,8 +270,6 @@ def _arithmetic(backend, job: Job) -> dict:
     runs = getattr(backend, "IMPLEMENTATION", backend.FRAMEWORK)
     if not settings or FINGERPRINT_OP not in ops_for(runs):
         return {}
-    from diag.preflight_nodes import features_wanted
-
     out = {"fingerprints": matmul_fingerprints(
         backend, [cast("tuple[str, str]", tuple(p)) for p in settings])}
     if features_wanted():  # `diag preflight`'s probe workers skip them (nothing reads them)
