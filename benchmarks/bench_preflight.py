@@ -62,12 +62,25 @@ def _run(cmd: list[str], env: dict) -> tuple[float, float, str]:
     return wall, cpu, proc.stdout
 
 
+def _environ() -> dict[str, str]:
+    """The environment the samples run with: with PYTHONDONTWRITEBYTECODE dropped unless
+    --keep-no-bytecode (an installed diag has its .pyc files; without them every one of
+    preflight's processes compiles diag's sources again, ~0.12 CPU-s each here)."""
+    env = dict(os.environ)
+    if not KEEP_NO_BYTECODE:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+KEEP_NO_BYTECODE = False
+
+
 def floor() -> tuple[float, float, str]:
-    return _run([sys.executable, "-c", FLOOR_CODE], dict(os.environ))
+    return _run([sys.executable, "-c", FLOOR_CODE], _environ())
 
 
 def preflight(cache: Path, jax_cache: bool = True) -> tuple[float, float, str]:
-    env = {**os.environ, "DIAG_CACHE_DIR": str(cache)}
+    env = {**_environ(), "DIAG_CACHE_DIR": str(cache)}
     if not jax_cache:
         env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     return _run([*_command(), "preflight", "--json"], env)
@@ -76,9 +89,19 @@ def preflight(cache: Path, jax_cache: bool = True) -> tuple[float, float, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-jax-cache", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time warm runs with JAX's compilation cache off")
+    parser.add_argument("--keep-no-bytecode", action="store_true",
+                        help="keep PYTHONDONTWRITEBYTECODE from the environment")
     args = parser.parse_args()
+    global KEEP_NO_BYTECODE
+    KEEP_NO_BYTECODE = args.keep_no_bytecode
     print(f"machine: {machine()}")
-    kinds = ("floor", "cold", "warm", "warm, no JAX cache")
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        print("PYTHONDONTWRITEBYTECODE is set here: " + (
+            "kept, so every diag process compiles diag's sources afresh" if KEEP_NO_BYTECODE
+            else "dropped for the samples, as an installed diag has its .pyc files"))
+    kinds = ("floor", "cold", "warm") + (("warm, no JAX cache",) if args.no_jax_cache else ())
     res: dict[str, list[tuple[float, float, str]]] = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory(prefix="diag-bench-preflight-") as tmp:
         root = Path(tmp)
@@ -87,7 +110,8 @@ def main() -> None:
             res["floor"].append(floor())
             res["cold"].append(preflight(root / f"cold{i}"))
             res["warm"].append(preflight(root / "warm"))
-            res["warm, no JAX cache"].append(preflight(root / "warm", jax_cache=False))
+            if args.no_jax_cache:
+                res["warm, no JAX cache"].append(preflight(root / "warm", jax_cache=False))
     med = {k: statistics.median(w for w, _, _ in v) for k, v in res.items()}
     cpu = {k: statistics.median(c for _, c, _ in v) for k, v in res.items()}
     for k in kinds:
@@ -102,13 +126,19 @@ def main() -> None:
     warm = sorted(res["warm"], key=lambda s: s[0])[(args.repeats - 1) // 2]
     steps = ", ".join(f"{s['name']} {s['seconds']:.1f}" for s in json.loads(warm[2])["steps"])
     print(f"steps of the median warm sample (s): {steps}")
-    print(f"JAX's persistent cache: warm {med['warm']:.2f} s vs {med['warm, no JAX cache']:.2f} "
-          f"s without it ({med['warm'] / med['warm, no JAX cache']:.2f}x)")
+    if args.no_jax_cache:
+        print(f"JAX's persistent cache: warm {med['warm']:.2f} s vs "
+              f"{med['warm, no JAX cache']:.2f} s without it "
+              f"({med['warm'] / med['warm, no JAX cache']:.2f}x)")
     ok = True
     for k, t in TARGETS.items():
         r = med[k] / med["floor"]
+        # Interleaved: each sample over the floor sample taken just before it.
+        per = [s[0] / f[0] for s, f in zip(res[k], res["floor"])]
         ok &= r <= t
-        print(f"target {k} <= {t:g}x the import floor: {r:.2f}x, {'met' if r <= t else 'NOT met'}")
+        print(f"target {k} <= {t:g}x the import floor: {r:.2f}x, {'met' if r <= t else 'NOT met'}"
+              f" (per interleaved sample {', '.join(f'{x:.2f}' for x in per)}; by CPU seconds "
+              f"{cpu[k] / cpu['floor']:.2f}x)")
     faster = med["warm"] < med["cold"]
     print(f"target warm faster than cold: {med['warm'] / med['cold']:.2f}x, "
           f"{'met' if faster else 'NOT met'}")

@@ -11,6 +11,8 @@ worker are included:
 * warm: one ground-truth cache folder, filled by a first run that is not counted;
 * cold: an empty `--cache-dir` for every sample (every ground truth computed).
 
+With `--before`, the two checkouts' samples alternate (after, before, after, ...).
+
 Per suite and cache state it prints the median wall time and every sample; the phase split of
 the median sample (run.json's `phases`: start, compile, run, transfer, truth, judge, write);
 the peak RSS of the host process (its VmHWM) and of the largest worker (RUSAGE_CHILDREN's
@@ -44,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -53,11 +56,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchutil import machine  # noqa: E402
+
 BACKENDS = "jax-cpu,torch-cpu"
 TARGETS = {"record_s": 0.4, "record_vs_f64_matmul": 2.5, "matmul_warm_s": 15.0,
            "sampling_warm_s": 45.0, "matmul_host_rss_gb": 1.0, "wall_vs_own": 1.3}
 FLOOR_CODE = "import jax; jax.devices(); import torch"
 _FLOOR: list[float] = []  # import-floor samples, one before every suite sample
+_FLOOR_CPU: list[float] = []  # their CPU seconds (user + sys)
 
 # Runs diag's CLI in this interpreter and, at exit, writes the host's peak RSS (VmHWM: it
 # starts afresh at exec, unlike ru_maxrss) and the largest worker's (RUSAGE_CHILDREN).
@@ -135,6 +142,11 @@ def _env(checkout: Path, extra: dict | None = None) -> dict:
     return env
 
 
+def _hunt_seconds(records: list[dict]) -> float:
+    """The NaN hunts' seconds (in the workers, the `hunt` phase): apart from `_own_seconds`."""
+    return sum((r.get("timings") or {}).get("hunt_s", 0.0) for r in records)
+
+
 def _own_seconds(records: list[dict]) -> float:
     """The backends' own work in a run: compile + timed runs per record, plus the ground
     truth's seconds once per input set (as both backends' records report the same truth)."""
@@ -149,11 +161,18 @@ def _own_seconds(records: list[dict]) -> float:
     return own + sum(truths.values())
 
 
+def _cpu() -> float:
+    """CPU seconds of every finished child process waited for (user + sys)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _floor(checkout: Path) -> None:
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     subprocess.run([sys.executable, "-c", FLOOR_CODE], check=True, capture_output=True,
                    env=_env(checkout), cwd=tempfile.gettempdir())
     _FLOOR.append(time.perf_counter() - t0)
+    _FLOOR_CPU.append(_cpu() - c0)
 
 
 def _sample(checkout: Path, suite: str, cache: Path, out: Path, extra: dict | None = None
@@ -163,39 +182,47 @@ def _sample(checkout: Path, suite: str, cache: Path, out: Path, extra: dict | No
     cmd = [sys.executable, "-c", _WRAPPER, "run", "--suite", suite, "--backend", BACKENDS,
            "--no-report", "--json", "--cache-dir", str(cache), "--out", str(out)]
     os.sync()  # the previous sample's dirty pages are written back now, not during this one
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out,
                           env=_env(checkout, {"DIAG_BENCH_PEAK": str(peak_file),
                                               **(extra or {})}))
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _cpu() - c0
     if proc.returncode not in (0, 1):  # 1: a numerical failure is a result, not a crash
         sys.exit(f"bench_suite: diag run exited {proc.returncode} ({checkout}): "
                  f"{proc.stderr.strip().splitlines()[-1:]}")
     summary = json.loads(proc.stdout)
     meta = json.loads((Path(summary["run_dir"]) / "run.json").read_text())
     peak = json.loads(peak_file.read_text())
-    return {"wall": wall, "own": _own_seconds(summary["records"]), "host_rss": peak["host"],
+    return {"wall": wall, "cpu": cpu, "floor": _FLOOR[-1],
+            "own": _own_seconds(summary["records"]), "hunt": _hunt_seconds(summary["records"]),
+            "host_rss": peak["host"],
             "worker_rss": peak["worker"], "phases": meta.get("phases") or {},
             "counts": summary["counts"]}
 
 
-def _series(checkout: Path, suite: str, state: str, repeats: int, tmp: Path) -> list[dict]:
-    tmp.mkdir(parents=True, exist_ok=True)
-    samples = []
-    warm_cache = tmp / f"cache-{suite}"
-    # The ground-truth cache is --cache-dir; JAX's compilation cache follows DIAG_CACHE_DIR.
-    extra = {"DIAG_CACHE_DIR": str(warm_cache if state != "cold" else tmp / "jax-cold")}
-    if state == "warm, no JAX cache":
-        extra["JAX_ENABLE_COMPILATION_CACHE"] = "false"
-    if state != "cold" and not warm_cache.exists():
-        _sample(checkout, suite, warm_cache, Path(tempfile.mkdtemp(dir=tmp)), extra)  # fills it
+def _series(checkouts: dict[str, Path], suite: str, state: str, repeats: int, tmp: Path
+            ) -> dict[str, list[dict]]:
+    """`repeats` samples per checkout, interleaved (after, before, after, before, ...): load
+    that comes and goes on a shared machine lands on both alike."""
+    caches, extras = {}, {}
+    for name, checkout in checkouts.items():
+        (tmp / name).mkdir(parents=True, exist_ok=True)
+        warm_cache = caches[name] = tmp / name / f"cache-{suite}"
+        # The ground-truth cache is --cache-dir; JAX's compilation cache follows DIAG_CACHE_DIR.
+        extra = extras[name] = {"DIAG_CACHE_DIR": str(warm_cache)}
+        if state == "warm, no JAX cache":
+            extra["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+        if state != "cold" and not warm_cache.exists():  # a first run fills it, not counted
+            _sample(checkout, suite, warm_cache, Path(tempfile.mkdtemp(dir=tmp / name)), extra)
+    samples: dict[str, list[dict]] = {name: [] for name in checkouts}
     for _ in range(repeats):
-        cache = warm_cache if state != "cold" else Path(tempfile.mkdtemp(dir=tmp))
-        if state == "cold":
-            extra["DIAG_CACHE_DIR"] = str(cache)
-        samples.append(_sample(checkout, suite, cache, Path(tempfile.mkdtemp(dir=tmp)), extra))
-        if state == "cold":
-            shutil.rmtree(cache, ignore_errors=True)
+        for name, checkout in checkouts.items():
+            cache = caches[name] if state != "cold" else Path(tempfile.mkdtemp(dir=tmp / name))
+            extra = {**extras[name], "DIAG_CACHE_DIR": str(cache)}
+            samples[name].append(_sample(checkout, suite, cache,
+                                         Path(tempfile.mkdtemp(dir=tmp / name)), extra))
+            if state == "cold":
+                shutil.rmtree(cache, ignore_errors=True)
     return samples
 
 
@@ -233,7 +260,7 @@ def main() -> int:
     if args.before:
         checkouts["before"] = args.before.resolve()
     tmp = Path(tempfile.mkdtemp(prefix="diag-bench-suite-"))
-    print(f"bench_suite: {os.cpu_count()} CPUs; load average at start {_load()}")
+    print(f"machine: {machine()}")
     if os.environ.get("PYTHONDONTWRITEBYTECODE"):
         print("bench_suite: PYTHONDONTWRITEBYTECODE is set: no .pyc is written, so every "
               "process compiles diag's sources afresh (both checkouts alike)")
@@ -242,20 +269,22 @@ def main() -> int:
         for name, checkout in checkouts.items():
             rec_cache = tmp / f"cache-record-{name}"
             results[name, "record"] = _record(checkout, rec_cache, max(3, args.repeats))
-            for suite in args.suites.split(","):
-                for state, n in (("warm", args.repeats), ("cold", args.cold_repeats),
-                                 ("warm, no JAX cache", args.no_jax_cache_repeats)):
-                    if n < 1:
-                        continue
-                    results[name, suite, state] = _series(checkout, suite, state, n,
-                                                          tmp / name)
+        for suite in args.suites.split(","):
+            for state, n in (("warm", args.repeats), ("cold", args.cold_repeats),
+                             ("warm, no JAX cache", args.no_jax_cache_repeats)):
+                if n < 1:
+                    continue
+                for name, samples in _series(checkouts, suite, state, n, tmp).items():
+                    results[name, suite, state] = samples
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"bench_suite: load average at end {_load()}\n")
 
     floor = statistics.median(_FLOOR) if _FLOOR else float("nan")
     print(f"import floor ({FLOOR_CODE}): median {floor:.2f} s; samples "
-          f"{', '.join(f'{f:.2f}' for f in _FLOOR)}\n")
+          f"{', '.join(f'{f:.2f}' for f in _FLOOR)}; CPU s median "
+          f"{statistics.median(_FLOOR_CPU):.2f}, samples "
+          f"{', '.join(f'{f:.2f}' for f in _FLOOR_CPU)}\n")
     for suite in args.suites.split(","):
         for state in ("warm", "cold", "warm, no JAX cache"):
             runs = {n: results.get((n, suite, state)) for n in checkouts}
@@ -271,7 +300,26 @@ def main() -> int:
                       f"peak RSS host {m['host_rss'] / 2**30:.2f} GB, largest worker "
                       f"{m['worker_rss'] / 2**30:.2f} GB; records {m['counts']}")
                 print(f"          phases: {_phases(m['phases'])}")
+                # Each sample beside the floor measured just before it (interleaved): the
+                # ratios of the samples, their median; and the CPU seconds, which load on a
+                # shared machine inflates less than the wall time.
+                own = [s["wall"] / max(s["own"], 1e-9) for s in samples]
+                bound = [s["wall"] / (s["own"] + s.get("hunt", 0.0) + s["floor"])
+                         for s in samples]
+                cpus = ", ".join(f"{s['cpu']:.1f}" for s in samples)
+                print(f"          wall/own per sample {', '.join(f'{r:.2f}' for r in own)} "
+                      f"(median {statistics.median(own):.2f}); NaN hunt "
+                      f"{m.get('hunt', 0.0):.1f} s; "
+                      f"wall/(own + hunt + the import floor beside it) median "
+                      f"{statistics.median(bound):.2f}; CPU s "
+                      f"{cpus}")
             if runs.get("before"):
+                pairs = [x["wall"] / y["wall"] for x, y in zip(runs["after"], runs["before"])]
+                cpu = [x["cpu"] / y["cpu"] for x, y in zip(runs["after"], runs["before"])]
+                print(f"  after/before per interleaved pair: wall "
+                      f"{', '.join(f'{r:.2f}' for r in pairs)} (median "
+                      f"{statistics.median(pairs):.2f}); CPU s {', '.join(f'{r:.2f}' for r in cpu)}"
+                      f" (median {statistics.median(cpu):.2f})")
                 a, b = _median(runs["after"]), _median(runs["before"])
                 print(f"  after/before: wall {a['wall'] / b['wall']:.2f}x, host RSS "
                       f"{a['host_rss'] / b['host_rss']:.2f}x, wall/own "

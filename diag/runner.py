@@ -18,7 +18,6 @@ memory than the limit.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import shutil
@@ -41,13 +40,12 @@ from diag.errors import UsageError
 from diag.flags import check_flags
 from diag.judge import Judge
 from diag.outputs import is_no_space, no_space, run_disk_full
-from diag.protocol import CaseJob, Job
 from diag.registry import PROBES, REPORT_SECTIONS
 from diag.results import COUNTED, Interrupted, Record, RunDir, RunResult, new_run_id, worst_status
+from diag.run_start import start_job
 from diag.suite import Case, Suite, check_applicable, check_memory, load_suite, planned_records
-from diag.trace import capture as trace_capture
 from diag.trace import passes as trace_passes
-from diag.workers import Worker, candidate_backends, resolve_backends, worker_env
+from diag.workers import Worker, candidate_backends, resolve_backends, start_beside, worker_env
 
 __all__ = ["run", "RunResult", "Interrupted", "resolve_backends", "candidate_backends",
            "check_applicable", "check_flags", "parse_ab", "DEFAULT_CASE_TIMEOUT"]
@@ -92,6 +90,7 @@ class _Run:
         self.exiting: list[Worker] = []  # done with their job, exiting (`Worker.finish`)
         #: framework -> the worker that listed its devices, parked for its first backend
         self.parked: dict[str, Worker] = {}
+        self.started: dict[str, Worker] = {}  # label -> its worker, started beside others
         self.ab = Experiment(ab_env, run_dir.path) if ab_env else None
         self.verdicts: dict[str, dict[str, dict]] = {}  # case id -> backend label -> its record
         self.trace: Path | None = None  # the run folder when traced (diag.trace)
@@ -199,7 +198,7 @@ class _Run:
                       metrics=metrics, status=status, reason=reason, kind=kind)
 
     def run_backend(self, spec: BackendSpec) -> None:
-        t0 = time.perf_counter()
+        t0 = self.started[spec.label].handed if spec.label in self.started else time.perf_counter()
         try:
             self._run_backend(spec)
         finally:
@@ -229,6 +228,9 @@ class _Run:
                     self.error(case, spec, f"{spec.label}: not run: {why}")
                 return
 
+    def start_worker(self, spec: BackendSpec, cases: list[Case]) -> Worker:
+        return start_job(self, spec, cases)  # diag.run_start
+
     def _run_worker(self, spec: BackendSpec,
                     cases: list[Case]) -> tuple[list[Case], bool, str]:
         """Run cases in one worker.
@@ -237,37 +239,7 @@ class _Run:
           (cases not reached when it died, whether it became ready, the cause of death).
           The case it died on gets an `error` record here.
         """
-        # The arithmetic of each precision setting the fingerprinted cases use, measured in the
-        # worker (diag.precision): what a verdict under that setting can be checked against.
-        fingerprinted = [c for c in cases if PROBES[c.op].fingerprint]
-        settings = {("default", "none")} | {
-            (c.params.get("precision", "default"), c.params.get("precision_via", "none"))
-            for c in fingerprinted}
-        job = Job(backend=spec.name, label=spec.label, out_dir=str(self.work),
-                  repeats=self.repeats, repeat_budget_s=self.repeat_budget,
-                  hlo=self.ab is not None,
-                  trace=trace_capture.job_field(self.trace, cases),  # --trace (diag.trace)
-                  fingerprint=sorted(settings, key=lambda p: (p != ("default", "none"), p))
-                  if fingerprinted else [],
-                  cases=[CaseJob(id=c.id, op=c.op,
-                                 op_args={**PROBES[c.op].fixed_args, **c.op_args},
-                                 hunt_nans=PROBES[c.op].hunt_nans,
-                                 inputs=self.inputs.paths(c),
-                                 input_dtypes=[c.dtype] * len(self.inputs.paths(c)))
-                         for c in cases])
-        job_path = self.work / f"job-{spec.label}.json"
-        job_path.write_text(json.dumps(job.to_json()))
-        logs = self.run_dir.path / "logs"
-        logs.mkdir(exist_ok=True)
-        env = self.ab.worker_env(spec, self.env) if self.ab is not None else self.env
-        spawned = time.perf_counter()
-        log = logs / f"{spec.label}.stderr"
-        parked = self.parked.pop(spec.framework, None) if env == self.env else None
-        if parked is not None:  # its framework is imported already: it starts the job now
-            parked.adopt(spec, job_path, log)
-            self.worker = worker = parked
-        else:
-            self.worker = worker = Worker.for_job(spec, job_path, log, env)
+        self.worker = worker = self.started.pop(spec.label, None) or self.start_worker(spec, cases)
         seconds = self.judge.seconds[spec.label]
         by_id = {c.id: c for c in cases}
         index = 0
@@ -298,7 +270,7 @@ class _Run:
                 kind = event.get("event")
                 if kind == "ready":
                     started = True
-                    self.judge.clock(spec.label, "start", spawned)
+                    seconds["start"] += worker.received - worker.handed
                     self.backend_info[spec.label] = {
                         k: event[k] for k in ("device", "framework", "settings") if k in event}
                 elif kind == "arithmetic":  # measured after the cases; part of its start
@@ -452,6 +424,8 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         if on_start:
             on_start(planned, [s.label for s in specs])
         r.skip_records(requested=bool(backends))
+        for s in [] if ab_env or trace else start_beside(specs, parked):  # CPU: side by side
+            r.started[s.label] = r.start_worker(s, r.plan(s))  # (killed below if the run stops)
         for spec in specs:
             r.run_backend(spec)
         if trace and r.ab is not None:  # the first XLA pass where A and B differ
@@ -469,7 +443,7 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
     finally:
         for worker in r.exiting:  # a clean exit, unless the run was cut short
             worker.reap(30.0 if state == "finished" else 0.0)
-        for worker in filter(None, [r.worker, *r.parked.values()]):
+        for worker in filter(None, [r.worker, *r.parked.values(), *r.started.values()]):
             worker.kill()
         shutil.rmtree(work, ignore_errors=True)  # before run.json: that write may fail
         if state != "finished":

@@ -15,7 +15,8 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,66 +24,23 @@ import numpy as np
 
 from diag import numerics
 from diag.backends import BACKENDS, BackendSpec, framework_installed, get_spec
-from diag.errors import UsageError
+from diag.worker_python import parse_python, python_var, worker_cmd
 
-__all__ = ["load_output", "worker_env", "jax_cache_env", "jax_cache_for_import",
-           "candidate_backends", "resolve_backends", "run_env_worker",
-           "parse_python", "python_var", "DISCOVERY_TIMEOUT"]
+__all__ = [
+    "load_output",
+    "worker_env",
+    "jax_cache_env",
+    "jax_cache_for_import",
+    "candidate_backends",
+    "resolve_backends",
+    "run_env_worker",
+    "parse_python",
+    "python_var",
+    "DISCOVERY_TIMEOUT",
+    "start_beside",
+]
 
 DISCOVERY_TIMEOUT = 180.0
-
-
-# ---------------------------------------------------------------------------------------------
-# Per-framework Python: a framework's workers may run under another interpreter,
-# e.g. torch_xla, which needs its own torch. The mapping travels in the workers' environment
-# as DIAG_PYTHON_<FRAMEWORK> (`--python torch-xla=PATH` sets DIAG_PYTHON_TORCH_XLA), so a
-# user can also set it once in their shell, and every worker start (runs, discovery, `diag
-# env`) reads it from the one place. diag's own checkout reaches that Python through
-# PYTHONPATH (`worker_env`); the host never imports the framework.
-
-
-def python_var(framework: str) -> str:
-    """The environment variable naming `framework`'s Python: DIAG_PYTHON_TORCH_XLA."""
-    return "DIAG_PYTHON_" + framework.upper().replace("-", "_")
-
-
-def _frameworks() -> list[str]:
-    return list(dict.fromkeys(s.framework for s in BACKENDS.values() if s.framework != "numpy"))
-
-
-def _checked_python(path: str, where: str) -> str:
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        raise UsageError(f"{where}: '{path}' is not an executable file; give the path of a "
-                         f"Python, e.g. scripts/torch-xla-env.sh DEST creates DEST/bin/python")
-    return path
-
-
-def parse_python(assignments: list[str] | None) -> dict[str, str]:
-    """`--python FRAMEWORK=PATH` options as the workers' environment variables.
-
-    Raises:
-      UsageError: not FRAMEWORK=PATH, an unknown framework, or a path that is not an
-        executable file.
-    """
-    env: dict[str, str] = {}
-    known = {f.replace("_", "-"): f for f in _frameworks()}
-    for item in assignments or []:
-        name, sep, path = item.partition("=")
-        framework = known.get(name.strip().replace("_", "-"))
-        if not sep or not path:
-            raise UsageError(f"--python expects FRAMEWORK=PATH (e.g. torch-xla=/venv/bin/python),"
-                             f" got {item!r}")
-        if framework is None:
-            raise UsageError(f"--python {item}: unknown framework '{name}'; known: "
-                             f"{', '.join(known)}")
-        env[python_var(framework)] = _checked_python(os.path.expanduser(path), f"--python {item}")
-    return env
-
-
-def _python(framework: str, env: Mapping[str, str]) -> str:
-    """The Python `framework`'s workers run under: its DIAG_PYTHON_* or diag's own."""
-    var = python_var(framework)
-    return _checked_python(env[var], var) if env.get(var) else sys.executable
 
 
 def framework_available(framework: str, env: Mapping[str, str]) -> bool:
@@ -94,12 +52,9 @@ def framework_available(framework: str, env: Mapping[str, str]) -> bool:
 # Backend discovery
 
 
-def _worker_cmd(framework: str, env: Mapping[str, str], *args: str) -> list[str]:
-    return [_python(framework, env), "-m", "diag.backends.worker", *args]
-
-
-def worker_env(extra: Mapping[str, str] | None = None,
-               base: Mapping[str, str] | None = None) -> dict[str, str]:
+def worker_env(
+    extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The environment every worker starts with (runs, discovery, `diag env`).
 
     Args:
@@ -120,8 +75,10 @@ def worker_env(extra: Mapping[str, str] | None = None,
 #: every program kept, however small or quick to compile. Measured (FIELD-NOTES, 2-core AMD
 #: EPYC): warm `diag preflight` 4.32 -> 3.32 s, `diag run --suite ci` 7.55 -> 4.15 s (the NaN
 #: hunt compiles one small program per op).
-JAX_CACHE_VARS = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-                  "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+JAX_CACHE_VARS = {
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+}
 
 
 def jax_cache_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -152,8 +109,11 @@ def jax_cache_for_import():
     """For a framework scan in this process (`diag preflight`'s node scan): os.environ holds
     `jax_cache_env` while jax is first imported, and is as it was afterwards (JAX has read its
     settings by then). Nothing changes when jax is already imported."""
-    added = {} if "jax" in sys.modules else {
-        k: v for k, v in jax_cache_env(os.environ).items() if k not in os.environ}
+    added = (
+        {}
+        if "jax" in sys.modules
+        else {k: v for k, v in jax_cache_env(os.environ).items() if k not in os.environ}
+    )
     os.environ.update(added)
     try:
         if added:
@@ -174,8 +134,7 @@ def _events(stdout: str):
             continue
 
 
-def _discover(framework: str, env: dict[str, str]
-              ) -> tuple[list[str], str | None, Worker | None]:
+def _discover(framework: str, env: dict[str, str]) -> tuple[list[str], str | None, Worker | None]:
     """Platforms a framework sees, from a worker started with the workers' environment;
     (platforms, error, the worker parked for a job).
 
@@ -226,8 +185,10 @@ def _result_or_error(job):
         return e
 
 
-def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
-                     ) -> tuple[list[BackendSpec], dict[str, str], dict[str, Worker]]:
+def resolve_backends(
+    names: list[str] | None,
+    env: dict[str, str] | None = None,
+) -> tuple[list[BackendSpec], dict[str, str], dict[str, Worker]]:
     """Which backends can run and which cannot (with the reason).
 
     Args:
@@ -251,8 +212,9 @@ def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
     skipped: dict[str, str] = {}
     # Each framework lists its devices in its own process; they start side by side (mostly
     # import time: ~2 s for jax, ~3 s for torch here), not one after the other.
-    frameworks = list(dict.fromkeys(s.framework for s in specs
-                                    if framework_available(s.framework, env)))
+    frameworks = list(
+        dict.fromkeys(s.framework for s in specs if framework_available(s.framework, env))
+    )
     with ThreadPoolExecutor(max_workers=max(1, len(frameworks))) as pool:
         pending = {fw: pool.submit(_discover, fw, env) for fw in frameworks}
         results = {fw: _result_or_error(job) for fw, job in pending.items()}
@@ -271,8 +233,10 @@ def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
         if error:
             skipped[spec.name] = error
         elif spec.platform not in platforms:
-            skipped[spec.name] = (f"no {spec.platform} device visible to {spec.framework} "
-                                  f"(it sees: {', '.join(platforms) or 'none'})")
+            skipped[spec.name] = (
+                f"no {spec.platform} device visible to {spec.framework} "
+                f"(it sees: {', '.join(platforms) or 'none'})"
+            )
         else:
             run.append(spec)
     for fw in [fw for fw in parked if not any(s.framework == fw for s in run)]:
@@ -280,8 +244,37 @@ def resolve_backends(names: list[str] | None, env: dict[str, str] | None = None,
     return run, skipped, parked
 
 
-def run_env_worker(framework: str, environ: Mapping[str, str], fingerprints: bool,
-                    timeout: float, deep: bool = False) -> dict[str, Any]:
+#: At most this many backends' workers run at once (`start_beside`), the one the host reads
+#: included: each holds its framework and its outputs in memory.
+MAX_BESIDE = max(2, min(4, (os.cpu_count() or 2) // 4))
+
+
+def start_beside(specs: Sequence[BackendSpec], parked: Mapping[str, Worker]) -> list[BackendSpec]:
+    """The backends after the first (`specs[0]`, the host's) whose workers start with it.
+
+    A backend may run beside others when it computes on the host's CPU and holds no device
+    another backend needs: diag's numpy emulation, or a CPU backend of a framework that listed
+    only the CPU (a JAX that also sees a GPU takes GPU memory when it starts). Its worker runs
+    its cases while the host judges the earlier backends' results; the host reads each
+    backend's events in the planned order, so records come in the order they would one by
+    one. At most `MAX_BESIDE` workers run at once; the rest start in their turn.
+    """
+    cpu_only = {fw for fw, w in parked.items() if w.platforms == ["cpu"]}
+    ok = [
+        s
+        for s in specs[1:]
+        if s.framework == "numpy" or (s.platform == "cpu" and s.framework in cpu_only)
+    ]
+    return ok[: MAX_BESIDE - 1]
+
+
+def run_env_worker(
+    framework: str,
+    environ: Mapping[str, str],
+    fingerprints: bool,
+    timeout: float,
+    deep: bool = False,
+) -> dict[str, Any]:
     """One `--env FRAMEWORK` worker (`diag env`): what it reports per backend.
 
     Returns:
@@ -293,7 +286,7 @@ def run_env_worker(framework: str, environ: Mapping[str, str], fingerprints: boo
     from diag.flags import flag_error
 
     env = worker_env(base=environ)
-    cmd = _worker_cmd(framework, env, "--env", framework)
+    cmd = worker_cmd(framework, env, "--env", framework)
     if not fingerprints:
         cmd.append("--no-fingerprints")
     if deep:  # the matmul's arithmetic features (diag.features)
@@ -306,7 +299,8 @@ def run_env_worker(framework: str, environ: Mapping[str, str], fingerprints: boo
     for event in _events(proc.stdout):
         if event.get("event") == "backend":
             result["backends"][event.pop("backend")] = {
-                k: v for k, v in event.items() if k != "event"}
+                k: v for k, v in event.items() if k != "event"
+            }
         elif event.get("event") == "done":
             result["platforms"] = event.get("platforms", [])
     if proc.returncode != 0 or "platforms" not in result:
@@ -342,28 +336,43 @@ class Worker:
     goes to the backend's log file; until it has one (a parked worker), it is kept here.
     """
 
-    def __init__(self, framework: str, args: list[str], env: dict[str, str], *,
-                 log_path: Path | None = None, park: bool = False):
+    def __init__(
+        self,
+        framework: str,
+        args: list[str],
+        env: dict[str, str],
+        *,
+        log_path: Path | None = None,
+        park: bool = False,
+    ):
         self.framework = framework
         self.spec: BackendSpec | None = None
         #: what its framework listed, when it was started to list them (`_discover`)
         self.platforms: list[str] | None = None
         self.log_path = log_path
+        #: when it was handed its job (`perf_counter`), and when its last event arrived
+        self.handed = time.perf_counter()
+        self.received = self.handed
         self._log = open(log_path, "ab") if log_path else None
         self._early: list[bytes] = []  # stderr before there is a log file
         self._lock = threading.Lock()
-        self.proc = subprocess.Popen(_worker_cmd(framework, env, *args),
-                                     stdin=subprocess.PIPE if park else subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            worker_cmd(framework, env, *args),
+            stdin=subprocess.PIPE if park else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
         self._events: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self._stderr = threading.Thread(target=self._pump_stderr, daemon=True)
         self._stderr.start()
 
     @classmethod
-    def for_job(cls, spec: BackendSpec, job_path: Path, log_path: Path,
-                env: dict[str, str]) -> Worker:
+    def for_job(
+        cls, spec: BackendSpec, job_path: Path, log_path: Path, env: dict[str, str]
+    ) -> Worker:
         worker = cls(spec.framework, [str(job_path)], env, log_path=log_path)
         worker.spec = spec
         return worker
@@ -371,6 +380,7 @@ class Worker:
     def adopt(self, spec: BackendSpec, job_path: Path, log_path: Path) -> None:
         """Hand a parked worker its job; what it wrote to stderr so far goes first in the
         backend's log."""
+        self.handed = time.perf_counter()
         with self._lock:
             self.spec, self.log_path = spec, log_path
             self._log = open(log_path, "ab")
@@ -410,14 +420,16 @@ class Worker:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             try:
-                self._events.put(json.loads(line))
+                self._events.put((time.perf_counter(), json.loads(line)))
             except json.JSONDecodeError:
                 continue
-        self._events.put(None)  # EOF: the worker exited or closed its stream
+        self._events.put((time.perf_counter(), None))  # EOF: it exited or closed its stream
 
     def next_event(self, timeout: float) -> dict | None:
-        """The next event; None at EOF. Raises queue.Empty on timeout."""
-        return self._events.get(timeout=timeout)
+        """The next event; None at EOF. Raises queue.Empty on timeout. `received` is when it
+        arrived (a worker started beside others may have sent it long before it is read)."""
+        self.received, event = self._events.get(timeout=timeout)
+        return event
 
     def finish(self) -> bool:
         """After its `done`: wait for it to exit (the framework's teardown, ~0.3 s), unless

@@ -46,6 +46,8 @@ def test_healthy_machine_is_fit_and_every_step_ran(healthy):
     assert [s["name"] for s in data["steps"]] == STEP_NAMES
     # With the default budget the probe workers measure the fingerprints too (one start).
     assert [s["state"] for s in data["steps"]] == ["ran", "with probes", "ran", "ran"]
+    # The node scan ran in the probes' JAX worker (jax imported once), not in this process.
+    assert "JAX worker" in data["steps"][3]["note"]
     assert data["skipped"] == []
     statuses = {f["status"] for f in data["findings"]}
     assert not statuses & {"fail", "error"}
@@ -149,6 +151,19 @@ def test_probe_fault_sets_the_exit_code(tmp_path, fault, code, status):
     bad = [f for f in data["findings"] if f["status"] == status]
     assert bad and all(f["step"] == "probes" and f["check"].startswith("torch-cpu")
                        and f["what"] and f["todo"] for f in bad)
+
+
+def test_injected_fault_is_found_by_the_probe_workers_scan(tmp_path):
+    """With the probes, the JAX probe worker scans the devices: its scan finds the fault too."""
+    _timings(tmp_path, fingerprints=1000.0, probes=1.0, nodes=1.0)
+    proc = run_diag("preflight", "--json", "--budget", "60", "--inject",
+                    "device=0,kind=nan,rate=1", env={"DIAG_CACHE_DIR": str(tmp_path)})
+    assert proc.returncode == 3, proc.stderr
+    data = json.loads(proc.stdout)
+    nodes = data["steps"][3]
+    assert nodes["state"] == "ran" and "JAX worker" in nodes["note"]
+    bad = [f for f in data["findings"] if f["status"] == "fail"]
+    assert bad and all(f["step"] == "nodes" and "exclude this device" in f["todo"] for f in bad)
 
 
 def test_injected_device_fault_is_a_bad_device(tmp_path):

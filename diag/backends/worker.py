@@ -63,6 +63,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from diag.preflight_nodes import features_wanted, scan_in_worker
 from diag.protocol import Arithmetic, CaseError, CaseJob, Done, Event, Job, Platforms, Ready, Result
 from diag.registry import FINGERPRINT_OP, build, ops_for
 
@@ -139,9 +140,7 @@ def _hunt(fn, args) -> dict:
 def run_job(job_json: dict, stream) -> None:
     """Run one backend's cases (the job the host wrote, `diag.protocol.Job`), streaming
     events."""
-    from diag import faults, numerics
     from diag.backends import get_spec
-    from diag.trace.capture import trace_case
 
     job = Job.from_json(job_json)
     spec = get_spec(job.backend)
@@ -151,85 +150,13 @@ def run_job(job_json: dict, stream) -> None:
     info = backend.setup(spec.platform)
     _send(stream, Ready(**info))
 
-    out_dir = job.out_dir
-    repeats = max(1, int(job.repeats))
-    # A case stops repeating once its timed runs add up to this many seconds: a quarter
-    # second of runs already gives a steady time, and a slow case (a float16 matmul without
-    # float16 hardware, a sampler's op-by-op paths) is not run three times over for it.
-    budget = float(job.repeat_budget_s)
     programs: dict[str, tuple[Any, str]] = {}  # program key -> (the op's function, first case)
     written = _Written()
     for case in job.cases:
         fault = _fault(label, case.id)
         _inject_fault(fault, case.id)
         try:
-            t0 = time.perf_counter()
-            host_inputs = [
-                numerics.from_bits(np.load(path, mmap_mode="r"), dtype)
-                for path, dtype in zip(case.inputs, case.input_dtypes)
-            ]
-            # One function per distinct program (op, its arguments, input shapes and dtypes):
-            # the backend compiles it once (`prepare` caches by function and signature) and
-            # the record says which earlier case it shares its compiled program with.
-            key = json.dumps([case.op, case.op_args,
-                              [[list(x.shape), str(x.dtype)] for x in host_inputs]],
-                             sort_keys=True, default=str)
-            fn, shared_with = programs.get(key, (None, None))
-            if fn is None:
-                fn = build(backend, case.op, **case.op_args)
-                programs[key] = (fn, case.id)
-            if fault == "corrupt_input":
-                host_inputs[0] = faults.corrupt(host_inputs[0], "double")
-            args = [backend.put(x) for x in host_inputs]
-            # What the device holds, read back: proves the inputs arrived bit-identical.
-            received = [numerics.bits_digest(backend.get(x)) for x in args]
-            transfer_s = time.perf_counter() - t0
-            prepared = backend.prepare(fn, args)
-            thunk, compile_s = prepared.run, prepared.compile_s
-            samples = []
-            out = None
-            first_call = prepared.first is not None and prepared.first[1] >= budget
-            if first_call:
-                # An eager op whose warm-up call alone took the budget is not called again:
-                # that call is its one timed run (and includes what a first call costs).
-                out, seconds = prepared.first
-                samples.append(seconds)
-                compile_s = 0.0
-            while not samples or (len(samples) < repeats and sum(samples) < budget):
-                with _timed_call(case):
-                    t0 = time.perf_counter()
-                    out = thunk()
-                    backend.block(out)
-                    samples.append(time.perf_counter() - t0)
-            # --trace: the same calls again inside a profiler session (diag.trace; else nothing).
-            trace_case(job_json, backend, label, case.to_json(), fn, args, thunk,
-                       calls=len(samples))
-            t0 = time.perf_counter()
-            outputs, finite = _write_outputs(backend, out, fault, label, case.id, out_dir,
-                                             written)
-            transfer_s += time.perf_counter() - t0
-            nan_report = None
-            hunt_s = 0.0
-            if case.hunt_nans and not finite:
-                t0 = time.perf_counter()
-                nan_report = _hunt(fn, args)
-                hunt_s = time.perf_counter() - t0
-            hlo = None
-            if job.hlo and hasattr(backend, "hlo_text"):
-                text = backend.hlo_text(fn, args)
-                if text is not None:
-                    hlo = os.path.join(out_dir, f"{case.id}.{label}.hlo.txt")
-                    with open(hlo, "w") as f:
-                        f.write(text)
-            timings = {**_timings(compile_s, samples), "transfer_s": transfer_s}
-            if hunt_s:
-                timings["hunt_s"] = hunt_s  # the NaN hunt's own compiles and runs
-            if first_call:
-                timings["first_call"] = True
-            if shared_with is not None:
-                timings["compile_shared_with"] = shared_with
-            _send(stream, Result(case=case.id, outputs=outputs, hlo=hlo, nan_report=nan_report,
-                                 timings=timings, input_digests=received))
+            _send(stream, _run_case(job_json, job, backend, case, fault, programs, written))
         except Exception as e:  # a failing op is a record, not the end of the worker
             _send(stream, CaseError(case=case.id,
                                     error=f"{type(e).__name__}: {e}".splitlines()[0][:500],
@@ -242,7 +169,96 @@ def run_job(job_json: dict, stream) -> None:
     arithmetic = _arithmetic(backend, job)
     if arithmetic:
         _send(stream, Arithmetic(seconds=time.perf_counter() - t0, **arithmetic))
+    scan_in_worker(spec.framework)  # `diag preflight` asks its JAX worker for the node scan
     _send(stream, Done())
+
+
+def _run_case(job_json: dict, job: Job, backend, case: CaseJob, fault: str | None,
+              programs: dict[str, tuple[Any, str]], written: _Written) -> Result:
+    """One case: inputs onto the device, compile, timed runs, outputs written, NaN hunt."""
+    from diag import faults, numerics
+    from diag.trace.capture import trace_case
+
+    label, out_dir = job.label, job.out_dir
+    t0 = time.perf_counter()
+    host_inputs = [
+        numerics.from_bits(np.load(path, mmap_mode="r"), dtype)
+        for path, dtype in zip(case.inputs, case.input_dtypes)
+    ]
+    # One function per distinct program (op, its arguments, input shapes and dtypes):
+    # the backend compiles it once (`prepare` caches by function and signature) and
+    # the record says which earlier case it shares its compiled program with.
+    key = json.dumps([case.op, case.op_args,
+                      [[list(x.shape), str(x.dtype)] for x in host_inputs]],
+                     sort_keys=True, default=str)
+    fn, shared_with = programs.get(key, (None, None))
+    if fn is None:
+        fn = build(backend, case.op, **case.op_args)
+        programs[key] = (fn, case.id)
+    if fault == "corrupt_input":
+        host_inputs[0] = faults.corrupt(host_inputs[0], "double")
+    args = [backend.put(x) for x in host_inputs]
+    # What the device holds, read back: proves the inputs arrived bit-identical.
+    received = [numerics.bits_digest(backend.get(x)) for x in args]
+    transfer_s = time.perf_counter() - t0
+    prepared = backend.prepare(fn, args)
+    out, samples, compile_s, first_call = _timed_runs(backend, prepared, case, job)
+    # --trace: the same calls again inside a profiler session (diag.trace; else nothing).
+    trace_case(job_json, backend, label, case.to_json(), fn, args, prepared.run,
+               calls=len(samples))
+    t0 = time.perf_counter()
+    outputs, finite = _write_outputs(backend, out, fault, label, case.id, out_dir, written)
+    transfer_s += time.perf_counter() - t0
+    nan_report = None
+    hunt_s = 0.0
+    if case.hunt_nans and not finite:
+        t0 = time.perf_counter()
+        nan_report = _hunt(fn, args)
+        hunt_s = time.perf_counter() - t0
+    hlo = None
+    if job.hlo and hasattr(backend, "hlo_text"):
+        text = backend.hlo_text(fn, args)
+        if text is not None:
+            hlo = os.path.join(out_dir, f"{case.id}.{label}.hlo.txt")
+            with open(hlo, "w") as f:
+                f.write(text)
+    timings = {**_timings(compile_s, samples), "transfer_s": transfer_s}
+    if hunt_s:
+        timings["hunt_s"] = hunt_s  # the NaN hunt's own compiles and runs
+    if first_call:
+        timings["first_call"] = True
+    if shared_with is not None:
+        timings["compile_shared_with"] = shared_with
+    return Result(case=case.id, outputs=outputs, hlo=hlo, nan_report=nan_report,
+                  timings=timings, input_digests=received)
+
+
+def _timed_runs(backend, prepared, case: CaseJob, job: Job
+                ) -> tuple[Any, list[float], float, bool]:
+    """(the last output, the timed runs' seconds, the compile's, whether the first call was
+    the one timed run)."""
+    repeats = max(1, int(job.repeats))
+    # A case stops repeating once its timed runs add up to this many seconds: a quarter
+    # second of runs already gives a steady time, and a slow case (a float16 matmul without
+    # float16 hardware, a sampler's op-by-op paths) is not run three times over for it.
+    budget = float(job.repeat_budget_s)
+    thunk, compile_s = prepared.run, prepared.compile_s
+    samples: list[float] = []
+    out = None
+    first_call = prepared.first is not None and prepared.first[1] >= budget
+    if first_call:
+        # An eager op whose warm-up call alone took the budget is not called again:
+        # that call is its one timed run (and includes what a first call costs).
+        out, seconds = prepared.first
+        samples.append(seconds)
+        compile_s = 0.0
+    while not samples or (len(samples) < repeats and sum(samples) < budget):
+        with _timed_call(case):
+            t0 = time.perf_counter()
+            out = thunk()
+            backend.block(out)
+            samples.append(time.perf_counter() - t0)
+    return out, samples, compile_s, first_call
 
 
 def _arithmetic(backend, job: Job) -> dict:
@@ -254,9 +270,11 @@ def _arithmetic(backend, job: Job) -> dict:
     runs = getattr(backend, "IMPLEMENTATION", backend.FRAMEWORK)
     if not settings or FINGERPRINT_OP not in ops_for(runs):
         return {}
-    return {"fingerprints": matmul_fingerprints(
-        backend, [cast("tuple[str, str]", tuple(p)) for p in settings]),
-            "features": matmul_features(backend, [("default", "none")], dtypes=("float32",))}
+    out = {"fingerprints": matmul_fingerprints(
+        backend, [cast("tuple[str, str]", tuple(p)) for p in settings])}
+    if features_wanted():  # `diag preflight`'s probe workers skip them (nothing reads them)
+        out["features"] = matmul_features(backend, [("default", "none")], dtypes=("float32",))
+    return out
 
 
 def _timed_call(case: CaseJob):

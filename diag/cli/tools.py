@@ -72,14 +72,19 @@ def preflight_cmd(
     """Fit to run a job? Settings, fingerprints, quick probes, a node scan: one verdict.
 
     Exits 0 fit, 1 numerical problem, 3 bad device, 4 a step crashed, 2 bad usage/flag."""
-    from diag import nodes, preflight, render
+    from diag import preflight, render
     from diag.outputs import prepare_output
 
     if junit is not None:  # a bad path is one line now, not after the work
         prepare_output(junit, "the JUnit file", "--junit")
+    injections: tuple = ()
+    if inject:  # diag.nodes is imported where a scan runs (preflight's JAX worker), else not
+        from diag import nodes
+
+        injections = tuple(nodes.parse_injection(i) for i in inject)
     result = preflight.preflight(
         budget,
-        injections=tuple(nodes.parse_injection(i) for i in inject or []),
+        injections=injections,
         on_step=lambda *a: render.print_line(preflight.progress_line(*a), err=True),
     )
     if as_json:
