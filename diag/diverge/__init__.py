@@ -43,6 +43,7 @@ __all__ = [
     "TapRecord",
     "compare",
     "shadow",
+    "shadow_within",
     "tap",
 ]
 
@@ -110,3 +111,16 @@ def compare(
     from diag.diverge import compare_runs
 
     return compare_runs.compare(run_a, run_b, modules=modules, name_map=name_map)
+
+
+def shadow_within(allowance: float, fn: Callable, *args: Any, **kwargs: Any) -> ShadowReport:
+    """`shadow`, with every op's carried-error threshold lowered to `allowance`.
+
+    For a caller that already knows an output is wrong by more than `allowance` (diag.testing):
+    `first` is then also the op where the error first grew past what that output may carry,
+    such as a cast of a float32 value to bfloat16, which its own dtype's sqrt(u) forgives.
+    """
+    from diag.diverge.ledger import limit
+
+    with limit(allowance):
+        return shadow(fn, *args, **kwargs)
