@@ -43,6 +43,7 @@ __all__ = [
     "TapRecord",
     "compare",
     "shadow",
+    "shadow_outputs",
     "shadow_within",
     "tap",
 ]
@@ -70,6 +71,27 @@ def shadow(fn: Callable, *args: Any, **kwargs: Any) -> ShadowReport:
     from diag.diverge import jax_shadow
 
     return jax_shadow.shadow(fn, args, kwargs)
+
+
+def shadow_outputs(
+    fn: Callable, args: tuple, kwargs: dict, framework: str | None = None
+) -> tuple[ShadowReport, list]:
+    """`shadow`, and the float64 shadow of each leaf of the function's result (a numpy array,
+    None for a leaf that is not a float), in the result's leaf order: the reference of a
+    function that hard-codes a low-precision dtype (`diag.userfn`).
+
+    Raises:
+        DivergeError: `fn` raised or could not be traced.
+    """
+    framework = framework or framework_of(fn, args, kwargs)
+    outputs: list = []
+    if framework == "torch":
+        from diag.diverge import torch_shadow
+
+        return torch_shadow.shadow(fn, args, kwargs, outputs), outputs
+    from diag.diverge import jax_shadow
+
+    return jax_shadow.shadow(fn, args, kwargs, outputs), outputs
 
 
 def tap(name: str, x: Any) -> Any:

@@ -184,8 +184,9 @@ def _where(e, outer: tuple) -> Callable[[], tuple[str, str]]:
     return lambda: source_and_library(e, outer)
 
 
-def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
-    """See `diag.diverge.shadow`."""
+def shadow(fn: Callable, args: tuple, kwargs: dict, outputs: list | None = None) -> ShadowReport:
+    """See `diag.diverge.shadow`; `outputs`, when given, receives the float64 shadow of each
+    leaf of the function's result (None for a leaf that is not a float)."""
     name = getattr(fn, "__name__", None) or type(fn).__name__
     prog = Program(fn, args, kwargs)
     try:
@@ -211,6 +212,11 @@ def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
         finally:
             release_scratch()  # the figures' per-thread buffers (diag.diverge.rules)
     result = next((o.err for o in outs if _is_float(getattr(o.val, "dtype", None))), 0.0)
+    if outputs is not None:
+        n = len(outs) - len(prog.state_names)  # the result's leaves, then the NNX state's
+        outputs.extend(
+            _host(o.sh) if _is_float(getattr(o.val, "dtype", None)) else None for o in outs[:n]
+        )
     note = ""
     if h.unfollowed:
         note = (

@@ -277,8 +277,11 @@ def _where(src: tuple[str, int, str]) -> Callable[[], tuple[str, str]]:
     return lambda: (text, "")
 
 
-def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
-    """See `diag.diverge.shadow`."""
+def shadow(
+    fn: Callable, args: tuple, kwargs: dict, outputs: list | None = None
+) -> ShadowReport:
+    """See `diag.diverge.shadow`; `outputs`, when given, receives the float64 shadow of each
+    tensor of the function's result (None for one that is not a float)."""
     name = getattr(fn, "__name__", None) or type(fn).__name__
     mode = _Mode()
     try:
@@ -290,6 +293,12 @@ def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
         release_scratch()
     first = next((t for t in flat_args(result, []) if _real(t)), None)
     result_error = mode.shadow_of(first)[1] if first is not None else 0.0
+    if outputs is not None:
+        outputs.extend(
+            _host(mode.shadow_of(t)[0]) if _real(t) else None
+            for t in flat_args(result, [])
+            if isinstance(t, torch.Tensor)
+        )
     note = ""
     if mode.unfollowed:
         note = (f"no float64 form for {', '.join(sorted(mode.unfollowed))}: the shadow "
