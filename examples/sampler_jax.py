@@ -1,17 +1,18 @@
 """A sampler step in JAX: temperature, top-k filtering, greedy argmax; token ids out.
 
 The step a decoder runs once per generated token. Its outputs are integers, so diag judges
-them by exact agreement with the float64 reference, row by row; a row whose two best logits
-are closer than rounding the inputs to their dtype can resolve would be a `warn` (forced by
-rounding), any other differing row a `fail`.
+them by exact agreement with the float64 reference, row by row; a row whose choice moves when
+the logits move by one rounding of their dtype would be a `warn` (forced by rounding), any
+other differing row a `fail`.
 
-* `clean`: the float32 logits are scaled and ranked in float32.
-* `planted`: the logits are cast to bfloat16 first (to "save memory" in the sampler): two
-  logits 0.01 apart near 8 fall into one bfloat16 value (spacing 0.0625 there), and the
-  argmax picks a token the float32 logits do not rank first.
+* `clean`: probabilities with `jax.nn.softmax` (which subtracts the row maximum).
+* `planted`: probabilities as exp(x) / sum(exp(x)) without that subtraction. At temperature
+  0.1 a logit above 8.87 scales past 88.7, where float32 `exp` overflows to inf; inf / inf is
+  NaN, and the argmax picks the first NaN, not the best token. Float64 (exp overflows past
+  709.8) ranks the same row correctly.
 
     diag run examples/sampler_jax.py:clean      # token ids agree with float64
-    diag run examples/sampler_jax.py:planted    # fails; names the argmax and its line
+    diag run examples/sampler_jax.py:planted    # fails; names the exp and its line
 
 In a test: ``diag.testing.assert_numerics(*clean())``.
 """
@@ -21,24 +22,23 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-BATCH, VOCAB, TOP_K, TEMPERATURE = 64, 512, 40, 0.7
+BATCH, VOCAB, TOP_K, TEMPERATURE = 64, 512, 40, 0.1
 
 
-def _step(logits, dtype):
-    scaled = logits.astype(dtype) / TEMPERATURE
-    kth = jax.lax.top_k(scaled, TOP_K)[0][:, -1:]
-    filtered = jnp.where(scaled >= kth, scaled, -jnp.inf)
-    return jnp.argmax(filtered, axis=-1)
+def _pick(probs):
+    kth = jax.lax.top_k(probs, TOP_K)[0][:, -1:]
+    return jnp.argmax(jnp.where(probs >= kth, probs, 0.0), axis=-1)
 
 
 def sample_step(logits):
-    """Greedy token per row after temperature and top-k, in the logits' own dtype."""
-    return _step(logits, logits.dtype)
+    """Greedy token per row after temperature and top-k."""
+    return _pick(jax.nn.softmax(logits / TEMPERATURE, axis=-1))
 
 
-def sample_step_bf16(logits):
-    """The planted bug: the same step on bfloat16 logits."""
-    return _step(logits, jnp.bfloat16)
+def sample_step_no_max(logits):
+    """The planted bug: the softmax without subtracting the row maximum."""
+    e = jnp.exp(logits / TEMPERATURE)  # inf for logits above 8.87
+    return _pick(e / e.sum(-1, keepdims=True))
 
 
 def _logits():
@@ -50,4 +50,4 @@ def clean():
 
 
 def planted():
-    return sample_step_bf16, (_logits(),)
+    return sample_step_no_max, (_logits(),)

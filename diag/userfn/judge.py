@@ -58,7 +58,7 @@ def _is_int(a: np.ndarray) -> bool:
 def _float_verdict(path: str, y: np.ndarray, r: np.ndarray, dtype: str) -> OutputVerdict:
     allowed = userfn_output_allowance(dtype)
     y64 = y.astype(np.float64)
-    r64 = np.ascontiguousarray(r, dtype=np.float64)
+    r64 = np.ascontiguousarray(r, dtype=np.float64).reshape(np.shape(r))  # 0-d stays 0-d
     err, _ = carried_error(y64, r64, dtype)
     if np.isnan(y64).any() and not np.isnan(r64).any():
         err = math.inf

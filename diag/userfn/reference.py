@@ -25,6 +25,7 @@ import numpy as np
 
 from diag import numerics
 from diag.userfn.load import UserFunctionError
+from diag.userfn.narrow import jax_narrow, torch_narrow
 from diag.userfn.tree import numpy_leaves
 
 #: How many rounding-moved evaluations decide which integer outputs rounding can flip.
@@ -102,7 +103,7 @@ class _Widen:
         return x64 * (1.0 + sign * numerics.unit_roundoff(name))
 
 
-def _jax_eval(fn: Callable, args: tuple, kwargs: dict, widen: _Widen) -> Any:
+def _jax_eval(fn: Callable, args: tuple, kwargs: dict, widen: _Widen, narrow: set[str]) -> Any:
     import jax
     import jax.numpy as jnp
 
@@ -113,11 +114,12 @@ def _jax_eval(fn: Callable, args: tuple, kwargs: dict, widen: _Widen) -> Any:
 
     with jax.enable_x64(True):
         a, k = jax.tree_util.tree_map(leaf, (args, kwargs))
+        narrow |= jax_narrow(fn, a, k)
         out = fn(*a, **k)
         return numpy_leaves(out)
 
 
-def _torch_eval(fn: Callable, args: tuple, kwargs: dict, widen: _Widen) -> Any:
+def _torch_eval(fn: Callable, args: tuple, kwargs: dict, widen: _Widen, narrow: set[str]) -> Any:
     import torch
 
     def leaf(x: Any) -> Any:
@@ -138,7 +140,8 @@ def _torch_eval(fn: Callable, args: tuple, kwargs: dict, widen: _Widen) -> Any:
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        out = fn(*a, **k)
+        with torch_narrow(narrow):
+            out = fn(*a, **k)
     finally:
         torch.set_default_dtype(before)
     return numpy_leaves(out)
@@ -153,9 +156,16 @@ def _np_dtype(t: Any) -> np.dtype:
 
 
 def evaluate64(
-    fn: Callable, args: tuple, kwargs: dict, framework: str, rng: np.random.Generator | None = None
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    framework: str,
+    rng: np.random.Generator | None = None,
+    narrow: set[str] | None = None,
 ) -> tuple[list[tuple[str, np.ndarray]], str]:
     """The function's output leaves evaluated in float64, and the narrowest input float dtype.
+    `narrow`, when given, receives the dtypes narrower than float64 the function hard-codes
+    inside (`diag.userfn.narrow`).
 
     Raises:
         UserFunctionError: the function raised or returned no arrays.
@@ -164,7 +174,7 @@ def evaluate64(
     run = _torch_eval if framework == "torch" else _jax_eval
     name = getattr(fn, "__name__", None) or type(fn).__name__
     try:
-        leaves = run(fn, args, kwargs, widen)
+        leaves = run(fn, args, kwargs, widen, set() if narrow is None else narrow)
     except UserFunctionError:
         raise
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
@@ -207,9 +217,12 @@ def reference(fn: Callable, args: tuple, kwargs: dict, framework: str) -> Refere
     Raises:
         UserFunctionError: the function raised, or returned no arrays.
     """
-    leaves, narrowest = evaluate64(fn, args, kwargs, framework)
-    if any(a.dtype.kind == "f" and a.dtype != np.float64 for _, a in leaves) or any(
-        a.dtype.name == "bfloat16" for _, a in leaves
+    inside: set[str] = set()
+    leaves, narrowest = evaluate64(fn, args, kwargs, framework, narrow=inside)
+    if (
+        inside
+        or any(a.dtype.kind == "f" and a.dtype != np.float64 for _, a in leaves)
+        or any(a.dtype.name == "bfloat16" for _, a in leaves)
     ):
         return _shadow_reference(fn, args, kwargs, framework, leaves)
     perturbed: list[tuple[np.ndarray | None, ...]] = []
