@@ -64,20 +64,26 @@ class Decoder(nn.Module):
         return embed.attend(nn.LayerNorm()(x))
 
 
-def _case(softmax: str):
-    model = Decoder(softmax)
+@jax.jit
+def forward(params, ids):
+    """The decoder's logits, softmax in float32."""
+    return Decoder("float32").apply(params, ids)
+
+
+@jax.jit
+def forward_fp16_softmax(params, ids):
+    """The planted bug: the same decoder with the float16 softmax."""
+    return Decoder("float16").apply(params, ids)
+
+
+def _inputs():
     ids = jax.random.randint(jax.random.key(1), (2, SEQ), 0, VOCAB)
-    params = model.init(jax.random.key(0), ids)
-
-    def logits(params, ids):
-        return model.apply(params, ids)
-
-    return logits, (params, ids)
+    return jax.jit(Decoder().init)(jax.random.key(0), ids), ids
 
 
 def clean():
-    return _case("float32")
+    return forward, _inputs()
 
 
 def planted():
-    return _case("float16")
+    return forward_fp16_softmax, _inputs()

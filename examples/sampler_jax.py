@@ -30,11 +30,13 @@ def _pick(probs):
     return jnp.argmax(jnp.where(probs >= kth, probs, 0.0), axis=-1)
 
 
+@jax.jit
 def sample_step(logits):
     """Greedy token per row after temperature and top-k."""
     return _pick(jax.nn.softmax(logits / TEMPERATURE, axis=-1))
 
 
+@jax.jit
 def sample_step_no_max(logits):
     """The planted bug: the softmax without subtracting the row maximum."""
     e = jnp.exp(logits / TEMPERATURE)  # inf for logits above 8.87
