@@ -139,14 +139,14 @@ def _first_op(fn: Callable, args: tuple, kwargs: dict, limit: float) -> str:
         report = shadow_within(limit, fn, *args, **kwargs)
     except DivergeError as e:
         return f"first divergent op: not found ({e})"
-    op = report.first
-    if op is None:
+    first = report.first
+    if first is None:
         return (
             f"first divergent op: none of {report.n_ops} ops carried more than "
             f"{limit:.2g} (the error comes from the outputs' own rounding or the reference)"
         )
-    lib = f" via {op.library}" if op.library else ""
-    return f"first divergent op: {op.primitive} at {op.source}{lib}: {op.reason}"
+    lib = f" via {first.library}" if first.library else ""
+    return f"first divergent op: {first.primitive} at {first.source}{lib}: {first.reason}"
 
 
 def _message(
