@@ -1,0 +1,133 @@
+"""A user's function prepared on the host, once per process: loaded, its inputs taken, its
+float64 reference computed, each within the run's timeout; the first divergent op found on
+demand (`diag.diverge.shadow`) for a failing verdict's reason.
+
+A function that hangs cannot be stopped from inside Python: it runs in a daemon thread, and
+after `timeout` seconds diag gives up on it with a one-line error (the thread is abandoned;
+the CLI exits, and a worker running it is killed by the run's case timeout).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from diag import numerics
+from diag.userfn.bind import input_leaves
+from diag.userfn.load import UserFunctionError
+from diag.userfn.reference import Reference, reference
+
+
+def within(seconds: float | None, fn: Callable[[], Any], what: str) -> Any:
+    """`fn()`, or `UserFunctionError` when it has not returned after `seconds` (None: wait)."""
+    if seconds is None:
+        return fn()
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=target, name="diag-user-function", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise UserFunctionError(f"{what} did not return within {seconds:g} s (--timeout)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A user's function on the host.
+
+    Attributes:
+        function: the loaded `UserFunction`.
+        inputs: (name, array) of every input, as shipped to the workers.
+        reference: its float64 `Reference`.
+        dtype: the narrowest float dtype among the inputs (float32 without any): the case's.
+        pristine: (fn, args, kwargs) as loaded, before anything ran (PyTorch: a deep copy,
+            since a step may update its model in place), for the shadow run.
+    """
+
+    function: Any
+    inputs: list[tuple[str, np.ndarray]]
+    reference: Reference
+    dtype: str
+    pristine: tuple
+    _first_op: dict = dataclasses.field(default_factory=dict)
+
+    def first_divergent_op(self) -> str:
+        """`diag.diverge.shadow` of the function on its own inputs: the first op (value or
+        decision) that leaves the float64 shadow, as ``op at file.py:LINE (function)``, or a
+        sentence saying none did or why the shadow could not run. Computed once."""
+        if "text" not in self._first_op:
+            self._first_op["text"] = _first_op(*self._pristine_copy())
+        return self._first_op["text"]
+
+    def _pristine_copy(self) -> tuple:
+        fn, args, kwargs = self.pristine
+        if self.function.framework == "torch":
+            fn, args, kwargs = copy.deepcopy((fn, args, kwargs))
+        return fn, args, kwargs
+
+
+def _first_op(fn: Callable, args: tuple, kwargs: dict) -> str:
+    from diag.diverge import DivergeError, shadow
+
+    try:
+        report = shadow(fn, *args, **kwargs)
+    except DivergeError as e:
+        return f"the shadow run could not follow it ({str(e).removeprefix('diag: ')})"
+    first = report.first
+    if first is None:
+        return "no single op leaves the float64 shadow (the error builds up over many ops)"
+    where = first.source or "an unknown line"
+    path = f" [{first.path}]" if first.path else ""
+    why = f": {first.reason}" if first.reason else ""
+    return f"first divergent op: {first.primitive} at {where}{path}, {first.phase}{why}"
+
+
+def _narrowest(inputs: list[tuple[str, np.ndarray]]) -> str:
+    floats = [numerics.dtype_name(a.dtype) for _, a in inputs if numerics.is_supported(a.dtype)]
+    if not floats:
+        return "float32"
+    return max(floats, key=numerics.unit_roundoff)
+
+
+_PREPARED: dict[tuple[str, float | None], Prepared] = {}
+
+
+def prepare(spec: str, timeout: float | None = None) -> Prepared:
+    """Load `spec`, take its inputs and compute its float64 reference (cached per process).
+
+    Raises:
+        UserFunctionError: it could not be loaded, raised, returned no arrays or something
+            else than arrays, or did not return within `timeout` seconds.
+    """
+    from diag.userfn import load
+
+    key = (spec, timeout)
+    if key in _PREPARED:
+        return _PREPARED[key]
+    u = within(timeout, lambda: load(spec), spec.rpartition(":")[2])
+    inputs = input_leaves(u.fn, u.args, u.kwargs, u.framework)
+    pristine = (u.fn, u.args, u.kwargs)
+    if u.framework == "torch":
+        pristine = copy.deepcopy(pristine)
+    ref = within(
+        timeout,
+        lambda: reference(u.fn, u.args, u.kwargs, u.framework),
+        f"{u.name} evaluated in float64",
+    )
+    prepared = Prepared(u, inputs, ref, _narrowest(inputs), pristine)
+    _PREPARED[key] = prepared
+    return prepared
