@@ -21,7 +21,7 @@ from diag.cases import Case, Suite
 from diag.errors import SuiteError
 from diag.registry import PROBES
 
-__all__ = ["function_case", "function_entry", "function_suite", "FUNCTION_SUITE"]
+__all__ = ["function_case", "function_entry", "function_suite", "with_functions", "FUNCTION_SUITE"]
 
 #: The suite name of a run of one function (`diag run FILE.py:FUNCTION`): records' `probe`
 #: reads `function.model.py:forward`.
@@ -146,3 +146,15 @@ def function_entry(
         )
     except UserFunctionError as e:
         raise SuiteError(str(path), f"{where}.fn", str(e).removeprefix("diag: ")) from None
+
+
+def with_functions(suite: Suite, specs: list[str], timeout: float | None = None) -> Suite:
+    """`suite` with a case per user's function appended (`diag preflight --probe`).
+
+    Raises:
+        UserFunctionError: as `function_case`.
+    """
+    cases = list(suite.cases)
+    for spec in specs:
+        cases.append(function_case(spec, start=len(cases), timeout=timeout))
+    return Suite(suite.name, suite.path, suite.description, suite.seed, tuple(cases))
