@@ -75,7 +75,9 @@ def evaluate(o: Outcome) -> Evaluation:
     if status == "pass":
         reason = f"all {len(verdicts)} outputs within their allowance of the {ref.description}"
     elif status == "fail":
-        op = prepared.first_divergent_op()
+        op = prepared.first_divergent_op(
+            min((v.allowed for v in verdicts if v.allowed), default=0.0)
+        )
         metrics["first_divergent_op"] = op
         reason = f"{worst.reason if worst else ''}; {op}"
     else:

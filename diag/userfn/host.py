@@ -65,13 +65,15 @@ class Prepared:
     pristine: tuple
     _first_op: dict = dataclasses.field(default_factory=dict)
 
-    def first_divergent_op(self) -> str:
+    def first_divergent_op(self, allowed: float = 0.0) -> str:
         """`diag.diverge.shadow` of the function on its own inputs: the first op (value or
-        decision) that leaves the float64 shadow, as ``op at file.py:LINE (function)``, or a
-        sentence saying none did or why the shadow could not run. Computed once."""
-        if "text" not in self._first_op:
-            self._first_op["text"] = _first_op(*self._pristine_copy())
-        return self._first_op["text"]
+        decision) that leaves the float64 shadow, as ``op at file.py:LINE (function)``; where
+        every op keeps the bound of its own dtype, the first whose carried error passed
+        `allowed` (the failing output's allowance); else a sentence saying none did or why
+        the shadow could not run. Computed once per allowance."""
+        if allowed not in self._first_op:
+            self._first_op[allowed] = _first_op(*self._pristine_copy(), allowed)
+        return self._first_op[allowed]
 
     def _pristine_copy(self) -> tuple:
         fn, args, kwargs = self.pristine
@@ -80,7 +82,7 @@ class Prepared:
         return fn, args, kwargs
 
 
-def _first_op(fn: Callable, args: tuple, kwargs: dict) -> str:
+def _first_op(fn: Callable, args: tuple, kwargs: dict, allowed: float) -> str:
     from diag.diverge import DivergeError, shadow
 
     try:
@@ -89,11 +91,25 @@ def _first_op(fn: Callable, args: tuple, kwargs: dict) -> str:
         return f"the shadow run could not follow it ({str(e).removeprefix('diag: ')})"
     first = report.first
     if first is None:
-        return "no single op leaves the float64 shadow (the error builds up over many ops)"
-    where = first.source or "an unknown line"
-    path = f" [{first.path}]" if first.path else ""
+        # Every op kept the bound of its own dtype: the loss is in computing in a narrower
+        # dtype than the output's (a float32 result accumulated in bfloat16), not in one op.
+        # The first op whose carried error passed the output's allowance is where it came in.
+        past = sorted((o for o in report.ops if o.carried > allowed > 0), key=lambda o: o.index)
+        if not past:
+            return "no single op leaves the float64 shadow (the error builds up over many ops)"
+        op = past[0]
+        return (
+            f"first op past the output's allowance: {op.primitive} at {_where(op)}, "
+            f"{op.phase} (carried error {op.carried:.3g} in {op.dtype}; every op kept the "
+            f"bound of its own dtype: a narrower dtype than the output's)"
+        )
     why = f": {first.reason}" if first.reason else ""
-    return f"first divergent op: {first.primitive} at {where}{path}, {first.phase}{why}"
+    return f"first divergent op: {first.primitive} at {_where(first)}, {first.phase}{why}"
+
+
+def _where(op: Any) -> str:
+    path = f" [{op.path}]" if op.path else ""
+    return f"{op.source or 'an unknown line'}{path}"
 
 
 def _narrowest(inputs: list[tuple[str, np.ndarray]]) -> str:
