@@ -270,14 +270,14 @@ def _judge_backends(environ: dict[str, str], result: Preflight,
 
 
 def _probes(environ: dict[str, str], result: Preflight, cache_dir: str | None,
-            with_fingerprints: bool) -> None:
+            with_fingerprints: bool, suite: Any = "preflight") -> None:
     from diag import runner
 
     # The workers inherit this process's environment; what `environ` changes goes with them.
     extra = {k: v for k, v in environ.items() if os.environ.get(k) != v}
     out = Path(tempfile.mkdtemp(prefix="diag-preflight-"))
     try:
-        run = runner.run("preflight", out=out, repeats=PROBE_REPEATS, cache_dir=cache_dir,
+        run = runner.run(suite, out=out, repeats=PROBE_REPEATS, cache_dir=cache_dir,
                          env=extra or None, argv=["diag", "preflight"])
         # The workers measured their settings and the fingerprint of each precision setting
         # the suite's matmul cases use (all of them): no second start of every framework.
@@ -346,8 +346,8 @@ def _nodes(environ: dict[str, str], result: Preflight, injections: tuple) -> Non
 
 def preflight(budget: float = DEFAULT_BUDGET, *, environ: dict[str, str] | None = None,
               cache_dir: str | None = None, injections: tuple = (),
-              on_step: Callable[[int, int, StepResult, list[Finding]], None] | None = None
-              ) -> Preflight:
+              on_step: Callable[[int, int, StepResult, list[Finding]], None] | None = None,
+              probes: tuple[str, ...] = ()) -> Preflight:
     """Run the preflight steps that fit in `budget` seconds; mirrors ``diag preflight``.
 
     Args:
@@ -359,17 +359,26 @@ def preflight(budget: float = DEFAULT_BUDGET, *, environ: dict[str, str] | None 
         that this preflight's device check can fail, as ``diag nodes --inject``.
       on_step: called after each step with (index, number of steps, its result, its
         findings): progress for the command line.
+      probes: users' functions (``FILE.py:FUNCTION``, ``pkg.module:function``) the probe step
+        runs beside the shipped suite, judged against their float64 evaluation (`diag.userfn`).
 
     Returns:
       A `Preflight`: findings with what to do, steps run and skipped, the verdict and
       `exit_code` (0 fit, 1 numerical problem, 3 bad device, 4 crashed).
 
     Raises:
-      UsageError: a budget that is not a positive number.
+      UsageError: a budget that is not a positive number; a function in `probes` that cannot
+        be loaded or run (`UserFunctionError`).
       BadFlag: XLA_FLAGS or LIBTPU_INIT_ARGS holds a flag XLA refuses (exit 2).
     """
     if not budget > 0:
         raise UsageError(f"budget must be a positive number of seconds, got {budget}")
+    suite: Any = "preflight"
+    if probes:  # a function that cannot run is bad input: exit 2 before any step
+        from diag.suite import load_suite
+        from diag.suite_fn import with_functions
+
+        suite = with_functions(load_suite("preflight"), list(probes))
     environ = dict(os.environ if environ is None else environ)
     result = Preflight(budget_s=float(budget))
     measured = load_timings()
@@ -377,7 +386,7 @@ def preflight(budget: float = DEFAULT_BUDGET, *, environ: dict[str, str] | None 
         "settings": lambda: _settings(environ, result),
         "fingerprints": lambda: _fingerprints(environ, result),
         "probes": lambda: _probes(environ, result, cache_dir,
-                                  with_fingerprints="fingerprints" in merged),
+                                  with_fingerprints="fingerprints" in merged, suite=suite),
         "nodes": lambda: _nodes(environ, result, tuple(injections)),
     }
     new_timings: dict[str, float] = {}

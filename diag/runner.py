@@ -253,7 +253,7 @@ class _Run:
                                  op_args={**PROBES[c.op].fixed_args, **c.op_args},
                                  hunt_nans=PROBES[c.op].hunt_nans,
                                  inputs=self.inputs.paths(c),
-                                 input_dtypes=[c.dtype] * len(self.inputs.paths(c)))
+                                 input_dtypes=self.inputs.dtypes(c))
                          for c in cases])
         job_path = self.work / f"job-{spec.label}.json"
         job_path.write_text(json.dumps(job.to_json()))
@@ -399,7 +399,7 @@ def run(suite: str | Suite = "matmul", backends: list[str] | None = None, *,
         loaded = suite
         check_memory(loaded, max_memory)
     else:
-        loaded = load_suite(suite, max_memory=max_memory)
+        loaded = load_suite(suite, max_memory=max_memory, timeout=case_timeout)
     workers_env = worker_env(env)
     ab_env = parse_ab(ab, base=workers_env)
     candidates = candidate_backends(backends)

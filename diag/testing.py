@@ -6,9 +6,9 @@ test passed. `assert_numerics` needs neither. It evaluates the function in float
 (`diag.userfn.reference`; diag.diverge's float64 shadow where the function hard-codes a
 narrower dtype inside), holds each output to what its dtype allows (`diag.userfn.judge`:
 sqrt(u) normwise for floats, `diag.tolerance.userfn`; exact agreement for token ids and
-indices, forced-by-rounding differences a warning), and when an output fails, runs the function
-once more op by op (`diag.diverge.shadow_within`) to name the op and the line where the error
-grew past what that output may carry::
+indices, forced-by-rounding differences a warning), and when an output fails, runs the
+function once more op by op (`diag.userfn.host.first_op_line`: `diag.diverge.shadow_within`)
+to name the op and the line where the error grew past what that output may carry::
 
     from diag.testing import assert_numerics
 
@@ -29,11 +29,11 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from diag.diverge import DivergeError, shadow_within
 from diag.errors import UsageError
 from diag.interp import framework_of
 from diag.tolerance.userfn import userfn_output_allowance
 from diag.userfn import OutputVerdict, Reference, judge, numpy_leaves, reference
+from diag.userfn.host import first_op_line
 
 __all__ = ["NumericsWarning", "assert_numerics"]
 
@@ -135,18 +135,7 @@ def _limit(failing: list[OutputVerdict], ref: Reference) -> float:
 def _first_op(fn: Callable, args: tuple, kwargs: dict, limit: float) -> str:
     if "torch" in type(fn).__module__ or any("torch" in type(a).__module__ for a in args):
         fn, args, kwargs = copy.deepcopy((fn, args, kwargs))  # a step may update in place
-    try:
-        report = shadow_within(limit, fn, *args, **kwargs)
-    except DivergeError as e:
-        return f"first divergent op: not found ({e})"
-    first = report.first
-    if first is None:
-        return (
-            f"first divergent op: none of {report.n_ops} ops carried more than "
-            f"{limit:.2g} (the error comes from the outputs' own rounding or the reference)"
-        )
-    lib = f" via {first.library}" if first.library else ""
-    return f"first divergent op: {first.primitive} at {first.source}{lib}: {first.reason}"
+    return first_op_line(fn, args, kwargs, limit)
 
 
 def _message(

@@ -237,7 +237,7 @@ LONG_PENDING = {
     "probes/greedy_token.py": "check_greedy", "probes/softmax.py": "compare_softmax",
     "diag/backends/worker.py": "run_job", "diag/compare/elementwise.py": "compare",
     "diag/compare/topk.py": "check_top_k", "diag/runner.py": "run",
-    "diag/runner.py#2": "_run_worker", "diag/suite.py": "_expand",
+    "diag/runner.py#2": "_run_worker",
     "diag/features.py": "features", "diag/nodes/vote.py": "analyze",
     "diag/cli/devices.py": "nodes_cmd", "diag/cli/run.py": "run",
 }

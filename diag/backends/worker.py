@@ -164,10 +164,8 @@ def run_job(job_json: dict, stream) -> None:
         _inject_fault(fault, case.id)
         try:
             t0 = time.perf_counter()
-            host_inputs = [
-                numerics.from_bits(np.load(path, mmap_mode="r"), dtype)
-                for path, dtype in zip(case.inputs, case.input_dtypes)
-            ]
+            host_inputs = [_read_input(path, dtype)
+                           for path, dtype in zip(case.inputs, case.input_dtypes)]
             # One function per distinct program (op, its arguments, input shapes and dtypes):
             # the backend compiles it once (`prepare` caches by function and signature) and
             # the record says which earlier case it shares its compiled program with.
@@ -257,6 +255,14 @@ def _arithmetic(backend, job: Job) -> dict:
     return {"fingerprints": matmul_fingerprints(
         backend, [cast("tuple[str, str]", tuple(p)) for p in settings]),
             "features": matmul_features(backend, [("default", "none")], dtypes=("float32",))}
+
+
+def _read_input(path: str, dtype: str) -> np.ndarray:
+    """One input file: a float's raw bits as `dtype`, an integer or boolean array as itself."""
+    from diag import numerics
+
+    data = np.load(path, mmap_mode="r")
+    return numerics.from_bits(data, dtype) if numerics.is_supported(dtype) else data
 
 
 def _timed_call(case: CaseJob):

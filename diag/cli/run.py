@@ -15,6 +15,13 @@ from diag.errors import EXIT_USAGE, DiagError
 
 @app.command()
 def run(
+    function: str | None = typer.Argument(
+        None,
+        metavar="[FILE.py:FUNCTION]",
+        help="Your own function instead of a suite: FILE.py:FUNCTION or package.module:function, "
+        "where FUNCTION returns (fn, args) or (fn, args, kwargs); fn runs on every backend of "
+        "its framework and is judged against its float64 evaluation on this machine.",
+    ),
     suite: str = typer.Option(
         "matmul",
         "--suite",
@@ -84,11 +91,16 @@ def run(
         "per-op summaries and the optimised HLO; see `diag trace RUN_DIR`.",
     ),
 ) -> None:
-    """Run a probe suite on every backend present and judge each result against exact math."""
+    """Run a probe suite (or your own function) on every backend present and judge each
+    result against exact math (a function: against its float64 evaluation)."""
     from diag import render, runner
     from diag.workers import parse_python
 
     pythons = parse_python(split(python))  # bad usage exits 2 before anything starts
+    if function is not None:
+        from diag.suite_fn import function_suite
+
+        suite = function_suite(function, timeout=timeout)  # type: ignore[assignment]
     progress = render.RunProgress(enabled=not as_json)
     if report:
         from diag.report import preload

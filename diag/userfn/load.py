@@ -22,14 +22,15 @@ from types import ModuleType
 
 import numpy as np
 
-from diag.errors import DiagError
+from diag.errors import DiagError, UsageError
 
 #: The seed the global generators get before FUNCTION runs (in every process alike).
 LOAD_SEED = 0
 
 
-class UserFunctionError(DiagError):
-    """The user's function could not be loaded or run: the message says which and why."""
+class UserFunctionError(UsageError):
+    """The user's function could not be loaded or run: the message says which and why (bad
+    input: exit 2)."""
 
 
 def _split(spec: str) -> tuple[str, str]:
@@ -50,6 +51,9 @@ def _import_file(file: str) -> ModuleType:
     if not path.is_file():
         raise UserFunctionError(f"{file}: no such file")
     mod_name = f"_diag_user_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]}"
+    loaded = sys.modules.get(mod_name)
+    if loaded is not None and getattr(loaded, "__diag_source__", None) == path.read_bytes():
+        return loaded  # the same file, unchanged: import it once per process
     module_spec = importlib.util.spec_from_file_location(mod_name, path)
     if module_spec is None or module_spec.loader is None:
         raise UserFunctionError(f"{file}: not a Python file")
@@ -64,6 +68,7 @@ def _import_file(file: str) -> ModuleType:
         raise UserFunctionError(f"{file}: importing it raised {type(e).__name__}: {e}") from e
     finally:
         sys.path.remove(folder)
+    module.__diag_source__ = path.read_bytes()  # type: ignore[attr-defined]
     return module
 
 

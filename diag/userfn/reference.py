@@ -10,12 +10,18 @@ beside every op (`shadow_outputs`), and the record says so.
 
 Integer outputs (token ids, indices) carry no error to measure, only decisions. Inputs rounded
 to their dtype are known to within one rounding, so the reference is evaluated again on inputs
-moved by one unit roundoff of their dtype (random signs, seeded): an element whose reference
-decision moves under such a change is one the dtype cannot resolve (forced by rounding).
+moved by one unit roundoff of their dtype: an element whose reference decision moves under
+such a change is one the dtype cannot resolve (forced by rounding). The moves are sign
+patterns, not random draws: in pattern (k, s) the element at flat index n of each input moves
+by s * (-1)^(bit k of n) * u * |x|, for every bit k of the largest input's size and s = +-1.
+Any two elements of an input differ in some bit, so for every pair some pattern moves one up
+and the other down, and another the reverse: a choice between two inputs closer than one
+rounding (a sampler's near-tied logits) is always found, in 2 * ceil(log2 n) evaluations.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from collections.abc import Callable
@@ -28,9 +34,9 @@ from diag.userfn.load import UserFunctionError
 from diag.userfn.narrow import jax_narrow, torch_narrow
 from diag.userfn.tree import numpy_leaves
 
-#: How many rounding-moved evaluations decide which integer outputs rounding can flip.
-PERTURBATIONS = 2
-PERTURBATION_SEED = 0
+#: At most this many bits of the flat index are patterned (2x as many evaluations): inputs
+#: of more than 2^20 elements have their pairs beyond it covered only in part.
+MAX_PATTERN_BITS = 20
 
 FLOAT64_EVALUATION = "float64 evaluation of the same function (not an exact result)"
 SHADOW_EVALUATION = (
@@ -84,11 +90,13 @@ def _map(x: Any, fn: Callable) -> Any:
 
 
 class _Widen:
-    """Widen a float leaf to float64, optionally moved by one unit roundoff of its dtype."""
+    """Widen a float leaf to float64, optionally moved by one unit roundoff of its dtype in
+    sign pattern `pattern` = (bit k, sign s) (see the module docstring)."""
 
-    def __init__(self, rng: np.random.Generator | None):
-        self.rng = rng
+    def __init__(self, pattern: tuple[int, float] | None):
+        self.pattern = pattern
         self.narrowest: str = ""
+        self.largest = 0
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         name = numerics.dtype_name(x.dtype)
@@ -97,13 +105,18 @@ class _Widen:
         ):
             self.narrowest = name
         x64 = x.astype(np.float64)
-        if self.rng is None:
+        self.largest = max(self.largest, x64.size)
+        if self.pattern is None:
             return x64
-        sign = self.rng.choice(np.array([-1.0, 1.0]), size=x64.shape)
+        bit, s = self.pattern
+        index = np.arange(x64.size, dtype=np.int64).reshape(x64.shape)
+        sign = np.where((index >> bit) & 1, -s, s)
         return x64 * (1.0 + sign * numerics.unit_roundoff(name))
 
 
-def _jax_eval(fn: Callable, args: tuple, kwargs: dict, widen: _Widen, narrow: set[str]) -> Any:
+def _jax_eval(
+    fn: Callable, args: tuple, kwargs: dict, widen: _Widen, narrow: set[str] | None
+) -> Any:
     import jax
     import jax.numpy as jnp
 
@@ -114,12 +127,15 @@ def _jax_eval(fn: Callable, args: tuple, kwargs: dict, widen: _Widen, narrow: se
 
     with jax.enable_x64(True):
         a, k = jax.tree_util.tree_map(leaf, (args, kwargs))
-        narrow |= jax_narrow(fn, a, k)
+        if narrow is not None:
+            narrow |= jax_narrow(fn, a, k)
         out = fn(*a, **k)
         return numpy_leaves(out)
 
 
-def _torch_eval(fn: Callable, args: tuple, kwargs: dict, widen: _Widen, narrow: set[str]) -> Any:
+def _torch_eval(
+    fn: Callable, args: tuple, kwargs: dict, widen: _Widen, narrow: set[str] | None
+) -> Any:
     import torch
 
     def leaf(x: Any) -> Any:
@@ -140,7 +156,7 @@ def _torch_eval(fn: Callable, args: tuple, kwargs: dict, widen: _Widen, narrow: 
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        with torch_narrow(narrow):
+        with torch_narrow(narrow) if narrow is not None else contextlib.nullcontext():
             out = fn(*a, **k)
     finally:
         torch.set_default_dtype(before)
@@ -160,28 +176,29 @@ def evaluate64(
     args: tuple,
     kwargs: dict,
     framework: str,
-    rng: np.random.Generator | None = None,
+    pattern: tuple[int, float] | None = None,
     narrow: set[str] | None = None,
-) -> tuple[list[tuple[str, np.ndarray]], str]:
-    """The function's output leaves evaluated in float64, and the narrowest input float dtype.
+) -> tuple[list[tuple[str, np.ndarray]], _Widen]:
+    """The function's output leaves evaluated in float64 (its inputs moved by `pattern`), and
+    what the widening saw (the narrowest input float dtype, the largest input's size).
     `narrow`, when given, receives the dtypes narrower than float64 the function hard-codes
     inside (`diag.userfn.narrow`).
 
     Raises:
         UserFunctionError: the function raised or returned no arrays.
     """
-    widen = _Widen(rng)
+    widen = _Widen(pattern)
     run = _torch_eval if framework == "torch" else _jax_eval
     name = getattr(fn, "__name__", None) or type(fn).__name__
     try:
-        leaves = run(fn, args, kwargs, widen, set() if narrow is None else narrow)
+        leaves = run(fn, args, kwargs, widen, narrow)
     except UserFunctionError:
         raise
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
         raise UserFunctionError(
             f"{name} raised {type(e).__name__} when evaluated in float64: {e}"
         ) from e
-    return leaves, widen.narrowest
+    return leaves, widen
 
 
 def _shadow_reference(
@@ -218,7 +235,8 @@ def reference(fn: Callable, args: tuple, kwargs: dict, framework: str) -> Refere
         UserFunctionError: the function raised, or returned no arrays.
     """
     inside: set[str] = set()
-    leaves, narrowest = evaluate64(fn, args, kwargs, framework, narrow=inside)
+    leaves, seen = evaluate64(fn, args, kwargs, framework, narrow=inside)
+    narrowest = seen.narrowest
     if (
         inside
         or any(a.dtype.kind == "f" and a.dtype != np.float64 for _, a in leaves)
@@ -227,8 +245,9 @@ def reference(fn: Callable, args: tuple, kwargs: dict, framework: str) -> Refere
         return _shadow_reference(fn, args, kwargs, framework, leaves)
     perturbed: list[tuple[np.ndarray | None, ...]] = []
     if narrowest and any(a.dtype.kind in "biu" for _, a in leaves):
-        rng = np.random.default_rng(PERTURBATION_SEED)
-        for _ in range(PERTURBATIONS):
-            moved, _ = evaluate64(fn, args, kwargs, framework, rng)
-            perturbed.append(tuple(a if a.dtype.kind in "biu" else None for _, a in moved))
+        bits = min(max(1, (seen.largest - 1).bit_length()), MAX_PATTERN_BITS)
+        for bit in range(bits):
+            for s in (1.0, -1.0):
+                moved, _ = evaluate64(fn, args, kwargs, framework, (bit, s))
+                perturbed.append(tuple(a if a.dtype.kind in "biu" else None for _, a in moved))
     return Reference("float64", FLOAT64_EVALUATION, tuple(leaves), tuple(perturbed), narrowest)
