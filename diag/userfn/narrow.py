@@ -46,12 +46,19 @@ def _walk(jaxpr: Any, found: set[str]) -> None:
 
 def jax_narrow(fn: Callable, args64: tuple, kwargs64: dict) -> set[str]:
     """The dtypes narrower than float64 among the outputs of any equation of ``fn`` traced on
-    float64 inputs (call under ``jax.enable_x64(True)``); empty when it computes in float64."""
+    float64 inputs; empty when it computes in float64 (or cannot be traced: then diag.diverge
+    cannot follow it either, and its float64 run is the best reference there is)."""
     import jax
+
+    def arrays(a: tuple, k: dict) -> list:
+        return [x for x in jax.tree_util.tree_leaves(fn(*a, **k)) if isinstance(x, jax.Array)]
 
     found: set[str] = set()
     with jax.enable_x64(True):
-        closed = jax.make_jaxpr(lambda a, k: fn(*a, **k))(args64, kwargs64)
+        try:
+            closed = jax.make_jaxpr(arrays)(args64, kwargs64)
+        except Exception:  # noqa: BLE001 - the function ran already; only tracing failed
+            return found
     _walk(closed.jaxpr, found)
     return found
 

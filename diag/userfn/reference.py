@@ -127,10 +127,10 @@ def _jax_eval(
 
     with jax.enable_x64(True):
         a, k = jax.tree_util.tree_map(leaf, (args, kwargs))
+        leaves = numpy_leaves(fn(*a, **k))
         if narrow is not None:
             narrow |= jax_narrow(fn, a, k)
-        out = fn(*a, **k)
-        return numpy_leaves(out)
+        return leaves
 
 
 def _torch_eval(
