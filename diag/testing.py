@@ -43,7 +43,7 @@ class NumericsWarning(UserWarning):
 
 
 def assert_numerics(
-    fn: Callable,
+    fn: Callable | str,
     *args: Any,
     backends: Sequence[str] | None = None,
     reference: Callable | None = None,
@@ -55,10 +55,13 @@ def assert_numerics(
     Args:
         fn: a JAX function (jitted or not) or a PyTorch function or module; it may return any
             pytree, tuple or dict of arrays (float outputs and integer ones: token ids, indices).
+            Or a ``FILE.py:FUNCTION`` / ``pkg.module:function`` spec (FUNCTION returns ``(fn,
+            args)``): then it runs as `diag run` runs it, each backend in its own worker.
         *args, **kwargs: what `fn` is called with (arrays, tensors, parameter trees).
-        backends: where to run it: ``jax-cpu`` or ``torch-cpu``, in this process (default: the
-            one of `fn`'s framework). To judge other devices, run ``diag run FILE.py:FUNCTION``
-            (each backend in its own worker process).
+        backends: where to run it. A function: ``jax-cpu`` or ``torch-cpu``, in this process
+            (default: its framework's). A spec: any backend names (``torch-xla-cpu``,
+            ``jax-gpu``; default: every backend present), each in its worker; a named backend
+            that cannot run here fails, as ``diag run --backend`` does.
         reference: a function called with the same arguments whose outputs are the truth
             (e.g. your float64 or mpmath implementation), instead of `fn` in float64.
 
@@ -72,6 +75,13 @@ def assert_numerics(
         UsageError: a backend this process cannot run `fn` on.
     """
     __tracebackhide__ = True  # pytest shows the assertion, not diag's frames
+    if isinstance(fn, str):
+        if args or kwargs or reference is not None:
+            raise UsageError(
+                f"diag.testing: {fn!r} brings its own arguments and is judged against its float64 "
+                "evaluation: pass no arguments and no reference with a FILE.py:FUNCTION spec"
+            )
+        return _through_workers(fn, backends)
     framework = framework_of(fn, args, kwargs)
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
     verdicts: list[OutputVerdict] = []
@@ -88,6 +98,35 @@ def assert_numerics(
     return verdicts
 
 
+def _through_workers(spec: str, backends: Sequence[str] | str | None) -> list[OutputVerdict]:
+    """`diag run SPEC`: each backend in its own worker, inputs bit-identical; a failing or
+    erroring record is a line of the AssertionError (a named backend that cannot run here is
+    one, as with ``diag run --backend``), a `warn` record a `NumericsWarning`."""
+    __tracebackhide__ = True
+    import tempfile
+
+    from diag import runner
+    from diag.suite_fn import function_suite
+
+    named = [backends] if isinstance(backends, str) else list(backends or [])
+    with tempfile.TemporaryDirectory(prefix="diag-testing-") as out:
+        result = runner.run(function_suite(spec), named or None, out=out, repeats=1)
+    verdicts: list[OutputVerdict] = []
+    failing: list[str] = []
+    for r in result.records:
+        reason = r["reason"]
+        where = reason if reason.startswith(f"{r['backend']}:") else f"{r['backend']}: {reason}"
+        if r["status"] in ("fail", "error"):
+            failing.append(where)
+        elif r["status"] == "warn":
+            warnings.warn(f"diag: {spec} on {where}", NumericsWarning, 3)
+        verdicts.extend(OutputVerdict(**v) for v in r.get("metrics", {}).get("outputs", ()))
+    if failing:
+        head = f"diag: {spec}: {len(failing)} of {len(result.records)} records failed"
+        raise AssertionError("\n".join([head, *(f"  {line}" for line in failing)]))
+    return verdicts
+
+
 def _backends(backends: Sequence[str] | None, framework: str) -> list[str]:
     local = f"{framework}-cpu"
     if backends is None:
@@ -98,7 +137,7 @@ def _backends(backends: Sequence[str] | None, framework: str) -> list[str]:
         if b != local:
             raise UsageError(
                 f"diag.testing: {b!r}: a {framework} function runs here on {local} only; "
-                f"judge it on {b} with `diag run FILE.py:FUNCTION --backend {b}`"
+                f"give assert_numerics a 'FILE.py:FUNCTION' spec to run it on {b} in a worker"
             )
     return list(backends)
 

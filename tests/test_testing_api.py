@@ -149,7 +149,7 @@ def test_backends_this_process_cannot_run_are_a_usage_error():
 
     x = torch.ones(4)
     assert [v.status for v in assert_numerics(torch.exp, x, backends=["torch-cpu"])] == ["pass"]
-    with pytest.raises(UsageError, match="runs here on torch-cpu only; judge it on jax-cpu"):
+    with pytest.raises(UsageError, match="runs here on torch-cpu only; give assert_numerics a"):
         assert_numerics(torch.exp, x, backends=["jax-cpu"])
 
 
@@ -275,3 +275,34 @@ def test_import_diag_testing_imports_no_framework():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "[]"
+
+
+# --- a FILE.py:FUNCTION spec: each backend in its own worker (diag run) -----------------------
+
+
+@needs_torch
+@pytest.mark.slow  # two worker processes and the host's float64 run: ~30 s on 2 busy cores
+def test_a_spec_runs_in_workers_and_fails_like_diag_run():
+    from diag.testing import assert_numerics
+
+    ex = _example("train_step_torch")
+    params, x, y = ex._inputs()
+    truth = _train_truth(ex, params, x, y)
+    assert max(_train_errors(ex.train_step_one_pass(params, x, y), truth)) > SQRT_U32
+
+    spec = f"{EXAMPLES / 'train_step_torch.py'}:planted"
+    with pytest.raises(AssertionError) as info:
+        assert_numerics(spec, backends=["torch-cpu"])
+    msg = str(info.value)
+    assert msg.startswith(f"diag: {spec}: 1 of 1 records failed")
+    assert f"first divergent op: aten.sub at {_line('train_step_torch', 'var = (x * x)')} " in msg
+    clean = assert_numerics(f"{EXAMPLES / 'train_step_torch.py'}:clean", backends=["torch-cpu"])
+    assert [v.status for v in clean] == ["pass"] * 5
+
+
+def test_a_spec_takes_no_arguments():
+    from diag.errors import UsageError
+    from diag.testing import assert_numerics
+
+    with pytest.raises(UsageError, match="pass no arguments and no reference"):
+        assert_numerics("model.py:forward", 1.0)
