@@ -306,3 +306,26 @@ def test_a_spec_takes_no_arguments():
 
     with pytest.raises(UsageError, match="pass no arguments and no reference"):
         assert_numerics("model.py:forward", 1.0)
+
+
+@needs_jax
+def test_a_token_only_rounding_can_flip_warns_and_passes():
+    import jax
+    import jax.numpy as jnp
+
+    from diag.testing import NumericsWarning, assert_numerics
+
+    # pairs of adjacent float32 values whose products with 0.7 round to one float32 value: the
+    # float32 argmax takes the first, float64 the second, and one rounding of the inputs
+    # (half a spacing) can reorder the pair: the dtype cannot resolve it
+    a = np.random.default_rng(0).uniform(1, 2, 4096).astype(np.float32)
+    b = np.nextafter(a, np.float32(3))
+    tie = (a * np.float32(0.7)) == (b * np.float32(0.7))
+    x = np.stack([a[tie][:8], b[tie][:8]], -1)
+    assert len(x) == 8 and (np.argmax(x.astype(np.float64) * 0.7, -1) == 1).all()
+
+    scale = jax.jit(lambda x: jnp.argmax(x * 0.7, -1))
+    assert (np.asarray(scale(jnp.asarray(x))) == 0).all()
+    with pytest.warns(NumericsWarning, match="8 of 8 values differ.*forced by rounding"):
+        verdicts = assert_numerics(scale, jnp.asarray(x))
+    assert [v.status for v in verdicts] == ["warn"]
