@@ -72,7 +72,8 @@ class Prepared:
         `allowed` (the failing output's allowance); else a sentence saying none did or why
         the shadow could not run. Computed once per allowance."""
         if allowed not in self._first_op:
-            self._first_op[allowed] = _first_op(*self._pristine_copy(), allowed)
+            fn, args, kwargs = self._pristine_copy()
+            self._first_op[allowed] = _first_op(fn, args, kwargs, allowed)
         return self._first_op[allowed]
 
     def _pristine_copy(self) -> tuple:
