@@ -309,6 +309,16 @@ def _probes(environ: dict[str, str], result: Preflight, cache_dir: str | None,
                                    if ran else "no backend present to probe"))
 
 
+def _probe_suite(probes: tuple[str, ...]) -> Any:
+    """The probe step's suite: the shipped one, with a case per user's function in `probes`."""
+    if not probes:
+        return "preflight"
+    from diag.suite import load_suite
+    from diag.suite_fn import with_functions
+
+    return with_functions(load_suite("preflight"), list(probes))
+
+
 def _nodes(environ: dict[str, str], result: Preflight, injections: tuple) -> None:
     from diag import nodes
     from diag.backends import framework_installed
@@ -359,34 +369,26 @@ def preflight(budget: float = DEFAULT_BUDGET, *, environ: dict[str, str] | None 
         that this preflight's device check can fail, as ``diag nodes --inject``.
       on_step: called after each step with (index, number of steps, its result, its
         findings): progress for the command line.
-      probes: users' functions (``FILE.py:FUNCTION``, ``pkg.module:function``) the probe step
-        runs beside the shipped suite, judged against their float64 evaluation (`diag.userfn`).
+      probes: users' functions (``FILE.py:FUNCTION``) the probe step also runs (`diag.userfn`).
 
     Returns:
       A `Preflight`: findings with what to do, steps run and skipped, the verdict and
       `exit_code` (0 fit, 1 numerical problem, 3 bad device, 4 crashed).
 
     Raises:
-      UsageError: a budget that is not a positive number; a function in `probes` that cannot
-        be loaded or run (`UserFunctionError`).
+      UsageError: a budget that is not a positive number, or a bad function in `probes`.
       BadFlag: XLA_FLAGS or LIBTPU_INIT_ARGS holds a flag XLA refuses (exit 2).
     """
     if not budget > 0:
         raise UsageError(f"budget must be a positive number of seconds, got {budget}")
-    suite: Any = "preflight"
-    if probes:  # a function that cannot run is bad input: exit 2 before any step
-        from diag.suite import load_suite
-        from diag.suite_fn import with_functions
-
-        suite = with_functions(load_suite("preflight"), list(probes))
     environ = dict(os.environ if environ is None else environ)
     result = Preflight(budget_s=float(budget))
     measured = load_timings()
     runs: dict[str, Callable[[], None]] = {
         "settings": lambda: _settings(environ, result),
         "fingerprints": lambda: _fingerprints(environ, result),
-        "probes": lambda: _probes(environ, result, cache_dir,
-                                  with_fingerprints="fingerprints" in merged, suite=suite),
+        "probes": lambda: _probes(environ, result, cache_dir, "fingerprints" in merged,
+                                  _probe_suite(probes)),
         "nodes": lambda: _nodes(environ, result, tuple(injections)),
     }
     new_timings: dict[str, float] = {}
