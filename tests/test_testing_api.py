@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import needs_jax, needs_torch
+from tests.conftest import HAS_JAX, HAS_TORCH, needs_jax, needs_torch, run_diag
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -329,3 +329,26 @@ def test_a_token_only_rounding_can_flip_warns_and_passes():
     with pytest.warns(NumericsWarning, match="8 of 8 values differ.*forced by rounding"):
         verdicts = assert_numerics(scale, jnp.asarray(x))
     assert [v.status for v in verdicts] == ["warn"]
+
+
+# --- the same examples through the real `diag run` script ---------------------------------
+
+EXAMPLE_RUNS = [
+    ("decoder_torch", "torch-cpu", HAS_TORCH and importlib.util.find_spec("transformers")),
+    ("decoder_flax", "jax-cpu", HAS_JAX and importlib.util.find_spec("flax")),
+    ("sampler_jax", "jax-cpu", HAS_JAX),
+    ("train_step_torch", "torch-cpu", HAS_TORCH),
+]
+
+
+@pytest.mark.slow  # a host and a worker process per run: 25-60 s each on 2 busy cores
+@pytest.mark.parametrize("variant, code", [("clean", 0), ("planted", 1)])
+@pytest.mark.parametrize("name, backend, present", EXAMPLE_RUNS, ids=[e[0] for e in EXAMPLE_RUNS])
+def test_each_example_runs_with_diag_run(tmp_path, name, backend, present, variant, code):
+    if not present:
+        pytest.skip(f"{name} needs a framework that is not installed")
+    spec = f"{EXAMPLES / name}.py:{variant}"
+    p = run_diag("run", spec, "--backend", backend, "--out", str(tmp_path), timeout=600)
+    assert p.returncode == code, p.stdout + p.stderr
+    if code:
+        assert "first divergent op" in p.stdout
