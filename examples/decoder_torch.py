@@ -63,8 +63,8 @@ def _model(attention: str) -> Logits:
         attn_pdrop=0.0,
         bos_token_id=0,
         eos_token_id=0,
+        attn_implementation=attention,
     )
-    config._attn_implementation = attention
     return Logits(GPT2LMHeadModel(config).eval())
 
 
