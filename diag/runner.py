@@ -31,7 +31,7 @@ from threadpoolctl import threadpool_limits
 from diag import environment
 from diag.ab import parse_ab, with_b_sides
 from diag.backend_runs import PHASES, BackendRuns
-from diag.backends import not_applicable
+from diag.backends import get_spec, not_applicable
 from diag.errors import UsageError
 from diag.flags import check_flags
 from diag.judge import Judge
@@ -169,6 +169,13 @@ def _planned(run_dir: RunDir, loaded: Suite, specs: list, skipped: dict, ab, ab_
     return specs
 
 
+def _applies(loaded: Suite, name: str) -> bool:
+    """Whether any case of the suite applies to backend `name` (a JAX user's function does
+    not to torch backends)."""
+    spec = get_spec(name)
+    return any(not_applicable(spec, c.op, c.params) is None for c in loaded.cases)
+
+
 def _check_plan(loaded: Suite, backends, env, ab) -> tuple:
     """(workers' environment, the A/B side's, candidate backends), refusing a plan with no
     case for these backends or bad XLA flags before anything is written."""
@@ -217,6 +224,8 @@ def _start(
             )
             specs, skipped, parked = resolve_backends(backends, workers_env)
             written.result()
+        if not backends:  # a default run lists absent backends that had something to run
+            skipped = {n: why for n, why in skipped.items() if _applies(loaded, n)}
         try:
             run_dir = RunDir.create(out, run_id, environment.collect(argv))
         except OSError as e:

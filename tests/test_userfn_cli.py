@@ -17,7 +17,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.conftest import run_diag
+from tests.conftest import REPO_ROOT, run_diag
 
 SQRT_U32 = 2.0**-12
 
@@ -250,12 +250,31 @@ def test_the_gate_keys_a_function_by_its_source(models, tmp_path):
     _, again = _run(f"{model}:jax_mlp", "-b", "jax-cpu", "-o", str(tmp_path / "r"))
     rerun = run_diag("check", again["run_dir"], "--baseline", str(base))
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    model.write_text(MODELS.replace('"w2"]),', '"w2"]) * 1.0,'))  # a planted change
+    planted = MODELS.replace('@ params["w2"],', '@ params["w2"] * 1.0,')  # a planted change
+    assert planted != MODELS
+    model.write_text(planted)
     _, changed = _run(f"{model}:jax_mlp", "-b", "jax-cpu", "-o", str(tmp_path / "r"))
     drift = run_diag("check", changed["run_dir"], "--baseline", str(base))
     assert drift.returncode == 1
     assert "function model.py:jax_mlp source" in drift.stdout + drift.stderr
     assert "the function's source changed" in drift.stdout + drift.stderr
+
+
+def test_the_example_passes_and_its_planted_bug_names_its_line(tmp_path):
+    example = REPO_ROOT / "examples" / "user_function.py"
+    line = _line_of(example.read_text(), "var = (x * x).mean(-1, keepdims=True) - mean * mean")
+    for name, wrong in (("jax_block", False), ("planted", True)):  # decided in numpy float64
+        fn, (params, x) = _load(example, name)
+        x64, p64 = x.astype(np.float64), {k: v.astype(np.float64) for k, v in params.items()}
+        h = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+        r = np.tanh(h @ p64["w1"]) @ p64["w2"]
+        assert (_normwise(np.asarray(fn(params, x)["hidden"]), r) > SQRT_U32) == wrong
+    _, good = _run(f"{example}:jax_block", "-b", "jax-cpu", "-o", str(tmp_path))
+    assert _probe(good, "jax-cpu")["status"] == "pass"
+    proc, bad = _run(f"{example}:planted", "-b", "jax-cpu", "-o", str(tmp_path))
+    rec = _probe(bad, "jax-cpu")
+    assert rec["status"] == "fail" and proc.returncode == 1
+    assert f"first divergent op: sub at user_function.py:{line} (planted_block)" in rec["reason"]
 
 
 @pytest.mark.slow
