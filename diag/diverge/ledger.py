@@ -119,6 +119,7 @@ class Ledger:
             facts, terms, longest: the reduction/composite facts `own_error` needs.
         """
         cls = op_class(name)
+        lowered = self.limit is not None and self.limit < threshold
         if self.limit is not None:
             threshold = min(threshold, self.limit)
             carried_in = [(c, min(t, self.limit)) for c, t in carried_in]
@@ -156,7 +157,7 @@ class Ledger:
                 )
                 self.first = e
             elif cls != "structural" and carried > threshold and all(c <= t for c, t in carried_in):
-                what = "the allowance" if threshold == self.limit else f"the {e.dtype} threshold"
+                what = "the allowance" if lowered else f"the {e.dtype} threshold"
                 e.reason = (
                     f"carried error {_num(carried)} passed {what} "
                     f"{threshold:.2g} here (inputs carried at most {_num(cin)})"
