@@ -47,6 +47,7 @@ __all__ = [
     "runner",
     "suite",
     "tap",
+    "testing",
     "tolerance",
     "train",
     "workers",

@@ -96,14 +96,18 @@ def _fingerprints(meta: dict) -> dict[str, list[dict]]:
     return out
 
 
-def run_key(meta: dict) -> dict[str, dict[str, Any]]:
-    """What a baseline is valid for: hardware, versions and numerics settings of a run.
+def run_key(meta: dict, records: list[dict] | None = None) -> dict[str, dict[str, Any]]:
+    """What a baseline is valid for: hardware, versions and numerics settings of a run, and
+    the source of the users' functions it ran (`code`).
 
     Args:
       meta: a run's run.json.
+      records: its records: a user's function's record carries the sha256 of its module's
+        source (`params.source_hash`), so a changed function drifts and a rerun does not.
 
     Returns:
-      `{"hardware": ..., "versions": ..., "settings": ...}`, flat name -> value maps.
+      `{"hardware": ..., "versions": ..., "settings": ..., "code": ...}`, flat name -> value
+      maps.
     """
     env = meta.get("environment") or {}
     hardware: dict[str, Any] = {k: env.get(k) for k in ("machine", "cpu_model")}
@@ -120,7 +124,12 @@ def run_key(meta: dict) -> dict[str, dict[str, Any]]:
         )
         for k, v in sorted((info.get("settings") or {}).items()):
             settings[f"{name} {k}"] = v
-    return {"hardware": hardware, "versions": versions, "settings": settings}
+    code = {
+        f"function {p['function']} source": p["source_hash"]
+        for p in (r.get("params") or {} for r in records or [])
+        if isinstance(p, dict) and "source_hash" in p and "function" in p
+    }
+    return {"hardware": hardware, "versions": versions, "settings": settings, "code": code}
 
 
 def build(run_dir: str | os.PathLike) -> dict[str, Any]:
@@ -146,7 +155,7 @@ def build(run_dir: str | os.PathLike) -> dict[str, Any]:
         "created": time.time(),
         "run_id": meta.get("run_id"),
         "suite": (meta.get("suite") or {}).get("name"),
-        "key": run_key(meta),
+        "key": run_key(meta, records),
         "backends": sorted(meta.get("backends") or {}),
         "fingerprints": _fingerprints(meta),
         "features": features_of(meta),
@@ -301,7 +310,7 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
         )
     result = Check()
     one_sided = _backend_drifts(result, baseline, meta)
-    portable = _key_drifts(result, baseline["key"], run_key(meta), one_sided, bitwise)
+    portable = _key_drifts(result, baseline["key"], run_key(meta, records), one_sided, bitwise)
     _arithmetic_drifts(result, baseline, meta, one_sided)
     _record_drifts(result, baseline["records"], records, bitwise, portable)
     return result
@@ -339,12 +348,16 @@ def _key_drifts(
     Returns:
       Whether bits may be compared (same hardware and versions).
     """
-    for section in _KEY_SECTIONS:
-        a, b = old_key.get(section) or {}, key[section]
+    for section in (*_KEY_SECTIONS, "code"):  # `code`: absent from older baselines
+        a, b = old_key.get(section) or {}, key.get(section) or {}
         for name in sorted(set(a) | set(b)):
             if a.get(name) == b.get(name) or name.split(" ")[0] in one_sided:
                 continue
-            if section == "settings":
+            if section == "code":
+                result.drifts.append(
+                    Drift(name, "sha256", a.get(name), b.get(name), "the function's source changed")
+                )
+            elif section == "settings":
                 result.drifts.append(
                     Drift(
                         f"setting {name}",

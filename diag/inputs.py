@@ -200,7 +200,7 @@ class InputStore:
         self.work = work
         self.cache = cache
         self._arrays: dict[str, list[np.ndarray | None]] = {}
-        self._dtypes: dict[str, np.dtype] = {}
+        self._dtypes: dict[str, list[np.dtype]] = {}  # per array: a set may mix dtypes
         self._paths: dict[str, list[str]] = {}
         self._digests: dict[str, list[str]] = {}
 
@@ -217,16 +217,15 @@ class InputStore:
             # A large input is mapped afresh for each use and let go after it: a map held
             # for the whole run would keep every page it touched resident.
             return [
-                a if a is not None else _mapped(p, self._dtypes[key])
-                for a, p in zip(self._arrays[key], self._paths[key])
+                a if a is not None else _mapped(p, dt)
+                for a, p, dt in zip(self._arrays[key], self._paths[key], self._dtypes[key])
             ]
         probe = PROBES[case.op]
         dtype = numerics.as_dtype(case.dtype)
-        self._dtypes[key] = dtype
         keys = self._store_keys(case, probe, dtype)
         stored = [self.cache.get_mapped(k) for k in keys]
         if keys and all(e is not None for e in stored):
-            self._keep(key, stored)
+            self._keep(key, stored, dtype)
             return [e.value for e in stored]
         rng = np.random.default_rng(case.seed)
         if probe.make_inputs is not None:  # inputs made as a set (a model's weights)
@@ -241,10 +240,11 @@ class InputStore:
             for k, a in zip(keys, arrays)
         ]
         if keys and all(e is not None for e in stored):
-            self._keep(key, stored)
+            self._keep(key, stored, dtype)
             return arrays
         paths = [self.work / f"in-{case.input_key}-{i}.npy" for i in range(len(arrays))]
         self._arrays[key] = [_spill(p, a) for p, a in zip(paths, arrays)]
+        self._dtypes[key] = [a.dtype for a in arrays]
         self._paths[key] = [str(p) for p in paths]
         return arrays
 
@@ -278,15 +278,25 @@ class InputStore:
             self.cache.derived_key("inputs", {**recipe, "index": i}) for i in range(len(shapes))
         ]
 
-    def _keep(self, key: str, stored: list) -> None:
+    def _keep(self, key: str, stored: list, dtype: np.dtype) -> None:
         """Use verified cache entries as the input set `key`: mapped, never copied."""
         self._arrays[key] = [None] * len(stored)
+        self._dtypes[key] = [dtype] * len(stored)
         self._paths[key] = [str(e.path) for e in stored]
         self._digests[key] = [e.digest for e in stored]
 
     def paths(self, case: Case) -> list[str]:
         self.get(case)
         return self._paths[case.input_key]
+
+    def dtypes(self, case: Case) -> list[str]:
+        """Each input's dtype name (a set made by `make_inputs` may mix floats and integers:
+        a model's weights and its token ids)."""
+        self.get(case)
+        return [
+            numerics.dtype_name(d) if numerics.is_supported(d) else np.dtype(d).name
+            for d in self._dtypes[case.input_key]
+        ]
 
 
 class CostMemo:

@@ -112,6 +112,16 @@ STEPS: tuple[Step, ...] = (
 _ESTIMATES = {s.name: s.estimate_s for s in STEPS}
 
 
+def _probe_suite(probes: tuple[str, ...]) -> Any:
+    """The probe step's suite: the shipped one, with a case per user's function in `probes`."""
+    if not probes:
+        return "preflight"
+    from diag.suite import load_suite
+    from diag.suite_fn import with_functions
+
+    return with_functions(load_suite("preflight"), list(probes))
+
+
 # ---------------------------------------------------------------------------------------------
 # The preflight
 
@@ -123,6 +133,7 @@ def preflight(
     cache_dir: str | None = None,
     injections: tuple = (),
     on_step: Callable[[int, int, StepResult, list[Finding]], None] | None = None,
+    probes: tuple[str, ...] = (),
 ) -> Preflight:
     """Run the preflight steps that fit in `budget` seconds; mirrors ``diag preflight``.
 
@@ -135,13 +146,14 @@ def preflight(
         that this preflight's device check can fail, as ``diag nodes --inject``.
       on_step: called after each step with (index, number of steps, its result, its
         findings): progress for the command line.
+      probes: users' functions (``FILE.py:FUNCTION``) the probe step also runs (`diag.userfn`).
 
     Returns:
       A `Preflight`: findings with what to do, steps run and skipped, the verdict and
       `exit_code` (0 fit, 1 numerical problem, 3 bad device, 4 crashed).
 
     Raises:
-      UsageError: a budget that is not a positive number.
+      UsageError: a budget that is not a positive number, or a bad function in `probes`.
       BadFlag: XLA_FLAGS or LIBTPU_INIT_ARGS holds a flag XLA refuses (exit 2).
     """
     if not budget > 0:
@@ -160,6 +172,7 @@ def preflight(
             result,
             cache_dir,
             with_fingerprints="fingerprints" in merged,
+            suite=_probe_suite(probes),
             node_scan=request_env(scanned, NODE_REPEATS, tuple(injections))
             if "nodes" in merged
             else {},

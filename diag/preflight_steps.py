@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+from typing import Any
 from pathlib import Path
 
 from diag.preflight_result import Finding, Preflight
@@ -163,6 +164,7 @@ def probes_step(
     cache_dir: str | None,
     with_fingerprints: bool,
     node_scan: dict[str, str],
+    suite: Any = "preflight",
 ) -> None:
     from diag import runner
     from diag.preflight_nodes import NO_FEATURES_VAR
@@ -175,7 +177,7 @@ def probes_step(
     out = Path(tempfile.mkdtemp(prefix="diag-preflight-"))
     try:
         run = runner.run(
-            "preflight",
+            suite,
             out=out,
             repeats=PROBE_REPEATS,
             cache_dir=cache_dir,

@@ -153,6 +153,8 @@ class Probe:
         not one maker per shape (a model's initial weights and batches); None: `inputs`.
       tolerance: (dtype, claim) -> the op's `diag.tolerance.Tolerance`, for an op whose bound
         lives in its own module; None: its row of `diag.tolerance` (`tolerance_of`).
+      user_function: the op runs a user's function (`fn = ...` in a suite, `diag run
+        FILE.py:FUNCTION`; `diag.suite_fn`): its case parameters name the function.
     """
 
     op: str
@@ -178,6 +180,7 @@ class Probe:
     report_section: str = ""
     make_inputs: Callable[..., list] | None = None
     tolerance: Callable[[str, str], Tolerance] | None = None
+    user_function: bool = False
 
     def tolerance_of(self, dtype, claim="float32") -> Tolerance:
         """What this op on `dtype` is allowed when the backend claims `claim` arithmetic."""

@@ -37,7 +37,6 @@ import itertools
 import json
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +46,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from diag.backends import BackendSpec, not_applicable
+from diag.cases import Case, Suite
 from diag.errors import SuiteError, UsageError
 from diag.probe import EXPECTATIONS
 from diag.registry import PROBES, SUITE_DIR
@@ -80,49 +80,6 @@ _ENTRY_FIELDS = {
     "sweep",
     "expect",
 }
-
-
-@dataclass(frozen=True)
-class Case:
-    """One op on one input set under one setting; run on every backend it applies to.
-
-    Attributes:
-      id: short unique id within the suite, safe as a file name (`c0007`).
-      probe: the suite entry's name.
-      op: the op name.
-      label: human-readable case id, stable across runs (records' `case`).
-      params: the case parameters as data (shape, dtype, precision, sweep).
-      op_args: the parameters forwarded to the backend op.
-      inputs: name of the input maker.
-      input_key: identifies the input arrays (cases that differ only in op_args share them).
-      seed: the seed the inputs are drawn from.
-      expect: the outcome the suite entry plants (`diag.probe.EXPECTATIONS`), or None.
-      host_bytes: the estimated peak host memory of the case (`Probe.host_bytes`).
-      where: the suite entry it came from (`probe[2]`), for errors.
-    """
-
-    id: str
-    probe: str
-    op: str
-    label: str
-    params: dict[str, Any]
-    op_args: dict[str, Any]
-    inputs: str
-    input_key: str
-    seed: int = 0
-    dtype: str = field(default="")
-    expect: str | None = None
-    host_bytes: int = 0
-    where: str = ""
-
-
-@dataclass(frozen=True)
-class Suite:
-    name: str
-    path: str
-    description: str
-    seed: int
-    cases: tuple[Case, ...]
 
 
 def suite_names() -> list[str]:
@@ -270,12 +227,16 @@ def check_memory(suite: Suite, max_memory: float | None = None) -> None:
             )
 
 
-def load_suite(name_or_path: str, max_memory: float | None = None) -> Suite:
+def load_suite(
+    name_or_path: str, max_memory: float | None = None, timeout: float | None = None
+) -> Suite:
     """Load a shipped suite by name, or a suite file by path, and expand it into cases.
 
     Args:
       name_or_path: a shipped suite name or a path to a .toml file.
       max_memory: host memory one case may need, in GiB (None: half of physical memory).
+      timeout: seconds an entry naming a user's function may take to load and to be
+        evaluated in float64 on the host (`diag.suite_fn`); None: no limit.
 
     Raises:
       SuiteError: unknown suite, unreadable or malformed TOML, a field of the wrong type
@@ -304,13 +265,21 @@ def load_suite(name_or_path: str, max_memory: float | None = None) -> Suite:
     cases: list[Case] = []
     seen: set[str] = set()
     for i, entry in enumerate(entries):
-        cases.extend(_expand(path, f"probe[{i}]", entry, seed, seen, start=len(cases)))
+        cases.extend(_expand(path, f"probe[{i}]", entry, seed, seen, len(cases), timeout))
     suite = Suite(name=name, path=str(path), description=description, seed=seed, cases=tuple(cases))
     check_memory(suite, max_memory)
     return suite
 
 
-def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int) -> list[Case]:
+def _expand(
+    path: Path,
+    where: str,
+    entry: Any,
+    seed: int,
+    seen: set,
+    start: int,
+    timeout: float | None = None,
+) -> list[Case]:
     _expect(path, where, entry, dict, "a table")
     if "name" not in entry:
         raise SuiteError(str(path), f"{where}.name", "a probe name (string)")
@@ -318,7 +287,11 @@ def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int
     if pname in seen:
         raise SuiteError(str(path), f"{where}.name", f"a unique name; '{pname}' is repeated")
     seen.add(pname)
-    op = _expect(path, f"{where}.op", entry.get("op"), str, "an op name")
+    if "fn" in entry:
+        from diag.suite_fn import function_entry
+
+        return [function_entry(path, where, entry, pname, seed, start, timeout)]
+    op = _expect(path, f"{where}.op", entry.get("op"), str, "an op name (or fn, a function)")
     if op not in PROBES:
         raise SuiteError(str(path), f"{where}.op", f"one of {', '.join(PROBES)}, got {op!r}")
     probe = PROBES[op]
@@ -345,7 +318,15 @@ def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int
         name: _grid_values(path, f"{where}.{name}", entry.get(name, default), typ, allowed)
         for name, (typ, allowed, default) in probe.params.items()
     }
+    shapes = _entry_shapes(path, where, entry, probe)
+    return _entry_cases(
+        path, where, probe, pname, shapes, inputs, dtypes, grid, seed, expect, start
+    )
 
+
+def _entry_shapes(path: Path, where: str, entry: dict, probe) -> list[tuple[list, dict]]:
+    """The entry's shapes (`shape` with its `sweep`, or `shapes`), each with the swept
+    parameter's value."""
     sweep = _expect(path, f"{where}.sweep", entry.get("sweep", {}), dict, "a table of lists")
     for key, values in sweep.items():
         _expect(path, f"{where}.sweep.{key}", values, list, "a list of positive integers")
@@ -363,25 +344,35 @@ def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int
         template = _shape_dims(path, f"{where}.shape", entry["shape"], sweep, probe.dims)
         if len(sweep) > 1:
             raise SuiteError(str(path), f"{where}.sweep", "at most one swept parameter")
-        shapes: list[tuple[list, dict[str, Any]]]
         if not sweep:
-            shapes = [(template, {})]
-        else:
-            ((key, values),) = sweep.items()
-            shapes = [
-                ([v if d == key else d for d in template], {"sweep": key, key: v}) for v in values
-            ]
-    else:
-        if sweep:
-            raise SuiteError(str(path), f"{where}.sweep", "'sweep' only together with 'shape'")
-        listed = _expect(path, f"{where}.shapes", entry["shapes"], list, "a list of shapes")
-        if not listed:
-            raise SuiteError(str(path), f"{where}.shapes", "a non-empty list")
-        shapes = [
-            (_shape_dims(path, f"{where}.shapes[{j}]", s, None, probe.dims), {})
-            for j, s in enumerate(listed)
-        ]
+            return [(template, {})]
+        ((key, values),) = sweep.items()
+        return [([v if d == key else d for d in template], {"sweep": key, key: v}) for v in values]
+    if sweep:
+        raise SuiteError(str(path), f"{where}.sweep", "'sweep' only together with 'shape'")
+    listed = _expect(path, f"{where}.shapes", entry["shapes"], list, "a list of shapes")
+    if not listed:
+        raise SuiteError(str(path), f"{where}.shapes", "a non-empty list")
+    return [
+        (_shape_dims(path, f"{where}.shapes[{j}]", s, None, probe.dims), {})
+        for j, s in enumerate(listed)
+    ]
 
+
+def _entry_cases(
+    path: Path,
+    where: str,
+    probe,
+    pname: str,
+    shapes: list,
+    inputs: list,
+    dtypes: list,
+    grid: dict,
+    seed: int,
+    expect: str | None,
+    start: int,
+) -> list[Case]:
+    """One case per point of the entry's grid (points that mean the same case merged)."""
     cases: list[Case] = []
     labels: set[str] = set()
     names = list(grid)
@@ -410,7 +401,7 @@ def _expand(path: Path, where: str, entry: Any, seed: int, seen: set, start: int
             Case(
                 id=f"c{start + len(cases):04d}",
                 probe=pname,
-                op=op,
+                op=probe.op,
                 label=label,
                 params=params,
                 op_args=op_args,

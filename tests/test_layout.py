@@ -239,8 +239,6 @@ def _long_functions(paths) -> list[str]:
 # shrink (the test fails when an entry is split). The judging ones have their metrics pinned
 # record for record by tests/test_judge_reference.py, so a split is checkable.
 LONG_PENDING = {
-    "diag/runner.py": "run", "diag/suite.py": "_expand",
-    "diag/cli/run.py": "run",
 }
 
 

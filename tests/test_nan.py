@@ -281,7 +281,7 @@ def test_cli_prints_the_report_and_clean_exits_0(targets):
 @pytest.mark.parametrize("spec,message", [
     ("{d}/missing.py:f", "diag: {d}/missing.py: no such file"),
     ("{t}:nope", "diag: {t}: no function 'nope'"),
-    ("{t}", "diag: expected FILE.py:FUNCTION, got '{t}'"),
+    ("{t}", "diag: expected FILE.py:FUNCTION or package.module:function, got '{t}'"),
     ("{t}:raises", "diag: raises raised RuntimeError: broken fixture"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(targets, spec, message):

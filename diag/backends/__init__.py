@@ -235,6 +235,9 @@ def not_applicable(spec: BackendSpec, op: str, params: dict) -> str | None:
     """
     if op not in spec.ops:
         return f"{spec.name} implements only {', '.join(spec.ops)}"
+    framework = params.get("framework")  # a user's function runs on its own framework only
+    if framework is not None and framework != spec.runs:
+        return f"{spec.name} runs {spec.runs} code; this function is {framework} code"
     via = params.get("precision_via")
     if via not in (None, "none") and via not in spec.precision_via:
         return f"{spec.framework} takes matmul precision only via {'/'.join(spec.precision_via)}"

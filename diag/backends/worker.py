@@ -58,11 +58,11 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
 
+from diag.backends.arithmetic import matmul_features, matmul_fingerprints, worker_env
 from diag.preflight_nodes import features_wanted, scan_in_worker
 from diag.protocol import Arithmetic, CaseError, CaseJob, Done, Event, Job, Platforms, Ready, Result
 from diag.registry import FINGERPRINT_OP, build, ops_for
@@ -111,8 +111,13 @@ def _timings(compile_s: float, samples: list[float]) -> dict:
     """Raw samples, their median and spread; a spread over 50% means a busy machine."""
     median = statistics.median(samples)
     spread = (max(samples) - min(samples)) / median if median > 0 else 0.0
-    return {"compile_s": compile_s, "run_s_median": median, "run_s_samples": samples,
-            "run_s_spread": spread, "noisy": spread > 0.5}
+    return {
+        "compile_s": compile_s,
+        "run_s_median": median,
+        "run_s_samples": samples,
+        "run_s_spread": spread,
+        "noisy": spread > 0.5,
+    }
 
 
 def _named_outputs(out) -> list[tuple[str, object]]:
@@ -156,11 +161,16 @@ def run_job(job_json: dict, stream) -> None:
         fault = _fault(label, case.id)
         _inject_fault(fault, case.id)
         try:
-            _send(stream, _run_case(job_json, job, backend, case, fault, programs, written))
+            _send(stream, _run_case(job, job_json, backend, case, fault, programs, written))
         except Exception as e:  # a failing op is a record, not the end of the worker
-            _send(stream, CaseError(case=case.id,
-                                    error=f"{type(e).__name__}: {e}".splitlines()[0][:500],
-                                    traceback=traceback.format_exc()[-4000:]))
+            _send(
+                stream,
+                CaseError(
+                    case=case.id,
+                    error=f"{type(e).__name__}: {e}".splitlines()[0][:500],
+                    traceback=traceback.format_exc()[-4000:],
+                ),
+            )
     # The arithmetic is measured after the cases, while the host judges the last results
     # (before them, the host would wait idle for it); nothing the cases do is left behind
     # (each precision setting is restored after its call).
@@ -173,39 +183,49 @@ def run_job(job_json: dict, stream) -> None:
     _send(stream, Done())
 
 
-def _run_case(job_json: dict, job: Job, backend, case: CaseJob, fault: str | None,
-              programs: dict[str, tuple[Any, str]], written: _Written) -> Result:
-    """One case: inputs onto the device, compile, timed runs, outputs written, NaN hunt."""
+def _run_case(
+    job: Job,
+    job_json: dict,
+    backend,
+    case: CaseJob,
+    fault: str | None,
+    programs: dict[str, tuple[Any, str]],
+    written: _Written,
+) -> Result:
+    """Run one case: inputs onto the device (their digests read back), the op compiled once
+    per program, timed, optionally traced and hunted; its outputs written for the host."""
     from diag import faults, numerics
     from diag.trace.capture import trace_case
 
     label, out_dir = job.label, job.out_dir
     t0 = time.perf_counter()
-    host_inputs = [
-        numerics.from_bits(np.load(path, mmap_mode="r"), dtype)
-        for path, dtype in zip(case.inputs, case.input_dtypes)
-    ]
+    host_inputs = [_read_input(path, dtype) for path, dtype in zip(case.inputs, case.input_dtypes)]
     # One function per distinct program (op, its arguments, input shapes and dtypes):
     # the backend compiles it once (`prepare` caches by function and signature) and
     # the record says which earlier case it shares its compiled program with.
-    key = json.dumps([case.op, case.op_args,
-                      [[list(x.shape), str(x.dtype)] for x in host_inputs]],
-                     sort_keys=True, default=str)
+    key = json.dumps(
+        [case.op, case.op_args, [[list(x.shape), str(x.dtype)] for x in host_inputs]],
+        sort_keys=True,
+        default=str,
+    )
     fn, shared_with = programs.get(key, (None, None))
+    build_s = 0.0  # building the op's function (a user's function: loading its file)
     if fn is None:
+        t1 = time.perf_counter()
         fn = build(backend, case.op, **case.op_args)
+        build_s = time.perf_counter() - t1
         programs[key] = (fn, case.id)
     if fault == "corrupt_input":
         host_inputs[0] = faults.corrupt(host_inputs[0], "double")
     args = [backend.put(x) for x in host_inputs]
     # What the device holds, read back: proves the inputs arrived bit-identical.
     received = [numerics.bits_digest(backend.get(x)) for x in args]
-    transfer_s = time.perf_counter() - t0
-    prepared = backend.prepare(fn, args)
-    out, samples, compile_s, first_call = _timed_runs(backend, prepared, case, job)
+    transfer_s = time.perf_counter() - t0 - build_s
+    thunk, out, compile_s, samples, first_call = _timed(job, backend, case, fn, args)
+    if not first_call:  # a first call's time is its one timed run: it includes no compile
+        compile_s += build_s
     # --trace: the same calls again inside a profiler session (diag.trace; else nothing).
-    trace_case(job_json, backend, label, case.to_json(), fn, args, prepared.run,
-               calls=len(samples))
+    trace_case(job_json, backend, label, case.to_json(), fn, args, thunk, calls=len(samples))
     t0 = time.perf_counter()
     outputs, finite = _write_outputs(backend, out, fault, label, case.id, out_dir, written)
     transfer_s += time.perf_counter() - t0
@@ -229,19 +249,26 @@ def _run_case(job_json: dict, job: Job, backend, case: CaseJob, fault: str | Non
         timings["first_call"] = True
     if shared_with is not None:
         timings["compile_shared_with"] = shared_with
-    return Result(case=case.id, outputs=outputs, hlo=hlo, nan_report=nan_report,
-                  timings=timings, input_digests=received)
+    return Result(
+        case=case.id,
+        outputs=outputs,
+        hlo=hlo,
+        nan_report=nan_report,
+        timings=timings,
+        input_digests=received,
+    )
 
 
-def _timed_runs(backend, prepared, case: CaseJob, job: Job
-                ) -> tuple[Any, list[float], float, bool]:
-    """(the last output, the timed runs' seconds, the compile's, whether the first call was
-    the one timed run)."""
-    repeats = max(1, int(job.repeats))
-    # A case stops repeating once its timed runs add up to this many seconds: a quarter
-    # second of runs already gives a steady time, and a slow case (a float16 matmul without
-    # float16 hardware, a sampler's op-by-op paths) is not run three times over for it.
-    budget = float(job.repeat_budget_s)
+def _timed(job: Job, backend, case: CaseJob, fn, args: list) -> tuple:
+    """Compile (or warm up) and time a case's calls: (thunk, last output, compile seconds,
+    timed samples, whether the warm-up call was the one timed run).
+
+    A case stops repeating once its timed runs add up to `job.repeat_budget_s`: a quarter
+    second of runs already gives a steady time, and a slow case (a float16 matmul without
+    float16 hardware, a sampler's op-by-op paths) is not run three times over for it.
+    """
+    repeats, budget = max(1, int(job.repeats)), float(job.repeat_budget_s)
+    prepared = backend.prepare(fn, args)
     thunk, compile_s = prepared.run, prepared.compile_s
     samples: list[float] = []
     out = None
@@ -258,7 +285,7 @@ def _timed_runs(backend, prepared, case: CaseJob, job: Job
             out = thunk()
             backend.block(out)
             samples.append(time.perf_counter() - t0)
-    return out, samples, compile_s, first_call
+    return thunk, out, compile_s, samples, first_call
 
 
 def _arithmetic(backend, job: Job) -> dict:
@@ -270,11 +297,22 @@ def _arithmetic(backend, job: Job) -> dict:
     runs = getattr(backend, "IMPLEMENTATION", backend.FRAMEWORK)
     if not settings or FINGERPRINT_OP not in ops_for(runs):
         return {}
-    out = {"fingerprints": matmul_fingerprints(
-        backend, [cast("tuple[str, str]", tuple(p)) for p in settings])}
+    out = {
+        "fingerprints": matmul_fingerprints(
+            backend, [cast("tuple[str, str]", tuple(p)) for p in settings]
+        )
+    }
     if features_wanted():  # `diag preflight`'s probe workers skip them (nothing reads them)
         out["features"] = matmul_features(backend, [("default", "none")], dtypes=("float32",))
     return out
+
+
+def _read_input(path: str, dtype: str) -> np.ndarray:
+    """One input file: a float's raw bits as `dtype`, an integer or boolean array as itself."""
+    from diag import numerics
+
+    data = np.load(path, mmap_mode="r")
+    return numerics.from_bits(data, dtype) if numerics.is_supported(dtype) else data
 
 
 def _timed_call(case: CaseJob):
@@ -286,7 +324,7 @@ def _same_bits(a: np.ndarray, b: np.ndarray, step: int = 1 << 20) -> bool:
     """Whether two C-ordered arrays of one dtype and shape hold the same bytes, a MB at a
     time (most pairs that differ do so in the first)."""
     x, y = a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)
-    return all(np.array_equal(x[i:i + step], y[i:i + step]) for i in range(0, x.size, step))
+    return all(np.array_equal(x[i : i + step], y[i : i + step]) for i in range(0, x.size, step))
 
 
 class _Written:
@@ -301,9 +339,14 @@ class _Written:
 
     def save(self, slot: int, path: str, array: np.ndarray) -> None:
         last = self._last.get(slot)
-        if (last is not None and last[1].dtype == array.dtype and last[1].shape == array.shape
-                and array.flags.c_contiguous and last[1].flags.c_contiguous
-                and _same_bits(last[1], array)):
+        if (
+            last is not None
+            and last[1].dtype == array.dtype
+            and last[1].shape == array.shape
+            and array.flags.c_contiguous
+            and last[1].flags.c_contiguous
+            and _same_bits(last[1], array)
+        ):
             try:
                 os.link(last[0], path)
                 return
@@ -313,8 +356,9 @@ class _Written:
         self._last[slot] = (path, array)
 
 
-def _write_outputs(backend, out, fault: str | None, label: str, case_id: str,
-                   out_dir: str, written: _Written) -> tuple[list[dict], bool]:
+def _write_outputs(
+    backend, out, fault: str | None, label: str, case_id: str, out_dir: str, written: _Written
+) -> tuple[list[dict], bool]:
     """Each output as one .npy file the host maps (float bits, integers as themselves), with
     no copy of its own on the way (`_Written`); (the outputs' protocol entries, whether all
     are finite)."""
@@ -334,9 +378,14 @@ def _write_outputs(backend, out, fault: str | None, label: str, case_id: str,
         if is_float:
             finite &= bool(np.isfinite(host).all())
         written.save(i, path, numerics.bits_view(host) if is_float else host)
-        outputs.append({"name": name, "path": path, "shape": list(host.shape),
-                        "dtype": (numerics.dtype_name(host.dtype) if is_float
-                                  else host.dtype.name)})
+        outputs.append(
+            {
+                "name": name,
+                "path": path,
+                "shape": list(host.shape),
+                "dtype": (numerics.dtype_name(host.dtype) if is_float else host.dtype.name),
+            }
+        )
     return outputs, finite
 
 
@@ -346,114 +395,6 @@ def discover(framework: str, stream) -> None:
     module = next(s.module for s in BACKENDS.values() if s.framework == framework)
     backend = importlib.import_module(module)
     _send(stream, Platforms(platforms=backend.discover()))
-
-
-# ---------------------------------------------------------------------------------------------
-# Precision fingerprints and `diag env` (worker side)
-
-
-def _precision_settings(spec) -> list[tuple[str, str]]:
-    """(precision, via) pairs a backend can express: default, then each level both ways."""
-    from diag.backends import not_applicable
-
-    pairs = [("default", "none")]
-    for prec in spec.precisions:
-        for via in spec.precision_via:
-            params = {"precision": prec, "precision_via": via}
-            if prec != "default" and not_applicable(spec, FINGERPRINT_OP, params) is None:
-                pairs.append((prec, via))
-    return pairs
-
-
-def matmul_fingerprints(backend, settings: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """Inside a worker: the fingerprint of the backend module's matmul per (precision, via).
-
-    Args:
-      backend: a set-up backend module (put/get/matmul).
-      settings: (precision, via) pairs to measure.
-
-    Returns:
-      One JSON-ready entry per setting: precision, via and `Fingerprint.to_json()`, or
-      label ERROR with the exception as evidence (one failing setting is a finding).
-    """
-    from diag.precision import fingerprint
-
-    fps = []
-    for prec, via in settings:
-        fn = build(backend, FINGERPRINT_OP, precision=prec, precision_via=via)
-
-        def on_device(a, b, fn=fn):
-            return backend.get(fn(backend.put(a), backend.put(b)))
-
-        entry: dict[str, Any] = {"precision": prec, "via": via}
-        try:
-            entry.update(fingerprint(on_device).to_json())
-        except Exception as e:
-            entry.update(label="ERROR", evidence=[f"{type(e).__name__}: {e}"[:300]])
-        fps.append(entry)
-    return fps
-
-
-def matmul_features(backend, settings: list[tuple[str, str]],
-                    dtypes: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-    """Inside a worker: `diag.precision.features` of the backend's matmul per (precision, via).
-
-    Args:
-      backend: a set-up backend module (put/get/matmul).
-      settings: (precision, via) pairs to measure.
-      dtypes: input dtypes to measure at every setting; None (`diag env --deep`): float32,
-        plus bf16 and fp16 at the default setting.
-
-    Returns:
-      One JSON-ready entry per (setting, dtype): precision, via, `Features.to_json()` (or
-      `error`) and the `seconds` it took.
-    """
-    from diag.precision import features
-
-    out = []
-    for prec, via in settings:
-        fn = build(backend, FINGERPRINT_OP, precision=prec, precision_via=via)
-
-        def on_device(a, b, fn=fn):
-            return backend.get(fn(backend.put(a), backend.put(b)))
-
-        for dtype in dtypes or ("float32",) + (("bfloat16", "float16") if prec == "default"
-                                               else ()):
-            entry: dict[str, Any] = {"precision": prec, "via": via}
-            t0 = time.perf_counter()
-            try:
-                entry.update(features(on_device, dtype).to_json())
-            except Exception as e:  # one failing setting is a finding, not the end
-                entry.update(dtype=dtype, error=f"{type(e).__name__}: {e}"[:300])
-            entry["seconds"] = round(time.perf_counter() - t0, 3)
-            out.append(entry)
-    return out
-
-
-def worker_env(framework: str, emit: Callable[..., None], fingerprints: bool = True,
-               deep: bool = False) -> None:
-    """Inside a worker: each present backend's device, versions, settings, fingerprints
-    (and with `deep`, the arithmetic features of its matmul, `diag env --deep`).
-
-    Emits one `backend` event per backend of `framework` whose platform is present, then
-    `done` with the platforms seen.
-    """
-    import importlib
-
-    from diag.backends import BACKENDS
-
-    specs = [s for s in BACKENDS.values() if s.framework == framework and s.default]
-    backend = importlib.import_module(specs[0].module)
-    platforms = backend.discover()
-    for spec in specs:
-        if spec.platform not in platforms:
-            continue
-        info = backend.setup(spec.platform)
-        fps = matmul_fingerprints(backend, _precision_settings(spec) if fingerprints else [])
-        if deep:
-            info["features"] = matmul_features(backend, _precision_settings(spec))
-        emit(event="backend", backend=spec.name, fingerprints=fps, **info)
-    emit(event="done", platforms=platforms)
 
 
 def main(argv: list[str]) -> int:
@@ -467,13 +408,18 @@ def main(argv: list[str]) -> int:
             return 0
         argv = [job_path]
     if 2 <= len(argv) <= 4 and argv[0] == "--env":  # `diag env`: devices, settings, ...
-        worker_env(argv[1], lambda **event: _emit(stream, **event),
-                   fingerprints="--no-fingerprints" not in argv[2:], deep="--deep" in argv[2:])
+        worker_env(
+            argv[1],
+            lambda **event: _emit(stream, **event),
+            fingerprints="--no-fingerprints" not in argv[2:],
+            deep="--deep" in argv[2:],
+        )
         return 0
     if len(argv) != 1:
-        print("usage: python -m diag.backends.worker JOB.json | --discover FRAMEWORK "
-              "[--then-job]",
-              file=sys.stderr)
+        print(
+            "usage: python -m diag.backends.worker JOB.json | --discover FRAMEWORK [--then-job]",
+            file=sys.stderr,
+        )
         return 2
     with open(argv[0]) as f:
         job = json.load(f)

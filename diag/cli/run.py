@@ -12,83 +12,107 @@ import typer
 from diag.cli._app import EXIT_INTERRUPTED, EXIT_TERMINATED, app, cache_app, split, state
 from diag.errors import EXIT_USAGE, DiagError
 
+# The options of `diag run` (module-level so that the command reads as one short signature).
+_FUNCTION = typer.Argument(
+    None,
+    metavar="FILE.py:FUNCTION",
+    help="Your own function instead of a suite: FILE.py:FUNCTION or package.module:function, "
+    "where FUNCTION returns (fn, args) or (fn, args, kwargs); fn runs on every backend of "
+    "its framework and is judged against its float64 evaluation on this machine.",
+)
+_SUITE = typer.Option(
+    "matmul",
+    "--suite",
+    "-s",
+    help="A shipped suite name (e.g. matmul) or a path to a .toml file.",
+)
+_BACKEND = typer.Option(
+    None,
+    "--backend",
+    "-b",
+    help="Backend(s) to run, repeatable or comma-separated (jax-cpu, jax-gpu, jax-tpu, "
+    "torch-cpu, torch-cuda, torch-xla-cpu, torch-xla-tpu, torch-xla-cuda; numpy "
+    "emulations of accelerator matmul arithmetic, never "
+    "run by default: emu-bf16x1, emu-bf16x3, emu-bf16x6, emu-tf32, emu-tf32x3, "
+    "emu-f16). Default: every hardware backend present.",
+)
+_OUT = typer.Option(Path("reports"), "--out", "-o", help="Folder the run folder is created in.")
+_AS_JSON = typer.Option(
+    False, "--json", help="Print the run summary and records as JSON on stdout."
+)
+_REPORT = typer.Option(True, "--report/--no-report", help="Write report.html into the run folder.")
+_REPEATS = typer.Option(
+    3, "--repeats", min=1, help="Timed runs per case, at most (the median is reported)."
+)
+_REPEAT_BUDGET = typer.Option(
+    0.25,
+    "--repeat-budget",
+    min=0.0,  # runner.DEFAULT_REPEAT_BUDGET (not imported at start-up)
+    help="Seconds of timed runs after which a case stops repeating (at least one run): "
+    "a slow case is timed once. 'inf' runs every case --repeats times.",
+)
+_TIMEOUT = typer.Option(
+    600.0, "--timeout", min=0.1, help="Seconds one case may take before its worker is killed."
+)
+_CACHE_DIR = typer.Option(None, "--cache-dir", help="Ground-truth cache folder.")
+_AB = typer.Option(
+    None,
+    "--ab",
+    help="A/B experiment: run every backend again with this setting (NAME=VALUE: an "
+    "environment variable, an XLA_FLAGS addition such as "
+    "'XLA_FLAGS=--xla_allow_excess_precision=false', or a JAX config option) and "
+    "report what it changes. Repeatable.",
+)
+_PYTHON = typer.Option(
+    None,
+    "--python",
+    help="Run a framework's workers under another Python, FRAMEWORK=PATH (e.g. "
+    "torch-xla=/venv/bin/python, since torch_xla needs its own torch; create one with "
+    "scripts/torch-xla-env.sh DEST). Same as setting DIAG_PYTHON_TORCH_XLA=PATH. "
+    "Repeatable.",
+)
+_MAX_MEMORY = typer.Option(
+    None,
+    "--max-memory",
+    min=0.001,
+    help="Host memory one case may need, in GiB; a suite with a larger case is refused "
+    "before anything runs. Default: half of this machine's physical memory.",
+)
+_TRACE = typer.Option(
+    False,
+    "--trace",
+    help="Profile each case on each backend into the run folder (an XProf logdir) with "
+    "per-op summaries and the optimised HLO; see `diag trace RUN_DIR`.",
+)
+
 
 @app.command()
 def run(
-    suite: str = typer.Option(
-        "matmul",
-        "--suite",
-        "-s",
-        help="A shipped suite name (e.g. matmul) or a path to a .toml file.",
-    ),
-    backend: list[str] | None = typer.Option(
-        None,
-        "--backend",
-        "-b",
-        help="Backend(s) to run, repeatable or comma-separated (jax-cpu, jax-gpu, jax-tpu, "
-        "torch-cpu, torch-cuda, torch-xla-cpu, torch-xla-tpu, torch-xla-cuda; numpy "
-        "emulations of accelerator matmul arithmetic, never "
-        "run by default: emu-bf16x1, emu-bf16x3, emu-bf16x6, emu-tf32, emu-tf32x3, "
-        "emu-f16). Default: every hardware backend present.",
-    ),
-    out: Path = typer.Option(
-        Path("reports"), "--out", "-o", help="Folder the run folder is created in."
-    ),
-    as_json: bool = typer.Option(
-        False, "--json", help="Print the run summary and records as JSON on stdout."
-    ),
-    report: bool = typer.Option(
-        True, "--report/--no-report", help="Write report.html into the run folder."
-    ),
-    repeats: int = typer.Option(
-        3, "--repeats", min=1, help="Timed runs per case, at most (the median is reported)."
-    ),
-    repeat_budget: float = typer.Option(
-        0.25,
-        "--repeat-budget",
-        min=0.0,  # runner.DEFAULT_REPEAT_BUDGET (not imported at start-up)
-        help="Seconds of timed runs after which a case stops repeating (at least one run): "
-        "a slow case is timed once. 'inf' runs every case --repeats times.",
-    ),
-    timeout: float = typer.Option(
-        600.0, "--timeout", min=0.1, help="Seconds one case may take before its worker is killed."
-    ),
-    cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Ground-truth cache folder."),
-    ab: list[str] | None = typer.Option(
-        None,
-        "--ab",
-        help="A/B experiment: run every backend again with this setting (NAME=VALUE: an "
-        "environment variable, an XLA_FLAGS addition such as "
-        "'XLA_FLAGS=--xla_allow_excess_precision=false', or a JAX config option) and "
-        "report what it changes. Repeatable.",
-    ),
-    python: list[str] | None = typer.Option(
-        None,
-        "--python",
-        help="Run a framework's workers under another Python, FRAMEWORK=PATH (e.g. "
-        "torch-xla=/venv/bin/python, since torch_xla needs its own torch; create one with "
-        "scripts/torch-xla-env.sh DEST). Same as setting DIAG_PYTHON_TORCH_XLA=PATH. "
-        "Repeatable.",
-    ),
-    max_memory: float | None = typer.Option(
-        None,
-        "--max-memory",
-        min=0.001,
-        help="Host memory one case may need, in GiB; a suite with a larger case is refused "
-        "before anything runs. Default: half of this machine's physical memory.",
-    ),
-    trace: bool = typer.Option(
-        False,
-        "--trace",
-        help="Profile each case on each backend into the run folder (an XProf logdir) with "
-        "per-op summaries and the optimised HLO; see `diag trace RUN_DIR`.",
-    ),
+    function: str | None = _FUNCTION,
+    suite: str = _SUITE,
+    backend: list[str] | None = _BACKEND,
+    out: Path = _OUT,
+    as_json: bool = _AS_JSON,
+    report: bool = _REPORT,
+    repeats: int = _REPEATS,
+    repeat_budget: float = _REPEAT_BUDGET,
+    timeout: float = _TIMEOUT,
+    cache_dir: Path | None = _CACHE_DIR,
+    ab: list[str] | None = _AB,
+    python: list[str] | None = _PYTHON,
+    max_memory: float | None = _MAX_MEMORY,
+    trace: bool = _TRACE,
 ) -> None:
-    """Run a probe suite on every backend present and judge each result against exact math."""
+    """Run a probe suite (or your own function) on every backend present and judge each
+    result against exact math (a function: against its float64 evaluation)."""
     from diag import render, runner
     from diag.workers import parse_python
 
     pythons = parse_python(split(python))  # bad usage exits 2 before anything starts
+    if function is not None:
+        from diag.suite_fn import function_suite
+
+        suite = function_suite(function, timeout=timeout)  # type: ignore[assignment]
     progress = render.RunProgress(enabled=not as_json)
     if report:
         from diag.report import preload
@@ -126,6 +150,14 @@ def run(
     code = (
         EXIT_USAGE if report and report_path is None and not result.exit_code else result.exit_code
     )
+    _show(result, code, report_path, as_json=as_json, trace=trace)
+    raise typer.Exit(code)
+
+
+def _show(result, code: int, report_path: Path | None, *, as_json: bool, trace: bool) -> None:
+    """The run's summary on stdout: JSON, or the tables and where the run folder is."""
+    from diag import render
+
     if as_json:
         render.out.print_json(
             json.dumps(
@@ -140,20 +172,19 @@ def run(
                 default=str,
             )
         )
-    else:
-        render.out.print(render.summary_table(result.records))
-        problems = render.problems_table(result.records)
-        if problems is not None:
-            render.out.print(problems)
-        counts = ", ".join(f"{v} {k}" for k, v in result.counts.items() if v)
-        if (line := render.phases_line(result.phases)) is not None:
-            render.print_line(line)
-        render.print_line(f"diag: {counts or 'no records'}; run folder: {result.run_dir}")
-        if report_path:
-            render.print_line(f"diag: report: {report_path}")
-        if trace:
-            render.print_line(f"diag: traces: diag trace {result.run_dir} (--serve for XProf)")
-    raise typer.Exit(code)
+        return
+    render.out.print(render.summary_table(result.records))
+    problems = render.problems_table(result.records)
+    if problems is not None:
+        render.out.print(problems)
+    counts = ", ".join(f"{v} {k}" for k, v in result.counts.items() if v)
+    if (line := render.phases_line(result.phases)) is not None:
+        render.print_line(line)
+    render.print_line(f"diag: {counts or 'no records'}; run folder: {result.run_dir}")
+    if report_path:
+        render.print_line(f"diag: report: {report_path}")
+    if trace:
+        render.print_line(f"diag: traces: diag trace {result.run_dir} (--serve for XProf)")
 
 
 def _report(run_dir: Path, render) -> Path | None:

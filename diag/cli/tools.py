@@ -68,6 +68,13 @@ def preflight_cmd(
     inject: list[str] | None = typer.Option(
         None, "--inject", help="A fault for the node scan to find, as `diag nodes --inject`."
     ),
+    probe: list[str] | None = typer.Option(
+        None,
+        "--probe",
+        help="Your own function to check with the probes (FILE.py:FUNCTION or "
+        "package.module:function, as `diag run` takes it), judged against its float64 "
+        "evaluation. Repeatable.",
+    ),
 ) -> None:
     """Fit to run a job? Settings, fingerprints, quick probes, a node scan: one verdict.
 
@@ -86,6 +93,7 @@ def preflight_cmd(
         budget,
         injections=injections,
         on_step=lambda *a: render.print_line(preflight.progress_line(*a), err=True),
+        probes=tuple(probe or ()),
     )
     if as_json:
         render.out.print_json(json.dumps(result.to_dict(), default=str))

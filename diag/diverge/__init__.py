@@ -43,6 +43,8 @@ __all__ = [
     "TapRecord",
     "compare",
     "shadow",
+    "shadow_outputs",
+    "shadow_within",
     "tap",
 ]
 
@@ -69,6 +71,27 @@ def shadow(fn: Callable, *args: Any, **kwargs: Any) -> ShadowReport:
     from diag.diverge import jax_shadow
 
     return jax_shadow.shadow(fn, args, kwargs)
+
+
+def shadow_outputs(
+    fn: Callable, args: tuple, kwargs: dict, framework: str | None = None
+) -> tuple[ShadowReport, list]:
+    """`shadow`, and the float64 shadow of each leaf of the function's result (a numpy array,
+    None for a leaf that is not a float), in the result's leaf order: the reference of a
+    function that hard-codes a low-precision dtype (`diag.userfn`).
+
+    Raises:
+        DivergeError: `fn` raised or could not be traced.
+    """
+    framework = framework or framework_of(fn, args, kwargs)
+    outputs: list = []
+    if framework == "torch":
+        from diag.diverge import torch_shadow
+
+        return torch_shadow.shadow(fn, args, kwargs, outputs), outputs
+    from diag.diverge import jax_shadow
+
+    return jax_shadow.shadow(fn, args, kwargs, outputs), outputs
 
 
 def tap(name: str, x: Any) -> Any:
@@ -110,3 +133,16 @@ def compare(
     from diag.diverge import compare_runs
 
     return compare_runs.compare(run_a, run_b, modules=modules, name_map=name_map)
+
+
+def shadow_within(allowance: float, fn: Callable, *args: Any, **kwargs: Any) -> ShadowReport:
+    """`shadow`, with every op's carried-error threshold lowered to `allowance`.
+
+    For a caller that already knows an output is wrong by more than `allowance` (diag.testing):
+    `first` is then also the op where the error first grew past what that output may carry,
+    such as a cast of a float32 value to bfloat16, which its own dtype's sqrt(u) forgives.
+    """
+    from diag.diverge.ledger import limit
+
+    with limit(allowance):
+        return shadow(fn, *args, **kwargs)

@@ -227,8 +227,9 @@ def _where(e, outer: tuple) -> Callable[[], tuple[str, str]]:
     return lambda: source_and_library(e, outer)
 
 
-def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
-    """See `diag.diverge.shadow`."""
+def shadow(fn: Callable, args: tuple, kwargs: dict, outputs: list | None = None) -> ShadowReport:
+    """See `diag.diverge.shadow`; `outputs`, when given, receives the float64 shadow of each
+    leaf of the function's result (None for a leaf that is not a float)."""
     name = getattr(fn, "__name__", None) or type(fn).__name__
     prog = Program(fn, args, kwargs)
     try:
@@ -255,6 +256,11 @@ def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
             release_scratch()  # the figures' per-thread buffers (diag.diverge.rules)
     res = next((o for o in outs if _is_float(getattr(o.val, "dtype", None))), None)
     result, result_thr = (0.0, np.inf) if res is None else (res.err, res.thr)
+    if outputs is not None:
+        n = len(outs) - len(prog.state_names)  # the result's leaves, then the NNX state's
+        outputs.extend(
+            _host(o.sh) if _is_float(getattr(o.val, "dtype", None)) else None for o in outs[:n]
+        )
     note = ""
     if h.unfollowed:
         note = (

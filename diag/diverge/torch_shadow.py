@@ -358,8 +358,11 @@ def _wide_or(x: Any, exact: dict) -> Any:
     return _wide(x)
 
 
-def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
-    """See `diag.diverge.shadow`."""
+def shadow(
+    fn: Callable, args: tuple, kwargs: dict, outputs: list | None = None
+) -> ShadowReport:
+    """See `diag.diverge.shadow`; `outputs`, when given, receives the float64 shadow of each
+    tensor of the function's result (None for one that is not a float)."""
     name = getattr(fn, "__name__", None) or type(fn).__name__
     mode = _Mode()
     try:
@@ -374,6 +377,12 @@ def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
     if first is not None:
         _, result_error, thr = mode.shadow_of(first)
     notes = []
+    if outputs is not None:
+        outputs.extend(
+            host(mode.shadow_of(t)[0]) if _real(t) else None
+            for t in flat_args(result, [])
+            if isinstance(t, torch.Tensor)
+        )
     if mode.unfollowed:
         notes.append(
             f"no float64 form for {', '.join(sorted(mode.unfollowed))}: the shadow "

@@ -17,13 +17,10 @@ Neither framework is imported here; the one the function uses is imported on fir
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from diag.errors import DiagError
 from diag.interp import names_framework, values_framework
 from diag.nan.report import PHASES, NanHuntError, NanReport, TensorSummary
 
@@ -134,47 +131,17 @@ def locate(fn: Callable, *args: Any, **kwargs: Any) -> NanReport | None:
 
 
 def load_target(spec: str) -> tuple[Callable, tuple, dict]:
-    """``FILE.py:FUNCTION`` -> (fn, args, kwargs) to hunt, as ``diag nan`` reads it.
+    """``FILE.py:FUNCTION`` (or ``pkg.module:function``) -> (fn, args, kwargs) to hunt.
 
     FUNCTION is called with no arguments. If it returns ``(fn, args)`` or ``(fn, args,
     kwargs)``, that is what is hunted; otherwise FUNCTION itself is, and so runs a second time
-    (return ``(step, args)`` from a PyTorch step that updates parameters in place).
+    (return ``(step, args)`` from a PyTorch step that updates parameters in place). One loader
+    for every command that takes a user's function: `diag.userfn.load_target`.
 
     Raises:
-        DiagError: bad spec, missing file or function, or the file/function raised.
+        DiagError: bad spec, missing file or function, or the file raised.
+        NanHuntError: FUNCTION raised.
     """
-    file, sep, name = spec.rpartition(":")
-    if not sep or not file or not name.isidentifier():
-        raise DiagError(f"expected FILE.py:FUNCTION, got {spec!r}")
-    path = Path(file)
-    if not path.is_file():
-        raise DiagError(f"{file}: no such file")
-    mod_name = f"_diag_nan_target_{abs(hash(str(path.resolve())))}"
-    module_spec = importlib.util.spec_from_file_location(mod_name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise DiagError(f"{file}: not a Python file")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[mod_name] = module
-    sys.path.insert(0, str(path.resolve().parent))
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - the user's module may raise anything
-        raise DiagError(f"{file}: importing it raised {type(e).__name__}: {e}") from e
-    finally:
-        sys.path.remove(str(path.resolve().parent))
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise DiagError(f"{file}: no function {name!r}")
-    try:
-        got = fn()
-    except Exception as e:  # noqa: BLE001
-        raise NanHuntError(f"{name} raised {type(e).__name__}: {e}") from e
-    if (
-        isinstance(got, tuple)
-        and len(got) in (2, 3)
-        and callable(got[0])
-        and isinstance(got[1], (tuple, list))
-        and (len(got) == 2 or isinstance(got[2], dict))
-    ):
-        return got[0], tuple(got[1]), dict(got[2]) if len(got) == 3 else {}
-    return fn, (), {}
+    from diag.userfn import load_target as load
+
+    return load(spec, NanHuntError)

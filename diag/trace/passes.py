@@ -169,7 +169,7 @@ def attribute_pair(
 
 
 def attribute_run(run) -> list[dict[str, Any]]:
-    """For a traced A/B run (`diag.runner._Run`): attribute each JAX case whose outputs
+    """For a traced A/B run (`diag.backend_runs.BackendRuns`): attribute each JAX case whose outputs
     differ to an XLA pass, written to `trace/passes/<case>.<backend>.json`.
 
     Called after every backend ran, before the work folder (the inputs) is removed.

@@ -1,0 +1,153 @@
+"""A user's function prepared on the host, once per process: loaded, its inputs taken, its
+float64 reference computed, each within the run's timeout; the first divergent op found on
+demand (`diag.diverge.shadow`) for a failing verdict's reason.
+
+A function that hangs cannot be stopped from inside Python: it runs in a daemon thread, and
+after `timeout` seconds diag gives up on it with a one-line error (the thread is abandoned;
+the CLI exits, and a worker running it is killed by the run's case timeout).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from diag import numerics
+from diag.userfn.bind import input_leaves
+from diag.userfn.load import UserFunctionError, import_spec
+from diag.userfn.reference import Reference, reference
+
+
+def within(seconds: float | None, fn: Callable[[], Any], what: str) -> Any:
+    """`fn()`, or `UserFunctionError` when it has not returned after `seconds` (None: wait)."""
+    if seconds is None:
+        return fn()
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=target, name="diag-user-function", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise UserFunctionError(f"{what} did not return within {seconds:g} s (--timeout)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A user's function on the host.
+
+    Attributes:
+        function: the loaded `UserFunction`.
+        inputs: (name, array) of every input, as shipped to the workers.
+        reference: its float64 `Reference`.
+        dtype: the narrowest float dtype among the inputs (float32 without any): the case's.
+        pristine: (fn, args, kwargs) as loaded, before anything ran (PyTorch: a deep copy,
+            since a step may update its model in place), for the shadow run.
+    """
+
+    function: Any
+    inputs: list[tuple[str, np.ndarray]]
+    reference: Reference
+    dtype: str
+    pristine: tuple
+    _first_op: dict = dataclasses.field(default_factory=dict)
+
+    def first_divergent_op(self, allowed: float = 0.0) -> str:
+        """`diag.diverge.shadow` of the function on its own inputs: the first op (value or
+        decision) that leaves the float64 shadow, as ``op at file.py:LINE (function)``; where
+        every op keeps the bound of its own dtype, the first whose carried error passed
+        `allowed` (the failing output's allowance); else a sentence saying none did or why
+        the shadow could not run. Computed once per allowance."""
+        if allowed not in self._first_op:
+            fn, args, kwargs = self._pristine_copy()
+            self._first_op[allowed] = first_op_line(fn, args, kwargs, allowed)
+        return self._first_op[allowed]
+
+    def _pristine_copy(self) -> tuple:
+        fn, args, kwargs = self.pristine
+        if self.function.framework == "torch":
+            fn, args, kwargs = copy.deepcopy((fn, args, kwargs))
+        return fn, args, kwargs
+
+
+def first_op_line(fn: Callable, args: tuple, kwargs: dict, allowed: float = 0.0) -> str:
+    """The first op of ``fn(*args, **kwargs)`` that leaves its float64 shadow, as ``first
+    divergent op: OP at file.py:LINE (function), PHASE: why``, or a sentence saying none did
+    or why the shadow could not run (`diag.diverge.shadow`; shared with `diag.testing`).
+
+    With `allowed` (a failing output's allowance) above 0, every op's threshold is lowered to
+    it (`diag.diverge.shadow_within`): where each op kept the bound of its own dtype (a float32
+    result computed through bfloat16), the op where the error first passed what the output may
+    carry is where it came in.
+    """
+    from diag.diverge import DivergeError, shadow, shadow_within
+
+    try:
+        if allowed > 0:
+            report = shadow_within(allowed, fn, *args, **kwargs)
+        else:
+            report = shadow(fn, *args, **kwargs)
+    except DivergeError as e:
+        return f"the shadow run could not follow it ({str(e).removeprefix('diag: ')})"
+    first = report.first
+    if first is None:
+        return "no single op leaves the float64 shadow (the error builds up over many ops)"
+    why = f": {first.reason}" if first.reason else ""
+    return f"first divergent op: {first.primitive} at {_where(first)}, {first.phase}{why}"
+
+
+def _where(op: Any) -> str:
+    path = f" [{op.path}]" if op.path else ""
+    return f"{op.source or 'an unknown line'}{path}"
+
+
+def _narrowest(inputs: list[tuple[str, np.ndarray]]) -> str:
+    floats = [numerics.dtype_name(a.dtype) for _, a in inputs if numerics.is_supported(a.dtype)]
+    if not floats:
+        return "float32"
+    return max(floats, key=numerics.unit_roundoff)
+
+
+_PREPARED: dict[str, Prepared] = {}
+
+
+def prepare(spec: str, timeout: float | None = None) -> Prepared:
+    """Load `spec`, take its inputs and compute its float64 reference (cached per process).
+
+    Raises:
+        UserFunctionError: it could not be loaded, raised, returned no arrays or something
+            else than arrays, or did not return within `timeout` seconds.
+    """
+    from diag.userfn import load
+
+    if spec in _PREPARED:
+        return _PREPARED[spec]
+    # Importing the file (and the framework it imports) is not timed: only what the user's
+    # code computes is (FUNCTION, then the function in float64).
+    import_spec(spec)
+    u = within(timeout, lambda: load(spec), spec.rpartition(":")[2])
+    inputs = input_leaves(u.fn, u.args, u.kwargs, u.framework)
+    pristine = (u.fn, u.args, u.kwargs)
+    if u.framework == "torch":
+        pristine = copy.deepcopy(pristine)
+    ref = within(
+        timeout,
+        lambda: reference(u.fn, u.args, u.kwargs, u.framework),
+        f"{u.name} evaluated in float64",
+    )
+    prepared = Prepared(u, inputs, ref, _narrowest(inputs), pristine)
+    _PREPARED[spec] = prepared
+    return prepared
