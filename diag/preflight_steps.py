@@ -12,8 +12,8 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from diag.preflight_result import Finding, Preflight
 

@@ -295,6 +295,8 @@ def _expand(
     if op not in PROBES:
         raise SuiteError(str(path), f"{where}.op", f"one of {', '.join(PROBES)}, got {op!r}")
     probe = PROBES[op]
+    if probe.user_function:
+        raise SuiteError(str(path), f"{where}.fn", "FILE.py:FUNCTION or package.module:function")
     known = _ENTRY_FIELDS | set(probe.params)
     unknown = set(entry) - known
     if unknown:

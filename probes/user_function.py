@@ -21,6 +21,7 @@ from typing import Any
 
 from diag.compare.outcome import Evaluation, Outcome
 from diag.probe import FLOATS, Probe
+from diag.tolerance import Tolerance
 from diag.userfn import agreement, judge, leaf_name
 from diag.userfn.bind import bind
 from diag.userfn.host import Prepared, prepare
@@ -98,6 +99,18 @@ def make_inputs(rng, params: dict, dtype) -> list:
     return [a for _, a in prepare(params["fn"]).inputs]
 
 
+def _tolerance(dtype: str, claim: str) -> Tolerance:
+    """The op's row: each output's allowance comes from its own dtype (`diag.tolerance.userfn`)."""
+    return Tolerance(
+        "user_function",
+        dtype,
+        claim,
+        why="each float output within sqrt(u) of its dtype, normwise, of the float64 "
+        "evaluation of the same function; integer outputs equal to its, except where one "
+        "rounding of the inputs moves its choice (diag.tolerance.userfn)",
+    )
+
+
 def _builder(backend, fn: str):
     """The user's function on `backend`, bound to the shipped inputs (loaded in the worker)."""
     from diag.userfn import load
@@ -122,5 +135,6 @@ PROBE = Probe(
     truth_args=("fn", "source_hash"),
     make_inputs=make_inputs,
     implementations={"jax": _builder, "torch": _builder},
+    tolerance=_tolerance,
     user_function=True,
 )

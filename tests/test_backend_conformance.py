@@ -44,9 +44,26 @@ def _module(spec):
     return module
 
 
+# The tiny case of an op that runs a user's function: a tiny function of the backend's framework.
+TINY_FUNCTIONS = {
+    "jax": "import jax.numpy as jnp\nimport numpy as np\n\ndef make():\n"
+           "    x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4)\n"
+           "    return (lambda a: {'y': jnp.tanh(a @ a), 'i': jnp.argmax(a, -1)}), (x,)\n",
+    "torch": "import torch\n\ndef make():\n"
+             "    x = torch.linspace(-1, 1, 16).reshape(4, 4)\n"
+             "    return (lambda a: {'y': torch.tanh(a @ a), 'i': torch.argmax(a, -1)}), (x,)\n",
+}
+
+
 def _tiny_case(tmp_path, spec, op):
     """The first case of a one-entry suite for `op` that applies to `spec`."""
     probe = PROBES[op]
+    if probe.user_function:
+        from diag.suite_fn import function_case
+
+        path = tmp_path / f"tiny_{spec.runs}.py"
+        path.write_text(TINY_FUNCTIONS[spec.runs])
+        return function_case(f"{path}:make")
     shape = ", ".join(str(TINY[d]) for d in probe.dims)
     path = tmp_path / "tiny.toml"
     path.write_text(f'[suite]\nname = "conformance"\nseed = 7\n\n[[probe]]\nname = "tiny"\n'

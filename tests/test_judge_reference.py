@@ -67,7 +67,8 @@ def test_the_record_covers_every_shipped_suite_and_op():
     recorded = {k.split("/")[0] + "/" + k.split("/")[2] for k in RECORD["events"]}
     ops = {c.op for s in ref.SUITES for c in ref.cases(s)
            if f"{ref.name(s)}/{c.id}" in recorded}
-    assert ops == set(PROBES) - {"logsumexp"}  # logsumexp came after the record
+    # logsumexp came after the record; a user's function is in no shipped suite
+    assert ops == set(PROBES) - {"logsumexp", "user_function"}
     statuses = {r["status"] for r in RECORD["records"]}
     assert {"pass", "warn"} <= statuses  # emu-bf16x1 warns where float32 is claimed
     assert any("|" in r["backend"] for r in RECORD["records"])

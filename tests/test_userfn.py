@@ -222,3 +222,11 @@ def test_a_function_returning_no_arrays_or_strings_is_a_one_line_error(tmp_path)
         u = userfn.load(f"{path}:{name}")
         with pytest.raises(userfn.UserFunctionError, match=message):
             userfn.reference(u.fn, u.args, u.kwargs, "jax")
+
+
+def test_a_scalar_output_is_judged_as_one_element():
+    r = np.float64(2.0)
+    (good,) = userfn.judge([("", np.float32(2.0 * (1 + 1e-5)))], _ref(np.asarray(r)))
+    (bad,) = userfn.judge([("", np.float32(2.0 * (1 + 1e-2)))], _ref(np.asarray(r)))
+    assert (good.status, bad.status) == ("pass", "fail")
+    assert bad.error == pytest.approx(abs(float(np.float32(2.0 * 1.01)) - 2.0) / 2.0, rel=1e-12)

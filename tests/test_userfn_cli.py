@@ -61,6 +61,21 @@ def bf16_sum(x):
 
 def torch_bf16_sum():
     return bf16_sum, (torch.rand(4, 2048),)
+
+
+def sgd_step(model, x, y):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.1 * p.grad
+            p.grad = None
+    return {"loss": loss.detach(), "weight": model[0].weight.detach().clone()}
+
+
+def torch_step():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    return sgd_step, (model, torch.randn(32, 8), torch.randn(32, 1))
 '''
 
 
@@ -125,6 +140,22 @@ def test_a_torch_module_passes_on_torch_cpu(models, tmp_path):
     assert rec["params"]["framework"] == "torch"
     (out,) = rec["metrics"]["outputs"]
     assert 0 <= out["error"] <= out["allowed"] == SQRT_U32
+
+
+def test_a_torch_training_step_takes_the_same_step_on_every_timed_call(models, tmp_path):
+    import copy
+
+    fn, (model, x, y) = _load(models, "torch_step")
+    wide = copy.deepcopy(model).double()
+    r = fn(wide, x.double(), y.double())  # the step in float64, decided here
+    got = fn(copy.deepcopy(model), x, y)
+    expected = all(_normwise(np.atleast_1d(got[k].numpy()), np.atleast_1d(r[k].numpy()))
+                   <= SQRT_U32 for k in ("loss", "weight"))
+    proc, data = _run(f"{models}:torch_step", "-b", "torch-cpu", "-o", str(tmp_path),
+                      "--repeats", "3", "--repeat-budget", "inf")
+    rec = _probe(data, "torch-cpu")
+    assert rec["status"] == ("pass" if expected else "fail") == "pass", rec["reason"]
+    assert rec["timings"]["run_s_samples"] and len(rec["timings"]["run_s_samples"]) == 3
 
 
 def _line_of(text: str, needle: str) -> int:

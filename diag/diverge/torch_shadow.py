@@ -358,9 +358,7 @@ def _wide_or(x: Any, exact: dict) -> Any:
     return _wide(x)
 
 
-def shadow(
-    fn: Callable, args: tuple, kwargs: dict, outputs: list | None = None
-) -> ShadowReport:
+def shadow(fn: Callable, args: tuple, kwargs: dict, outputs: list | None = None) -> ShadowReport:
     """See `diag.diverge.shadow`; `outputs`, when given, receives the float64 shadow of each
     tensor of the function's result (None for one that is not a float)."""
     name = getattr(fn, "__name__", None) or type(fn).__name__

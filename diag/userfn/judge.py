@@ -57,8 +57,8 @@ def _is_int(a: np.ndarray) -> bool:
 
 def _float_verdict(path: str, y: np.ndarray, r: np.ndarray, dtype: str) -> OutputVerdict:
     allowed = userfn_output_allowance(dtype)
-    y64 = y.astype(np.float64)
-    r64 = np.ascontiguousarray(r, dtype=np.float64).reshape(np.shape(r))  # 0-d stays 0-d
+    y64 = np.atleast_1d(y.astype(np.float64))  # a scalar (a loss) as one element
+    r64 = np.atleast_1d(np.ascontiguousarray(r, dtype=np.float64))
     err, _ = carried_error(y64, r64, dtype)
     if np.isnan(y64).any() and not np.isnan(r64).any():
         err = math.inf
@@ -186,7 +186,9 @@ def agreement(a: list[tuple[str, np.ndarray]], b: list[tuple[str, np.ndarray]]) 
                 beyond.append(f"{leaf_name(path)} ({n} values)")
             continue
         dtype = numerics.dtype_name(x.dtype)
-        err, _ = carried_error(x.astype(np.float64), y.astype(np.float64), dtype)
+        err, _ = carried_error(
+            np.atleast_1d(x.astype(np.float64)), np.atleast_1d(y.astype(np.float64)), dtype
+        )
         worst[path] = err
         if err > userfn_agreement_allowance(dtype):
             beyond.append(f"{leaf_name(path)} ({numerics.fmt(err)})")
