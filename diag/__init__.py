@@ -46,10 +46,12 @@ __all__ = [
     "run",
     "runner",
     "suite",
+    "suite_fn",
     "tap",
     "testing",
     "tolerance",
     "train",
+    "userfn",
     "workers",
 ]
 
