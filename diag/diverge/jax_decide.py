@@ -15,13 +15,23 @@ decision already covers a predicate: `dec`), and gives a literal rounded at trac
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
 from diag import numerics
-from diag.diverge.decisions import LiteralRecord, written_literal
+from diag.diverge.decisions import (
+    FORCED,
+    KINDS,
+    MADE,
+    LiteralRecord,
+    judge_decision,
+    record,
+    written_literal,
+)
+from diag.interp.jax_compile import bind
 from diag.interp.jax_source import Literal, source
 from diag.interp.jaxpr import is_inexact
 
@@ -106,8 +116,9 @@ def propagate(e, ins: list, outs: list, entries: dict[int, int]) -> None:
     cum = name in CUMULATIVE or any(i.cum for i in ins)
     dec = name in COMPARE or name in RANKING or any(i.dec for i in ins)
     flip = next((i.flip for i in ins if i.flip is not None), None)
+    perm = next((i.perm for i in ins if i.perm is not None), None)
     for k, o in enumerate(outs):
-        o.cum, o.dec, o.cul, o.flip = cum, dec, inherited, flip
+        o.cum, o.dec, o.cul, o.flip, o.perm = cum, dec, inherited, flip, perm
         idx = entries.get(k)
         if idx is None or not np.isfinite(cin):
             continue
@@ -141,6 +152,9 @@ def decide(h, e, ins: list, outs: list, vals, shadows, where, path: str, phase: 
             return
         kind, low, exact, lows, exacts = got
         ops = ins[:1]
+    elif name == "gather":
+        _picked(h, e, ins, vals, where, path, phase)
+        return
     else:
         return
     dtype = np.dtype(ins[0].val.dtype) if kind != "select" else np.dtype(np.float64)
@@ -154,6 +168,8 @@ def decide(h, e, ins: list, outs: list, vals, shadows, where, path: str, phase: 
         exact_operands=exact_ops,
     )  # fmt: skip
     if rec is None:
+        if kind == KINDS[2]:  # top_k: its kept set is float64's, its order may not be
+            _pending_perm(h, name, ops, outs, low, exact, dtype, lows, exacts)
         return
     upstream = next((o.flip for o in ops if o.flip is not None), None)
     if upstream is not None and rec.verdict == "fail":
@@ -161,6 +177,77 @@ def decide(h, e, ins: list, outs: list, vals, shadows, where, path: str, phase: 
         h.ledger.decisions[-1] = rec
     for o in outs:
         o.flip = rec
+
+
+@dataclasses.dataclass
+class Perm:
+    """A ranking (a full-row `top_k`) whose permutation differs from float64's where the
+    float64 values differ, not reported where it was taken (its kept set is float64's): the
+    first `gather` that picks other elements with it reports it (`_picked`)."""
+
+    primitive: str
+    dtype: Any
+    keys: np.ndarray  # the float64 values ranked (the decided axis last)
+    forced: bool  # the whole permutation: every position's value ties the float64 one's
+    cause: str
+    recorded: bool = False
+
+
+def _pending_perm(h, name, ops, outs, low, exact, dtype, lows, exacts) -> None:
+    flipped, _, _, forced = judge_decision(
+        "sort", low, exact, dtype=dtype, operands_low=lows, operands_exact=exacts
+    )
+    if flipped:
+        perm = Perm(name, dtype, exacts[0], forced, "" if forced else _culprit_name(h, ops))
+        for o in outs:
+            o.perm = perm
+
+
+def _picked(h, e, ins: list, vals, where, path: str, phase: str) -> None:
+    """A `gather` of booleans (a kept mask put back in vocabulary order) read with indices
+    that carry a permutation not yet reported: a decision where the mask read with the
+    program's indices differs from the same mask read with the float64 ones (what the order
+    alone changed; a cut the mask took is judged where it was taken, and a float output
+    carries the difference as its error)."""
+    perm = next((i.perm for i in ins[1:] if i.perm is not None), None)
+    out = np.asarray(vals[0])
+    if perm is None or perm.recorded or out.dtype != np.bool_ or len(ins) != 2:
+        return
+    idx = ins[1]
+    alt = np.asarray(bind(e, [ins[0].val, jnp.asarray(idx.sh).astype(idx.val.dtype)])[0])
+    diff = out != alt
+    if not diff.any():
+        return
+    forced = _order_forced(perm, out, diff)
+    judged = (int(diff.sum()), int(diff.size), math.nan, forced)
+    by = "" if forced or not perm.cause else f", moved by {perm.cause}"
+    rec = record(len(h.ledger.entries), "gather", "select", judged, perm.dtype, where, path, phase)
+    what = rec.reason.split(";", 1)[0].split(": forced", 1)[0]
+    rec = dataclasses.replace(
+        rec,
+        cause_op="" if forced else f"the order of {perm.primitive}{by}",
+        reason=f"{what}: the order of {perm.primitive} ({FORCED if forced else MADE}{by}) "
+        "changed which elements it picks",
+    )
+    h.ledger.decisions.append(rec)
+    perm.recorded = True
+
+
+def _order_forced(perm: Perm, out: np.ndarray, diff: np.ndarray) -> bool:
+    """Whether one rounding of the ranked float64 values explains the elements the order
+    moved: per row, none it picks ranks strictly below (once rounded) one it leaves. Only
+    when the output is laid out as the ranked values (a mask in vocabulary order); else the
+    judgement of the whole permutation."""
+    keys = np.asarray(perm.keys, np.float64)
+    if keys.shape != out.shape:
+        return perm.forced
+    r = numerics.round_to_dtype(keys, perm.dtype).astype(np.float64)
+    for row in zip(*(a.reshape(-1, a.shape[-1]) for a in (r, out, diff))):
+        rk, picked, moved = row
+        took, left = rk[moved & picked], rk[moved & ~picked]
+        if took.size and left.size and took.min() < left.max():
+            return False
+    return True
 
 
 def _follows(rec, up):

@@ -44,7 +44,7 @@ _F64 = np.dtype(np.float64)
 class _SV(Value):
     """A value, its float64 shadow, its carried error and the threshold of its dtype."""
 
-    __slots__ = ("sh", "err", "thr", "cul", "cum", "dec", "lit", "flip")
+    __slots__ = ("sh", "err", "thr", "cul", "cum", "dec", "lit", "flip", "perm")
 
     def __init__(self, val: Any, sh: Any, err: float = 0.0, thr: float = 0.0):
         super().__init__(val)
@@ -56,6 +56,7 @@ class _SV(Value):
         self.cum = self.dec = False
         self.lit: tuple[float, float] | None = None  # (written, used) of a rounded literal
         self.flip: Any = None  # the first flipped decision (DecisionRecord) it descends from
+        self.perm: Any = None  # a ranking's permutation not yet reported (`jax_decide.Perm`)
         dtype = getattr(val, "dtype", None)
         self.thr = (
             max(thr, diverge_carried_threshold(dtype))
@@ -208,6 +209,7 @@ def _carry(out: _SV, srcs: list) -> _SV:
     out.cul = max(cul, key=lambda c: c[0]) if cul else None
     out.cum, out.dec = any(s.cum for s in srcs), any(s.dec for s in srcs)
     out.flip = next((s.flip for s in srcs if s.flip is not None), None)
+    out.perm = next((s.perm for s in srcs if s.perm is not None), None)
     return out
 
 
