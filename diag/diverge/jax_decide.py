@@ -3,11 +3,13 @@
 `diag.diverge.jax_shadow` evaluates every equation twice, in its dtypes and in float64 on the
 shadows, so the shadow of a decision's output *is* the float64 decision: the shadow of a
 ``gt`` is the float64 predicate, that of ``argmax``/``top_k``/an argsort the float64 indices,
-and a ``select_n`` or ``gather`` evaluated on the shadows follows them. The shadow therefore
-follows the float64 decision, and later findings are not artefacts of the first. This module
+and a ``select_n`` or ``gather`` evaluated on the shadows follows them (a full-row
+``top_k``'s order, no finding by itself, is judged at the first ``gather`` it changes). The
+shadow therefore follows the float64 decision, and later findings are not artefacts of the
+first. This module
 compares each decision with its shadow (`diag.diverge.decisions` judges a flip forced or made),
 keeps per value what the judgement needs (the op that added the most carried error among its
-ancestors: `culprit`; whether it descends from a cumulative sum: `cum`; whether a recorded
+ancestors: `cul`; whether it descends from a cumulative sum: `cum`; whether a recorded
 decision already covers a predicate: `dec`), and gives a literal rounded at trace time
 (``0.8984375:bf16`` for a written ``0.9``) a shadow of the value written.
 """
@@ -27,8 +29,11 @@ from diag.diverge.decisions import (
     KINDS,
     MADE,
     LiteralRecord,
+    follows,
     judge_decision,
+    literal_moved,
     record,
+    what,
     written_literal,
 )
 from diag.interp.jax_compile import bind
@@ -173,7 +178,8 @@ def decide(h, e, ins: list, outs: list, vals, shadows, where, path: str, phase: 
         return
     upstream = next((o.flip for o in ops if o.flip is not None), None)
     if upstream is not None and rec.verdict == "fail":
-        rec = _follows(rec, upstream)
+        text = f"the flipped {upstream.primitive} at {upstream.source or 'an unknown line'}"
+        rec = follows(rec, text, upstream.cause == FORCED)
         h.ledger.decisions[-1] = rec
     for o in outs:
         o.flip = rec
@@ -222,11 +228,10 @@ def _picked(h, e, ins: list, vals, where, path: str, phase: str) -> None:
     judged = (int(diff.sum()), int(diff.size), math.nan, forced)
     by = "" if forced or not perm.cause else f", moved by {perm.cause}"
     rec = record(len(h.ledger.entries), "gather", "select", judged, perm.dtype, where, path, phase)
-    what = rec.reason.split(";", 1)[0].split(": forced", 1)[0]
     rec = dataclasses.replace(
         rec,
         cause_op="" if forced else f"the order of {perm.primitive}{by}",
-        reason=f"{what}: the order of {perm.primitive} ({FORCED if forced else MADE}{by}) "
+        reason=f"{what(rec)}: the order of {perm.primitive} ({FORCED if forced else MADE}{by}) "
         "changed which elements it picks",
     )
     h.ledger.decisions.append(rec)
@@ -250,20 +255,6 @@ def _order_forced(perm: Perm, out: np.ndarray, diff: np.ndarray) -> bool:
     return True
 
 
-def _follows(rec, up):
-    """A flip whose operands differ because the shadow followed an earlier flip `up` (the
-    greedy pick after a top-p mask): it takes that flip's cause and verdict."""
-    text = f"the flipped {up.primitive} at {up.source or 'an unknown line'}"
-    what = rec.reason.split(" (float64 margin", 1)[0].split("; made", 1)[0]
-    return dataclasses.replace(
-        rec,
-        cause=up.cause,
-        cause_op=f"follows {text}",
-        verdict=up.verdict,
-        reason=f"{what}: it follows {text}, {up.cause} there",
-    )
-
-
 def _cause(h, ops: list, low, exact, dtype, exacts: list) -> str:
     """What moved a value across: a literal rounded at trace time, when its rounding alone
     flips an element (the once-rounded operand against the used literal decides otherwise
@@ -272,10 +263,7 @@ def _cause(h, ops: list, low, exact, dtype, exacts: list) -> str:
     if len(lits) == 1 and len(exacts) == 2:
         k, (written, used) = lits[0]
         diff = np.broadcast_to(np.asarray(low) != np.asarray(exact), np.broadcast(*exacts).shape)
-        t = np.broadcast_to(exacts[1 - k], diff.shape)[diff]
-        a = numerics.round_to_dtype(t, dtype).astype(np.float64)
-        with np.errstate(invalid="ignore"):
-            moved = np.sign(a - used) != np.sign(t - written)
+        moved = literal_moved(exacts[1 - k], diff, written, used, dtype)
         if moved.any():
             name = numerics.dtype_name(dtype)
             lit = f"the literal {written!r} rounded to {used!r} ({name})"
