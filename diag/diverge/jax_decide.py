@@ -64,7 +64,8 @@ def host(x: Any) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
 
 
-def _is_float_dtype(dtype: Any) -> bool:
+def is_float(dtype: Any) -> bool:
+    """Whether `dtype` is a real floating dtype (bf16, fp8, float32, ...; not complex)."""
     return dtype is not None and is_inexact(dtype) and np.dtype(dtype).kind != "c"
 
 
@@ -95,7 +96,7 @@ def _written(h, e) -> list[tuple[int, float]]:
         if not isinstance(var, Literal):
             continue
         dtype = getattr(var.val, "dtype", None)
-        if dtype is None or not _is_float_dtype(dtype) or np.ndim(var.val) != 0:
+        if dtype is None or not is_float(dtype) or np.ndim(var.val) != 0:
             continue
         used = float(np.asarray(var.val, np.float64))
         src, filename, line, _ = source(e)
@@ -299,7 +300,7 @@ def _ranking(e, ins, vals, shadows):
 
 
 def _float_val(v) -> bool:
-    return _is_float_dtype(getattr(v.val, "dtype", None))
+    return is_float(getattr(v.val, "dtype", None))
 
 
 def _culprit_name(h, ops: list) -> str:

@@ -29,13 +29,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from diag.diverge import jax_decide
+from diag.diverge.jax_decide import is_float
 from diag.diverge.ledger import Ledger
 from diag.diverge.records import DivergeError, ShadowReport
 from diag.diverge.rules import release_scratch
 from diag.interp.jax_compile import bind, bind_params
 from diag.interp.jax_program import Program
 from diag.interp.jax_source import where as source_and_library
-from diag.interp.jaxpr import Evaluator, Value, is_inexact
+from diag.interp.jaxpr import Evaluator, Value
 from diag.tolerance.diverge import diverge_carried_threshold
 
 _F64 = np.dtype(np.float64)
@@ -60,20 +61,14 @@ class _SV(Value):
         dtype = getattr(val, "dtype", None)
         self.thr = (
             max(thr, diverge_carried_threshold(dtype))
-            if dtype is not None and _is_float(dtype)
+            if dtype is not None and is_float(dtype)
             else np.inf
         )
 
 
-def _is_float(dtype: Any) -> bool:
-    return (
-        dtype is not None and is_inexact(dtype) and not jnp.issubdtype(dtype, jnp.complexfloating)
-    )
-
-
 def _widen(val: Any) -> Any:
     """The float64 copy of a float value; anything else as it is."""
-    if _is_float(getattr(val, "dtype", None)):
+    if is_float(getattr(val, "dtype", None)):
         return jnp.asarray(val, dtype=_F64)
     if isinstance(val, float):
         return jnp.asarray(val, dtype=_F64)
@@ -84,7 +79,7 @@ def _f64_params(params: Any) -> Any:
     """Equation parameters with every float dtype widened to float64 (casts, accumulators)."""
     if isinstance(params, dict):
         return {k: _f64_params(v) for k, v in params.items()}
-    if isinstance(params, np.dtype) and _is_float(params):
+    if isinstance(params, np.dtype) and is_float(params):
         return _F64
     return params
 
@@ -130,7 +125,7 @@ class _Shadow(Evaluator):
     def apply(self, e, ins: list, path: str, backward: bool) -> list:
         ins = jax_decide.literal_inputs(self, e, ins)
         vals = _bind(e, [i.val for i in ins])
-        floats = [k for k, v in enumerate(e.outvars) if _is_float(v.aval.dtype)]
+        floats = [k for k, v in enumerate(e.outvars) if is_float(v.aval.dtype)]
         followed = True
         try:
             shadows = _bind(e, [i.sh for i in ins], True)
@@ -155,7 +150,7 @@ class _Shadow(Evaluator):
             except Exception:  # noqa: BLE001
                 ref = None
         longest = max((max(np.shape(i.val), default=1) for i in ins), default=1)
-        carried_in = [(i.err, i.thr) for i in ins if _is_float(getattr(i.val, "dtype", None))]
+        carried_in = [(i.err, i.thr) for i in ins if is_float(getattr(i.val, "dtype", None))]
         inherited = max((t for _, t in carried_in), default=0.0)
         outs = []
         entries: dict[int, int] = {}
@@ -217,8 +212,8 @@ def _facts(e, wide: list, k: int) -> Callable[[], tuple[np.ndarray, np.ndarray]]
     """(sum of |terms|, number of terms) of output k of a reduction, on demand."""
 
     def get():
-        mag = _bind(e, [jnp.abs(w) if _is_float(w.dtype) else w for w in wide], True)[k]
-        cnt = _bind(e, [jnp.ones_like(w) if _is_float(w.dtype) else w for w in wide], True)[k]
+        mag = _bind(e, [jnp.abs(w) if is_float(w.dtype) else w for w in wide], True)[k]
+        cnt = _bind(e, [jnp.ones_like(w) if is_float(w.dtype) else w for w in wide], True)[k]
         return _host(mag), _host(cnt)
 
     return get
@@ -255,7 +250,7 @@ def shadow(fn: Callable, args: tuple, kwargs: dict) -> ShadowReport:
             ) from e
         finally:
             release_scratch()  # the figures' per-thread buffers (diag.diverge.rules)
-    res = next((o for o in outs if _is_float(getattr(o.val, "dtype", None))), None)
+    res = next((o for o in outs if is_float(getattr(o.val, "dtype", None))), None)
     result, result_thr = (0.0, np.inf) if res is None else (res.err, res.thr)
     note = ""
     if h.unfollowed:
