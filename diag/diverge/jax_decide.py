@@ -6,12 +6,12 @@ shadows, so the shadow of a decision's output *is* the float64 decision: the sha
 and a ``select_n`` or ``gather`` evaluated on the shadows follows them (a full-row
 ``top_k``'s order, no finding by itself, is judged at the first ``gather`` it changes). The
 shadow therefore follows the float64 decision, and later findings are not artefacts of the
-first. This module
-compares each decision with its shadow (`diag.diverge.decisions` judges a flip forced or made),
-keeps per value what the judgement needs (the op that added the most carried error among its
-ancestors: `cul`; whether it descends from a cumulative sum: `cum`; whether a recorded
-decision already covers a predicate: `dec`), and gives a literal rounded at trace time
-(``0.8984375:bf16`` for a written ``0.9``) a shadow of the value written.
+first. This module compares each decision with its shadow (`diag.diverge.decisions` judges a
+flip forced or made), keeps per value what the judgement needs (the op that added the most
+carried error among its ancestors: `cul`; whether it descends from a cumulative sum: `cum`;
+whether a recorded decision already covers a predicate: `dec`; a ranking's order not yet
+judged: `perm`), and gives a literal rounded at trace time (``0.8984375:bf16`` for a written
+``0.9``) a shadow of the value written.
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ class Perm:
 
 def _pending_perm(h, name, ops, outs, low, exact, dtype, lows, exacts) -> None:
     flipped, _, _, forced = judge_decision(
-        "sort", low, exact, dtype=dtype, operands_low=lows, operands_exact=exacts
+        KINDS[3], low, exact, dtype=dtype, operands_low=lows, operands_exact=exacts
     )
     if flipped:
         perm = Perm(name, dtype, exacts[0], forced, "" if forced else _culprit_name(h, ops))
