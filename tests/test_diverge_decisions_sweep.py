@@ -209,19 +209,34 @@ def test_jax_sampler_findings_agree_with_float64(seed):
     check(rep, differ, made)
 
 
-def test_jax_order_of_a_full_top_k_is_reported_where_it_changes_the_kept_mask():
+def argsort_top_p(logits, temperature):
+    """The example's top-p cut written with an argsort instead of a full top_k."""
+    import jax
+    import jax.numpy as jnp
+
+    probs = jax.nn.softmax(logits / temperature, axis=-1)
+    order = jnp.argsort(-probs, axis=-1)
+    ps = jnp.take_along_axis(probs, order, axis=-1)
+    mask = jnp.cumsum(ps, axis=-1) - ps > 0.9
+    return jnp.argmax(logits, axis=-1), jnp.take_along_axis(~mask, jnp.argsort(order), axis=-1)
+
+
+@pytest.mark.parametrize("ranking", ["top_k", "argsort"])
+def test_jax_order_of_a_full_ranking_is_reported_where_it_changes_the_kept_mask(ranking):
     """The bf16 softmax rounds distinct logits (-5.25, -5.21875, -5.1875 against a leader
-    ~5.6) to one probability: the full `top_k` orders them by index, so the kept mask (read
-    back in vocabulary order) holds other tokens than the same mask read in float64's order.
+    ~5.6) to one probability: the full `top_k` (or argsort) orders them by index, so the kept
+    mask (read back in vocabulary order) holds other tokens than the same mask read in
+    float64's order.
     diag reports it at the `gather` that reads it, made (the once-rounded float64
     probabilities of the tokens moved do not tie), with as many elements as moved."""
     jax, ex = example()
     jnp = jax.numpy
+    fn = ex.sample if ranking == "top_k" else jax.jit(argsort_top_p)
     low = jnp.asarray(ex._leaders(), jnp.bfloat16)
     temp = jnp.asarray(1.0, jnp.bfloat16)
     with jax.disable_jit():  # op by op, as the shadow runs it: the program's own bf16 pieces
-        keep = np.asarray(ex.sample(low, temp)[1])[0]
-        ps = jax.lax.top_k(jax.nn.softmax(low / temp, axis=-1), k=V)[0]
+        keep = np.asarray(fn(low, temp)[1])[0]
+        ps = jnp.sort(jax.nn.softmax(low / temp, axis=-1), axis=-1)[..., ::-1]
         mask = np.asarray(~(jnp.cumsum(ps, axis=-1) - ps > 0.9))[0]  # in bf16 order
     z = np.asarray(low).astype(np.float64)[0]
     p = np.exp(z - z.max())
@@ -232,7 +247,7 @@ def test_jax_order_of_a_full_top_k_is_reported_where_it_changes_the_kept_mask():
     assert moved.any()  # the premise: the order alone changes the kept tokens
     pr = rnd(p, ml_dtypes.bfloat16)
     assert pr[keep & moved].min() < pr[~keep & moved].max()  # not a tie once rounded
-    rep = diag.diverge.shadow(ex.sample, low, temp)
+    rep = diag.diverge.shadow(fn, low, temp)
     (g,) = [d for d in rep.decisions if d.primitive == "gather"]
     assert g.kind == "select" and g.flipped == int(moved.sum()) and g.verdict == "fail"
-    assert g.cause_op.startswith("the order of top_k") and rep.failed
+    assert g.cause_op.startswith(f"the order of {ranking}") and rep.failed

@@ -161,6 +161,9 @@ def decide(h, e, ins: list, outs: list, vals, shadows, where, path: str, phase: 
     elif name == "gather":
         _picked(h, e, ins, vals, where, path, phase)
         return
+    elif name == "sort":
+        _argsort(h, e, ins, outs, vals, shadows)
+        return
     else:
         return
     dtype = np.dtype(ins[0].val.dtype) if kind != "select" else np.dtype(np.float64)
@@ -195,6 +198,8 @@ class Perm:
     primitive: str
     dtype: Any
     keys: np.ndarray  # the float64 values ranked (the decided axis last)
+    low: np.ndarray  # the program's permutation and float64's (indices, the axis last)
+    exact: np.ndarray
     forced: bool  # the whole permutation: every position's value ties the float64 one's
     cause: str
     recorded: bool = False
@@ -205,9 +210,29 @@ def _pending_perm(h, name, ops, outs, low, exact, dtype, lows, exacts) -> None:
         KINDS[3], low, exact, dtype=dtype, operands_low=lows, operands_exact=exacts
     )
     if flipped:
-        perm = Perm(name, dtype, exacts[0], forced, "" if forced else _culprit_name(h, ops))
+        cause = "" if forced else _culprit_name(h, ops)
+        perm = Perm(name, dtype, exacts[0], low, exact, forced, cause)
         for o in outs:
             o.perm = perm
+
+
+def _argsort(h, e, ins: list, outs: list, vals, shadows) -> None:
+    """An argsort (``sort`` of float keys with an index payload): its order, like a full
+    ``top_k``'s, is judged where a ``gather`` reads with it."""
+    if len(ins) != 2 or e.params.get("num_keys", 1) != 1 or not _float_val(ins[0]):
+        return
+    low, exact = np.asarray(vals[1]), np.asarray(shadows[1])
+    if low.dtype.kind not in "iu" or np.array_equal(low, exact):
+        return
+    axis = e.params.get("dimension", -1)
+    low, exact = np.moveaxis(low, axis, -1), np.moveaxis(exact, axis, -1)
+    if not np.array_equal(
+        np.sort(low, axis=-1), np.broadcast_to(np.arange(low.shape[-1]), low.shape)
+    ):
+        return  # a payload that is not the positions: no permutation
+    keys = np.moveaxis(host(ins[0].sh), axis, -1)
+    dtype = np.dtype(ins[0].val.dtype)
+    _pending_perm(h, "argsort", ins[:1], outs[1:], low, exact, dtype, [], [keys])
 
 
 def _picked(h, e, ins: list, vals, where, path: str, phase: str) -> None:
@@ -241,17 +266,21 @@ def _picked(h, e, ins: list, vals, where, path: str, phase: str) -> None:
 
 def _order_forced(perm: Perm, out: np.ndarray, diff: np.ndarray) -> bool:
     """Whether one rounding of the ranked float64 values explains the elements the order
-    moved: per row, none it picks ranks strictly below (once rounded) one it leaves. Only
-    when the output is laid out as the ranked values (a mask in vocabulary order); else the
-    judgement of the whole permutation."""
+    moved: each sits, in the program's order, where float64's order has a value equal to its
+    own once rounded. Only when the output is laid out as the ranked values (a mask in
+    vocabulary order); else the judgement of the whole permutation."""
     keys = np.asarray(perm.keys, np.float64)
-    if keys.shape != out.shape:
+    if keys.shape != out.shape or perm.low.shape != keys.shape:
         return perm.forced
     r = numerics.round_to_dtype(keys, perm.dtype).astype(np.float64)
-    for row in zip(*(a.reshape(-1, a.shape[-1]) for a in (r, out, diff))):
-        rk, picked, moved = row
-        took, left = rk[moved & picked], rk[moved & ~picked]
-        if took.size and left.size and took.min() < left.max():
+    n = keys.shape[-1]
+    for rk, low, exact, moved in zip(
+        *(np.reshape(a, (-1, n)) for a in (r, perm.low, perm.exact, diff))
+    ):
+        at = np.empty(n, np.int64)
+        at[low.astype(np.int64)] = np.arange(n)  # each element's place in the program's order
+        j = np.nonzero(moved)[0]
+        if np.any(rk[j] != rk[exact.astype(np.int64)[at[j]]]):
             return False
     return True
 
