@@ -227,7 +227,7 @@ def record(
     flipped, total, margin, forced = judged
     source, library = where()
     name = numerics.dtype_name(dtype)
-    what = f"{primitive} decided {flipped} of {total} elements the other way than float64"
+    what = _what(primitive, flipped, total)
     gap = "" if math.isnan(margin) else f" (float64 margin {margin:.3g} ULP of {name})"
     if forced:
         culprit = ""
@@ -256,6 +256,38 @@ def record(
         verdict="warn" if forced else "fail",
         reason=reason,
     )
+
+
+def _what(primitive: str, flipped: int, total: int) -> str:
+    return f"{primitive} decided {flipped} of {total} elements the other way than float64"
+
+
+def what(rec: DecisionRecord) -> str:
+    """``gt decided 49 of 32000 elements the other way than float64``: a reason's opening."""
+    return _what(rec.primitive, rec.flipped, rec.total)
+
+
+def follows(rec: DecisionRecord, upstream: str, forced: bool) -> DecisionRecord:
+    """`rec` as a flip whose operands differ because the shadow followed an earlier flip
+    (`upstream`: ``the flipped gt at s.py:27``; `forced`: its verdict): it takes that flip's
+    cause and verdict (the greedy pick after a top-p mask)."""
+    cause = FORCED if forced else MADE
+    return dataclasses.replace(
+        rec,
+        cause=cause,
+        cause_op=f"follows {upstream}",
+        verdict="warn" if forced else "fail",
+        reason=f"{what(rec)}: it follows {upstream}, {cause} there",
+    )
+
+
+def literal_moved(exact, flipped: np.ndarray, written: float, used: float, dtype) -> np.ndarray:
+    """Per flipped element, whether the literal's rounding alone flipped it: the other
+    operand's float64 value (`exact`, broadcast to `flipped`) rounded once decides against
+    the `used` literal otherwise than the float64 value against the `written` one."""
+    t = np.broadcast_to(np.asarray(exact, np.float64), flipped.shape)[flipped]
+    with np.errstate(invalid="ignore"):
+        return np.sign(_round(t, dtype) - used) != np.sign(t - written)
 
 
 def written_literal(filename: str, line: int, used: float, dtype) -> str | None:

@@ -3,25 +3,40 @@
 `diag.diverge.jax_shadow` evaluates every equation twice, in its dtypes and in float64 on the
 shadows, so the shadow of a decision's output *is* the float64 decision: the shadow of a
 ``gt`` is the float64 predicate, that of ``argmax``/``top_k``/an argsort the float64 indices,
-and a ``select_n`` or ``gather`` evaluated on the shadows follows them. The shadow therefore
-follows the float64 decision, and later findings are not artefacts of the first. This module
-compares each decision with its shadow (`diag.diverge.decisions` judges a flip forced or made),
-keeps per value what the judgement needs (the op that added the most carried error among its
-ancestors: `culprit`; whether it descends from a cumulative sum: `cum`; whether a recorded
-decision already covers a predicate: `dec`), and gives a literal rounded at trace time
-(``0.8984375:bf16`` for a written ``0.9``) a shadow of the value written.
+and a ``select_n`` or ``gather`` evaluated on the shadows follows them (a full-row
+``top_k``'s order, no finding by itself, is judged at the first ``gather`` it changes). The
+shadow therefore follows the float64 decision, and later findings are not artefacts of the
+first. This module compares each decision with its shadow (`diag.diverge.decisions` judges a
+flip forced or made), keeps per value what the judgement needs (the op that added the most
+carried error among its ancestors: `cul`; whether it descends from a cumulative sum: `cum`;
+whether a recorded decision already covers a predicate: `dec`; a ranking's order not yet
+judged: `perm`), and gives a literal rounded at trace time (``0.8984375:bf16`` for a written
+``0.9``) a shadow of the value written.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
 from diag import numerics
-from diag.diverge.decisions import LiteralRecord, written_literal
+from diag.diverge.decisions import (
+    FORCED,
+    KINDS,
+    MADE,
+    LiteralRecord,
+    follows,
+    judge_decision,
+    literal_moved,
+    record,
+    what,
+    written_literal,
+)
+from diag.interp.jax_compile import bind
 from diag.interp.jax_source import Literal, source
 from diag.interp.jaxpr import is_inexact
 
@@ -49,7 +64,8 @@ def host(x: Any) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
 
 
-def _is_float_dtype(dtype: Any) -> bool:
+def is_float(dtype: Any) -> bool:
+    """Whether `dtype` is a real floating dtype (bf16, fp8, float32, ...; not complex)."""
     return dtype is not None and is_inexact(dtype) and np.dtype(dtype).kind != "c"
 
 
@@ -80,7 +96,7 @@ def _written(h, e) -> list[tuple[int, float]]:
         if not isinstance(var, Literal):
             continue
         dtype = getattr(var.val, "dtype", None)
-        if dtype is None or not _is_float_dtype(dtype) or np.ndim(var.val) != 0:
+        if dtype is None or not is_float(dtype) or np.ndim(var.val) != 0:
             continue
         used = float(np.asarray(var.val, np.float64))
         src, filename, line, _ = source(e)
@@ -106,8 +122,9 @@ def propagate(e, ins: list, outs: list, entries: dict[int, int]) -> None:
     cum = name in CUMULATIVE or any(i.cum for i in ins)
     dec = name in COMPARE or name in RANKING or any(i.dec for i in ins)
     flip = next((i.flip for i in ins if i.flip is not None), None)
+    perm = next((i.perm for i in ins if i.perm is not None), None)
     for k, o in enumerate(outs):
-        o.cum, o.dec, o.cul, o.flip = cum, dec, inherited, flip
+        o.cum, o.dec, o.cul, o.flip, o.perm = cum, dec, inherited, flip, perm
         idx = entries.get(k)
         if idx is None or not np.isfinite(cin):
             continue
@@ -141,6 +158,12 @@ def decide(h, e, ins: list, outs: list, vals, shadows, where, path: str, phase: 
             return
         kind, low, exact, lows, exacts = got
         ops = ins[:1]
+    elif name == "gather":
+        _picked(h, e, ins, vals, where, path, phase)
+        return
+    elif name == "sort":
+        _argsort(h, e, ins, outs, vals, shadows)
+        return
     else:
         return
     dtype = np.dtype(ins[0].val.dtype) if kind != "select" else np.dtype(np.float64)
@@ -154,27 +177,112 @@ def decide(h, e, ins: list, outs: list, vals, shadows, where, path: str, phase: 
         exact_operands=exact_ops,
     )  # fmt: skip
     if rec is None:
+        if kind == KINDS[2]:  # top_k: its kept set is float64's, its order may not be
+            _pending_perm(h, name, ops, outs, low, exact, dtype, lows, exacts)
         return
     upstream = next((o.flip for o in ops if o.flip is not None), None)
     if upstream is not None and rec.verdict == "fail":
-        rec = _follows(rec, upstream)
+        text = f"the flipped {upstream.primitive} at {upstream.source or 'an unknown line'}"
+        rec = follows(rec, text, upstream.cause == FORCED)
         h.ledger.decisions[-1] = rec
     for o in outs:
         o.flip = rec
 
 
-def _follows(rec, up):
-    """A flip whose operands differ because the shadow followed an earlier flip `up` (the
-    greedy pick after a top-p mask): it takes that flip's cause and verdict."""
-    text = f"the flipped {up.primitive} at {up.source or 'an unknown line'}"
-    what = rec.reason.split(" (float64 margin", 1)[0].split("; made", 1)[0]
-    return dataclasses.replace(
-        rec,
-        cause=up.cause,
-        cause_op=f"follows {text}",
-        verdict=up.verdict,
-        reason=f"{what}: it follows {text}, {up.cause} there",
+@dataclasses.dataclass
+class Perm:
+    """A ranking (a full-row `top_k`) whose permutation differs from float64's where the
+    float64 values differ, not reported where it was taken (its kept set is float64's): the
+    first `gather` that picks other elements with it reports it (`_picked`)."""
+
+    primitive: str
+    dtype: Any
+    keys: np.ndarray  # the float64 values ranked (the decided axis last)
+    low: np.ndarray  # the program's permutation and float64's (indices, the axis last)
+    exact: np.ndarray
+    forced: bool  # the whole permutation: every position's value ties the float64 one's
+    cause: str
+    recorded: bool = False
+
+
+def _pending_perm(h, name, ops, outs, low, exact, dtype, lows, exacts) -> None:
+    flipped, _, _, forced = judge_decision(
+        KINDS[3], low, exact, dtype=dtype, operands_low=lows, operands_exact=exacts
     )
+    if flipped:
+        cause = "" if forced else _culprit_name(h, ops)
+        perm = Perm(name, dtype, exacts[0], low, exact, forced, cause)
+        for o in outs:
+            o.perm = perm
+
+
+def _argsort(h, e, ins: list, outs: list, vals, shadows) -> None:
+    """An argsort (``sort`` of float keys with an index payload): its order, like a full
+    ``top_k``'s, is judged where a ``gather`` reads with it."""
+    if len(ins) != 2 or e.params.get("num_keys", 1) != 1 or not _float_val(ins[0]):
+        return
+    low, exact = np.asarray(vals[1]), np.asarray(shadows[1])
+    if low.dtype.kind not in "iu" or np.array_equal(low, exact):
+        return
+    axis = e.params.get("dimension", -1)
+    low, exact = np.moveaxis(low, axis, -1), np.moveaxis(exact, axis, -1)
+    if not np.array_equal(
+        np.sort(low, axis=-1), np.broadcast_to(np.arange(low.shape[-1]), low.shape)
+    ):
+        return  # a payload that is not the positions: no permutation
+    keys = np.moveaxis(host(ins[0].sh), axis, -1)
+    dtype = np.dtype(ins[0].val.dtype)
+    _pending_perm(h, "argsort", ins[:1], outs[1:], low, exact, dtype, [], [keys])
+
+
+def _picked(h, e, ins: list, vals, where, path: str, phase: str) -> None:
+    """A `gather` of booleans (a kept mask put back in vocabulary order) read with indices
+    that carry a permutation not yet reported: a decision where the mask read with the
+    program's indices differs from the same mask read with the float64 ones (what the order
+    alone changed; a cut the mask took is judged where it was taken, and a float output
+    carries the difference as its error)."""
+    perm = next((i.perm for i in ins[1:] if i.perm is not None), None)
+    out = np.asarray(vals[0])
+    if perm is None or perm.recorded or out.dtype != np.bool_ or len(ins) != 2:
+        return
+    idx = ins[1]
+    alt = np.asarray(bind(e, [ins[0].val, jnp.asarray(idx.sh).astype(idx.val.dtype)])[0])
+    diff = out != alt
+    if not diff.any():
+        return
+    forced = _order_forced(perm, out, diff)
+    judged = (int(diff.sum()), int(diff.size), math.nan, forced)
+    by = "" if forced or not perm.cause else f", moved by {perm.cause}"
+    rec = record(len(h.ledger.entries), "gather", "select", judged, perm.dtype, where, path, phase)
+    rec = dataclasses.replace(
+        rec,
+        cause_op="" if forced else f"the order of {perm.primitive}{by}",
+        reason=f"{what(rec)}: the order of {perm.primitive} ({FORCED if forced else MADE}{by}) "
+        "changed which elements it picks",
+    )
+    h.ledger.decisions.append(rec)
+    perm.recorded = True
+
+
+def _order_forced(perm: Perm, out: np.ndarray, diff: np.ndarray) -> bool:
+    """Whether one rounding of the ranked float64 values explains the elements the order
+    moved: each sits, in the program's order, where float64's order has a value equal to its
+    own once rounded. Only when the output is laid out as the ranked values (a mask in
+    vocabulary order); else the judgement of the whole permutation."""
+    keys = np.asarray(perm.keys, np.float64)
+    if keys.shape != out.shape or perm.low.shape != keys.shape:
+        return perm.forced
+    r = numerics.round_to_dtype(keys, perm.dtype).astype(np.float64)
+    n = keys.shape[-1]
+    for rk, low, exact, moved in zip(
+        *(np.reshape(a, (-1, n)) for a in (r, perm.low, perm.exact, diff))
+    ):
+        at = np.empty(n, np.int64)
+        at[low.astype(np.int64)] = np.arange(n)  # each element's place in the program's order
+        j = np.nonzero(moved)[0]
+        if np.any(rk[j] != rk[exact.astype(np.int64)[at[j]]]):
+            return False
+    return True
 
 
 def _cause(h, ops: list, low, exact, dtype, exacts: list) -> str:
@@ -185,10 +293,7 @@ def _cause(h, ops: list, low, exact, dtype, exacts: list) -> str:
     if len(lits) == 1 and len(exacts) == 2:
         k, (written, used) = lits[0]
         diff = np.broadcast_to(np.asarray(low) != np.asarray(exact), np.broadcast(*exacts).shape)
-        t = np.broadcast_to(exacts[1 - k], diff.shape)[diff]
-        a = numerics.round_to_dtype(t, dtype).astype(np.float64)
-        with np.errstate(invalid="ignore"):
-            moved = np.sign(a - used) != np.sign(t - written)
+        moved = literal_moved(exacts[1 - k], diff, written, used, dtype)
         if moved.any():
             name = numerics.dtype_name(dtype)
             lit = f"the literal {written!r} rounded to {used!r} ({name})"
@@ -224,7 +329,7 @@ def _ranking(e, ins, vals, shadows):
 
 
 def _float_val(v) -> bool:
-    return _is_float_dtype(getattr(v.val, "dtype", None))
+    return is_float(getattr(v.val, "dtype", None))
 
 
 def _culprit_name(h, ops: list) -> str:

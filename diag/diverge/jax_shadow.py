@@ -29,13 +29,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from diag.diverge import jax_decide
+from diag.diverge.jax_decide import is_float
 from diag.diverge.ledger import Ledger
 from diag.diverge.records import DivergeError, ShadowReport
 from diag.diverge.rules import release_scratch
 from diag.interp.jax_compile import bind, bind_params
 from diag.interp.jax_program import Program
 from diag.interp.jax_source import where as source_and_library
-from diag.interp.jaxpr import Evaluator, Value, is_inexact
+from diag.interp.jaxpr import Evaluator, Value
 from diag.tolerance.diverge import diverge_carried_threshold
 
 _F64 = np.dtype(np.float64)
@@ -44,7 +45,7 @@ _F64 = np.dtype(np.float64)
 class _SV(Value):
     """A value, its float64 shadow, its carried error and the threshold of its dtype."""
 
-    __slots__ = ("sh", "err", "thr", "cul", "cum", "dec", "lit", "flip")
+    __slots__ = ("sh", "err", "thr", "cul", "cum", "dec", "lit", "flip", "perm")
 
     def __init__(self, val: Any, sh: Any, err: float = 0.0, thr: float = 0.0):
         super().__init__(val)
@@ -56,23 +57,18 @@ class _SV(Value):
         self.cum = self.dec = False
         self.lit: tuple[float, float] | None = None  # (written, used) of a rounded literal
         self.flip: Any = None  # the first flipped decision (DecisionRecord) it descends from
+        self.perm: Any = None  # a ranking's permutation not yet reported (`jax_decide.Perm`)
         dtype = getattr(val, "dtype", None)
         self.thr = (
             max(thr, diverge_carried_threshold(dtype))
-            if dtype is not None and _is_float(dtype)
+            if dtype is not None and is_float(dtype)
             else np.inf
         )
 
 
-def _is_float(dtype: Any) -> bool:
-    return (
-        dtype is not None and is_inexact(dtype) and not jnp.issubdtype(dtype, jnp.complexfloating)
-    )
-
-
 def _widen(val: Any) -> Any:
     """The float64 copy of a float value; anything else as it is."""
-    if _is_float(getattr(val, "dtype", None)):
+    if is_float(getattr(val, "dtype", None)):
         return jnp.asarray(val, dtype=_F64)
     if isinstance(val, float):
         return jnp.asarray(val, dtype=_F64)
@@ -83,7 +79,7 @@ def _f64_params(params: Any) -> Any:
     """Equation parameters with every float dtype widened to float64 (casts, accumulators)."""
     if isinstance(params, dict):
         return {k: _f64_params(v) for k, v in params.items()}
-    if isinstance(params, np.dtype) and _is_float(params):
+    if isinstance(params, np.dtype) and is_float(params):
         return _F64
     return params
 
@@ -129,7 +125,7 @@ class _Shadow(Evaluator):
     def apply(self, e, ins: list, path: str, backward: bool) -> list:
         ins = jax_decide.literal_inputs(self, e, ins)
         vals = _bind(e, [i.val for i in ins])
-        floats = [k for k, v in enumerate(e.outvars) if _is_float(v.aval.dtype)]
+        floats = [k for k, v in enumerate(e.outvars) if is_float(v.aval.dtype)]
         followed = True
         try:
             shadows = _bind(e, [i.sh for i in ins], True)
@@ -154,7 +150,7 @@ class _Shadow(Evaluator):
             except Exception:  # noqa: BLE001
                 ref = None
         longest = max((max(np.shape(i.val), default=1) for i in ins), default=1)
-        carried_in = [(i.err, i.thr) for i in ins if _is_float(getattr(i.val, "dtype", None))]
+        carried_in = [(i.err, i.thr) for i in ins if is_float(getattr(i.val, "dtype", None))]
         inherited = max((t for _, t in carried_in), default=0.0)
         outs = []
         entries: dict[int, int] = {}
@@ -208,6 +204,7 @@ def _carry(out: _SV, srcs: list) -> _SV:
     out.cul = max(cul, key=lambda c: c[0]) if cul else None
     out.cum, out.dec = any(s.cum for s in srcs), any(s.dec for s in srcs)
     out.flip = next((s.flip for s in srcs if s.flip is not None), None)
+    out.perm = next((s.perm for s in srcs if s.perm is not None), None)
     return out
 
 
@@ -215,8 +212,8 @@ def _facts(e, wide: list, k: int) -> Callable[[], tuple[np.ndarray, np.ndarray]]
     """(sum of |terms|, number of terms) of output k of a reduction, on demand."""
 
     def get():
-        mag = _bind(e, [jnp.abs(w) if _is_float(w.dtype) else w for w in wide], True)[k]
-        cnt = _bind(e, [jnp.ones_like(w) if _is_float(w.dtype) else w for w in wide], True)[k]
+        mag = _bind(e, [jnp.abs(w) if is_float(w.dtype) else w for w in wide], True)[k]
+        cnt = _bind(e, [jnp.ones_like(w) if is_float(w.dtype) else w for w in wide], True)[k]
         return _host(mag), _host(cnt)
 
     return get
@@ -254,7 +251,7 @@ def shadow(fn: Callable, args: tuple, kwargs: dict, outputs: list | None = None)
             ) from e
         finally:
             release_scratch()  # the figures' per-thread buffers (diag.diverge.rules)
-    res = next((o for o in outs if _is_float(getattr(o.val, "dtype", None))), None)
+    res = next((o for o in outs if is_float(getattr(o.val, "dtype", None))), None)
     result, result_thr = (0.0, np.inf) if res is None else (res.err, res.thr)
     if outputs is not None:
         n = len(outs) - len(prog.state_names)  # the result's leaves, then the NNX state's

@@ -31,7 +31,6 @@ import torch
 from diag import numerics
 from diag.diverge import decisions
 from diag.diverge.decisions import FORCED, MADE, DecisionRecord, LiteralRecord
-from diag.diverge.rules import ulp_of
 
 #: aten op (name without overload) -> (decision kind, which output holds the decision, the
 #: sign that makes "largest" the decided direction: argmin/min decide on -x).
@@ -184,12 +183,16 @@ class Decider:
             ex.append(np.float64(other))
             lo.append(np.float64(literal[1] if literal else other))
         judged = decisions.judge_decision(
-            "compare", _np(out), _np(sh_out), dtype=dtype, operands_low=lo, operands_exact=ex
+            "compare",
+            _np(out),
+            _np(sh_out),
+            dtype=dtype,
+            operands_low=lo,
+            operands_exact=ex,
+            exact_operands=(1,) if literal is not None else (),  # the literal as written
         )
         if judged[0] == 0:
             return out, None
-        if literal is not None:  # the literal is not rounded: compared exactly, it decides
-            judged = judged[:2] + _forced_exact(_np(out) != _np(sh_out), ex[0], ex[1], dtype)
         kind = (
             "threshold"
             if any(self.mode.origin_of(t).made_by in _CUMULATIVE for t in operands)
@@ -215,22 +218,12 @@ class Decider:
         primitive = f"aten.{name}"
         if judged[3]:  # one rounding of its own float64 operands explains it
             upstream = None
-        if upstream is not None:  # its operands differ by an earlier flipped decision
-            judged = judged[:3] + (bool(upstream.forced),)
-            cause = f"follows {upstream.text}"
-        else:
-            cause = self._cause(literal, dtype, operands, where)
+        cause = "" if upstream is not None else self._cause(literal, dtype, operands, where)
         rec = decisions.record(
             len(self.mode.ledger.entries), primitive, kind, judged, dtype, where, path, phase, cause
         )
-        if upstream is not None:
-            what = _what(rec)
-            rec = dataclasses.replace(
-                rec,
-                cause_op=cause,
-                reason=f"{what}: it follows {upstream.text}, "
-                f"{FORCED if upstream.forced else MADE} there",
-            )
+        if upstream is not None:  # its operands differ by an earlier flipped decision
+            rec = decisions.follows(rec, upstream.text, bool(upstream.forced))
         reported = _REPORTED[kind]
         if reported:
             self.mode.ledger.decisions.append(rec)
@@ -241,11 +234,7 @@ class Decider:
         element; else the origin of the float operand that carries the most error."""
         if literal is not None and literal[0] is not None:
             (written, used), ex, flipped = literal
-            a = np.broadcast_to(_round(ex[0], dtype), flipped.shape)[flipped]
-            t = np.broadcast_to(np.asarray(ex[0]), flipped.shape)[flipped]
-            with np.errstate(invalid="ignore"):
-                moved = np.sign(a - used) != np.sign(t - written)
-            if moved.any():
+            if decisions.literal_moved(ex[0], flipped, written, used, dtype).any():
                 return (
                     f"the literal {written!r} rounded to {used!r} "
                     f"({numerics.dtype_name(dtype)}) at {where_text(where)}"
@@ -285,46 +274,16 @@ class Decider:
                 phase,
                 o.text,
             )
-            what = _what(rec)
             by = f", moved by {o.cause}" if o.cause else ""
+            cause = FORCED if o.forced else MADE
             rec = dataclasses.replace(
                 rec,
                 cause_op=f"{o.text}{by}",
-                reason=(
-                    f"{what}: {o.text} ({FORCED if o.forced else MADE}{by}) changed which "
-                    f"values it keeps"
-                ),
+                reason=f"{decisions.what(rec)}: {o.text} ({cause}{by}) changed which values it "
+                "keeps",
             )
             self.mode.ledger.decisions.append(rec)
             o.recorded = True
-
-
-def _what(rec: DecisionRecord) -> str:
-    return (
-        f"{rec.primitive} decided {rec.flipped} of {rec.total} elements the other way than float64"
-    )
-
-
-def _round(x, dtype) -> np.ndarray:
-    with np.errstate(over="ignore", invalid="ignore"):
-        return numerics.round_to_dtype(np.asarray(x, np.float64), dtype).astype(np.float64)
-
-
-def _forced_exact(flipped: np.ndarray, a, t, dtype) -> tuple[float, bool]:
-    """(margin, forced) of a comparison of a tensor with a literal taken exactly: forced when
-    rounding the float64 tensor value once already puts it on the other side of (or onto) the
-    literal; the margin (ULPs of `dtype`) is that of the elements the computation moved."""
-    a = np.broadcast_to(np.asarray(a, np.float64), flipped.shape)[flipped]
-    t = np.broadcast_to(np.asarray(t, np.float64), flipped.shape)[flipped]
-    with np.errstate(invalid="ignore"):
-        each = np.sign(_round(a, dtype) - t) != np.sign(a - t)
-    forced = bool(np.all(each))
-    if not forced:
-        a, t = a[~each], t[~each]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        d = np.abs(a - t) / ulp_of(np.maximum(np.abs(a), np.abs(t)), dtype)
-    d = d[~np.isnan(d)]
-    return (float(d.min()) if d.size else math.nan), forced
 
 
 __all__ = [

@@ -62,8 +62,11 @@ def _column(vs: list[float], lo: float, hi: float) -> str:
     return BLOCKS[min(7, max(0, int((math.log10(top) - lo) / ((hi - lo) or 1) * 7.999)))]
 
 
-def _rows_table(title: str, cols: list[tuple[str, Any]], rows: list, first: Any) -> Table:
-    """One row per op or tap; `cols` are (header, attribute or None for the index)."""
+def _rows_table(
+    title: str, cols: list[tuple[str, Any]], rows: list, first: Any, by_identity: bool = False
+) -> Table:
+    """One row per op or tap; `cols` are (header, attribute or None for the index). The row
+    of `first` is marked (`by_identity`: that row only; decisions may share an op index)."""
     table = Table(title=escape(title), title_justify="left")
     for col, a in cols:  # the op and its line are kept whole; the figures fold instead
         width = None
@@ -71,7 +74,7 @@ def _rows_table(title: str, cols: list[tuple[str, Any]], rows: list, first: Any)
             width = min(48, max([len(str(getattr(o, a))) for o in rows] + [len(col)]))
         table.add_column(col, overflow="fold", min_width=width)
     for o in rows:
-        mark = first is not None and o.index == first.index
+        mark = o is first or (not by_identity and first is not None and o.index == first.index)
         cells = [_cell(o, a, mark) for _, a in cols]
         table.add_row(*cells, style="bold red" if mark else None)
     return table
@@ -81,6 +84,8 @@ def _cell(o: Any, a: str | None, mark: bool) -> str:
     if a is None:
         return f"{o.index} ◀" if mark else str(o.index)
     v = getattr(o, a)
+    if a == "margin_ulps" and isinstance(v, float) and math.isnan(v):
+        return "—"  # a decision with no operands of its own (a mask, an order read)
     if isinstance(v, float):
         return _num(v)
     return escape(str(list(v) if isinstance(v, tuple) else v) or "—")
@@ -225,7 +230,8 @@ def _shadow_parts(report: Any) -> list:
             d.source or "an unknown line"
         )
         shown = [_short(x) for x in decisions]
-        parts.append(_rows_table(title, _useful(_DECISION_COLS, shown), shown, shown[0]))
+        cols = _useful(_DECISION_COLS, shown)
+        parts.append(_rows_table(title, cols, shown, shown[0], by_identity=True))
     for lit in getattr(report, "literals", ()):
         parts.append(
             escape(
