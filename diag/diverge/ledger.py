@@ -16,7 +16,7 @@ from diag import numerics
 from diag.diverge import decisions
 from diag.diverge.decisions import DecisionRecord, LiteralRecord
 from diag.diverge.records import OpRecord, ShadowReport
-from diag.diverge.rules import carried_error, op_class, own_error
+from diag.diverge.rules import carried_error, op_class, own_error_diff
 
 TOP = 10
 #: Flipped decisions kept in a report (a loop may flip one per iteration).
@@ -70,6 +70,9 @@ class Ledger:
         self.first: _Entry | None = None
         self.decisions: list[DecisionRecord] = []
         self.literals: list[LiteralRecord] = []
+        #: max |y - r| of the last `measure` when it was finite (else None): the evaluators'
+        #: origin rule reuses it instead of another pass over the output.
+        self.own_diff: float | None = None
 
     def decide(
         self,
@@ -140,6 +143,8 @@ class Ledger:
     ) -> float:
         """Judge one op output; return its carried error (the evaluators keep it per value).
 
+        Sets `own_diff`.
+
         Args:
             primitive: what the report shows (``reduce_sum``, ``aten.exp``).
             name: the bare op name its class is looked up by (``exp``).
@@ -155,11 +160,11 @@ class Ledger:
         """
         cls = op_class(name)
         if r is not None:
-            own_ulps, own_ratio = own_error(
+            own_ulps, own_ratio, self.own_diff = own_error_diff(
                 y, r, dtype, cls, facts=facts, terms=terms, longest=longest
             )
         else:
-            own_ulps, own_ratio = math.nan, math.nan
+            own_ulps, own_ratio, self.own_diff = math.nan, math.nan, None
         carried, carried_ulps = carried_error(y, s, dtype)
         cin = max((c for c, _ in carried_in), default=0.0)
         e = _Entry(

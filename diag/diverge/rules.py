@@ -169,7 +169,17 @@ def absdiff(y: np.ndarray, r: np.ndarray) -> np.ndarray:
 def own_error(
     y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, terms: float = 1, longest: int = 1
 ) -> tuple[float, float]:
-    """(max error in ULPs of `dtype`, ratio of the error to the op's own bound).
+    """(max error in ULPs of `dtype`, ratio of the error to the op's own bound): `own_error_diff`
+    without the difference."""
+    ulps, ratio, _ = own_error_diff(y, r, dtype, cls, facts=facts, terms=terms, longest=longest)
+    return ulps, ratio
+
+
+def own_error_diff(
+    y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, terms: float = 1, longest: int = 1
+) -> tuple[float, float, float | None]:
+    """(max error in ULPs of `dtype`, ratio of the error to the op's own bound, max |y - r|
+    when it is finite, else None: what `max_absdiff(y, r)` gives, without another pass).
 
     It runs once per op output, so the common case (every difference finite) takes a few
     passes over the arrays into reused scratch buffers; anything non-finite goes through
@@ -190,7 +200,7 @@ def own_error(
         longest: for composite ops, the longest axis of any input.
     """
     if y.size == 0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     exact = (y, r, dtype, cls), {"facts": facts, "terms": terms, "longest": longest}
     buf = _scratch(np.shape(y), 4)  # err, |r|, scratch, ulp
     err = buf[0]
@@ -199,9 +209,9 @@ def own_error(
     np.abs(err, out=err)
     top = float(err.max())  # NaN or inf if any difference is: then y or r is not finite
     if not math.isfinite(top):
-        return _own_error_exact(*exact[0], **exact[1])
+        return (*_own_error_exact(*exact[0], **exact[1]), None)
     if top == 0.0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     # Here y and r are finite, so every bound below is positive and err / bound needs no
     # guard for 0 / 0 (a scaling coefficient that is inf goes the exact way).
     tmp = buf[2]
@@ -212,13 +222,13 @@ def own_error(
         floor += _smallest_normal(dtype)
         g = _gamma1(max(terms, 1.0), dtype)
         if not math.isfinite(g):
-            return _own_error_exact(*exact[0], **exact[1])
+            return (*_own_error_exact(*exact[0], **exact[1]), top)
         # |r| <= sum|terms|: gamma_n |r| is a lower bound of the textbook bound (see
         # `_own_error_exact`); only an op beyond it pays for sum|terms|.
         ratio = _max_ratio(err, _scaled(np.abs(r, out=buf[1]), g, floor, tmp))
         if ratio <= 1.0 or facts is None:
-            return ulps, ratio
-        return ulps, _facts_ratio(err, facts, terms, dtype, floor, tmp)
+            return ulps, ratio, top
+        return ulps, _facts_ratio(err, facts, terms, dtype, floor, tmp), top
     if cls == "library":
         bound = np.multiply(
             floor, DIVERGE_LIBRARY_ULP / DIVERGE_ROUNDED_ULP, out=floor
@@ -228,13 +238,13 @@ def own_error(
         floor += _smallest_normal(dtype)
         g = _gamma1(longest + DIVERGE_COMPOSITE_EXTRA_STEPS, dtype)
         if not math.isfinite(g):
-            return _own_error_exact(*exact[0], **exact[1])
+            return (*_own_error_exact(*exact[0], **exact[1]), top)
         floor += g * max(float(r.max()), -float(r.min()))  # max |r|
         bound = floor
     else:
         floor += _smallest_normal(dtype)
         bound = floor
-    return ulps, _max_ratio(err, bound)
+    return ulps, _max_ratio(err, bound), top
 
 
 _POOL = threading.local()
@@ -347,6 +357,18 @@ def _own_error_exact(
     else:
         bound = floor
     return ulps, _ratio(err, bound)
+
+
+def max_absdiff(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| in float64 (`absdiff`'s rules where either is not finite), into a reused
+    scratch buffer."""
+    if not a.size:
+        return 0.0
+    d = _scratch(np.broadcast_shapes(np.shape(a), np.shape(b)), 1)[0]
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.subtract(a, b, out=d, dtype=np.float64)
+    m = float(np.abs(d, out=d).max())
+    return m if math.isfinite(m) else float(absdiff(a, b).max())
 
 
 def _ratio(err: np.ndarray, bound: np.ndarray) -> float:

@@ -30,7 +30,7 @@ import torch
 
 from diag.diverge.ledger import Ledger
 from diag.diverge.records import DivergeError, ShadowReport
-from diag.diverge.rules import absdiff, op_class, release_scratch
+from diag.diverge.rules import max_absdiff, op_class, release_scratch
 from diag.diverge.torch_decide import CONSUMERS, DECISIONS, NO_ORIGIN, Decider, Origin
 from diag.diverge.torch_facts import facts, host, map_args
 from diag.interp.torch_mode import OpMode
@@ -314,8 +314,10 @@ class _Mode(OpMode):
         if err == 0.0:
             return None
         if r is not None and y.shape == r.shape == s.shape:
-            own, came = _maxdiff(y, r), (0.0 if r is s else _maxdiff(r, s))
-            if own > 0.0 and own >= came:
+            own = self.ledger.own_diff  # max |y - r|, measured by the ledger
+            if own is None:
+                own = max_absdiff(y, r)
+            if own > 0.0 and own >= (0.0 if r is s else max_absdiff(r, s)):
                 return Origin(f"aten.{name}", where, made_by=name)
         inputs = dins or ins
         worst = max(inputs, key=lambda t: self.shadow_of(t)[1])
@@ -338,15 +340,6 @@ class _Mode(OpMode):
             elif isinstance(t, torch.Tensor):
                 self._sh.pop(id(t), None)
         return out
-
-
-def _maxdiff(a: np.ndarray, b: np.ndarray) -> float:
-    """max |a - b| (one temporary; `absdiff`'s rules where either is not finite)."""
-    if not a.size:
-        return 0.0
-    d = np.subtract(a, b, dtype=np.float64)
-    m = float(np.abs(d, out=d).max()) if isinstance(d, np.ndarray) else abs(float(d))
-    return m if math.isfinite(m) else float(absdiff(a, b).max())
 
 
 def _wide_or(x: Any, exact: dict) -> Any:
