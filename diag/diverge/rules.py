@@ -225,6 +225,8 @@ def own_error_diff(
             return (*_own_error_exact(*exact[0], **exact[1]), top)
         # |r| <= sum|terms|: gamma_n |r| is a lower bound of the textbook bound (see
         # `_own_error_exact`); only an op beyond it pays for sum|terms|.
+        if facts is not None and _beyond_in_sample(err, r, g, floor):
+            return ulps, _facts_ratio(err, facts, terms, dtype, floor, tmp), top
         ratio = _max_ratio(err, _scaled(np.abs(r, out=buf[1]), g, floor, tmp))
         if ratio <= 1.0 or facts is None:
             return ulps, ratio, top
@@ -285,6 +287,24 @@ def _scaled(mag: np.ndarray, g: float, floor: np.ndarray, out: np.ndarray) -> np
     np.multiply(mag, g, out=out)
     out += floor
     return out
+
+
+#: Elements of a reduction's output that `_beyond_in_sample` looks at.
+_SAMPLE = 2048
+
+
+def _beyond_in_sample(err: np.ndarray, r: np.ndarray, g: float, floor: np.ndarray) -> bool:
+    """Whether some element of an evenly strided sample is beyond the cheap bound g |r| +
+    floor, computed with the same roundings as the full pass: then the op's ratio is the one
+    against sum|terms| and the full pass over the cheap bound would be wasted (a matmul's
+    elements that nearly cancel are almost always beyond it). False says nothing."""
+    if err.size <= 4 * _SAMPLE or not r.flags.c_contiguous:
+        return False
+    step = err.size // _SAMPLE
+    e, m, f = (np.ravel(a)[::step] for a in (err, r, floor))
+    bound = np.multiply(np.abs(m), g)
+    bound += f
+    return float(np.divide(e, bound, out=bound).max()) > 1.0
 
 
 def _max_ratio(err: np.ndarray, bound: np.ndarray) -> float:

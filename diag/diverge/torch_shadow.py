@@ -293,8 +293,11 @@ class _Mode(OpMode):
             src, phase, path = self.where(node)
             library = ""
         file, line, fn = src
-        text = f"{os.path.basename(file)}:{line} ({fn})" if file else ""
-        return (lambda: (text, library)), phase, path
+
+        def where() -> tuple[str, str]:  # called only for the ops a report shows
+            return (f"{os.path.basename(file)}:{line} ({fn})" if file else ""), library
+
+        return where, phase, path
 
     def _outputs(self, name, func, own, writes, ins, dins, before, triples, lines, origin):
         """Measure each float output against its reference and shadow; keep the shadows."""
