@@ -165,7 +165,7 @@ class Ledger:
             )
         else:
             own_ulps, own_ratio, self.own_diff = math.nan, math.nan, None
-        carried, carried_ulps = carried_error(y, s, dtype)
+        carried, carried_ulps = carried_error(y, s, dtype, self.own_diff if r is s else None)
         cin = max((c for c, _ in carried_in), default=0.0)
         e = _Entry(
             index=len(self.entries),
