@@ -6,6 +6,8 @@ time, and the raw samples):
   eager    one plain run: PyTorch eager; JAX under `jax.disable_jit()` (op by op)
   noop     PyTorch only: the run under a `TorchDispatchMode` that only calls each op (the floor
            of any dispatch-mode instrumentation)
+  nofig    PyTorch only: the shadow with the per-op figures switched off (`Ledger.measure`
+           replaced by a stub): the three evaluations of each op and the bookkeeping
   shadow   `diag.diverge.shadow(fn, *args)`: every op run three ways (as written, on the
            float64 shadows, in float64 on its actual inputs: skipped when they equal their
            shadows) plus the figures per op
@@ -41,6 +43,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import diag.diverge
+import diag.diverge.ledger
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import diverge_hf_sampler as hf_sampler  # noqa: E402
@@ -97,6 +100,19 @@ def _noop(fn, args):
     return run
 
 
+def _nofig(fn, args):
+    """The shadow without its figures: what the evaluations and bookkeeping cost alone."""
+    def run():
+        measure = diag.diverge.ledger.Ledger.measure
+        diag.diverge.ledger.Ledger.measure = lambda self, *a, **k: 0.0
+        try:
+            diag.diverge.shadow(fn, *args)
+        finally:
+            diag.diverge.ledger.Ledger.measure = measure
+
+    return run
+
+
 def _machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -136,7 +152,8 @@ def _row(name: str, samples: dict, num: str, den: str, target: float) -> float:
                           for k, v in sm.items())
         ratio = med[num] / med[den]
         fastest = min(sm[num]) / min(sm[den])
-        floor = f"  noop/{den} {med['noop'] / med[den]:5.2f}x" if "noop" in sm else ""
+        floor = "".join(f"  {k}/{den} {med[k] / med[den]:5.2f}x" for k in ("noop", "nofig")
+                        if k in sm)
         print(f"{name:<24} {clock:<4} {cells}  {num}/{den} {ratio:6.2f}x median, "
               f"{fastest:6.2f}x fastest (target <= {target:g}x){floor}")
         out = out or ratio
@@ -147,7 +164,7 @@ def _row(name: str, samples: dict, num: str, den: str, target: float) -> float:
 
 
 def _torch_row(name: str, fn, args, repeats: int) -> None:
-    variants = {"eager": lambda: fn(*args), "noop": _noop(fn, args),
+    variants = {"eager": lambda: fn(*args), "noop": _noop(fn, args), "nofig": _nofig(fn, args),
                 "shadow": lambda: diag.diverge.shadow(fn, *args)}
     _row(name, _interleaved(variants, repeats), "shadow", "eager", 5)
 
