@@ -3,9 +3,9 @@
 Each expected figure is computed here with numpy in float64, independently of diag: the largest
 difference an op's own-error pass hands on, a reduction's ratio against gamma_n * sum|terms|
 when a sample of its elements (or only an element outside the sample) breaks the cheap bound,
-the carried error when the shadow is the reference, and the PyTorch shadow's float64 copies
-kept per tensor and version (a parameter read forward and backward, a value written through an
-alias between two reads).
+the carried error when the shadow is the reference; and the PyTorch shadow's float64 copies of
+tensors it has not seen (a parameter read forward and backward, a value written through an alias
+with a version counter of its own between two reads).
 """
 
 from __future__ import annotations
