@@ -17,7 +17,13 @@ import pytest
 import torch
 
 import diag.diverge
-from diag.diverge.rules import carried_error, max_absdiff, own_error, own_error_diff
+from diag.diverge.rules import (
+    carried_error,
+    carried_error_diff,
+    max_absdiff,
+    own_error,
+    own_error_diff,
+)
 
 F32 = np.dtype(np.float32)
 U = 2.0**-24
@@ -42,6 +48,7 @@ def test_the_difference_handed_on_is_max_abs_y_minus_r(cls, shape):
     assert max_absdiff(y, r) == want
     assert carried_error(y, r, F32, diff) == carried_error(y, r, F32)
     assert carried_error(y, r, F32)[0] == want / float(np.max(np.abs(r)))
+    assert carried_error_diff(y, r, F32)[2] == want
 
 
 def test_a_non_finite_difference_is_not_handed_on():
@@ -50,6 +57,7 @@ def test_a_non_finite_difference_is_not_handed_on():
     assert own_error_diff(y, r, F32, "rounded")[2] is None
     assert max_absdiff(y, r) == math.inf
     assert carried_error(y, r, F32, None)[0] == math.inf
+    assert carried_error_diff(y, r, F32)[2] == math.inf
 
 
 def _reduction_case(seed: int, where: str):

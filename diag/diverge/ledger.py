@@ -16,7 +16,7 @@ from diag import numerics
 from diag.diverge import decisions
 from diag.diverge.decisions import DecisionRecord, LiteralRecord
 from diag.diverge.records import OpRecord, ShadowReport
-from diag.diverge.rules import carried_error, op_class, own_error_diff
+from diag.diverge.rules import carried_error_diff, op_class, own_error_diff
 
 TOP = 10
 #: Flipped decisions kept in a report (a loop may flip one per iteration).
@@ -70,9 +70,11 @@ class Ledger:
         self.first: _Entry | None = None
         self.decisions: list[DecisionRecord] = []
         self.literals: list[LiteralRecord] = []
-        #: max |y - r| of the last `measure` when it was finite (else None): the evaluators'
-        #: origin rule reuses it instead of another pass over the output.
+        #: max |y - r| of the last `measure` when it was finite (else None), and its max |y - s|
+        #: (inf where not finite): the evaluators' origin rule reuses them instead of passes
+        #: over the output.
         self.own_diff: float | None = None
+        self.carried_diff = 0.0
 
     def decide(
         self,
@@ -143,7 +145,7 @@ class Ledger:
     ) -> float:
         """Judge one op output; return its carried error (the evaluators keep it per value).
 
-        Sets `own_diff`.
+        Sets `own_diff` and `carried_diff`.
 
         Args:
             primitive: what the report shows (``reduce_sum``, ``aten.exp``).
@@ -165,7 +167,9 @@ class Ledger:
             )
         else:
             own_ulps, own_ratio, self.own_diff = math.nan, math.nan, None
-        carried, carried_ulps = carried_error(y, s, dtype, self.own_diff if r is s else None)
+        carried, carried_ulps, self.carried_diff = carried_error_diff(
+            y, s, dtype, self.own_diff if r is s else None
+        )
         cin = max((c for c, _ in carried_in), default=0.0)
         e = _Entry(
             index=len(self.entries),

@@ -405,8 +405,16 @@ def carried_error(
         diff: max |y - s| when already known and finite (`own_error_diff`'s when the shadow is
             the reference), which saves a pass.
     """
+    ratio, ulps, _ = carried_error_diff(y, s, dtype, diff)
+    return ratio, ulps
+
+
+def carried_error_diff(
+    y: np.ndarray, s: np.ndarray, dtype, diff: float | None = None
+) -> tuple[float, float, float]:
+    """`carried_error` and max |y - s| (inf where a difference is not finite)."""
     if y.size == 0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     if diff is not None and math.isfinite(diff):
         num = diff
     else:
@@ -417,7 +425,7 @@ def carried_error(
         num = float(err.max())
     if math.isfinite(num):  # then y and s are finite: no element needs the exact handling
         if num == 0.0:
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0
         den = max(float(s.max()), -float(s.min()))
     else:
         err = absdiff(y, s)
@@ -425,10 +433,10 @@ def carried_error(
         fin = np.abs(s[np.isfinite(s)])
         den = float(np.max(fin)) if fin.size else 0.0
     if num == 0.0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     if den == 0.0 or not math.isfinite(num):
-        return math.inf, math.inf
-    return num / den, num / _ulp_scalar(den, dtype)
+        return math.inf, math.inf, num
+    return num / den, num / _ulp_scalar(den, dtype), num
 
 
 def _ulp_scalar(x: float, dtype) -> float:
