@@ -7,6 +7,7 @@ an op is run, where its line is) stays in the evaluators.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -23,24 +24,8 @@ TOP = 10
 MAX_DECISIONS = 100
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _Entry:
-    __slots__ = (
-        "index",
-        "primitive",
-        "cls",
-        "where",
-        "path",
-        "phase",
-        "dtype",
-        "shape",
-        "own_ulps",
-        "own_ratio",
-        "carried_in",
-        "carried",
-        "carried_ulps",
-        "threshold",
-        "reason",
-    )
     index: int
     primitive: str
     cls: str
@@ -56,10 +41,6 @@ class _Entry:
     carried_ulps: float
     threshold: float
     reason: str
-
-    def __init__(self, **kw):
-        for k, v in kw.items():
-            setattr(self, k, v)
 
 
 class Ledger:
