@@ -1,13 +1,20 @@
 """What do `diag.diverge.shadow` and `diag.diverge.compare` cost next to a plain run?
 
-Prints, per workload (warm: each variant runs once first so compilation is not counted; medians
-of interleaved repeats with min/max):
+Prints the machine, then per workload (warm: each variant runs once first so compilation is not
+counted; medians of interleaved repeats with min/max, in CPU time of this process and in wall
+time, and the raw samples):
   eager    one plain run: PyTorch eager; JAX under `jax.disable_jit()` (op by op)
+  noop     PyTorch only: the run under a `TorchDispatchMode` that only calls each op (the floor
+           of any dispatch-mode instrumentation)
+  nofig    PyTorch only: the shadow with the per-op figures switched off (`Ledger.measure`
+           replaced by a stub): the three evaluations of each op and the bookkeeping
   shadow   `diag.diverge.shadow(fn, *args)`: every op run three ways (as written, on the
            float64 shadows, in float64 on its actual inputs: skipped when they equal their
            shadows) plus the figures per op
-and the ratio shadow/eager (target <= 5x), of the medians and of the fastest samples (a 3-layer
-MLP's forward and backward in each framework, and a bf16 top-p/greedy sampler on 32k logits,
+and the ratio shadow/eager (target <= 5x), of the medians and of the fastest samples, in CPU
+time (the steadier figure on a shared machine: another process's load does not count) and wall
+time (a 3-layer MLP's forward and backward in each framework, the PyTorch one at --size and at
+--torch-size, and a bf16 top-p/greedy sampler on 32k logits,
 examples/diverge_sampler.py, and transformers' top-p warper on 32k bf16 logits,
 examples/diverge_hf_sampler.py, whose decisions are judged too). For the JAX-vs-PyTorch port of
 examples/diverge_port.py:
@@ -16,12 +23,14 @@ examples/diverge_port.py:
   compare  `diag.diverge.compare(run_jax, run_torch)`
 and compare/runs (target <= 2x).
 
-Usage: python benchmarks/bench_diverge.py [--repeats N] [--size D]
+Usage: python benchmarks/bench_diverge.py [--repeats N] [--size D] [--torch-size D2]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import statistics
 import sys
 import time
@@ -31,8 +40,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import diag.diverge
+import diag.diverge.ledger
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import diverge_hf_sampler as hf_sampler  # noqa: E402
@@ -74,44 +85,96 @@ def jax_step(d: int):
     return jax.value_and_grad(loss), (ws, x)
 
 
-def _time(fn, repeats: int) -> list[float]:
-    out = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
+class _Noop(TorchDispatchMode):
+    """The floor of a dispatch mode: every aten op called as it came, nothing else."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
 
 
-def _interleaved(variants: dict, repeats: int) -> dict[str, list[float]]:
+def _noop(fn, args):
+    def run():
+        with torch.autograd.set_multithreading_enabled(False), _Noop():
+            fn(*args)
+
+    return run
+
+
+def _nofig(fn, args):
+    """The shadow without its figures: what the evaluations and bookkeeping cost alone."""
+    def run():
+        measure = diag.diverge.ledger.Ledger.measure
+        diag.diverge.ledger.Ledger.measure = lambda self, *a, **k: 0.0
+        try:
+            diag.diverge.shadow(fn, *args)
+        finally:
+            diag.diverge.ledger.Ledger.measure = measure
+
+    return run
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+
+
+def _interleaved(variants: dict, repeats: int) -> dict[str, dict[str, list[float]]]:
     """Each variant run once to warm up, then `repeats` rounds of one call of each in turn,
-    so that load on a shared machine falls on every variant alike."""
+    so that load on a shared machine falls on every variant alike; per variant the CPU time
+    of this process and the wall time of each call."""
     for v in variants.values():
         v()
-    samples: dict[str, list[float]] = {k: [] for k in variants}
+    samples: dict[str, dict[str, list[float]]] = {
+        k: {"cpu": [], "wall": []} for k in variants
+    }
     for _ in range(repeats):
         for k, v in variants.items():
-            samples[k] += _time(v, 1)
+            c, w = time.process_time(), time.perf_counter()
+            v()
+            samples[k]["wall"].append(time.perf_counter() - w)
+            samples[k]["cpu"].append(time.process_time() - c)
     return samples
 
 
-def _row(name: str, samples: dict[str, list[float]], num: str, den: str, target: float):
-    med = {k: statistics.median(v) for k, v in samples.items()}
-    cells = "  ".join(f"{k} {med[k] * 1e3:8.2f} ms [{min(v) * 1e3:.2f}-{max(v) * 1e3:.2f}]"
-                      for k, v in samples.items())
-    ratio = med[num] / med[den]
-    # On a shared machine the medians swing with the load; the ratio of the fastest samples
-    # is the steadier figure of the two.
-    fastest = min(samples[num]) / min(samples[den])
-    print(f"{name:<22} {cells}  {num}/{den} {ratio:6.2f}x median, {fastest:6.2f}x fastest "
-          f"(target <= {target:g}x)")
-    return ratio
+def _row(name: str, samples: dict, num: str, den: str, target: float) -> float:
+    """Print one workload: per clock the medians [min-max] and the ratios num/den (and
+    noop/den when measured), then the raw samples; return the CPU-time median ratio."""
+    out = 0.0
+    for clock in ("cpu", "wall"):
+        sm = {k: v[clock] for k, v in samples.items()}
+        med = {k: statistics.median(v) for k, v in sm.items()}
+        cells = "  ".join(f"{k} {med[k] * 1e3:8.2f} ms [{min(v) * 1e3:.2f}-{max(v) * 1e3:.2f}]"
+                          for k, v in sm.items())
+        ratio = med[num] / med[den]
+        fastest = min(sm[num]) / min(sm[den])
+        floor = "".join(f"  {k}/{den} {med[k] / med[den]:5.2f}x" for k in ("noop", "nofig")
+                        if k in sm)
+        print(f"{name:<24} {clock:<4} {cells}  {num}/{den} {ratio:6.2f}x median, "
+              f"{fastest:6.2f}x fastest (target <= {target:g}x){floor}")
+        out = out or ratio
+    for k, v in samples.items():
+        print(f"{'':<24} raw {k} cpu ms: {' '.join(f'{x * 1e3:.2f}' for x in v['cpu'])}; "
+              f"wall ms: {' '.join(f'{x * 1e3:.2f}' for x in v['wall'])}")
+    return out
+
+
+def _torch_row(name: str, fn, args, repeats: int) -> None:
+    variants = {"eager": lambda: fn(*args), "noop": _noop(fn, args), "nofig": _nofig(fn, args),
+                "shadow": lambda: diag.diverge.shadow(fn, *args)}
+    _row(name, _interleaved(variants, repeats), "shadow", "eager", 5)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--size", type=int, default=256)
+    ap.add_argument("--torch-size", type=int, default=1024,
+                    help="a second width for the PyTorch MLP (0: none)")
     a = ap.parse_args()
     # One thread each: on a shared machine torch's thread pool makes single samples swing by
     # 10x; both sides of every ratio run under the same setting.
@@ -122,13 +185,11 @@ def main() -> None:
     port.W = {k: rng.normal(0, a.size ** -0.5, (a.size, a.size)).astype(np.float32)
               for k in port.W}
     port.X = rng.normal(0, 1, (128, a.size)).astype(np.float32)
-    print(f"jax {jax.__version__}, torch {torch.__version__}, d={a.size}, "
-          f"{a.repeats} repeats (median [min-max])")
+    print(f"{_machine()}; jax {jax.__version__}, torch {torch.__version__} (1 thread), "
+          f"d={a.size}, {a.repeats} interleaved repeats (median [min-max])")
 
-    fn, args = torch_step(a.size)
-    variants = {"eager": lambda: fn(*args), "shadow": lambda: diag.diverge.shadow(fn, *args)}
-    samples = _interleaved(variants, a.repeats)
-    _row("torch mlp fwd+bwd", samples, "shadow", "eager", 5)
+    for d in dict.fromkeys(x for x in (a.size, a.torch_size) if x):
+        _torch_row(f"torch mlp fwd+bwd d={d}", *torch_step(d), a.repeats)
 
     fn, args = jax_step(a.size)
 
@@ -154,10 +215,7 @@ def main() -> None:
 
     # transformers' TopPLogitsWarper then argmax on 32k bf16 logits whose cut flips
     # (examples/diverge_hf_sampler.py:made): the PyTorch shadow with its decisions judged.
-    fn, args = hf_sampler.made()
-    variants = {"eager": lambda: fn(*args), "shadow": lambda: diag.diverge.shadow(fn, *args)}
-    samples = _interleaved(variants, a.repeats)
-    _row("torch bf16 hf top-p 32k", samples, "shadow", "eager", 5)
+    _torch_row("torch bf16 hf top-p 32k", *hf_sampler.made(), a.repeats)
 
     def runs():
         jax.block_until_ready(port.run_jax())

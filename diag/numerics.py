@@ -112,9 +112,22 @@ def dtype_name(dtype: DTypeLike) -> str:
     return _NAMES[as_dtype(dtype)]
 
 
+_PRECISION_BITS: dict = {}
+
+
 def precision_bits(dtype: DTypeLike) -> int:
-    """Significand bits p including the implicit bit (float32: 24, bfloat16: 8, float16: 11)."""
-    return int(ml_dtypes.finfo(as_dtype(dtype)).nmant) + 1
+    """Significand bits p including the implicit bit (float32: 24, bfloat16: 8, float16: 11);
+    cached per dtype (the diverge shadow asks for it on every op)."""
+    try:
+        return _PRECISION_BITS[dtype]
+    except (KeyError, TypeError):  # not seen yet, or not hashable
+        pass
+    p = int(ml_dtypes.finfo(as_dtype(dtype)).nmant) + 1
+    try:
+        _PRECISION_BITS[dtype] = p
+    except TypeError:
+        pass
+    return p
 
 
 def unit_roundoff(dtype: DTypeLike) -> float:

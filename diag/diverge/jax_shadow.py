@@ -256,7 +256,7 @@ def shadow(fn: Callable, args: tuple, kwargs: dict, outputs: list | None = None)
     if outputs is not None:
         n = len(outs) - len(prog.state_names)  # the result's leaves, then the NNX state's
         outputs.extend(
-            _host(o.sh) if _is_float(getattr(o.val, "dtype", None)) else None for o in outs[:n]
+            _host(o.sh) if is_float(getattr(o.val, "dtype", None)) else None for o in outs[:n]
         )
     note = ""
     if h.unfollowed:

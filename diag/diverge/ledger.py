@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 
@@ -18,7 +19,7 @@ from diag import numerics
 from diag.diverge import decisions
 from diag.diverge.decisions import DecisionRecord, LiteralRecord
 from diag.diverge.records import OpRecord, ShadowReport
-from diag.diverge.rules import carried_error, op_class, own_error
+from diag.diverge.rules import carried_error_diff, op_class, own_error_diff
 
 TOP = 10
 #: Flipped decisions kept in a report (a loop may flip one per iteration).
@@ -42,24 +43,8 @@ def limit(allowance: float) -> Iterator[None]:
         _LIMIT.reset(token)
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _Entry:
-    __slots__ = (
-        "index",
-        "primitive",
-        "cls",
-        "where",
-        "path",
-        "phase",
-        "dtype",
-        "shape",
-        "own_ulps",
-        "own_ratio",
-        "carried_in",
-        "carried",
-        "carried_ulps",
-        "threshold",
-        "reason",
-    )
     index: int
     primitive: str
     cls: str
@@ -76,10 +61,6 @@ class _Entry:
     threshold: float
     reason: str
 
-    def __init__(self, **kw):
-        for k, v in kw.items():
-            setattr(self, k, v)
-
 
 class Ledger:
     """Collects per-op figures in execution order and decides `first` as they arrive."""
@@ -90,6 +71,11 @@ class Ledger:
         self.limit = _LIMIT.get()
         self.decisions: list[DecisionRecord] = []
         self.literals: list[LiteralRecord] = []
+        #: max |y - r| of the last `measure` when it was finite (else None), and its max |y - s|
+        #: (inf where not finite): the evaluators' origin rule reuses them instead of passes
+        #: over the output.
+        self.own_diff: float | None = None
+        self.carried_diff = 0.0
 
     def decide(
         self,
@@ -160,6 +146,8 @@ class Ledger:
     ) -> float:
         """Judge one op output; return its carried error (the evaluators keep it per value).
 
+        Sets `own_diff` and `carried_diff`.
+
         Args:
             primitive: what the report shows (``reduce_sum``, ``aten.exp``).
             name: the bare op name its class is looked up by (``exp``).
@@ -179,12 +167,14 @@ class Ledger:
             threshold = min(threshold, self.limit)
             carried_in = [(c, min(t, self.limit)) for c, t in carried_in]
         if r is not None:
-            own_ulps, own_ratio = own_error(
+            own_ulps, own_ratio, self.own_diff = own_error_diff(
                 y, r, dtype, cls, facts=facts, terms=terms, longest=longest
             )
         else:
-            own_ulps, own_ratio = math.nan, math.nan
-        carried, carried_ulps = carried_error(y, s, dtype)
+            own_ulps, own_ratio, self.own_diff = math.nan, math.nan, None
+        carried, carried_ulps, self.carried_diff = carried_error_diff(
+            y, s, dtype, self.own_diff if r is s else None
+        )
         cin = max((c for c, _ in carried_in), default=0.0)
         e = _Entry(
             index=len(self.entries),

@@ -169,7 +169,17 @@ def absdiff(y: np.ndarray, r: np.ndarray) -> np.ndarray:
 def own_error(
     y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, terms: float = 1, longest: int = 1
 ) -> tuple[float, float]:
-    """(max error in ULPs of `dtype`, ratio of the error to the op's own bound).
+    """(max error in ULPs of `dtype`, ratio of the error to the op's own bound): `own_error_diff`
+    without the difference."""
+    ulps, ratio, _ = own_error_diff(y, r, dtype, cls, facts=facts, terms=terms, longest=longest)
+    return ulps, ratio
+
+
+def own_error_diff(
+    y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, terms: float = 1, longest: int = 1
+) -> tuple[float, float, float | None]:
+    """(max error in ULPs of `dtype`, ratio of the error to the op's own bound, max |y - r|
+    when it is finite, else None: what `max_absdiff(y, r)` gives, without another pass).
 
     It runs once per op output, so the common case (every difference finite) takes a few
     passes over the arrays into reused scratch buffers; anything non-finite goes through
@@ -190,7 +200,7 @@ def own_error(
         longest: for composite ops, the longest axis of any input.
     """
     if y.size == 0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     exact = (y, r, dtype, cls), {"facts": facts, "terms": terms, "longest": longest}
     buf = _scratch(np.shape(y), 4)  # err, |r|, scratch, ulp
     err = buf[0]
@@ -199,9 +209,9 @@ def own_error(
     np.abs(err, out=err)
     top = float(err.max())  # NaN or inf if any difference is: then y or r is not finite
     if not math.isfinite(top):
-        return _own_error_exact(*exact[0], **exact[1])
+        return (*_own_error_exact(*exact[0], **exact[1]), None)
     if top == 0.0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     # Here y and r are finite, so every bound below is positive and err / bound needs no
     # guard for 0 / 0 (a scaling coefficient that is inf goes the exact way).
     tmp = buf[2]
@@ -212,13 +222,15 @@ def own_error(
         floor += _smallest_normal(dtype)
         g = _gamma1(max(terms, 1.0), dtype)
         if not math.isfinite(g):
-            return _own_error_exact(*exact[0], **exact[1])
+            return (*_own_error_exact(*exact[0], **exact[1]), top)
         # |r| <= sum|terms|: gamma_n |r| is a lower bound of the textbook bound (see
         # `_own_error_exact`); only an op beyond it pays for sum|terms|.
+        if facts is not None and _beyond_in_sample(err, r, g, floor):
+            return ulps, _facts_ratio(err, facts, terms, dtype, floor, tmp), top
         ratio = _max_ratio(err, _scaled(np.abs(r, out=buf[1]), g, floor, tmp))
         if ratio <= 1.0 or facts is None:
-            return ulps, ratio
-        return ulps, _facts_ratio(err, facts, terms, dtype, floor, tmp)
+            return ulps, ratio, top
+        return ulps, _facts_ratio(err, facts, terms, dtype, floor, tmp), top
     if cls == "library":
         bound = np.multiply(
             floor, DIVERGE_LIBRARY_ULP / DIVERGE_ROUNDED_ULP, out=floor
@@ -228,13 +240,13 @@ def own_error(
         floor += _smallest_normal(dtype)
         g = _gamma1(longest + DIVERGE_COMPOSITE_EXTRA_STEPS, dtype)
         if not math.isfinite(g):
-            return _own_error_exact(*exact[0], **exact[1])
+            return (*_own_error_exact(*exact[0], **exact[1]), top)
         floor += g * max(float(r.max()), -float(r.min()))  # max |r|
         bound = floor
     else:
         floor += _smallest_normal(dtype)
         bound = floor
-    return ulps, _max_ratio(err, bound)
+    return ulps, _max_ratio(err, bound), top
 
 
 _POOL = threading.local()
@@ -275,6 +287,24 @@ def _scaled(mag: np.ndarray, g: float, floor: np.ndarray, out: np.ndarray) -> np
     np.multiply(mag, g, out=out)
     out += floor
     return out
+
+
+#: Elements of a reduction's output that `_beyond_in_sample` looks at.
+_SAMPLE = 2048
+
+
+def _beyond_in_sample(err: np.ndarray, r: np.ndarray, g: float, floor: np.ndarray) -> bool:
+    """Whether some element of an evenly strided sample is beyond the cheap bound g |r| +
+    floor, computed with the same roundings as the full pass: then the op's ratio is the one
+    against sum|terms| and the full pass over the cheap bound would be wasted (a matmul's
+    elements that nearly cancel are almost always beyond it). False says nothing."""
+    if err.size <= 4 * _SAMPLE or not r.flags.c_contiguous:
+        return False
+    step = err.size // _SAMPLE
+    e, m, f = (np.ravel(a)[::step] for a in (err, r, floor))
+    bound = np.multiply(np.abs(m), g)
+    bound += f
+    return float(np.divide(e, bound, out=bound).max()) > 1.0
 
 
 def _max_ratio(err: np.ndarray, bound: np.ndarray) -> float:
@@ -349,23 +379,53 @@ def _own_error_exact(
     return ulps, _ratio(err, bound)
 
 
+def max_absdiff(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| in float64 (`absdiff`'s rules where either is not finite), into a reused
+    scratch buffer."""
+    if not a.size:
+        return 0.0
+    d = _scratch(np.broadcast_shapes(np.shape(a), np.shape(b)), 1)[0]
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.subtract(a, b, out=d, dtype=np.float64)
+    m = float(np.abs(d, out=d).max())
+    return m if math.isfinite(m) else float(absdiff(a, b).max())
+
+
 def _ratio(err: np.ndarray, bound: np.ndarray) -> float:
     with np.errstate(invalid="ignore", divide="ignore"):
         return float(np.max(np.where(err == 0, 0.0, err / bound)))
 
 
-def carried_error(y: np.ndarray, s: np.ndarray, dtype) -> tuple[float, float]:
-    """(normwise relative error of `y` against its shadow `s`, the same in ULPs of `dtype`)."""
+def carried_error(
+    y: np.ndarray, s: np.ndarray, dtype, diff: float | None = None
+) -> tuple[float, float]:
+    """(normwise relative error of `y` against its shadow `s`, the same in ULPs of `dtype`).
+
+    Args:
+        diff: max |y - s| when already known and finite (`own_error_diff`'s when the shadow is
+            the reference), which saves a pass.
+    """
+    ratio, ulps, _ = carried_error_diff(y, s, dtype, diff)
+    return ratio, ulps
+
+
+def carried_error_diff(
+    y: np.ndarray, s: np.ndarray, dtype, diff: float | None = None
+) -> tuple[float, float, float]:
+    """`carried_error` and max |y - s| (inf where a difference is not finite)."""
     if y.size == 0:
-        return 0.0, 0.0
-    err = _scratch(np.shape(y), 1)[0]
-    with np.errstate(invalid="ignore", over="ignore"):
-        np.subtract(y, s, out=err, dtype=np.float64)
-    np.abs(err, out=err)
-    num = float(err.max())
+        return 0.0, 0.0, 0.0
+    if diff is not None and math.isfinite(diff):
+        num = diff
+    else:
+        err = _scratch(np.shape(y), 1)[0]
+        with np.errstate(invalid="ignore", over="ignore"):
+            np.subtract(y, s, out=err, dtype=np.float64)
+        np.abs(err, out=err)
+        num = float(err.max())
     if math.isfinite(num):  # then y and s are finite: no element needs the exact handling
         if num == 0.0:
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0
         den = max(float(s.max()), -float(s.min()))
     else:
         err = absdiff(y, s)
@@ -373,10 +433,10 @@ def carried_error(y: np.ndarray, s: np.ndarray, dtype) -> tuple[float, float]:
         fin = np.abs(s[np.isfinite(s)])
         den = float(np.max(fin)) if fin.size else 0.0
     if num == 0.0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     if den == 0.0 or not math.isfinite(num):
-        return math.inf, math.inf
-    return num / den, num / _ulp_scalar(den, dtype)
+        return math.inf, math.inf, num
+    return num / den, num / _ulp_scalar(den, dtype), num
 
 
 def _ulp_scalar(x: float, dtype) -> float:

@@ -55,6 +55,17 @@ def source_from_stack() -> tuple[str, int, str]:
 # An installed library's file: under any site-packages/dist-packages folder (a venv's, or the
 # base interpreter's that a venv with system packages sees).
 _SITE = re.compile(r"[/\\](site|dist)-packages[/\\]")
+_LIBRARY_FILE: dict[str, bool] = {}
+
+
+def _is_library_file(path: str) -> bool:
+    """Whether `path` is an installed library's file, not torch's or diag's (cached per path:
+    the stack is walked on every op)."""
+    r = _LIBRARY_FILE.get(path)
+    if r is None:
+        p = os.path.normcase(os.path.abspath(path))
+        r = _LIBRARY_FILE[path] = bool(_SITE.search(p)) and not p.startswith(_SKIP_DIRS)
+    return r
 
 
 def library_from_stack() -> str:
@@ -66,8 +77,7 @@ def library_from_stack() -> str:
         path = f.f_code.co_filename
         if is_user_file(path):
             return ""
-        p = os.path.normcase(os.path.abspath(path))
-        if _SITE.search(p) and not p.startswith(_SKIP_DIRS):
+        if _is_library_file(path):
             return f"{os.path.basename(path)}:{f.f_lineno} ({f.f_code.co_name})"
         f = f.f_back
     return ""
@@ -83,10 +93,8 @@ def lines_from_stack() -> tuple[tuple[str, int, str], str]:
         path = f.f_code.co_filename
         if is_user_file(path):
             return (path, f.f_lineno, f.f_code.co_name), library
-        if not library:
-            p = os.path.normcase(os.path.abspath(path))
-            if _SITE.search(p) and not p.startswith(_SKIP_DIRS):
-                library = f"{os.path.basename(path)}:{f.f_lineno} ({f.f_code.co_name})"
+        if not library and _is_library_file(path):
+            library = f"{os.path.basename(path)}:{f.f_lineno} ({f.f_code.co_name})"
         f = f.f_back
     return ("", 0, ""), library
 
