@@ -12,7 +12,7 @@ reaches (std 0.4): attention logits above 11, where `exp` overflows float16.
     diag run examples/decoder_flax.py:clean      # every output within its allowance
     diag run examples/decoder_flax.py:planted    # fails; names the exp and its line
 
-In a test: ``diag.testing.assert_numerics(*clean())``.
+In a test: ``fn, args = clean(); diag.testing.assert_numerics(fn, *args)``.
 """
 
 from __future__ import annotations

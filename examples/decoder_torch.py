@@ -13,7 +13,7 @@ overflows float16.
     diag run examples/decoder_torch.py:clean      # every output within its allowance
     diag run examples/decoder_torch.py:planted    # fails; names the exp and its line
 
-In a test: ``diag.testing.assert_numerics(*clean())``.
+In a test: ``fn, args = clean(); diag.testing.assert_numerics(fn, *args)``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ other differing row a `fail`.
     diag run examples/sampler_jax.py:clean      # token ids agree with float64
     diag run examples/sampler_jax.py:planted    # fails; names the exp and its line
 
-In a test: ``diag.testing.assert_numerics(*clean())``.
+In a test: ``fn, args = clean(); diag.testing.assert_numerics(fn, *args)``.
 """
 
 from __future__ import annotations

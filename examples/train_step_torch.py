@@ -13,7 +13,7 @@ reference) and can be run again and again with the same result.
     diag run examples/train_step_torch.py:clean      # every output within its allowance
     diag run examples/train_step_torch.py:planted    # fails; names the sub and its line
 
-In a test: ``diag.testing.assert_numerics(*clean())``.
+In a test: ``fn, args = clean(); diag.testing.assert_numerics(fn, *args)``.
 """
 
 from __future__ import annotations

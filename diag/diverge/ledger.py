@@ -195,20 +195,27 @@ class Ledger:
         )
         self.entries.append(e)
         if self.first is None:
-            if own_ratio > 1.0 and cls != "composite":
-                e.reason = (
-                    f"own error {own_ulps:.3g} ULP is {own_ratio:.3g}x its bound: it "
-                    f"computed with less precision than {e.dtype} claims"
-                )
-                self.first = e
-            elif cls != "structural" and carried > threshold and all(c <= t for c, t in carried_in):
-                what = "the allowance" if lowered else f"the {e.dtype} threshold"
-                e.reason = (
-                    f"carried error {_num(carried)} passed {what} "
-                    f"{threshold:.2g} here (inputs carried at most {_num(cin)})"
-                )
-                self.first = e
+            self._maybe_first(e, carried_in, lowered)
         return carried
+
+    def _maybe_first(self, e: _Entry, carried_in: list[tuple[float, float]], lowered: bool):
+        """Make `e` the `first` divergent op if it broke its own bound, or if its carried
+        error passed its threshold while none of its inputs' did (the `first` rule)."""
+        if e.own_ratio > 1.0 and e.cls != "composite":
+            e.reason = (
+                f"own error {e.own_ulps:.3g} ULP is {e.own_ratio:.3g}x its bound: it "
+                f"computed with less precision than {e.dtype} claims"
+            )
+            self.first = e
+        elif (
+            e.cls != "structural" and e.carried > e.threshold and all(c <= t for c, t in carried_in)
+        ):
+            what = "the allowance" if lowered else f"the {e.dtype} threshold"
+            e.reason = (
+                f"carried error {_num(e.carried)} passed {what} "
+                f"{e.threshold:.2g} here (inputs carried at most {_num(e.carried_in)})"
+            )
+            self.first = e
 
     def report(
         self,
