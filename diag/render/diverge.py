@@ -217,7 +217,12 @@ def _shadow_parts(report: Any) -> list:
     title = head + (
         f"first divergent op {f.primitive} at {f.source or 'an unknown line'}"
         if f
-        else "no divergent op"
+        else "no op left its bound"
+        + (
+            f"; {len(report.decisions)} decision(s) taken the other way than float64 (below)"
+            if getattr(report, "decisions", ())
+            else ""
+        )
     )
     parts: list = [
         _rows_table(title, _useful(_OP_COLS, rows), rows, f),
