@@ -302,3 +302,25 @@ def test_example_hunts_the_nan_in_a_training_step():
     assert lines[1].startswith(f"report: NaN born in div at nan_train_step.py:{line} (normalise) "
                                f"[jit[train_step]/scan[3]], forward;")
     assert lines[2] == "clean inputs: no NaN/Inf produced"
+
+
+def test_a_callers_result_is_the_screen():
+    """`diag run`'s worker hands the hunt the result it judged: a finite one ends the hunt
+    without calling the function, a non-finite one is hunted without a second eager run."""
+    import numpy as np
+
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        return {"y": jnp.log(x)}
+
+    x = jnp.array([1.0, -1.0, 2.0])
+    assert nan.hunt(f, (x,), result={"y": jnp.array([0.0, 1.0, 2.0])}) is None
+    assert not calls  # a finite result: the function is neither called nor traced
+    bad = {"y": jnp.log(x)}
+    got = nan.hunt(f, (x,), result=bad)
+    # Independently: log(-1) is NaN in float64 numpy.
+    assert np.isnan(np.log(np.float64(-1.0)))
+    assert got is not None and got.primitive == "log" and got.kind == "NaN"
+    assert nan.reason(got) == nan.reason(nan.hunt(f, (x,)))

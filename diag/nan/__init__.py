@@ -65,7 +65,12 @@ def reason(report: NanReport | None) -> str:
 
 
 def hunt(
-    fn: Callable, args: tuple = (), kwargs: dict | None = None, *, framework: str | None = None
+    fn: Callable,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    *,
+    framework: str | None = None,
+    result: Any = None,
 ) -> NanReport | None:
     """`locate` with the framework chosen explicitly (``jax`` or ``torch``) instead of guessed.
 
@@ -75,6 +80,9 @@ def hunt(
         framework: ``jax``, ``torch`` or None to tell it from the values the function is
             given, else from the names its code uses, else by running it once under the
             torch hunt (a function that runs no torch op is then hunted as JAX).
+        result: JAX: what a call the caller already made returned (``jax.jit(fn)`` on the
+            same arguments, as `diag run`'s worker does): it is the screen, and the function
+            is not called again before the hunt. None: the function is called once.
 
     Returns:
         The report of the earliest NaN/Inf birth that reaches the function's results, or None
@@ -98,7 +106,7 @@ def hunt(
     if framework == "jax":
         from diag.nan import jax_hunt
 
-        return jax_hunt.locate(fn, args, kwargs)
+        return jax_hunt.locate(fn, args, kwargs, result=result)
     if framework == "torch":
         from diag.nan import torch_hunt
 

@@ -184,18 +184,13 @@ def _names_of_results(out_tree, n_state: int, state_names: list[str]) -> list[st
     return names
 
 
-def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
-    """See `diag.nan.locate`."""
+def locate(fn: Callable, args: tuple, kwargs: dict, result: Any = None) -> NanReport | None:
+    """See `diag.nan.locate`; `result`: see `diag.nan.hunt`."""
     name = _fn_name(fn)
     prog = Program(fn, args, kwargs)
-    screened = None
-    if prog.nnx is None and _jit_without_donation(fn):
-        # Nothing to protect: the user's own call (the fast, cached path) is the screen, and
-        # a clean function costs one call.
-        result = _call(fn, args, kwargs, name)
-        if not _nonfinite_leaves(result):
-            return None
-        screened = jax.tree_util.tree_leaves(result)
+    clean, screened = _screen(fn, args, kwargs, name, prog, result)
+    if clean:
+        return None
     # Trace first: it runs nothing, so state cannot change and buffers cannot be donated
     # before the hunt has its starting point. A jitted function's trace is cached by JAX.
     try:
@@ -207,6 +202,8 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
     out_tree = jax.tree_util.tree_structure(shapes)
     n_state = len(jax.tree_util.tree_leaves(shapes[1]))
     donated = _donated(closed)
+    if screened is not None and len(screened) != len(jax.tree_util.tree_leaves(shapes)) - n_state:
+        screened = None  # a result of another structure is no screen: call the function
     try:
         if screened is not None:
             result_leaves = screened
@@ -262,6 +259,22 @@ def locate(fn: Callable, args: tuple, kwargs: dict) -> NanReport | None:
         f"op by op did not: the compiler changed the arithmetic (fusion, excess precision, "
         f"fast math); compare XLA flags with `diag run`",
     )
+
+
+def _screen(fn, args, kwargs, name, prog, result) -> tuple[bool, list | None]:
+    """(clean, the results' leaves) from a call that needs no protection, before tracing:
+    the caller's own (diag run's worker judged this result), else the user's jitted function
+    when it donates nothing (the fast, cached path; a clean function costs one call).
+    (False, None) when neither applies: the hunt screens after tracing."""
+    if prog.nnx is not None:
+        return False, None
+    if result is None:
+        if not _jit_without_donation(fn):
+            return False, None
+        result = _call(fn, args, kwargs, name)
+    if not _nonfinite_leaves(result):
+        return True, None
+    return False, jax.tree_util.tree_leaves(result)
 
 
 def _jit_without_donation(fn: Callable) -> bool:
