@@ -25,6 +25,7 @@ from diag.tolerance import Tolerance
 from diag.userfn import agreement, judge, leaf_name
 from diag.userfn.bind import bind
 from diag.userfn.host import Prepared, prepare
+from diag.userfn.standin import JAX_MODULES, TORCH_MODULES
 
 _STATUS_ORDER = ("pass", "warn", "fail", "error")
 
@@ -111,12 +112,22 @@ def _tolerance(dtype: str, claim: str) -> Tolerance:
     )
 
 
-def _builder(backend, fn: str):
-    """The user's function on `backend`, bound to the shipped inputs (loaded in the worker)."""
+def _builder(fn: str, framework: str, absent: frozenset[str]):
+    """The user's function on the worker's `framework`, bound to the shipped inputs (loaded
+    in the worker; the other framework's imports get stand-ins where it is not installed, as
+    in torch_xla's own environment, which has no JAX)."""
     from diag.userfn import load
 
-    u = load(fn)
-    return bind(u.fn, u.args, u.kwargs, u.framework)
+    u = load(fn, absent)
+    return bind(u.fn, u.args, u.kwargs, framework)
+
+
+def _on_jax(backend, fn: str):
+    return _builder(fn, "jax", TORCH_MODULES)
+
+
+def _on_torch(backend, fn: str):
+    return _builder(fn, "torch", JAX_MODULES)
 
 
 PROBE = Probe(
@@ -134,7 +145,7 @@ PROBE = Probe(
     label=lambda params: str(params["function"]),
     truth_args=("fn", "source_hash"),
     make_inputs=make_inputs,
-    implementations={"jax": _builder, "torch": _builder},
+    implementations={"jax": _on_jax, "torch": _on_torch},
     tolerance=_tolerance,
     user_function=True,
 )

@@ -80,17 +80,19 @@ def _display(spec: str) -> str:
     return f"{Path(where).name if where.endswith('.py') else where}:{name}"
 
 
-def load(spec: str) -> UserFunction:
+def load(spec: str, absent: frozenset[str] = frozenset()) -> UserFunction:
     """``FILE.py:FUNCTION`` or ``pkg.module:function`` -> a `UserFunction`.
 
     FUNCTION is called with no arguments (after the global generators are seeded); it returns
     ``(fn, args)`` or ``(fn, args, kwargs)``, else FUNCTION itself is the function under test.
+    A worker passes the other framework's modules as `absent`: the file's imports of them get
+    stand-ins where they are not installed (`diag.userfn.standin`).
 
     Raises:
         UserFunctionError: a malformed spec, no such file, module or function, or importing
             the file or calling FUNCTION raised (one line, naming which).
     """
-    module, maker, name = import_spec(spec)
+    module, maker, name = import_spec(spec, absent)
     fn, args, kwargs = call_maker(maker, name)
     return UserFunction(
         name=_display(spec),
