@@ -51,8 +51,10 @@ def function_case(
     start: int = 0,
     where: str = "",
     timeout: float | None = None,
+    reference: str = "",
 ) -> Case:
-    """The case of one user's function.
+    """The case of one user's function (judged against the reference function `reference`
+    names, ``file.py:ref``, when given; else against itself in float64).
 
     Raises:
         UserFunctionError: the function could not be loaded, raised, returned no arrays or
@@ -61,7 +63,8 @@ def function_case(
     from diag.userfn.host import prepare
 
     spec = absolute(spec)
-    prepared = prepare(spec, timeout)
+    reference = absolute(reference) if reference else ""
+    prepared = prepare(spec, timeout, reference)
     u = prepared.function
     op = _function_op()
     params = {
@@ -69,11 +72,12 @@ def function_case(
         "fn": spec,
         "framework": u.framework,
         "source_hash": u.source_hash,
+        "reference": reference,
         "dtype": prepared.dtype,
         "inputs": "function",
         "input_bytes": sum(int(a.nbytes) for _, a in prepared.inputs),
     }
-    key = hashlib.sha256(json.dumps([op, spec, u.source_hash]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([op, spec, u.source_hash, reference]).encode()).hexdigest()[:16]
     return Case(
         id=f"c{start:04d}",
         probe=name or u.name,
@@ -90,13 +94,13 @@ def function_case(
     )
 
 
-def function_suite(spec: str, timeout: float | None = None) -> Suite:
-    """A suite of one user's function (`diag run FILE.py:FUNCTION`).
+def function_suite(spec: str, timeout: float | None = None, reference: str = "") -> Suite:
+    """A suite of one user's function (`diag run FILE.py:FUNCTION [--reference FILE.py:REF]`).
 
     Raises:
         UserFunctionError: as `function_case`.
     """
-    case = function_case(spec, timeout=timeout)
+    case = function_case(spec, timeout=timeout, reference=reference)
     return Suite(
         name=FUNCTION_SUITE,
         path=case.params["fn"],
@@ -123,13 +127,16 @@ def function_entry(
     """
     from diag.userfn import UserFunctionError
 
-    unknown = set(entry) - {"name", "fn", "description"}
+    unknown = set(entry) - {"name", "fn", "description", "reference"}
     if unknown:
         raise SuiteError(
             str(path),
             f"{where}.{sorted(unknown)[0]}",
-            "only name, fn and description in an entry naming a function",
+            "only name, fn, reference and description in an entry naming a function",
         )
+    ref = entry.get("reference", "")
+    if not isinstance(ref, str) or (ref and ":" not in ref):
+        raise SuiteError(str(path), f"{where}.reference", f"FILE.py:FUNCTION, got {ref!r}")
     spec = entry["fn"]
     if not isinstance(spec, str):
         raise SuiteError(
@@ -143,6 +150,7 @@ def function_entry(
             start=start,
             where=where,
             timeout=timeout,
+            reference=absolute(ref, path.parent) if ref else "",
         )
     except UserFunctionError as e:
         raise SuiteError(str(path), f"{where}.fn", str(e).removeprefix("diag: ")) from None

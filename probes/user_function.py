@@ -45,7 +45,7 @@ class Truth:
 def truth(inputs: list, params: dict, cache) -> Truth:
     """The float64 reference of the function (computed once per process, on the host)."""
     t0 = time.perf_counter()
-    prepared = prepare(params["fn"])
+    prepared = prepare(params["fn"], ref_spec=params.get("reference", ""))
     return Truth(prepared, prepared.reference.description, time.perf_counter() - t0)
 
 
@@ -97,7 +97,7 @@ def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
 def make_inputs(rng, params: dict, dtype) -> list:
     """The function's inputs as the host loaded them (the seed does not enter: the user's
     FUNCTION makes them)."""
-    return [a for _, a in prepare(params["fn"]).inputs]
+    return [a for _, a in prepare(params["fn"], ref_spec=params.get("reference", "")).inputs]
 
 
 def _tolerance(dtype: str, claim: str) -> Tolerance:
@@ -143,7 +143,7 @@ PROBE = Probe(
     agree=agree,
     host_bytes=lambda params: int(params.get("input_bytes", 0)) * 16,
     label=lambda params: str(params["function"]),
-    truth_args=("fn", "source_hash"),
+    truth_args=("fn", "source_hash", "reference"),
     make_inputs=make_inputs,
     implementations={"jax": _on_jax, "torch": _on_torch},
     tolerance=_tolerance,
