@@ -52,6 +52,7 @@ def function_case(
     where: str = "",
     timeout: float | None = None,
     reference: str = "",
+    draw: str = "",
 ) -> Case:
     """The case of one user's function (judged against the reference function `reference`
     names, ``file.py:ref``, when given; else against itself in float64).
@@ -64,7 +65,7 @@ def function_case(
 
     spec = absolute(spec)
     reference = absolute(reference) if reference else ""
-    prepared = prepare(spec, timeout, reference)
+    prepared = prepare(spec, timeout, reference, draw)
     u = prepared.function
     op = _function_op()
     params = {
@@ -73,18 +74,21 @@ def function_case(
         "framework": u.framework,
         "source_hash": u.source_hash,
         "reference": reference,
+        "draw": draw,
         "dtype": prepared.dtype,
         "inputs": "function",
         "input_bytes": sum(int(a.nbytes) for _, a in prepared.inputs),
     }
-    key = hashlib.sha256(json.dumps([op, spec, u.source_hash, reference]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps([op, spec, u.source_hash, reference, draw]).encode()
+    ).hexdigest()[:16]
     return Case(
         id=f"c{start:04d}",
         probe=name or u.name,
         op=op,
         label=u.name,
         params=params,
-        op_args={"fn": spec},
+        op_args={"fn": spec, **({"draw": draw} if draw else {})},
         inputs="function",
         input_key=key,
         seed=int(key[:8], 16) ^ seed,
@@ -110,6 +114,35 @@ def function_suite(spec: str, timeout: float | None = None, reference: str = "")
     )
 
 
+_FN_FIELDS = {"name", "fn", "description", "reference", "inputs", "shape", "dtype", "seed"}
+
+
+def _draw(path: Path, where: str, entry: dict, seed: int) -> str:
+    """The entry's draw (`diag.userfn.drawn`), or "" when it names no ``inputs``.
+
+    Raises:
+        SuiteError: a bad maker, shape or dtype, or shape, dtype or seed without inputs.
+    """
+    from diag.userfn import UserFunctionError
+    from diag.userfn.drawn import draw_spec
+
+    if "inputs" not in entry:
+        extra = sorted({"shape", "dtype", "seed"} & set(entry))
+        if extra:
+            raise SuiteError(str(path), f"{where}.{extra[0]}", "only with inputs = MAKER")
+        return ""
+    try:
+        return draw_spec(
+            entry["inputs"],
+            entry.get("shape", []),
+            entry.get("dtype", "float32"),
+            entry.get("seed", seed),
+        )
+    except UserFunctionError as e:
+        field, _, why = str(e).removeprefix("diag: ").partition(": ")
+        raise SuiteError(str(path), f"{where}.{field}", why) from None
+
+
 def function_entry(
     path: Path,
     where: str,
@@ -127,12 +160,12 @@ def function_entry(
     """
     from diag.userfn import UserFunctionError
 
-    unknown = set(entry) - {"name", "fn", "description", "reference"}
+    unknown = set(entry) - _FN_FIELDS
     if unknown:
         raise SuiteError(
             str(path),
             f"{where}.{sorted(unknown)[0]}",
-            "only name, fn, reference and description in an entry naming a function",
+            f"only {', '.join(sorted(_FN_FIELDS))} in an entry naming a function",
         )
     ref = entry.get("reference", "")
     if not isinstance(ref, str) or (ref and ":" not in ref):
@@ -151,6 +184,7 @@ def function_entry(
             where=where,
             timeout=timeout,
             reference=absolute(ref, path.parent) if ref else "",
+            draw=_draw(path, where, entry, seed),
         )
     except UserFunctionError as e:
         raise SuiteError(str(path), f"{where}.fn", str(e).removeprefix("diag: ")) from None

@@ -45,7 +45,9 @@ class Truth:
 def truth(inputs: list, params: dict, cache) -> Truth:
     """The float64 reference of the function (computed once per process, on the host)."""
     t0 = time.perf_counter()
-    prepared = prepare(params["fn"], ref_spec=params.get("reference", ""))
+    prepared = prepare(
+        params["fn"], ref_spec=params.get("reference", ""), draw=params.get("draw", "")
+    )
     return Truth(prepared, prepared.reference.description, time.perf_counter() - t0)
 
 
@@ -97,7 +99,12 @@ def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
 def make_inputs(rng, params: dict, dtype) -> list:
     """The function's inputs as the host loaded them (the seed does not enter: the user's
     FUNCTION makes them)."""
-    return [a for _, a in prepare(params["fn"], ref_spec=params.get("reference", "")).inputs]
+    return [
+        a
+        for _, a in prepare(
+            params["fn"], ref_spec=params.get("reference", ""), draw=params.get("draw", "")
+        ).inputs
+    ]
 
 
 def _tolerance(dtype: str, claim: str) -> Tolerance:
@@ -112,22 +119,22 @@ def _tolerance(dtype: str, claim: str) -> Tolerance:
     )
 
 
-def _builder(fn: str, framework: str, absent: frozenset[str]):
+def _builder(fn: str, framework: str, absent: frozenset[str], draw: str):
     """The user's function on the worker's `framework`, bound to the shipped inputs (loaded
     in the worker; the other framework's imports get stand-ins where it is not installed, as
     in torch_xla's own environment, which has no JAX)."""
     from diag.userfn import load
 
-    u = load(fn, absent)
+    u = load(fn, absent, draw)
     return bind(u.fn, u.args, u.kwargs, framework)
 
 
-def _on_jax(backend, fn: str):
-    return _builder(fn, "jax", TORCH_MODULES)
+def _on_jax(backend, fn: str, draw: str = ""):
+    return _builder(fn, "jax", TORCH_MODULES, draw)
 
 
-def _on_torch(backend, fn: str):
-    return _builder(fn, "torch", JAX_MODULES)
+def _on_torch(backend, fn: str, draw: str = ""):
+    return _builder(fn, "torch", JAX_MODULES, draw)
 
 
 PROBE = Probe(
@@ -143,7 +150,7 @@ PROBE = Probe(
     agree=agree,
     host_bytes=lambda params: int(params.get("input_bytes", 0)) * 16,
     label=lambda params: str(params["function"]),
-    truth_args=("fn", "source_hash", "reference"),
+    truth_args=("fn", "source_hash", "reference", "draw"),
     make_inputs=make_inputs,
     implementations={"jax": _on_jax, "torch": _on_torch},
     tolerance=_tolerance,

@@ -121,7 +121,7 @@ def _narrowest(inputs: list[tuple[str, np.ndarray]]) -> str:
     return max(floats, key=numerics.unit_roundoff)
 
 
-_PREPARED: dict[tuple[str, str], Prepared] = {}
+_PREPARED: dict[tuple[str, str, str], Prepared] = {}
 
 
 def _reference_of(u: Any, ref_spec: str, timeout: float | None) -> Reference:
@@ -146,7 +146,9 @@ def _display(spec: str) -> str:
     return f"{where.replace(chr(92), '/').rpartition('/')[2]}:{name}"
 
 
-def prepare(spec: str, timeout: float | None = None, ref_spec: str = "") -> Prepared:
+def prepare(
+    spec: str, timeout: float | None = None, ref_spec: str = "", draw: str = ""
+) -> Prepared:
     """Load `spec`, take its inputs and compute its reference: the function in float64, or
     the reference function `ref_spec` names (cached per process).
 
@@ -156,17 +158,17 @@ def prepare(spec: str, timeout: float | None = None, ref_spec: str = "") -> Prep
     """
     from diag.userfn import load
 
-    if (spec, ref_spec) in _PREPARED:
-        return _PREPARED[spec, ref_spec]
+    if (spec, ref_spec, draw) in _PREPARED:
+        return _PREPARED[spec, ref_spec, draw]
     # Importing the file (and the framework it imports) is not timed: only what the user's
     # code computes is (FUNCTION, then the function in float64).
     import_spec(spec)
-    u = within(timeout, lambda: load(spec), spec.rpartition(":")[2])
+    u = within(timeout, lambda: load(spec, draw=draw), spec.rpartition(":")[2])
     inputs = input_leaves(u.fn, u.args, u.kwargs, u.framework)
     pristine = (u.fn, u.args, u.kwargs)
     if u.framework == "torch":
         pristine = copy.deepcopy(pristine)
     ref = _reference_of(u, ref_spec, timeout)
     prepared = Prepared(u, inputs, ref, _narrowest(inputs), pristine)
-    _PREPARED[spec, ref_spec] = prepared
+    _PREPARED[spec, ref_spec, draw] = prepared
     return prepared
