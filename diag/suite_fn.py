@@ -51,8 +51,11 @@ def function_case(
     start: int = 0,
     where: str = "",
     timeout: float | None = None,
+    reference: str = "",
+    draw: str = "",
 ) -> Case:
-    """The case of one user's function.
+    """The case of one user's function (judged against the reference function `reference`
+    names, ``file.py:ref``, when given; else against itself in float64).
 
     Raises:
         UserFunctionError: the function could not be loaded, raised, returned no arrays or
@@ -61,7 +64,8 @@ def function_case(
     from diag.userfn.host import prepare
 
     spec = absolute(spec)
-    prepared = prepare(spec, timeout)
+    reference = absolute(reference) if reference else ""
+    prepared = prepare(spec, timeout, reference, draw)
     u = prepared.function
     op = _function_op()
     params = {
@@ -69,18 +73,22 @@ def function_case(
         "fn": spec,
         "framework": u.framework,
         "source_hash": u.source_hash,
+        "reference": reference,
+        "draw": draw,
         "dtype": prepared.dtype,
         "inputs": "function",
         "input_bytes": sum(int(a.nbytes) for _, a in prepared.inputs),
     }
-    key = hashlib.sha256(json.dumps([op, spec, u.source_hash]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps([op, spec, u.source_hash, reference, draw]).encode()
+    ).hexdigest()[:16]
     return Case(
         id=f"c{start:04d}",
         probe=name or u.name,
         op=op,
         label=u.name,
         params=params,
-        op_args={"fn": spec},
+        op_args={"fn": spec, **({"draw": draw} if draw else {})},
         inputs="function",
         input_key=key,
         seed=int(key[:8], 16) ^ seed,
@@ -90,13 +98,13 @@ def function_case(
     )
 
 
-def function_suite(spec: str, timeout: float | None = None) -> Suite:
-    """A suite of one user's function (`diag run FILE.py:FUNCTION`).
+def function_suite(spec: str, timeout: float | None = None, reference: str = "") -> Suite:
+    """A suite of one user's function (`diag run FILE.py:FUNCTION [--reference FILE.py:REF]`).
 
     Raises:
         UserFunctionError: as `function_case`.
     """
-    case = function_case(spec, timeout=timeout)
+    case = function_case(spec, timeout=timeout, reference=reference)
     return Suite(
         name=FUNCTION_SUITE,
         path=case.params["fn"],
@@ -104,6 +112,35 @@ def function_suite(spec: str, timeout: float | None = None) -> Suite:
         seed=0,
         cases=(case,),
     )
+
+
+_FN_FIELDS = {"name", "fn", "description", "reference", "inputs", "shape", "dtype", "seed"}
+
+
+def _draw(path: Path, where: str, entry: dict, seed: int) -> str:
+    """The entry's draw (`diag.userfn.drawn`), or "" when it names no ``inputs``.
+
+    Raises:
+        SuiteError: a bad maker, shape or dtype, or shape, dtype or seed without inputs.
+    """
+    from diag.userfn import UserFunctionError
+    from diag.userfn.drawn import draw_spec
+
+    if "inputs" not in entry:
+        extra = sorted({"shape", "dtype", "seed"} & set(entry))
+        if extra:
+            raise SuiteError(str(path), f"{where}.{extra[0]}", "only with inputs = MAKER")
+        return ""
+    try:
+        return draw_spec(
+            entry["inputs"],
+            entry.get("shape", []),
+            entry.get("dtype", "float32"),
+            entry.get("seed", seed),
+        )
+    except UserFunctionError as e:
+        field, _, why = str(e).removeprefix("diag: ").partition(": ")
+        raise SuiteError(str(path), f"{where}.{field}", why) from None
 
 
 def function_entry(
@@ -123,13 +160,16 @@ def function_entry(
     """
     from diag.userfn import UserFunctionError
 
-    unknown = set(entry) - {"name", "fn", "description"}
+    unknown = set(entry) - _FN_FIELDS
     if unknown:
         raise SuiteError(
             str(path),
             f"{where}.{sorted(unknown)[0]}",
-            "only name, fn and description in an entry naming a function",
+            f"only {', '.join(sorted(_FN_FIELDS))} in an entry naming a function",
         )
+    ref = entry.get("reference", "")
+    if not isinstance(ref, str) or (ref and ":" not in ref):
+        raise SuiteError(str(path), f"{where}.reference", f"FILE.py:FUNCTION, got {ref!r}")
     spec = entry["fn"]
     if not isinstance(spec, str):
         raise SuiteError(
@@ -143,6 +183,8 @@ def function_entry(
             start=start,
             where=where,
             timeout=timeout,
+            reference=absolute(ref, path.parent) if ref else "",
+            draw=_draw(path, where, entry, seed),
         )
     except UserFunctionError as e:
         raise SuiteError(str(path), f"{where}.fn", str(e).removeprefix("diag: ")) from None

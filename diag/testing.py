@@ -32,8 +32,9 @@ from typing import Any
 from diag.errors import UsageError
 from diag.interp import framework_of
 from diag.tolerance.userfn import userfn_output_allowance
-from diag.userfn import OutputVerdict, Reference, judge, numpy_leaves, reference
+from diag.userfn import OutputVerdict, Reference, judge, reference
 from diag.userfn.host import first_op_line
+from diag.userfn.reference import given_reference
 
 __all__ = ["NumericsWarning", "assert_numerics"]
 
@@ -147,9 +148,8 @@ def _reference(
 ) -> Reference:
     if user is None:
         return reference(fn, args, kwargs, framework)
-    leaves = numpy_leaves(user(*args, **kwargs))
     label = getattr(user, "__qualname__", None) or type(user).__name__
-    return Reference("user", f"the outputs of {label} (the reference the test gave)", tuple(leaves))
+    return given_reference(user, args, kwargs, label)
 
 
 def _run(fn: Callable, args: tuple, kwargs: dict, framework: str) -> Any:

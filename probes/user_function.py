@@ -25,6 +25,7 @@ from diag.tolerance import Tolerance
 from diag.userfn import agreement, judge, leaf_name
 from diag.userfn.bind import bind
 from diag.userfn.host import Prepared, prepare
+from diag.userfn.standin import JAX_MODULES, TORCH_MODULES
 
 _STATUS_ORDER = ("pass", "warn", "fail", "error")
 
@@ -44,7 +45,9 @@ class Truth:
 def truth(inputs: list, params: dict, cache) -> Truth:
     """The float64 reference of the function (computed once per process, on the host)."""
     t0 = time.perf_counter()
-    prepared = prepare(params["fn"])
+    prepared = prepare(
+        params["fn"], ref_spec=params.get("reference", ""), draw=params.get("draw", "")
+    )
     return Truth(prepared, prepared.reference.description, time.perf_counter() - t0)
 
 
@@ -96,7 +99,12 @@ def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
 def make_inputs(rng, params: dict, dtype) -> list:
     """The function's inputs as the host loaded them (the seed does not enter: the user's
     FUNCTION makes them)."""
-    return [a for _, a in prepare(params["fn"]).inputs]
+    return [
+        a
+        for _, a in prepare(
+            params["fn"], ref_spec=params.get("reference", ""), draw=params.get("draw", "")
+        ).inputs
+    ]
 
 
 def _tolerance(dtype: str, claim: str) -> Tolerance:
@@ -111,12 +119,22 @@ def _tolerance(dtype: str, claim: str) -> Tolerance:
     )
 
 
-def _builder(backend, fn: str):
-    """The user's function on `backend`, bound to the shipped inputs (loaded in the worker)."""
+def _builder(fn: str, framework: str, absent: frozenset[str], draw: str):
+    """The user's function on the worker's `framework`, bound to the shipped inputs (loaded
+    in the worker; the other framework's imports get stand-ins where it is not installed, as
+    in torch_xla's own environment, which has no JAX)."""
     from diag.userfn import load
 
-    u = load(fn)
-    return bind(u.fn, u.args, u.kwargs, u.framework)
+    u = load(fn, absent, draw)
+    return bind(u.fn, u.args, u.kwargs, framework)
+
+
+def _on_jax(backend, fn: str, draw: str = ""):
+    return _builder(fn, "jax", TORCH_MODULES, draw)
+
+
+def _on_torch(backend, fn: str, draw: str = ""):
+    return _builder(fn, "torch", JAX_MODULES, draw)
 
 
 PROBE = Probe(
@@ -132,9 +150,9 @@ PROBE = Probe(
     agree=agree,
     host_bytes=lambda params: int(params.get("input_bytes", 0)) * 16,
     label=lambda params: str(params["function"]),
-    truth_args=("fn", "source_hash"),
+    truth_args=("fn", "source_hash", "reference", "draw"),
     make_inputs=make_inputs,
-    implementations={"jax": _builder, "torch": _builder},
+    implementations={"jax": _on_jax, "torch": _on_torch},
     tolerance=_tolerance,
     user_function=True,
 )

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from diag.cli._app import EXIT_INTERRUPTED, EXIT_TERMINATED, app, cache_app, split, state
-from diag.errors import EXIT_USAGE, DiagError
+from diag.errors import EXIT_USAGE, DiagError, UsageError
 
 # The options of `diag run` (module-level so that the command reads as one short signature).
 _FUNCTION = typer.Argument(
@@ -19,6 +19,13 @@ _FUNCTION = typer.Argument(
     help="Your own function instead of a suite: FILE.py:FUNCTION or package.module:function, "
     "where FUNCTION returns (fn, args) or (fn, args, kwargs); fn runs on every backend of "
     "its framework and is judged against its float64 evaluation on this machine.",
+)
+_REFERENCE = typer.Option(
+    None,
+    "--reference",
+    metavar="FILE.py:REF",
+    help="With FILE.py:FUNCTION: judge it against your own reference function REF (called "
+    "with the same arguments, taken as evaluated) instead of its float64 evaluation.",
 )
 _SUITE = typer.Option(
     "matmul",
@@ -89,6 +96,7 @@ _TRACE = typer.Option(
 @app.command()
 def run(
     function: str | None = _FUNCTION,
+    reference: str | None = _REFERENCE,
     suite: str = _SUITE,
     backend: list[str] | None = _BACKEND,
     out: Path = _OUT,
@@ -109,10 +117,14 @@ def run(
     from diag.workers import parse_python
 
     pythons = parse_python(split(python))  # bad usage exits 2 before anything starts
+    if reference is not None and function is None:
+        raise UsageError("--reference needs FILE.py:FUNCTION, the function it is the reference of")
     if function is not None:
         from diag.suite_fn import function_suite
 
-        suite = function_suite(function, timeout=timeout)  # type: ignore[assignment]
+        suite = function_suite(  # type: ignore[assignment]
+            function, timeout=timeout, reference=reference or ""
+        )
     progress = render.RunProgress(enabled=not as_json)
     if report:
         from diag.report import preload

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from diag.interp import framework_of
+from diag.userfn.drawn import drawn_call
 from diag.userfn.judge import OutputVerdict, agreement, judge
 from diag.userfn.load import (
     UserFunctionError,
@@ -80,18 +81,25 @@ def _display(spec: str) -> str:
     return f"{Path(where).name if where.endswith('.py') else where}:{name}"
 
 
-def load(spec: str) -> UserFunction:
+def load(spec: str, absent: frozenset[str] = frozenset(), draw: str = "") -> UserFunction:
     """``FILE.py:FUNCTION`` or ``pkg.module:function`` -> a `UserFunction`.
 
     FUNCTION is called with no arguments (after the global generators are seeded); it returns
     ``(fn, args)`` or ``(fn, args, kwargs)``, else FUNCTION itself is the function under test.
+    A worker passes the other framework's modules as `absent`: the file's imports of them get
+    stand-ins where they are not installed (`diag.userfn.standin`). With `draw` (a suite
+    entry's ``inputs``, ``shape``, ``dtype``, ``seed``; `diag.userfn.drawn`), FUNCTION is the
+    function under test, called on arrays drawn by diag's input makers.
 
     Raises:
         UserFunctionError: a malformed spec, no such file, module or function, or importing
             the file or calling FUNCTION raised (one line, naming which).
     """
-    module, maker, name = import_spec(spec)
-    fn, args, kwargs = call_maker(maker, name)
+    module, maker, name = import_spec(spec, absent)
+    if draw:
+        fn, args, kwargs = drawn_call(maker, draw)
+    else:
+        fn, args, kwargs = call_maker(maker, name)
     return UserFunction(
         name=_display(spec),
         spec=spec,

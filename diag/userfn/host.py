@@ -20,7 +20,7 @@ import numpy as np
 from diag import numerics
 from diag.userfn.bind import input_leaves
 from diag.userfn.load import UserFunctionError, import_spec
-from diag.userfn.reference import Reference, reference
+from diag.userfn.reference import Reference, given_reference, reference
 
 
 def within(seconds: float | None, fn: Callable[[], Any], what: str) -> Any:
@@ -121,11 +121,36 @@ def _narrowest(inputs: list[tuple[str, np.ndarray]]) -> str:
     return max(floats, key=numerics.unit_roundoff)
 
 
-_PREPARED: dict[str, Prepared] = {}
+_PREPARED: dict[tuple[str, str, str], Prepared] = {}
 
 
-def prepare(spec: str, timeout: float | None = None) -> Prepared:
-    """Load `spec`, take its inputs and compute its float64 reference (cached per process).
+def _reference_of(u: Any, ref_spec: str, timeout: float | None) -> Reference:
+    """The function's float64 reference, or the outputs of the reference function `ref_spec`
+    names (``file.py:ref``, called with the function's arguments)."""
+    if not ref_spec:
+        return within(
+            timeout,
+            lambda: reference(u.fn, u.args, u.kwargs, u.framework),
+            f"{u.name} evaluated in float64",
+        )
+    _, ref, name = import_spec(ref_spec)
+    label = f"the reference function {_display(ref_spec)}"
+    args, kwargs = u.args, u.kwargs
+    if u.framework == "torch":
+        args, kwargs = copy.deepcopy((args, kwargs))
+    return within(timeout, lambda: given_reference(ref, args, kwargs, label), name)
+
+
+def _display(spec: str) -> str:
+    where, _, name = spec.rpartition(":")
+    return f"{where.replace(chr(92), '/').rpartition('/')[2]}:{name}"
+
+
+def prepare(
+    spec: str, timeout: float | None = None, ref_spec: str = "", draw: str = ""
+) -> Prepared:
+    """Load `spec`, take its inputs and compute its reference: the function in float64, or
+    the reference function `ref_spec` names (cached per process).
 
     Raises:
         UserFunctionError: it could not be loaded, raised, returned no arrays or something
@@ -133,21 +158,17 @@ def prepare(spec: str, timeout: float | None = None) -> Prepared:
     """
     from diag.userfn import load
 
-    if spec in _PREPARED:
-        return _PREPARED[spec]
+    if (spec, ref_spec, draw) in _PREPARED:
+        return _PREPARED[spec, ref_spec, draw]
     # Importing the file (and the framework it imports) is not timed: only what the user's
     # code computes is (FUNCTION, then the function in float64).
     import_spec(spec)
-    u = within(timeout, lambda: load(spec), spec.rpartition(":")[2])
+    u = within(timeout, lambda: load(spec, draw=draw), spec.rpartition(":")[2])
     inputs = input_leaves(u.fn, u.args, u.kwargs, u.framework)
     pristine = (u.fn, u.args, u.kwargs)
     if u.framework == "torch":
         pristine = copy.deepcopy(pristine)
-    ref = within(
-        timeout,
-        lambda: reference(u.fn, u.args, u.kwargs, u.framework),
-        f"{u.name} evaluated in float64",
-    )
+    ref = _reference_of(u, ref_spec, timeout)
     prepared = Prepared(u, inputs, ref, _narrowest(inputs), pristine)
-    _PREPARED[spec] = prepared
+    _PREPARED[spec, ref_spec, draw] = prepared
     return prepared

@@ -23,6 +23,7 @@ from types import ModuleType
 import numpy as np
 
 from diag.errors import DiagError, UsageError
+from diag.userfn.standin import standing_in
 
 #: The seed the global generators get before FUNCTION runs (in every process alike).
 LOAD_SEED = 0
@@ -46,7 +47,7 @@ def _is_file_spec(where: str) -> bool:
     return where.endswith(".py") or "/" in where or "\\" in where or Path(where).is_file()
 
 
-def _import_file(file: str) -> ModuleType:
+def _import_file(file: str, absent: frozenset[str] = frozenset()) -> ModuleType:
     path = Path(file)
     if not path.is_file():
         raise UserFunctionError(f"{file}: no such file")
@@ -62,7 +63,8 @@ def _import_file(file: str) -> ModuleType:
     folder = str(path.resolve().parent)
     sys.path.insert(0, folder)
     try:
-        module_spec.loader.exec_module(module)
+        with standing_in(absent):
+            module_spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001 - the user's module may raise anything
         sys.modules.pop(mod_name, None)
         raise UserFunctionError(f"{file}: importing it raised {type(e).__name__}: {e}") from e
@@ -72,10 +74,11 @@ def _import_file(file: str) -> ModuleType:
     return module
 
 
-def _import_module(name: str) -> ModuleType:
+def _import_module(name: str, absent: frozenset[str] = frozenset()) -> ModuleType:
     sys.path.insert(0, str(Path.cwd()))
     try:
-        return importlib.import_module(name)
+        with standing_in(absent):
+            return importlib.import_module(name)
     except ModuleNotFoundError as e:
         raise UserFunctionError(f"{name}: no such module ({e})") from e
     except Exception as e:  # noqa: BLE001
@@ -84,15 +87,18 @@ def _import_module(name: str) -> ModuleType:
         sys.path.remove(str(Path.cwd()))
 
 
-def import_spec(spec: str) -> tuple[ModuleType, Callable, str]:
-    """(module, FUNCTION, its name) for a spec, without calling FUNCTION.
+def import_spec(
+    spec: str, absent: frozenset[str] = frozenset()
+) -> tuple[ModuleType, Callable, str]:
+    """(module, FUNCTION, its name) for a spec, without calling FUNCTION; an import of a
+    module under `absent` that is not installed gets a stand-in (`diag.userfn.standin`).
 
     Raises:
         UserFunctionError: a malformed spec, a missing file, module or function, or the module
             raised while being imported.
     """
     where, name = _split(spec)
-    module = _import_file(where) if _is_file_spec(where) else _import_module(where)
+    module = _import_file(where, absent) if _is_file_spec(where) else _import_module(where, absent)
     fn = getattr(module, name, None)
     if not callable(fn):
         raise UserFunctionError(f"{where}: no function {name!r}")

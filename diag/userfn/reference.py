@@ -251,3 +251,22 @@ def reference(fn: Callable, args: tuple, kwargs: dict, framework: str) -> Refere
                 moved, _ = evaluate64(fn, args, kwargs, framework, (bit, s))
                 perturbed.append(tuple(a if a.dtype.kind in "biu" else None for _, a in moved))
     return Reference("float64", FLOAT64_EVALUATION, tuple(leaves), tuple(perturbed), narrowest)
+
+
+def given_reference(ref: Callable, args: tuple, kwargs: dict, label: str) -> Reference:
+    """The outputs of the reference function the user names (`diag.testing`'s ``reference=``,
+    a suite entry's ``reference = "file.py:ref"``), called with the function's own arguments and
+    taken as evaluated (its arithmetic is the user's choice: diag does not widen it).
+
+    Raises:
+        UserFunctionError: the reference raised, or returned no arrays.
+    """
+    try:
+        got = ref(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the user's reference may raise anything
+        raise UserFunctionError(f"the reference {label} raised {type(e).__name__}: {e}") from e
+    return Reference(
+        "user",
+        f"outputs of {label} (the user's reference, as evaluated)",
+        tuple(numpy_leaves(got)),
+    )
