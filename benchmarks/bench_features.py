@@ -1,4 +1,4 @@
-"""Cost of `diag.precision.features` per backend and input dtype (what `diag env --deep` adds).
+"""Cost of `diag.arith.precision.features` per backend and input dtype (what `diag env --deep` adds).
 
     PYTHONPATH=$PWD python benchmarks/bench_features.py [--repeats 3]
 
@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from diag.features import UNITS
-from diag.precision import features
+from diag.arith.features import UNITS
+from diag.arith.precision import features
 
 
 def _backends():

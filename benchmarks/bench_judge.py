@@ -36,10 +36,10 @@ TARGET = 2.5
 def record():
     """(a, b, output, other output, truth, bound) of the suite's 16.7M-element f32 case."""
     from diag import oracle
-    from diag.inputs import INPUT_MAKERS
+    from diag.plan.inputs import INPUT_MAKERS
     from diag.numerics import as_dtype
-    from diag.registry import PROBES
-    from diag.suite import load_suite
+    from diag.plan.registry import PROBES
+    from diag.plan.suite import load_suite
     from diag.tolerance import tolerance
 
     case = next(c for c in load_suite("matmul").cases

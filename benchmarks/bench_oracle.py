@@ -14,7 +14,7 @@ Cases: N(0,1) [4096,4]x[4,4096], 1024^3, [64,65536]x[65536,64] (target 2x);
 projected onto the orthogonal complement of B's columns plus 1e-5 of noise, so that their dot
 products with B's columns cancel to ~1e-7 of sum|a_k b_k| (the median condition is printed).
 
-BLAS threads default to 1, as in `diag run` (diag/runner.py limits the host's BLAS to one
+BLAS threads default to 1, as in `diag run` (diag/run/runner.py limits the host's BLAS to one
 thread while workers run); on a shared 2-core machine two threads also made small GEMMs 10-60x
 slower (idle OpenBLAS threads spin against other processes).
 """

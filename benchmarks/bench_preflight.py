@@ -13,7 +13,7 @@ each repeat runs, in this order:
 * warm: one cache folder, filled by a first run that is not counted: target <= 1.5x the floor,
   and faster than cold;
 * warm, no JAX cache: the same with JAX's persistent compilation cache turned off
-  (JAX_ENABLE_COMPILATION_CACHE=false): what that cache (diag.workers.jax_cache_env) saves.
+  (JAX_ENABLE_COMPILATION_CACHE=false): what that cache (diag.worker.host.jax_cache_env) saves.
 
 Prints the machine, the median and every sample of each, the ratios, the per-step seconds of
 the median warm sample, and the CPU seconds of every process a sample started. Other load on

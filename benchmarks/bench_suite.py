@@ -88,9 +88,9 @@ import json, sys, tempfile, time
 from pathlib import Path
 import numpy as np
 from diag.compare.outcome import Outcome
-from diag.inputs import InputStore, TruthStore
-from diag.registry import PROBES
-from diag.suite import load_suite
+from diag.plan.inputs import InputStore, TruthStore
+from diag.plan.registry import PROBES
+from diag.plan.suite import load_suite
 
 case = next(c for c in load_suite("matmul").cases
             if c.params.get("d") == 4096 and c.dtype == "float32")

@@ -106,8 +106,8 @@ def _through_workers(spec: str, backends: Sequence[str] | str | None) -> list[Ou
     __tracebackhide__ = True
     import tempfile
 
-    from diag import runner
-    from diag.suite_fn import function_suite
+    from diag.plan.suite_fn import function_suite
+    from diag.run import runner
 
     named = [backends] if isinstance(backends, str) else list(backends or [])
     with tempfile.TemporaryDirectory(prefix="diag-testing-") as out:

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import math
 
-from diag.probe import FLOATS, LOGIT_MAKERS, Probe, check_k, rows_bytes, rows_label, rows_shapes
+from diag.plan.probe import (
+    FLOATS,
+    LOGIT_MAKERS,
+    Probe,
+    check_k,
+    rows_bytes,
+    rows_label,
+    rows_shapes,
+)
 from diag.probes.top_k import agree, evaluate, truth
 
 

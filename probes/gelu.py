@@ -20,7 +20,7 @@ import numpy as np
 from diag import oracle
 from diag.compare.elementwise import agreement, compare, judge, judge_agreement, mismatch
 from diag.compare.outcome import Evaluation, Outcome, only_output
-from diag.probe import FLOATS, Probe, rows_bytes, rows_label, rows_shapes
+from diag.plan.probe import FLOATS, Probe, rows_bytes, rows_label, rows_shapes
 from diag.tolerance import tolerance
 
 CLAIM = "float32 arithmetic"

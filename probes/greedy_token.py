@@ -19,7 +19,7 @@ import numpy as np
 from diag import numerics
 from diag.compare.outcome import Evaluation, Outcome
 from diag.compare.verdict import Mismatch, format_mismatch
-from diag.probe import FLOATS, LOGIT_MAKERS, Probe, rows_bytes, rows_label, rows_shapes
+from diag.plan.probe import FLOATS, LOGIT_MAKERS, Probe, rows_bytes, rows_label, rows_shapes
 from diag.probes.softmax import truth
 
 _BATCH_LABEL = re.compile(r"^batch\d+$")

@@ -51,7 +51,7 @@ from diag import numerics
 from diag.compare.elementwise import agreement, compare, judge, judge_agreement, mismatch
 from diag.compare.outcome import Evaluation, Outcome, only_output
 from diag.oracle import OracleResult
-from diag.probe import FLOATS, LOGIT_MAKERS, Probe, rows_bytes, rows_label, rows_shapes
+from diag.plan.probe import FLOATS, LOGIT_MAKERS, Probe, rows_bytes, rows_label, rows_shapes
 from diag.tolerance import SOFTMAX_EXP_ULP, Tolerance
 
 CLAIM = "float32 arithmetic"

@@ -15,7 +15,7 @@ import math
 from diag import oracle
 from diag.compare.elementwise import agreement, compare, judge, judge_agreement, mismatch
 from diag.compare.outcome import Evaluation, Outcome, only_output
-from diag.probe import F64, FLOATS, Probe
+from diag.plan.probe import F64, FLOATS, Probe
 from diag.tolerance import tolerance
 
 #: The claim every framework documents for matmul, also for bf16/fp16 inputs; the reason names it.
@@ -133,8 +133,8 @@ def on_torch(backend, precision: str = "default", precision_via: str = "none"):
 
 
 def on_numpy(backend, precision: str = "default", precision_via: str = "none"):
-    """The emulated dot algorithm of an `emu-*` backend (`diag.dot_algorithms.emulate`)."""
-    from diag.dot_algorithms import emulate
+    """The emulated dot algorithm of an `emu-*` backend (`diag.arith.dot_algorithms.emulate`)."""
+    from diag.arith.dot_algorithms import emulate
 
     algorithm = backend.algorithm(precision)
     return lambda a, b: emulate(algorithm, a, b)

@@ -19,7 +19,7 @@ from diag import numerics, oracle
 from diag.compare.elementwise import agree_values, compare, mismatch
 from diag.compare.outcome import Evaluation, Outcome, only_output
 from diag.compare.verdict import Mismatch, format_mismatch
-from diag.probe import FLOATS, LOGIT_MAKERS, Probe, rows_bytes, rows_label, rows_shapes
+from diag.plan.probe import FLOATS, LOGIT_MAKERS, Probe, rows_bytes, rows_label, rows_shapes
 from diag.tolerance import tolerance
 
 

@@ -13,7 +13,15 @@ import numpy as np
 from diag import oracle
 from diag.compare.outcome import Evaluation, MalformedOutput, Outcome
 from diag.compare.topk import agree_top_k, check_top_k, judge_top_k, top_k_mismatch
-from diag.probe import FLOATS, LOGIT_MAKERS, Probe, check_k, rows_bytes, rows_label, rows_shapes
+from diag.plan.probe import (
+    FLOATS,
+    LOGIT_MAKERS,
+    Probe,
+    check_k,
+    rows_bytes,
+    rows_label,
+    rows_shapes,
+)
 
 
 def truth(inputs: list, params: dict, cache):

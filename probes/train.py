@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from diag.compare.outcome import Evaluation, Outcome
-from diag.probe import Probe
+from diag.plan.probe import Probe
 from diag.tolerance import AGREEMENT_FACTOR, TRAIN_REFERENCE_ERROR_FACTOR, train_run_allowed
 from diag.train.config import from_case, init_params, make_batches, n_params
 

@@ -13,7 +13,7 @@ import numpy as np
 from diag import numerics, oracle
 from diag.compare.outcome import Evaluation, Outcome
 from diag.compare.verdict import Mismatch, fmt, format_mismatch
-from diag.probe import F64, FLOATS, ROWS_COPIES, Probe
+from diag.plan.probe import F64, FLOATS, ROWS_COPIES, Probe
 from diag.tolerance import TRAIN_LOSS_ULP_SCREEN
 
 

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from diag.compare.outcome import Evaluation, Outcome
-from diag.probe import FLOATS, Probe
+from diag.plan.probe import FLOATS, Probe
 from diag.tolerance import Tolerance
 from diag.userfn import agreement, judge, leaf_name
 from diag.userfn.bind import bind

@@ -63,7 +63,7 @@ def name(suite: str) -> str:
 
 
 def cases(suite: str):
-    from diag.suite import load_suite
+    from diag.plan.suite import load_suite
 
     return [c for c in load_suite(suite).cases if c.host_bytes <= MAX_HOST_BYTES]
 
@@ -104,9 +104,9 @@ def _too_big(cs, events) -> set[str]:
 
 def record() -> None:
     from diag.backends import get_spec, not_applicable
-    from diag.backends.worker import run_job
-    from diag.judge import Judge
-    from diag.registry import PROBES
+    from diag.worker.main import run_job
+    from diag.run.judge import Judge
+    from diag.plan.registry import PROBES
 
     arrays, meta, records = {}, {}, []
     with tempfile.TemporaryDirectory() as tmp:

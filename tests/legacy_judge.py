@@ -372,8 +372,8 @@ def _old_units():
 
 
 def evaluate(op: str, o: Outcome) -> Evaluation:
-    """The base commit's verdict on one output (`diag.registry.PROBES[op].evaluate` now)."""
-    from diag.registry import PROBES
+    """The base commit's verdict on one output (`diag.plan.registry.PROBES[op].evaluate` now)."""
+    from diag.plan.registry import PROBES
 
     if op in _LEGACY:
         return _LEGACY[op][0](o)
@@ -383,7 +383,7 @@ def evaluate(op: str, o: Outcome) -> Evaluation:
 
 def agree(op: str, a: Outcome, b: Outcome, names, context) -> tuple:
     """The base commit's agreement record of two outputs (`PROBES[op].agree` then)."""
-    from diag.registry import PROBES
+    from diag.plan.registry import PROBES
 
     if op in _LEGACY:
         return _LEGACY[op][1](a, b, names, context)

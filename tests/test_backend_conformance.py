@@ -18,13 +18,13 @@ import pytest
 
 from diag.backends import (BACKENDS, Backend, framework_installed, not_applicable,
                            promises_full_precision)
-from diag.backends.worker import _named_outputs
+from diag.worker.main import _named_outputs
 from diag.oracle.cache import GroundTruthCache
 from diag.compare.outcome import Outcome
-from diag.inputs import INPUT_MAKERS
-from diag.registry import build
-from diag.registry import PROBES
-from diag.suite import load_suite
+from diag.plan.inputs import INPUT_MAKERS
+from diag.plan.registry import build
+from diag.plan.registry import PROBES
+from diag.plan.suite import load_suite
 from tests.conftest import assert_bits_equal
 
 # Tiny sizes per shape dimension name (Probe.dims): the test is about contracts, not scale.
@@ -59,7 +59,7 @@ def _tiny_case(tmp_path, spec, op):
     """The first case of a one-entry suite for `op` that applies to `spec`."""
     probe = PROBES[op]
     if probe.user_function:
-        from diag.suite_fn import function_case
+        from diag.plan.suite_fn import function_case
 
         path = tmp_path / f"tiny_{spec.runs}.py"
         path.write_text(TINY_FUNCTIONS[spec.runs])

@@ -18,7 +18,7 @@ import pytest
 import xmlschema
 
 from conftest import REPO_ROOT, TINY_SUITE, needs_jax, needs_torch, run_diag
-from diag.drift import FEATURE_FIELDS
+from diag.gate.drift import FEATURE_FIELDS
 
 XSD = REPO_ROOT / "tests" / "data" / "junit-jenkins.xsd"
 

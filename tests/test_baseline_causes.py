@@ -1,4 +1,4 @@
-"""Drift is said once per cause (`diag.drift.causes`).
+"""Drift is said once per cause (`diag.gate.drift.causes`).
 
 Claims under test: one setting changed to the same value under several names (the env var,
 each worker's record of it) is one cause; a backend's fingerprint and feature drifts go under
@@ -13,8 +13,8 @@ from __future__ import annotations
 import xmlschema
 
 from conftest import REPO_ROOT
-from diag.drift import Check, Drift, causes
-from diag.junit import write
+from diag.gate.drift import Check, Drift, causes
+from diag.gate.junit import write
 
 XSD = REPO_ROOT / "tests" / "data" / "junit-jenkins.xsd"
 FLAGS = "--xla_allow_excess_precision=false"

@@ -1,4 +1,4 @@
-"""CPU backends' workers run side by side (`diag.workers.start_beside`), the host reads them in turn.
+"""CPU backends' workers run side by side (`diag.worker.host.start_beside`), the host reads them in turn.
 
 Claims: which backends start beside the first follows from what their frameworks listed (only
 the CPU) or from being diag's numpy emulation; a run whose second backend ran beside the first
@@ -16,9 +16,9 @@ from conftest import needs_jax, needs_torch
 
 from diag import run
 from diag.backends import get_spec
-from diag.results import read_records
-from diag.suite import load_suite
-from diag.workers import MAX_BESIDE, resolve_backends, start_beside, worker_env
+from diag.records.results import read_records
+from diag.plan.suite import load_suite
+from diag.worker.host import MAX_BESIDE, resolve_backends, start_beside, worker_env
 
 pytestmark = [needs_jax, needs_torch]
 

@@ -19,11 +19,11 @@ import pytest
 
 from diag import numerics
 from diag.compare.outcome import Outcome
-from diag.inputs import STORE_INPUT_BYTES, CostMemo, InputStore
+from diag.plan.inputs import STORE_INPUT_BYTES, CostMemo, InputStore
 from diag.oracle.cache import GroundTruthCache
-from diag.registry import PROBES
-from diag.store import CaseStore
-from diag.suite import load_suite
+from diag.plan.registry import PROBES
+from diag.run.store import CaseStore
+from diag.plan.suite import load_suite
 from diag.tolerance import tolerance
 from tests.conftest import needs_jax, run_diag
 

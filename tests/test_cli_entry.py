@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from diag.results import Record, RunDir, worst_status
+from diag.records.results import Record, RunDir, worst_status
 from tests.conftest import REPO_ROOT, diag_script, run_diag
 
 EMU = "emu-bf16x3"
@@ -393,9 +393,9 @@ def _documented_names() -> list[str]:
 
 
 def test_every_documented_name_works_after_import_diag_without_a_framework():
-    # diag.environment: what a run happened in (RunMeta), named by the issue that found it
+    # diag.settings.environment: what a run happened in (RunMeta), named by the issue that found it
     # missing; the rest is read from the docs, so a newly documented name is checked too.
-    names = sorted(set(_documented_names()) | {"diag.environment.collect"})
+    names = sorted(set(_documented_names()) | {"diag.settings.environment.collect"})
     assert {"diag.nodes.scan", "diag.nan.locate", "diag.oracle.matmul", "diag.run"} <= set(names)
     script = f"""
 import sys, diag

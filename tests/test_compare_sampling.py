@@ -184,7 +184,7 @@ def test_top_k_check_takes_the_truth_it_is_given():
     marked copy whose values differ from the oracle's in the last column) and the probe's
     evaluate hands it the cached oracle result, so nothing recomputes the truth."""
     from diag.compare.outcome import Outcome
-    from diag.registry import PROBES
+    from diag.plan.registry import PROBES
 
     x = np.random.default_rng(2).standard_normal((3, 50)).astype(np.float32)
     v, i = broken("drops the max", x, 4)

@@ -18,7 +18,7 @@ from diag import numerics, oracle
 from diag.compare import format_index
 from diag.compare.verdict import Mismatch, Verdict, format_mismatch
 from diag.compare.outcome import Evaluation, Outcome
-from diag.registry import PROBES
+from diag.plan.registry import PROBES
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

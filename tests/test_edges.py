@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from diag.oracle.cache import GroundTruthCache
-from diag.outputs import prepare_output
-from diag.results import Record, RunDir, read_results
+from diag.records.outputs import prepare_output
+from diag.records.results import Record, RunDir, read_results
 from diag.errors import UsageError
 from tests.conftest import REPO_ROOT, diag_script, needs_jax, run_diag
 
@@ -220,7 +220,7 @@ def test_baseline_and_check_junit_paths(tmp_path):
 
 def test_planned_records_count_every_record_a_run_writes(tmp_path):
     from diag.backends import get_spec
-    from diag.suite import load_suite, planned_records
+    from diag.plan.suite import load_suite, planned_records
 
     suite = tmp_path / "one.toml"
     suite.write_text(ONE_CASE)
@@ -331,7 +331,7 @@ def test_the_ci_suites_bf16_softmax_entry_changes_under_no_excess_precision(tmp_
     the entry needs another draw, which is what this test is for."""
     import tomllib
 
-    from diag.suite import SUITE_DIR
+    from diag.plan.suite import SUITE_DIR
 
     ci = tomllib.loads((SUITE_DIR / "ci.toml").read_text())
     (entry,) = [p for p in ci["probe"] if p["name"] == "softmax_bf16"]

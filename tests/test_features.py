@@ -1,4 +1,4 @@
-"""`diag.precision.features`: every parameter of every unit model is recovered from crafted
+"""`diag.arith.precision.features`: every parameter of every unit model is recovered from crafted
 inputs, what cannot be observed comes back `unknown` with its evidence, and the CPU
 backends' verdicts agree with independent checks made on this machine (never a hard-coded
 CPU fact: what a BLAS does with FMA, blocking and order differs between machines).
@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from diag.features import ORDERS, ROUNDINGS, UNITS, Unit, features
+from diag.arith.features import ORDERS, ROUNDINGS, UNITS, Unit, features
 from tests.conftest import run_diag
 
 FIELDS = ("product_exact", "extra_bits", "rounding", "block_fma_width", "order", "subnormals")

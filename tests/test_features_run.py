@@ -3,7 +3,7 @@ and the report shows them with their evidence.
 
 Claims, through the real `diag` script on jax-cpu and torch-cpu: run.json's
 `backends[name]["features"]` holds one entry, float32 at the default setting, whose values
-are what `diag.precision.features` measures on the same framework's matmul in this process;
+are what `diag.arith.precision.features` measures on the same framework's matmul in this process;
 a run with no fingerprinted probe measures none; the report's features table shows exactly
 the recorded values, and each feature's evidence the recorded products, output and the
 prediction that matched it.
@@ -18,8 +18,8 @@ import re
 import numpy as np
 import pytest
 
-from diag.drift import FEATURE_FIELDS
-from diag.features import features
+from diag.gate.drift import FEATURE_FIELDS
+from diag.arith.features import features
 from tests.conftest import needs_jax, needs_torch, run_diag
 
 pytestmark = [needs_jax, needs_torch]

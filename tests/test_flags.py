@@ -1,4 +1,4 @@
-"""Claims about `diag.flags` and `diag env`: flags are parsed as XLA parses them, a flag XLA
+"""Claims about `diag.settings.flags` and `diag env`: flags are parsed as XLA parses them, a flag XLA
 refuses is named (exit 2) instead of killing a process, each settings rule fires on exactly
 the values it is about, and the report and run.json carry the findings.
 """
@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from diag import environment
-from diag.precision import fingerprint
-from diag.flags import (RULES, BadFlag, findings, host_findings, host_flags, parse_flags,
+from diag.settings import environment
+from diag.arith.precision import fingerprint
+from diag.settings.flags import (RULES, BadFlag, findings, host_findings, host_flags, parse_flags,
                         validate_xla_flags)
 from diag.report.settings import report_context
 from tests.conftest import needs_jax, needs_torch

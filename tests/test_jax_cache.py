@@ -16,7 +16,7 @@ import json
 import subprocess
 import sys
 
-from diag.workers import worker_env
+from diag.worker.host import worker_env
 from tests.conftest import needs_jax, run_diag
 
 

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from diag.backends import get_spec, not_applicable
-from diag.backends.worker import run_job
-from diag.judge import Judge
-from diag.registry import PROBES
-from diag.suite import load_suite
+from diag.worker.main import run_job
+from diag.run.judge import Judge
+from diag.plan.registry import PROBES
+from diag.plan.suite import load_suite
 from tests import legacy_judge
 from tests.conftest import needs_jax, needs_torch
 
@@ -158,7 +158,7 @@ def test_streaming_comparisons_match_on_hostile_arrays(dtype):
 def test_the_memo_keeps_what_is_costly_to_recompute_within_its_budget():
     import time
 
-    from diag.inputs import CostMemo
+    from diag.plan.inputs import CostMemo
 
     memo = CostMemo(budget=1000)
     calls = []

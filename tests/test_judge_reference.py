@@ -26,8 +26,8 @@ def _judge(work, suites, change=None) -> list[dict]:
     """Every record of the stored outputs of `suites` judged by today's code; `change`
     (key, array -> array) alters a stored output first."""
     from diag.backends import get_spec
-    from diag.judge import Judge
-    from diag.registry import PROBES
+    from diag.run.judge import Judge
+    from diag.plan.registry import PROBES
 
     judge = Judge(work, str(work / "cache"))
     specs = [get_spec(n) for n in RECORD["backends"]]
@@ -58,8 +58,8 @@ def judged(tmp_path_factory) -> list[dict]:
 
 
 def test_the_record_covers_every_shipped_suite_and_op():
-    from diag.registry import PROBES
-    from diag.suite import suite_names
+    from diag.plan.registry import PROBES
+    from diag.plan.suite import suite_names
 
     suites = {r["suite"] for r in RECORD["records"]}
     assert suites == {ref.name(s) for s in ref.SUITES}

@@ -19,12 +19,12 @@ import numpy as np
 
 from diag import numerics
 from diag.backends import get_spec
-from diag.backends.worker import _Written
+from diag.worker.main import _Written
 from diag.compare import elementwise
-from diag.judge import Judge
-from diag.registry import PROBES
-from diag.store import CaseStore
-from diag.suite import load_suite
+from diag.run.judge import Judge
+from diag.plan.registry import PROBES
+from diag.run.store import CaseStore
+from diag.plan.suite import load_suite
 
 
 def _cases(tmp_path, shapes):

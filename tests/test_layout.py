@@ -1,11 +1,11 @@
 """diag's layout holds: an op lives in its own module under probes/, the report reads data.
 
 Claims under test: every op is one module under `probes/` (installed as
-`diag.probes`), found by `diag.registry`, and its name appears nowhere else in the package:
+`diag.probes`), found by `diag.plan.registry`, and its name appears nowhere else in the package:
 no module outside probes/ holds an op's name as a string (`c.op == "matmul"`, `"softmax" in
 name`, a table keyed by it), except the rows of `diag/tolerance/` the op modules refer to;
 so adding an op is one module and a suite entry. `diag.report` imports only the records' and
-run.json's schema (`diag.results`), the status order (`diag.status`), `diag.numerics`,
+run.json's schema (`diag.records.results`), the status order (`diag.status`), `diag.numerics`,
 `diag.errors` and its own modules, so a report can be rendered from a run folder alone. No
 module is over 500 lines and no function over 80 (a shrinking list of functions not yet
 split); the import graph of diag and probes (lazy imports in functions included,
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from diag.registry import PROBES
+from diag.plan.registry import PROBES
 
 ROOT = Path(__file__).resolve().parent.parent
 DIAG = ROOT / "diag"
@@ -29,7 +29,7 @@ PROBES_DIR = ROOT / "probes"
 OPS = set(PROBES)
 # The tolerance table: one row per op, which the op modules refer to by name.
 TOLERANCE_ROWS = DIAG / "tolerance" / "__init__.py"
-REPORT_MAY_IMPORT = {"diag.results", "diag.status", "diag.numerics", "diag.errors"}
+REPORT_MAY_IMPORT = {"diag.records.results", "diag.status", "diag.numerics", "diag.errors"}
 
 
 def _sources(folder: Path) -> list[Path]:
@@ -84,7 +84,7 @@ PENDING: dict[str, str] = {}
 
 # The pipeline and the report: here not even a call may name an op (`records_of(rs, "top_k")`
 # selects by name as surely as `==` does); what they need to know comes from the probe row.
-PIPELINE = ["runner.py", "judge.py", "workers.py", "ab.py", "backends/worker.py", "report"]
+PIPELINE = ["run", "worker", "report"]
 
 
 def op_names_passed(path: Path, root: Path = ROOT) -> list[str]:
@@ -182,7 +182,7 @@ def test_every_op_is_one_module_under_probes_and_nothing_else_is():
 SAME_SPELLING = {
     "diag/__init__.py": "'train' is the diag.train subpackage (lazy attribute)",
     "diag/cli/run.py": "'matmul' is the default suite's name",
-    "diag/runner.py": "'matmul' is the default suite's name",
+    "diag/run/runner.py": "'matmul' is the default suite's name",
     "diag/nodes/workloads.py": "node-scan workloads named after what they run",
     "diag/nodes/torch_workloads.py": "node-scan workloads named after what they run",
     "diag/report/sections.py": "the report's own key for its top-k table",

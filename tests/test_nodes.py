@@ -23,7 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from diag import faults, nodes
+from diag import nodes
+
+from diag.worker import faults
 from diag.errors import UsageError
 from diag.nodes import store
 from tests.conftest import REPO_ROOT, needs_jax
@@ -412,7 +414,7 @@ def test_unknown_xla_flag_exits_2_naming_it_before_jax_starts(tmp_path):
 @needs_jax
 def test_library_scan_refuses_an_unknown_xla_flag_instead_of_dying():
     code = ("from diag import nodes\n"
-            "from diag.flags import BadFlag\n"
+            "from diag.settings.flags import BadFlag\n"
             "try:\n    nodes.scan(host_devices=2, repeats=1)\n"
             "except BadFlag as e:\n    print('refused:', e.flag)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""Claims about `diag.precision`: the emulators compute their algorithms' definitions, and the
+"""Claims about `diag.arith.precision`: the emulators compute their algorithms' definitions, and the
 fingerprint names each algorithm from its crafted-input measurements (and says UNKNOWN,
 with evidence, when no single algorithm fits); jax-cpu and torch-cpu read F32_F32_F32.
 """
@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from diag.precision import ALGORITHMS, emulate, emulator, fingerprint, round_to
+from diag.arith.precision import ALGORITHMS, emulate, emulator, fingerprint, round_to
 from tests.conftest import needs_jax, needs_torch
 
 

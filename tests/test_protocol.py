@@ -1,4 +1,4 @@
-"""The worker protocol is typed at both ends (diag.protocol): a job survives its JSON trip,
+"""The worker protocol is typed at both ends (diag.worker.protocol): a job survives its JSON trip,
 every line a real worker writes parses into its event type, and an unknown event is refused.
 """
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from diag.protocol import (EVENTS, CaseError, CaseJob, Done, Job, Ready, Result, parse_event)
+from diag.worker.protocol import (EVENTS, CaseError, CaseJob, Done, Job, Ready, Result, parse_event)
 from tests.conftest import needs_jax
 
 
@@ -43,7 +43,7 @@ def test_every_event_kind_parses_back_to_its_type_and_an_unknown_one_is_refused(
 def test_a_real_workers_stream_is_typed_events(tmp_path):
     import numpy as np
 
-    from diag.backends.worker import run_job
+    from diag.worker.main import run_job
 
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     np.save(tmp_path / "a.npy", a.view(np.uint32))  # inputs travel as raw bits

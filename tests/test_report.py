@@ -21,7 +21,7 @@ import pytest
 from diag.report import render_report, write_report
 from diag.report.charts import sweep_groups
 from diag.report.tables import fmt_num, fmt_pct, fmt_seconds, sort_key
-from diag.results import Record, RunDir
+from diag.records.results import Record, RunDir
 
 XSS = "<script>alert(1)</script>"
 SWEEP_D = [64, 128, 256, 512, 1024, 2048, 4096]
@@ -280,7 +280,7 @@ def test_import_diag_report_loads_no_framework_or_matplotlib():
 
 
 def test_read_results_counts_every_unreadable_line_and_a_torn_last_line_apart(tmp_path):
-    from diag.results import read_results
+    from diag.records.results import read_results
 
     good = '{"status": "pass"}'
     path = tmp_path / "results.jsonl"
@@ -297,7 +297,7 @@ def test_read_results_counts_every_unreadable_line_and_a_torn_last_line_apart(tm
 
 
 # ---------------------------------------------------------------------------------------------
-# run.json's schema (diag.results.RunMeta): the report reads fields, never guesses keys
+# run.json's schema (diag.records.results.RunMeta): the report reads fields, never guesses keys
 
 
 def test_report_shows_the_command_line_run_json_records(report):
@@ -320,7 +320,7 @@ def test_sampling_section_holds_the_ops_run_json_assigns_to_it():
 
 
 def test_run_meta_reads_wrong_types_as_absent_and_keeps_unknown_keys():
-    from diag.results import RunMeta
+    from diag.records.results import RunMeta
 
     meta = RunMeta.from_dict({"run_id": "r", "environment": ["not", "a", "dict"],
                               "started": "yesterday", "finished": 12.5, "verdict": "fail",

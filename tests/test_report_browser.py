@@ -210,7 +210,7 @@ def features_page(driver, tmp_path_factory):
 
 def test_features_table_shows_real_values_and_opens_their_evidence(features_page):
     driver, meta = features_page
-    from diag.drift import FEATURE_FIELDS
+    from diag.gate.drift import FEATURE_FIELDS
 
     rows = driver.find_elements(By.CSS_SELECTOR, "#features-table tbody tr")
     # Evidence is collapsed until its section is opened.

@@ -26,7 +26,7 @@ except ImportError:
 
 from conftest import run_diag
 from diag.report import write_report
-from diag.results import CHECKED
+from diag.records.results import CHECKED
 
 
 def _html(run) -> str:

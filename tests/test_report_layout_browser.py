@@ -30,7 +30,7 @@ except ImportError:
 from conftest import HAS_CHROMIUM, HAS_JAX, HAS_TORCH, NO_CHROMIUM, headless_chromium, run_diag
 from diag.report import write_report
 from diag.report.matrix import row_key
-from diag.results import RunDir
+from diag.records.results import RunDir
 
 if not HAS_CHROMIUM:
     pytest.skip(NO_CHROMIUM, allow_module_level=True)
@@ -137,7 +137,7 @@ def test_synthetic_report_fits_every_width_and_its_matrix_links_records(driver, 
 
 
 def test_synthetic_drift_view_fits_every_width_with_causes_folded(driver, tmp_path):
-    from diag.drift import Check, Drift
+    from diag.gate.drift import Check, Drift
     from diag.report import write_drift_view
 
     flags = "--xla_allow_excess_precision=false " * 8  # a long value must wrap, not overflow

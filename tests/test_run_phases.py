@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from diag.runner import PHASES
+from diag.run.runner import PHASES
 from tests.conftest import needs_jax, needs_torch, run_diag
 
 pytestmark = [needs_jax, needs_torch]

@@ -26,8 +26,8 @@ import pytest
 import diag
 from diag.backends import framework_installed, get_spec, not_applicable
 from diag.errors import SuiteError, UsageError
-from diag.results import read_records
-from diag.suite import load_suite
+from diag.records.results import read_records
+from diag.plan.suite import load_suite
 from tests.conftest import TINY_SUITE, needs_jax, needs_torch, run_diag
 
 
@@ -146,7 +146,7 @@ def test_a_backend_absent_from_a_default_run_is_a_skip(tmp_path):
 
 def test_missing_framework_named_in_the_library_call_is_an_error(tmp_path, monkeypatch):
     real = framework_installed
-    monkeypatch.setattr("diag.workers.framework_installed",
+    monkeypatch.setattr("diag.worker.host.framework_installed",
                         lambda fw: False if fw == "torch" else real(fw))
     result = diag.run(_suite(tmp_path, ONE_MATMUL), ["torch-cpu"], out=tmp_path, repeats=1)
     (rec,) = result.records
@@ -357,7 +357,7 @@ def test_ab_b_side_extends_the_environment_the_a_worker_got(tmp_path):
 
 
 def test_parse_ab_appends_to_the_given_base_not_the_process_environment(monkeypatch):
-    from diag.runner import parse_ab
+    from diag.run.runner import parse_ab
 
     monkeypatch.setenv("XLA_FLAGS", "--from_os=1")
     assert parse_ab(["XLA_FLAGS=--b=1"], base={"XLA_FLAGS": "--a=1"}) == {

@@ -12,8 +12,8 @@ import json
 import pytest
 
 import diag
-from diag.results import read_records
-from diag.runner import RunResult, run
+from diag.records.results import read_records
+from diag.run.runner import RunResult, run
 from tests.conftest import needs_jax, needs_torch
 
 pytestmark = [needs_jax, needs_torch]
@@ -97,7 +97,7 @@ def test_run_folder_holds_environment_and_every_record(tiny_run):
     assert meta["state"] == "finished"
     assert meta["backends"]["jax-cpu"]["settings"]["jax_enable_x64"] is False
     assert meta["backends"]["torch-cpu"]["settings"]["float32_matmul_precision"] == "highest"
-    # Each worker measured which arithmetic its matmul uses (diag.precision) under each
+    # Each worker measured which arithmetic its matmul uses (diag.arith.precision) under each
     # setting the cases use, the default first: float32 on CPU by default.
     jax_settings = [(f["precision"], f["via"]) for f in meta["backends"]["jax-cpu"]["fingerprints"]]
     assert jax_settings == [("default", "none"), ("highest", "argument"), ("highest", "config"),
@@ -161,7 +161,7 @@ def test_missing_framework_asked_for_is_an_error_record(tmp_path, tiny_suite, mo
     import diag.backends as backends
 
     real = backends.framework_installed
-    monkeypatch.setattr("diag.workers.framework_installed",
+    monkeypatch.setattr("diag.worker.host.framework_installed",
                         lambda fw: False if fw == "torch" else real(fw))
     result = run(tiny_suite, ["torch-cpu", "jax-cpu"], out=tmp_path, repeats=1)
     (missing,) = _by(result.records, status="error")
@@ -175,7 +175,7 @@ def test_import_diag_loads_no_framework():
     import subprocess
     import sys
 
-    code = ("import sys, diag, diag.runner, diag.report, diag.oracle, diag.cli; "
+    code = ("import sys, diag, diag.run.runner, diag.report, diag.oracle, diag.cli; "
             "print(sorted(m for m in ('jax', 'torch', 'torch_xla') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -215,7 +215,7 @@ def test_discovery_worker_is_parked_and_runs_the_first_backends_job(tmp_path):
     import numpy as np
 
     from diag import numerics
-    from diag.workers import resolve_backends, worker_env
+    from diag.worker.host import resolve_backends, worker_env
 
     specs, skipped, parked = resolve_backends(["emu-bf16x1"], worker_env())
     assert [s.name for s in specs] == ["emu-bf16x1"] and set(parked) == {"numpy"}
@@ -245,7 +245,7 @@ def test_discovery_worker_is_parked_and_runs_the_first_backends_job(tmp_path):
 def test_parked_worker_not_needed_exits_when_its_stdin_closes():
     """A parked worker whose host goes away (its stdin closes) exits on its own: no
     orphan waits forever for a job."""
-    from diag.workers import resolve_backends, worker_env
+    from diag.worker.host import resolve_backends, worker_env
 
     _, _, parked = resolve_backends(["emu-bf16x1"], worker_env())
     worker = parked["numpy"]
@@ -263,7 +263,7 @@ def test_a_cpu_only_worker_exits_while_the_next_backend_runs_and_none_outlives_t
     import os
     import uuid
 
-    from diag.workers import resolve_backends, worker_env
+    from diag.worker.host import resolve_backends, worker_env
     from tests.conftest import TINY_SUITE, run_diag
 
     _, _, parked = resolve_backends(["emu-bf16x1", "jax-cpu"], worker_env())

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from diag.errors import SuiteError
-from diag.suite import load_suite, suite_names
+from diag.plan.suite import load_suite, suite_names
 from tests.conftest import REPO_ROOT
 
 
@@ -175,9 +175,9 @@ import json, re, sys, tempfile
 from pathlib import Path
 import numpy as np
 from diag.compare.outcome import Outcome
-from diag.registry import PROBES
-from diag.inputs import InputStore, TruthStore
-from diag.suite import load_suite
+from diag.plan.registry import PROBES
+from diag.plan.inputs import InputStore, TruthStore
+from diag.plan.suite import load_suite
 
 def hwm():
     # This process's peak RSS (VmHWM, KiB). Not ru_maxrss: Linux carries that over from the

@@ -16,7 +16,7 @@ import pytest
 from diag import numerics, oracle, tolerance as tol_mod
 from diag.compare import agreement
 from diag.errors import UsageError
-from diag.registry import PROBES
+from diag.plan.registry import PROBES
 from diag.tolerance import (AGREEMENT_FACTOR, TOPK_EXACT_RECALL, TRAIN_LOSS_ULP_SCREEN,
                             matmul_bound, matmul_error_bound, softmax_error_bound,
                             softmax_ulp_tolerance, tolerance)
@@ -158,7 +158,7 @@ def test_every_tolerance_constant_carries_its_derivation():
 
 
 def test_a_bound_is_the_same_bits_on_one_blas_thread_as_on_many():
-    # `diag run` limits the host's BLAS to one thread (diag.runner): the bound of a stored
+    # `diag run` limits the host's BLAS to one thread (diag.run.runner): the bound of a stored
     # entry or of an earlier run must not depend on it. BLAS threads split a product's rows
     # and columns, not its K sum; checked on the shipped suites' kinds of K.
     from threadpoolctl import threadpool_limits

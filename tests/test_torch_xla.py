@@ -173,7 +173,7 @@ def test_host_never_imports_torch_xla():
     """The runner's host side names torch_xla but never loads it (a subprocess, fresh)."""
     import subprocess
 
-    code = ("import sys, diag, diag.runner, diag.workers, diag.environment, diag.cli; "
+    code = ("import sys, diag, diag.run.runner, diag.worker.host, diag.settings.environment, diag.cli; "
             "print('torch_xla' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import HAS_CHROMIUM, HAS_JAX, HAS_TORCH, NO_CHROMIUM, headless_chromium, run_diag
 from diag.report.tables import fmt_num
-from diag.results import RunDir
+from diag.records.results import RunDir
 from diag.trace import read_summaries
 
 if not HAS_CHROMIUM:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from diag.suite import load_suite
+from diag.plan.suite import load_suite
 from tests.conftest import needs_jax, needs_torch, run_diag
 
 SUITE = """

@@ -4,8 +4,8 @@ This module is framework-free: it only names backends and the module that implem
 Each backend module (`jax_backend`, `torch_backend`, `torch_xla_backend`, `emu_backend`) keeps
 the `Backend` protocol (`diag.backends.base`): devices, transfers, waiting, precision knobs,
 HLO. It runs the op implementations each op module gives for its framework
-(`BackendSpec.implementation`; `diag.registry`), and is imported only inside its worker
-subprocess (see `diag.backends.worker`).
+(`BackendSpec.implementation`; `diag.plan.registry`), and is imported only inside its worker
+subprocess (see `diag.worker.main`).
 
 A backend is `<framework>-<platform>`; the platform is what the framework calls its device
 type (JAX: cpu/gpu/tpu from `jax.devices()`; torch: cpu/cuda; torch_xla: its PJRT_DEVICE).
@@ -66,10 +66,10 @@ class BackendSpec:
     # Whether a run without --backend includes it (emulations are opt-in, never hardware).
     default: bool = True
     # A numpy model of an algorithm, not a device under test: its verdicts are `warn` at
-    # worst (diag.runner), since an emulation promises nothing.
+    # worst (diag.run.runner), since an emulation promises nothing.
     emulated: bool = False
     # The side of an A/B experiment this spec runs ('' for a plain run and the A side, 'B'
-    # for the side with the setting applied: diag.ab). Records carry it as `variant`.
+    # for the side with the setting applied: diag.run.ab). Records carry it as `variant`.
     variant: str = ""
 
     @property
@@ -80,9 +80,9 @@ class BackendSpec:
     @property
     def ops(self) -> tuple[str, ...]:
         """The ops this backend runs: those whose module has an implementation for its
-        framework (`diag.registry.ops_for`); cases of other ops are not applicable to it and
+        framework (`diag.plan.registry.ops_for`); cases of other ops are not applicable to it and
         produce no record."""
-        from diag.registry import ops_for
+        from diag.plan.registry import ops_for
 
         return ops_for(self.runs)
 
@@ -136,7 +136,7 @@ BACKENDS: dict[str, BackendSpec] = {
     s.name: s
     for s in (
         # CPUs compute float32 whatever the setting (measured, jax 0.10.2 on CPU; each run
-        # fingerprints it: diag.precision).
+        # fingerprints it: diag.arith.precision).
         BackendSpec(name="jax-cpu", platform="cpu", **_JAX),
         # DEFAULT may be TF32 on NVIDIA GPUs and one bf16 pass on TPU; only HIGHEST promises
         # float32. Narrow inputs may be accumulated in less than float32.
@@ -149,7 +149,7 @@ BACKENDS: dict[str, BackendSpec] = {
         # torch documents that 'high' and 'medium' permit TF32/bf16 internally, on CPU too;
         # whether 'medium' does multiply float32 in bf16 on a CPU is oneDNN's choice per CPU
         # (measured: bf16 on one machine, plain float32 on an AMD EPYC with avx512_bf16 and
-        # no AMX). Each run fingerprints the setting it uses (diag.precision).
+        # no AMX). Each run fingerprints the setting it uses (diag.arith.precision).
         BackendSpec(name="torch-cpu", platform="cpu", promised=("default", "highest"), **_TORCH),
         # torch's default float32 matmul precision is 'highest' (TF32 off since 1.12);
         # allow_fp16/bf16_reduced_precision_reduction default to True for narrow inputs.
@@ -161,7 +161,7 @@ BACKENDS: dict[str, BackendSpec] = {
             **_TORCH,
         ),
         # PyTorch/XLA: torch_backend's ops on torch_xla's lazy device, in a worker that usually
-        # runs under another Python (torch_xla needs its own torch: diag.workers). Its matmul
+        # runs under another Python (torch_xla needs its own torch: diag.worker.host). Its matmul
         # precision is torch_xla's own set_mat_mul_precision (no 'medium'). Verified on CPU
         # only; TPU/CUDA are the same code with another PJRT_DEVICE, promising float32 only at
         # 'highest' as JAX's do.
@@ -180,7 +180,7 @@ BACKENDS: dict[str, BackendSpec] = {
             narrow_promised=False,
             **_TORCH_XLA,
         ),
-        # numpy emulations of dot algorithms (diag.precision): opt-in, never hardware, and
+        # numpy emulations of dot algorithms (diag.arith.precision): opt-in, never hardware, and
         # promising nothing, so every verdict is `warn` at worst. The platform is the
         # algorithm.
         *(

@@ -1,7 +1,7 @@
 """The arithmetic a backend's matmul really uses, measured inside a worker: its precision
-fingerprint per setting (`diag.precision.fingerprint`), its unit's features
-(`diag.precision.features`), and `diag env`'s per-backend report. Split from
-`diag.backends.worker`, which calls them after a job's cases.
+fingerprint per setting (`diag.arith.precision.fingerprint`), its unit's features
+(`diag.arith.precision.features`), and `diag env`'s per-backend report. Split from
+`diag.worker.main`, which calls them after a job's cases.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from diag.registry import FINGERPRINT_OP, build
+from diag.plan.registry import FINGERPRINT_OP, build
 
 __all__ = ["matmul_features", "matmul_fingerprints", "worker_env"]
 
@@ -39,7 +39,7 @@ def matmul_fingerprints(backend, settings: list[tuple[str, str]]) -> list[dict[s
       One JSON-ready entry per setting: precision, via and `Fingerprint.to_json()`, or
       label ERROR with the exception as evidence (one failing setting is a finding).
     """
-    from diag.precision import fingerprint
+    from diag.arith.precision import fingerprint
 
     fps = []
     for prec, via in settings:
@@ -60,7 +60,8 @@ def matmul_fingerprints(backend, settings: list[tuple[str, str]]) -> list[dict[s
 def matmul_features(
     backend, settings: list[tuple[str, str]], dtypes: tuple[str, ...] | None = None
 ) -> list[dict[str, Any]]:
-    """Inside a worker: `diag.precision.features` of the backend's matmul per (precision, via).
+    """Inside a worker: `diag.arith.precision.features` of the backend's matmul per
+    (precision, via).
 
     Args:
       backend: a set-up backend module (put/get/matmul).
@@ -72,7 +73,7 @@ def matmul_features(
       One JSON-ready entry per (setting, dtype): precision, via, `Features.to_json()` (or
       `error`) and the `seconds` it took.
     """
-    from diag.precision import features
+    from diag.arith.precision import features
 
     out = []
     for prec, via in settings:

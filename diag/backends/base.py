@@ -3,7 +3,7 @@
 A backend module moves arrays to its device and back, compiles (or warms up) an op and runs
 it, and owns its precision knobs and HLO; the ops themselves live in their own modules under
 probes/ (`diag.probes.<op>`), each with a builder per framework: `on_jax(backend,
-**op_args)` returns the function the worker times (`diag.backends.worker.build`). Which ops a
+**op_args)` returns the function the worker times (`diag.worker.main.build`). Which ops a
 backend runs follows from those builders (`BackendSpec.ops`), and one test runs every
 backend x op against the oracle (tests/test_backend_conformance.py), as optax's common test
 runs every transformation. Adding a backend is one module that satisfies this protocol plus
@@ -44,7 +44,7 @@ class Prepared(NamedTuple):
 
 @runtime_checkable
 class Backend(Protocol):
-    """The functions a worker calls on a backend module (`diag.backends.worker`).
+    """The functions a worker calls on a backend module (`diag.worker.main`).
 
     An optional `hlo_text(fn, args) -> str | None` gives the compiled HLO an A/B run diffs.
     """

@@ -3,7 +3,7 @@
 Why: most users have no TPU at hand, yet the TPU's default float32 matmul is one bf16 pass.
 Running a probe on `emu-bf16x1` next to `jax-cpu` shows what that default does to it
 (the `[d,4] x [4,d]` drift between JAX on TPU and PyTorch, for one). The arithmetic is
-`diag.dot_algorithms.emulate`, defined there with its sources.
+`diag.arith.dot_algorithms.emulate`, defined there with its sources.
 
 An emulation is never a hardware result: the device reads `platform: emulated` with a kind
 that says "not hardware", the backend names start with `emu-`, and their specs promise
@@ -11,7 +11,7 @@ nothing: every verdict on them is `warn` at worst, never `fail` (a bound breach,
 overflow to Inf where the truth is finite, is what the emulated algorithm does there, not a
 broken device). Only `matmul` is implemented.
 
-Same interface as the other backend modules (see `diag.backends.worker`); the "platform" is
+Same interface as the other backend modules (see `diag.worker.main`); the "platform" is
 the algorithm's `DotAlgorithmPreset` name, which matmul's `on_numpy` runs (`algorithm`).
 Framework: numpy (always installed).
 """
@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
+from diag.arith.dot_algorithms import ALGORITHMS
 from diag.backends.base import Prepared
-from diag.dot_algorithms import ALGORITHMS
 
 FRAMEWORK = "numpy"
 _algorithm: str | None = None

@@ -2,7 +2,7 @@
 
 What is the backend's own: the devices, moving arrays, waiting, the precision knobs
 (`precision_argument`, `precision_scope`) and the compiled HLO. The ops are each op module's
-`on_jax` (`diag.registry`), which returns a function of device arrays; `prepare` jits, lowers
+`on_jax` (`diag.plan.registry`), which returns a function of device arrays; `prepare` jits, lowers
 and compiles it so compile time is measured apart from run time.
 
 Verified on CPU only (jaxlib CPU); the GPU/TPU paths are the same code with another platform

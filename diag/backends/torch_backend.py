@@ -2,7 +2,7 @@
 
 What is the backend's own: the devices, moving arrays (bf16 by its bits), waiting, the
 matmul precision knob (`precision_scope`). The ops are each op module's `on_torch`
-(`diag.registry`). Eager mode has no separate compile step: `prepare` runs the op once as
+(`diag.plan.registry`). Eager mode has no separate compile step: `prepare` runs the op once as
 warm-up and reports that time as compile time.
 """
 

@@ -9,7 +9,7 @@ between eager and lazy execution lives here: opening the device, waiting for a r
 
 torch_xla needs its own torch (torch-xla 2.9.0 wants torch 2.9.x; beside another torch the
 import fails), so this module usually runs under another Python than diag's host
-(`diag run --python torch-xla=PATH`, `diag.workers`). torch_xla reads XLA_FLAGS when it is
+(`diag run --python torch-xla=PATH`, `diag.worker.host`). torch_xla reads XLA_FLAGS when it is
 imported and appends `--xla_cpu_enable_fast_math=false`; `setup` reports the flags as XLA
 got them. Verified on CPU only (torch 2.9.0, torch-xla 2.9.0).
 
@@ -83,7 +83,7 @@ def discover() -> list[str]:
     """CPU always (a worker of its own can open it), and the device torch_xla would pick.
 
     Starting the runtime here makes XLA read XLA_FLAGS in the discovery process, so a flag it
-    refuses is named before any run folder exists (`diag.workers`), as for JAX.
+    refuses is named before any run folder exists (`diag.worker.host`), as for JAX.
     """
     found = ["cpu"]
     xr.global_runtime_device_count()

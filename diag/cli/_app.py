@@ -38,7 +38,7 @@ EXIT_BROKEN_PIPE = 128 + 13
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the main thread is, so every Ctrl-C clean-up path runs for it.
 
-    `diag.runner.run` already turns a KeyboardInterrupt into a run folder marked
+    `diag.run.runner.run` already turns a KeyboardInterrupt into a run folder marked
     `interrupted`, its worker killed and its temp folder removed; SIGTERM deserves the same.
     """
 

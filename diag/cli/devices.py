@@ -258,9 +258,10 @@ def env_cmd(
     """
     import os
 
-    from diag import environment, render
+    from diag import render
     from diag.render.env import env_tables
-    from diag.workers import parse_python
+    from diag.settings import environment
+    from diag.worker.host import parse_python
 
     environ = {**os.environ, **parse_python(split(python))}
     report = environment.env_report(

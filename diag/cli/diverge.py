@@ -42,8 +42,8 @@ def diverge_cmd(
     raised or ran past --timeout)."""
     from diag import diverge, nan, render
     from diag.diverge.decisions import verdict
-    from diag.flags import validate_xla_flags
     from diag.interp.guard import user_code
+    from diag.settings.flags import validate_xla_flags
 
     if len(targets) > 2:
         raise UsageError(

@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 
 from diag.cli._app import app, write_after_verdict
-from diag.drift import show
-from diag.outputs import prepare_output
+from diag.gate.drift import show
+from diag.records.outputs import prepare_output
 
 
 @app.command("baseline")
@@ -21,7 +21,8 @@ def baseline_cmd(
     ),
 ) -> None:
     """Save a run's verdict-relevant metrics, fingerprints and key as a CI baseline."""
-    from diag import baseline, render
+    from diag import render
+    from diag.gate import baseline
 
     data = baseline.build(run_dir)
     path = baseline.save(data, prepare_output(out, "the baseline", "-o"))
@@ -62,7 +63,8 @@ def check_cmd(
     is said once, with what it explains indented under it. Exits 2 when the baseline or the
     run folder cannot be used (one line says why).
     """
-    from diag import baseline, render
+    from diag import render
+    from diag.gate import baseline
 
     if junit is not None:  # a bad path is one line before the work, not after it
         prepare_output(junit, "the JUnit file", "--junit")

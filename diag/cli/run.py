@@ -113,14 +113,15 @@ def run(
 ) -> None:
     """Run a probe suite (or your own function) on every backend present and judge each
     result against exact math (a function: against its float64 evaluation)."""
-    from diag import render, runner
-    from diag.workers import parse_python
+    from diag import render
+    from diag.run import runner
+    from diag.worker.host import parse_python
 
     pythons = parse_python(split(python))  # bad usage exits 2 before anything starts
     if reference is not None and function is None:
         raise UsageError("--reference needs FILE.py:FUNCTION, the function it is the reference of")
     if function is not None:
-        from diag.suite_fn import function_suite
+        from diag.plan.suite_fn import function_suite
 
         suite = function_suite(  # type: ignore[assignment]
             function, timeout=timeout, reference=reference or ""
@@ -223,8 +224,8 @@ def report_cmd(
     deleted). The report is still written, and its banner says what is missing.
     """
     from diag import render
+    from diag.records.results import read_results
     from diag.report import damage, lost_records, write_report
-    from diag.results import read_results
 
     if not (run_dir / "run.json").is_file():
         raise DiagError(
@@ -247,7 +248,7 @@ def cache_info(
     """Show where the ground-truth cache is and how big it is."""
     from diag import render
     from diag.oracle.cache import GroundTruthCache, default_cache_dir
-    from diag.outputs import human_bytes
+    from diag.records.outputs import human_bytes
 
     info = GroundTruthCache(cache_dir or default_cache_dir()).info()
     if as_json:

@@ -27,8 +27,8 @@ def nan_cmd(
 ) -> None:
     """Find the op that first produced a NaN/Inf reaching FUNCTION's results (exit 1 if any)."""
     from diag import nan, render
-    from diag.flags import validate_xla_flags
     from diag.interp.guard import user_code
+    from diag.settings.flags import validate_xla_flags
 
     validate_xla_flags()  # before the target imports jax: a bad flag would abort it (exit 2)
     with user_code(target, nan.NanHuntError, timeout):
@@ -80,7 +80,7 @@ def preflight_cmd(
 
     Exits 0 fit, 1 numerical problem, 3 bad device, 4 a step crashed, 2 bad usage/flag."""
     from diag import preflight, render
-    from diag.outputs import prepare_output
+    from diag.records.outputs import prepare_output
 
     if junit is not None:  # a bad path is one line now, not after the work
         prepare_output(junit, "the JUnit file", "--junit")

@@ -29,8 +29,8 @@ def trace_cmd(
     Exits 2 when the folder is not a run folder or holds no traces.
     """
     from diag import render
+    from diag.records.results import RunDir
     from diag.report.trace import trace_context
-    from diag.results import RunDir
 
     run = RunDir(run_dir)
     if not run.run_json.is_file():

@@ -28,11 +28,11 @@ class Outcome:
       nan_report: where a non-finite output was born (`diag.nan`), when the op asked the
         worker to hunt it.
       shared: `memo(name, compute)`, the run's store of arrays that depend on the case alone
-        (`diag.store.CaseStore.shared`): what one backend's verdict computed from the inputs
+        (`diag.run.store.CaseStore.shared`): what one backend's verdict computed from the inputs
         and the truth, every other backend's reuses. None: compute every time.
       digests: sha256 of each output's bits (`numerics.bits_digest`), when known.
       recall: `memo(key, compute)`, the run's store of what was computed from the case and
-        some outputs' bits (`diag.store.CaseStore.recall`): the key names the computation and
+        some outputs' bits (`diag.run.store.CaseStore.recall`): the key names the computation and
         the digests of the outputs it read, so an output bit-identical to one judged before
         against the same truth (a precision setting a backend ignores) gets the same metrics
         without comparing its elements again. None: compute every time.

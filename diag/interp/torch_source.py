@@ -30,14 +30,29 @@ _TB_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>
 
 
 _USER_FILE: dict[str, bool] = {}
+# An installed library's file: under any site-packages/dist-packages folder (a venv's, or the
+# base interpreter's that a venv with system packages sees).
+_SITE = re.compile(r"[/\\](site|dist)-packages[/\\]")
+_DIAG_DIR = os.path.normcase(_DIAG) + os.sep
 
 
 def is_user_file(path: str) -> bool:
+    """Whether `path` is the user's own code: not torch's, not the standard library's, not an
+    installed library's (transformers in a venv's site-packages), not diag's kernel. diag's
+    own probe ops count as the user's wherever diag is installed.
+
+    A base interpreter's site-packages lies under its standard library folder, a venv's does
+    not: testing the stdlib prefix alone made every library in a venv the user's code, and a
+    decision inside transformers lost its library line (seen as "transformers 5.24 breaks it").
+    """
     r = _USER_FILE.get(path)
     if r is None:
         p = os.path.normcase(os.path.abspath(path))
         r = _USER_FILE[path] = not (
-            p.startswith(_SKIP_DIRS) or p.startswith(_STDLIB) or path.startswith("<")
+            p.startswith(_SKIP_DIRS)
+            or path.startswith("<")
+            or (p.startswith(_STDLIB) and not p.startswith(_DIAG_DIR))
+            or (bool(_SITE.search(p)) and not p.startswith(_DIAG_DIR))
         )
     return r
 
@@ -52,9 +67,6 @@ def source_from_stack() -> tuple[str, int, str]:
     return "", 0, ""
 
 
-# An installed library's file: under any site-packages/dist-packages folder (a venv's, or the
-# base interpreter's that a venv with system packages sees).
-_SITE = re.compile(r"[/\\](site|dist)-packages[/\\]")
 _LIBRARY_FILE: dict[str, bool] = {}
 
 

@@ -24,9 +24,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from diag.environment import NUMERICS_ENV_VARS
-from diag.flags import FLAG_VARS, host_flags
 from diag.nodes.result import NodeVote
+from diag.settings.environment import NUMERICS_ENV_VARS
+from diag.settings.flags import FLAG_VARS, host_flags
 
 __all__ = [
     "EXTRA_ENV_VARS",
@@ -43,7 +43,7 @@ __all__ = [
 
 UNSET = "(unset)"
 
-#: Variables beyond `diag.environment.NUMERICS_ENV_VARS` that change CPU or collective
+#: Variables beyond `diag.settings.environment.NUMERICS_ENV_VARS` that change CPU or collective
 #: arithmetic (vector ISA, thread counts, oneDNN's fp32 math mode, NCCL's algorithms).
 EXTRA_ENV_VARS = (
     "ATEN_CPU_CAPABILITY",

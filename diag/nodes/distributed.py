@@ -158,8 +158,8 @@ class JaxRuntime:
 
     def settings(self) -> dict[str, str]:
         """jax's versions, numerics options and device kinds, and the measured arithmetic of
-        a float32 matmul at the default precision (`diag.precision.fingerprint`)."""
-        from diag.precision import fingerprint
+        a float32 matmul at the default precision (`diag.arith.precision.fingerprint`)."""
+        from diag.arith.precision import fingerprint
 
         jnp = self.jax.numpy
         out = {f"jax {k}": v for k, v in self.versions().items()}

@@ -14,7 +14,7 @@ from typing import Any
 from diag.errors import UsageError
 from diag.nodes.workloads import INPUTS_PER_WORKLOAD
 
-#: What ``--inject`` can do: the output faults of `diag.faults` a device can show (``nan``,
+#: What ``--inject`` can do: the output faults of `diag.worker.faults` a device can show (``nan``,
 #: ``bitflip``, ``stuck``), and ``slow``, a straggler's delay.
 FAULT_KINDS = ("nan", "bitflip", "stuck", "slow")
 

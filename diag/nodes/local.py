@@ -19,11 +19,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from diag.errors import DiagError
-from diag.faults import corrupt
 from diag.nodes.inject import Injection
 from diag.nodes.result import NodeScanError
 from diag.nodes.workloads import INPUTS_PER_WORKLOAD, Workload
 from diag.numerics import bits_digest, is_supported, ulp_distance
+from diag.worker.faults import corrupt
 
 __all__ = [
     "DIGEST_BYTES",

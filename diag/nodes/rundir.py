@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from diag.nodes.result import NodeScan
 
 if TYPE_CHECKING:
-    from diag.results import Record
+    from diag.records.results import Record
 
 _STATUS = {"ok": "pass", "slow": "warn", "suspect": "fail"}
 
@@ -33,7 +33,7 @@ _METRICS = (
 
 def _device_record(nodes: NodeScan, d: dict[str, Any], run_id: str) -> Record:
     """One device's record (``kind: "node"``) from its entry in `NodeScan.devices`."""
-    from diag.results import Record
+    from diag.records.results import Record
 
     return Record(
         op="nodes",
@@ -81,8 +81,8 @@ def write_run(
     Returns:
       The run folder.
     """
-    from diag.environment import collect
-    from diag.results import RunDir, new_run_id
+    from diag.records.results import RunDir, new_run_id
+    from diag.settings.environment import collect
 
     run_id = new_run_id()
     run = RunDir.create(out, run_id, collect(list(argv) if argv is not None else None))

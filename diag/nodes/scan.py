@@ -59,7 +59,7 @@ def _start(
         )
     if "jax" not in sys.modules:
         # XLA aborts the whole process on a flag it does not know; find out in a throwaway one.
-        from diag.flags import validate_xla_flags
+        from diag.settings.flags import validate_xla_flags
 
         validate_xla_flags()
     jax = import_jax(host_devices)
@@ -253,7 +253,7 @@ def scan(
 
     Raises:
       UsageError: bad arguments, jax already started with another device count, an
-        injection that matches no scanned device, or (`diag.flags.BadFlag`) a flag in
+        injection that matches no scanned device, or (`diag.settings.flags.BadFlag`) a flag in
         XLA_FLAGS that XLA refuses, found in a throwaway process before jax is imported
         here (XLA would abort this one).
       NodeScanError: the framework is missing, distributed start-up failed, or a workload

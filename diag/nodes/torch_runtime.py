@@ -250,7 +250,7 @@ class TorchRuntime:
         return out
 
     def _matmul_fingerprint(self) -> str:
-        from diag.precision import fingerprint
+        from diag.arith.precision import fingerprint
 
         dev = self.local_devices()[0].handle
         torch = self.torch

@@ -2,8 +2,8 @@
 
 Beside the truths it keeps two kinds of derived entry (`derived_key`, `put_mapped`,
 `get_mapped`): arrays every backend's verdict shares that were slow to compute (a long-K
-matmul's error bound, `diag.store.CaseStore.shared`) and large seeded input sets
-(`diag.inputs.STORE_INPUT_BYTES`). Their keys name everything the value depends on, source
+matmul's error bound, `diag.run.store.CaseStore.shared`) and large seeded input sets
+(`diag.plan.inputs.STORE_INPUT_BYTES`). Their keys name everything the value depends on, source
 code included, and a run memory-maps them read-only: the workers map cached inputs in place.
 
 The key hashes the op name, every input's dtype, shape and bytes, the output dtype, any op

@@ -60,7 +60,7 @@ def default_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
 def jax_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     """JAX's persistent compilation cache for diag's workers: ``jax`` in diag's cache folder.
 
-    `diag.workers.worker_env` points JAX_COMPILATION_CACHE_DIR here unless the user set it;
+    `diag.worker.host.worker_env` points JAX_COMPILATION_CACHE_DIR here unless the user set it;
     `GroundTruthCache.info` reports it and `clear` empties it.
     """
     return default_cache_dir(environ) / JAX_SUBFOLDER

@@ -10,7 +10,7 @@ from rich.table import Table
 
 
 def env_tables(report: dict[str, Any]) -> list:
-    """`diag env`: backends, settings and flags, fingerprints, findings (see diag.flags)."""
+    """`diag env`: backends, settings and flags, fingerprints, findings (diag.settings.flags)."""
 
     def cell(v: Any) -> str:
         return "—" if v is None else escape(str(v))
@@ -76,7 +76,7 @@ def env_tables(report: dict[str, Any]) -> list:
 
 
 def _features_table(report: dict[str, Any], cell) -> Table:
-    """`diag env --deep`: each matmul's arithmetic features (diag.features)."""
+    """`diag env --deep`: each matmul's arithmetic features (diag.arith.features)."""
     cols = ("product_exact", "extra_bits", "rounding", "block_fma_width", "order", "subnormals")
     table = Table(title="diag env --deep: matmul arithmetic features (crafted inputs)")
     # `via` tells apart two rows of one precision set two ways (an argument, a config)

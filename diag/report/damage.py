@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from diag.results import RunDir
+from diag.records.results import RunDir
 
 __all__ = ["damage", "lost_records"]
 

@@ -7,7 +7,7 @@ what it explains folded under it; the key mismatches; the known failures; and, w
 drift). Like the report it fetches nothing and runs no script (`script-src 'none'`), and every
 value is data, autoescaped.
 
-It reads plain data (`diag.drift.Check.view`), so this package still imports only the
+It reads plain data (`diag.gate.drift.Check.view`), so this package still imports only the
 records' schema.
 """
 

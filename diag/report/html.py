@@ -27,6 +27,7 @@ import jinja2
 from markupsafe import Markup
 
 from diag.errors import UsageError
+from diag.records.results import RunDir, RunMeta, output_errors
 from diag.report.charts import sweep_groups, sweep_svg, to_float
 from diag.report.damage import damage
 from diag.report.matrix import matrix_context
@@ -42,7 +43,6 @@ from diag.report.tables import (
 )
 from diag.report.trace import trace_context
 from diag.report.training import train_context
-from diag.results import RunDir, RunMeta, output_errors
 from diag.status import STATUSES, worst_status
 
 __all__ = ["asset", "environment", "render_report", "write_report"]
@@ -190,7 +190,7 @@ def render_report(
             matrix=matrix_context(records, cells),
             agreement_rows=agreement_rows,
             sweeps=_sweeps(records),
-            # Settings findings and precision fingerprints (diag.flags; _settings.html.j2).
+            # Settings findings and precision fingerprints (diag.settings.flags; _settings.html.j2).
             settings=settings_context(run),
             style=Markup(asset("report.css")),
             script=Markup(script),
@@ -311,7 +311,7 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
         trace=trace_context(run.path, read.records, meta.backends),
     )
     path = Path(out) if out is not None else run.path / "report.html"
-    # diag.outputs: parents created, a bad path or a full disk one line (exit 2)
+    # diag.records.outputs: parents created, a bad path or a full disk one line (exit 2)
     with output_errors(path, "the report", "--out", needed=len(html.encode())) as path:
         tmp = path.with_name(f".{path.name}.tmp")
         try:

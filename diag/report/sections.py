@@ -145,7 +145,7 @@ def ab_context(
     """What an A/B setting changed, per case, with the HLO difference; None without one.
 
     Args:
-      records: the run's records (`ab` records: diag.ab).
+      records: the run's records (`ab` records: diag.run.ab).
       ab: run.json's `ab` (the setting), None for a run without one.
     """
     rows = []

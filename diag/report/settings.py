@@ -7,13 +7,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from diag.records.results import RunMeta
 from diag.report.fields import as_mapping
-from diag.results import RunMeta
 
 __all__ = ["report_context"]
 
 #: The measured features of a matmul unit, in the order the report's table shows them
-#: (`diag.precision.features`; the CI gate compares the same fields, `diag.drift`).
+#: (`diag.arith.precision.features`; the CI gate compares the same fields, `diag.gate.drift`).
 FEATURE_COLUMNS = (
     "product_exact",
     "extra_bits",

@@ -1,4 +1,4 @@
-"""The CI gate's allowances (diag.baseline), beside the op rows in `diag.tolerance` they read.
+"""The CI gate's allowances (diag.gate.baseline), beside the op rows in `diag.tolerance` they read.
 
 A metric judged against an allowance drifts when it crosses the allowance between two runs
 (docs/baseline.md: inside it two correct implementations may land anywhere).

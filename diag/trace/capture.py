@@ -47,7 +47,7 @@ def job_field(run_dir: str | os.PathLike | None, cases) -> dict | None:
 
     Args:
       run_dir: the run folder when the run is traced, else None.
-      cases: the job's `diag.suite.Case`s (their labels name the captures in summaries).
+      cases: the job's `diag.plan.suite.Case`s (their labels name the captures in summaries).
     """
     if run_dir is None:
         return None
@@ -194,7 +194,7 @@ def _compare_highest(
 ) -> dict[str, Any]:
     """Profile the same case at `highest` precision: its per-call op time, for the cost of
     the precise setting next to the default one."""
-    from diag.registry import build
+    from diag.plan.registry import build
 
     name = session_name(case["id"], label, "highest")
     folder = run_dir / SESSIONS_DIR / name

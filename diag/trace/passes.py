@@ -1,7 +1,7 @@
 """Which XLA pass makes an A/B pair differ: per-pass dumps of both sides, compared in order.
 
 An `--ab` setting such as `--xla_allow_excess_precision=false` changes the compiled program
-somewhere in XLA's pipeline; the final HLO diff (`diag.ab`) shows *what* changed, this module
+somewhere in XLA's pipeline; the final HLO diff (`diag.run.ab`) shows *what* changed, this module
 says *where*. For each case whose A and B outputs differ on a JAX backend, the case is
 compiled again in two throwaway processes, each with its side's environment plus XLA's own
 dump flags (`--xla_dump_to=DIR --xla_dump_hlo_pass_re=.*`), which write the module after
@@ -169,14 +169,14 @@ def attribute_pair(
 
 
 def attribute_run(run) -> list[dict[str, Any]]:
-    """For a traced A/B run (`diag.backend_runs.BackendRuns`): attribute each JAX case whose outputs
-    differ to an XLA pass, written to `trace/passes/<case>.<backend>.json`.
+    """For a traced A/B run (`diag.run.backend_runs.BackendRuns`): attribute each JAX case whose
+    outputs differ to an XLA pass, written to `trace/passes/<case>.<backend>.json`.
 
     Called after every backend ran, before the work folder (the inputs) is removed.
     """
-    from diag.ab import B
     from diag.backends import get_spec
-    from diag.registry import PROBES
+    from diag.plan.registry import PROBES
+    from diag.run.ab import B
 
     by_label = {c.label: c for c in run.suite.cases}
     out = []
@@ -222,7 +222,7 @@ def _compile(job_path: str) -> int:
 
     from diag import numerics
     from diag.backends import get_spec
-    from diag.registry import build
+    from diag.plan.registry import build
 
     job = json.loads(Path(job_path).read_text())
     spec = get_spec(job["backend"])
