@@ -47,7 +47,7 @@ def assert_numerics(
     fn: Callable | str,
     *args: Any,
     backends: Sequence[str] | None = None,
-    reference: Callable | None = None,
+    reference: Callable | str | None = None,
     **kwargs: Any,
 ) -> list[OutputVerdict]:
     """Assert that ``fn(*args, **kwargs)`` computes what its float64 evaluation does, to within
@@ -64,7 +64,9 @@ def assert_numerics(
             ``jax-gpu``; default: every backend present), each in its worker; a named backend
             that cannot run here fails, as ``diag run --backend`` does.
         reference: a function called with the same arguments whose outputs are the truth
-            (e.g. your float64 or mpmath implementation), instead of `fn` in float64.
+            (e.g. your float64 or mpmath implementation), instead of `fn` in float64. With a
+            spec, a ``FILE.py:REF`` spec or a function defined at the top level of a file
+            (the workers' host loads it by name), as ``diag run --reference``.
 
     Returns:
         One `diag.userfn.OutputVerdict` per output leaf (``pass`` or ``warn``), when none fails.
@@ -77,12 +79,12 @@ def assert_numerics(
     """
     __tracebackhide__ = True  # pytest shows the assertion, not diag's frames
     if isinstance(fn, str):
-        if args or kwargs or reference is not None:
+        if args or kwargs:
             raise UsageError(
-                f"diag.testing: {fn!r} brings its own arguments and is judged against its float64 "
-                "evaluation: pass no arguments and no reference with a FILE.py:FUNCTION spec"
+                f"diag.testing: {fn!r} brings its own arguments: pass no arguments with a "
+                "FILE.py:FUNCTION spec"
             )
-        return _through_workers(fn, backends)
+        return _through_workers(fn, backends, _reference_spec(reference))
     framework = framework_of(fn, args, kwargs)
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
     verdicts: list[OutputVerdict] = []
@@ -99,7 +101,36 @@ def assert_numerics(
     return verdicts
 
 
-def _through_workers(spec: str, backends: Sequence[str] | str | None) -> list[OutputVerdict]:
+def _reference_spec(reference: Callable | str | None) -> str:
+    """The ``FILE.py:REF`` spec the workers' host loads a reference by: given as one, or
+    read from a function defined at the top level of a file (its file and name).
+
+    Raises:
+        UsageError: a reference that is not such a function (a lambda, a nested function).
+    """
+    if reference is None or isinstance(reference, str):
+        return reference or ""
+    import inspect
+    import sys
+
+    name = getattr(reference, "__name__", "")
+    module = sys.modules.get(getattr(reference, "__module__", "") or "")
+    try:
+        file = inspect.getsourcefile(reference)
+    except TypeError:
+        file = None
+    if file is None or module is None or getattr(module, name, None) is not reference:
+        raise UsageError(
+            f"diag.testing: the reference {name or reference!r} is not a function at the top "
+            "level of a file, which the workers' host loads by name: define it at a module's "
+            "top level, or pass reference='FILE.py:REF'"
+        )
+    return f"{file}:{name}"
+
+
+def _through_workers(
+    spec: str, backends: Sequence[str] | str | None, reference: str = ""
+) -> list[OutputVerdict]:
     """`diag run SPEC`: each backend in its own worker, inputs bit-identical; a failing or
     erroring record is a line of the AssertionError (a named backend that cannot run here is
     one, as with ``diag run --backend``), a `warn` record a `NumericsWarning`."""
@@ -111,7 +142,8 @@ def _through_workers(spec: str, backends: Sequence[str] | str | None) -> list[Ou
 
     named = [backends] if isinstance(backends, str) else list(backends or [])
     with tempfile.TemporaryDirectory(prefix="diag-testing-") as out:
-        result = runner.run(function_suite(spec), named or None, out=out, repeats=1)
+        suite = function_suite(spec, reference=reference)
+        result = runner.run(suite, named or None, out=out, repeats=1)
     verdicts: list[OutputVerdict] = []
     failing: list[str] = []
     for r in result.records:
@@ -144,10 +176,14 @@ def _backends(backends: Sequence[str] | None, framework: str) -> list[str]:
 
 
 def _reference(
-    fn: Callable, args: tuple, kwargs: dict, framework: str, user: Callable | None
+    fn: Callable, args: tuple, kwargs: dict, framework: str, user: Callable | str | None
 ) -> Reference:
     if user is None:
         return reference(fn, args, kwargs, framework)
+    if isinstance(user, str):
+        from diag.userfn import import_spec
+
+        user = import_spec(user)[1]
     label = getattr(user, "__qualname__", None) or type(user).__name__
     return given_reference(user, args, kwargs, label)
 

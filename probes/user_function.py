@@ -75,9 +75,16 @@ def evaluate(o: Outcome) -> Evaluation:
     }
     if ref.note:
         metrics["reference_note"] = ref.note
+    if ref.lifted:  # the globals and closure cells widened with the arguments
+        metrics["reference_lifted"] = list(ref.lifted)
     worst = next((v for v in verdicts if v.status == status), None)
+    if ref.left_out:  # None outputs (a model output's absent field): nothing to judge
+        metrics["outputs_left_out"] = list(ref.left_out)
     if status == "pass":
         reason = f"all {len(verdicts)} outputs within their allowance of the {ref.description}"
+        if ref.left_out:
+            names = ", ".join(leaf_name(p) for p in ref.left_out)
+            reason += f"; {names} (None) left out"
     elif status == "fail":
         op = prepared.first_divergent_op(
             min((v.allowed for v in verdicts if v.allowed), default=0.0)

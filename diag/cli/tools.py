@@ -75,6 +75,13 @@ def preflight_cmd(
         "package.module:function, as `diag run` takes it), judged against its float64 "
         "evaluation. Repeatable.",
     ),
+    reference: list[str] | None = typer.Option(
+        None,
+        "--reference",
+        help="Judge the --probe of the same place against your own reference function REF "
+        "(FILE.py:REF, called with its arguments; compute it in float64 yourself), as "
+        "`diag run --reference`. Repeatable: one per --probe, in order.",
+    ),
 ) -> None:
     """Fit to run a job? Settings, fingerprints, quick probes, a node scan: one verdict.
 
@@ -94,6 +101,7 @@ def preflight_cmd(
         injections=injections,
         on_step=lambda *a: render.print_line(preflight.progress_line(*a), err=True),
         probes=tuple(probe or ()),
+        references=tuple(reference or ()),
     )
     if as_json:
         render.out.print_json(json.dumps(result.to_dict(), default=str))

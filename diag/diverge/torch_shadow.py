@@ -30,7 +30,7 @@ import torch
 
 from diag.diverge.ledger import Ledger
 from diag.diverge.records import DivergeError, ShadowReport
-from diag.diverge.rules import max_absdiff, op_class, release_scratch
+from diag.diverge.rules import carried_error, max_absdiff, op_class, release_scratch
 from diag.diverge.torch_decide import CONSUMERS, DECISIONS, NO_ORIGIN, Decider, Origin
 from diag.diverge.torch_facts import facts, host, map_args
 from diag.interp.torch_mode import OpMode
@@ -90,6 +90,7 @@ class _Mode(OpMode):
         self.ledger = Ledger()
         self.unfollowed: set[str] = set()
         self.restarted: set[str] = set()  # shaped by a flipped mask: no shadow to compare
+        self.drawn: set[str] = set()  # drew random numbers from float inputs: run once
         self._sh: dict[int, tuple[weakref.ref, torch.Tensor, float, float, Any]] = {}
         self.decider = Decider(self)
         self._decided = False  # whether a mask or indices has ever had a shadow of its own
@@ -159,11 +160,48 @@ class _Mode(OpMode):
         kind = OP_KIND.get(func)
         if kind is None:
             kind = OP_KIND[func] = op_kind(func)
-        # Nothing to shadow; a random draw (run once: the user's generator must not move);
-        # a fill or uninitialised memory (`empty_like`): values that come from no arithmetic.
-        if (not ins and not dins) or _SEEDED in func.tags or kind in ("fill", "garbage"):
+        # A random draw (run once: the user's generator must not move); uninitialised
+        # memory (`empty_like`): values that come from no arithmetic.
+        if kind == "garbage":
+            return self._plain(func, args, kwargs)
+        if _SEEDED in func.tags and _draws(func, args, kwargs):
+            if ins:
+                self.drawn.add(f"aten.{func._schema.name.split('::', 1)[-1]}")
+            return self._plain(func, args, kwargs)
+        if not ins and not dins:
+            return self._made(func, args, kwargs)
+        if kind == "fill":
             return self._plain(func, args, kwargs)
         return self._shadowed(func, args, kwargs, writes, ins, dins)
+
+    def _made(self, func, args, kwargs):
+        """Floats made from no float: integers cast (``position_ids.to(x.dtype)``), divided or
+        scaled, an ``arange`` or ``full`` in a narrow dtype. Their shadow is the same op in
+        float64 on the integers, exact where the narrow dtype rounds (position 2001 in
+        bfloat16 is 2000); taking the rounded output as its own shadow would hide that
+        rounding from every op downstream, and the float64 reference with it."""
+        out = func(*args, **kwargs)
+        lows = flat_args(out, [])
+        if not any(_real(t) for t in lows):
+            return self._plain(func, args, kwargs, ran=out)
+
+        def wide(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and x.dtype not in (torch.bool, torch.float64):
+                return x.to(torch.float64) if not x.is_complex() else x
+            return _wide(x)
+
+        try:
+            shs = flat_args(func(*map_args(args, wide), **map_args(kwargs, wide)), [])
+        except Exception:  # noqa: BLE001 - no float64 form: the output is its own shadow
+            return self._plain(func, args, kwargs, ran=out)
+        for y, s in zip(lows, shs):
+            if not _real(y) or not isinstance(s, torch.Tensor) or s.shape != y.shape:
+                continue
+            s = s.detach().to(torch.float64)
+            dtype = _NP[y.dtype]
+            err, _ = carried_error(np.atleast_1d(_low(y)), np.atleast_1d(host(s)), dtype)
+            self._keep(y, s, err, diverge_carried_threshold(dtype))
+        return out
 
     def _view(self, func, args, kwargs):
         """A view's shadow is the same view of its base's shadow."""
@@ -345,6 +383,21 @@ class _Mode(OpMode):
         return out
 
 
+def _draws(func, args: tuple, kwargs: dict) -> bool:
+    """Whether an op tagged as seeded draws random numbers in this call. Attention and
+    dropout carry the tag for their dropout, which a probability of 0 (an attention in eval
+    mode: ``dropout_p=0.0``) or ``train=False`` turns off; then they are arithmetic like any
+    other op and get a shadow (skipping them restarted the shadow from a bfloat16 attention's
+    output, hiding every error that came in: a rotary embedding's rounded positions)."""
+    for k, a in enumerate(func._schema.arguments):
+        if a.name not in ("dropout_p", "p", "train"):
+            continue
+        value = args[k] if k < len(args) else kwargs.get(a.name, a.default_value)
+        if (a.name == "train" and value is False) or (a.name != "train" and value == 0.0):
+            return False
+    return True
+
+
 def _came(r: np.ndarray, s: np.ndarray, own: float, carried: float) -> float:
     """max |r - s|, the error that came in with the inputs, or inf when it surely exceeds
     `own` = max |y - r|: with `carried` = max |y - s| above 3 own, some element has
@@ -403,6 +456,11 @@ def shadow(fn: Callable, args: tuple, kwargs: dict, outputs: list | None = None)
         notes.append(
             f"{', '.join(sorted(mode.restarted))} picked another number of values by a "
             f"flipped mask: the shadow restarts from their outputs"
+        )
+    if mode.drawn:
+        notes.append(
+            f"{', '.join(sorted(mode.drawn))} drew random numbers: run once, the shadow "
+            f"restarts from their outputs"
         )
     note = "; ".join(notes)
     return mode.ledger.report("torch", name, result_error, note, result_threshold=thr)

@@ -105,8 +105,14 @@ def hunt(
     framework = framework or "jax"
     if framework == "jax":
         from diag.nan import jax_hunt
+        from diag.userfn.lift import lifted
 
-        return jax_hunt.locate(fn, args, kwargs, result=result)
+        # The hunt calls and traces the function more than once: the arrays it reaches
+        # through its globals are copied first (a step that donates its own module-level
+        # state deletes their buffers; one that rebinds ``global params`` would hand the
+        # trace its own output, or leak a tracer), and the globals are the user's again after.
+        with lifted(fn, args, kwargs, "jax", widen=False):
+            return jax_hunt.locate(fn, args, kwargs, result=result)
     if framework == "torch":
         from diag.nan import torch_hunt
 

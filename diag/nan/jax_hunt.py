@@ -165,8 +165,24 @@ def _donated(closed) -> set[int]:
     return found
 
 
-def _run_whole(closed, arrays: list) -> list:
-    """Evaluate a jaxpr's top-level equations as JAX would (a jit is one compiled call)."""
+def _donated_consts(closed) -> bool:
+    """Whether a top-level jit donates one of the jaxpr's constants: the arrays a function
+    reaches through its globals (a step that donates its own module-level state)."""
+    consts = set(closed.jaxpr.constvars)
+    return any(
+        d and not isinstance(v, Literal) and v in consts
+        for e in closed.jaxpr.eqns
+        for v, d in zip(e.invars, e.params.get("donated_invars", ()) or ())
+    )
+
+
+def _run_whole(closed, arrays: list, private: bool = False) -> list:
+    """Evaluate a jaxpr's top-level equations as JAX would (a jit is one compiled call); with
+    `private`, on copies of its constants (a jit that donates them would delete the buffers
+    the hunt evaluates next)."""
+    if private:
+        consts = [jnp.array(c, copy=True) if is_array(c) else c for c in closed.consts]
+        closed = jcore.ClosedJaxpr(closed.jaxpr, consts)
     return jcore.jaxpr_as_fun(closed)(*arrays)
 
 
@@ -202,18 +218,19 @@ def locate(fn: Callable, args: tuple, kwargs: dict, result: Any = None) -> NanRe
     out_tree = jax.tree_util.tree_structure(shapes)
     n_state = len(jax.tree_util.tree_leaves(shapes[1]))
     donated = _donated(closed)
+    private = _donated_consts(closed)
     if screened is not None and len(screened) != len(jax.tree_util.tree_leaves(shapes)) - n_state:
         screened = None  # a result of another structure is no screen: call the function
     try:
         if screened is not None:
             result_leaves = screened
-        elif prog.nnx is None and not donated:
+        elif prog.nnx is None and not donated and not private:
             # Nothing to protect: the user's own call (the fast, cached path) is the screen.
             result_leaves = jax.tree_util.tree_leaves(jax.block_until_ready(fn(*args, **kwargs)))
         else:
             # Donated inputs get copies: the hunt needs the originals afterwards.
             inputs = [jnp.copy(a) if i in donated else a for i, a in enumerate(prog.arrays)]
-            result_leaves = jax.block_until_ready(_run_whole(closed, inputs))
+            result_leaves = jax.block_until_ready(_run_whole(closed, inputs, private))
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
         raise NanHuntError(f"{name} raised {type(e).__name__}: {e}") from e
     names = _names_of_results(out_tree, n_state, prog.state_names)

@@ -190,13 +190,21 @@ def function_entry(
         raise SuiteError(str(path), f"{where}.fn", str(e).removeprefix("diag: ")) from None
 
 
-def with_functions(suite: Suite, specs: list[str], timeout: float | None = None) -> Suite:
-    """`suite` with a case per user's function appended (`diag preflight --probe`).
+def with_functions(
+    suite: Suite,
+    specs: list[str],
+    timeout: float | None = None,
+    references: list[str] | None = None,
+) -> Suite:
+    """`suite` with a case per user's function appended (`diag preflight --probe`), each
+    judged against the reference function of the same place in `references` (``--reference``)
+    when given, else against itself in float64.
 
     Raises:
         UserFunctionError: as `function_case`.
     """
+    refs = list(references or [""] * len(specs))
     cases = list(suite.cases)
-    for spec in specs:
-        cases.append(function_case(spec, start=len(cases), timeout=timeout))
+    for spec, ref in zip(specs, refs):
+        cases.append(function_case(spec, start=len(cases), timeout=timeout, reference=ref))
     return Suite(suite.name, suite.path, suite.description, suite.seed, tuple(cases))

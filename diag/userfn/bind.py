@@ -3,7 +3,8 @@ the same computation on bit-identical inputs.
 
 The inputs of a user's function are the arrays among its arguments (any pytree) and, for
 PyTorch, the state (parameters and buffers) of the modules it runs: the function itself when it
-is an `nn.Module` or a module's method, and the modules among its arguments. The host loads
+is an `nn.Module` or a module's method, the modules among its arguments, and those it reaches
+as globals or closure cells (`diag.userfn.reach`). The host loads
 the function, takes these arrays (`input_leaves`, in a fixed order), and ships them; each worker
 loads the same function and binds its arguments to the shipped arrays on its device (`bind`).
 A call starts from the shipped state every time (module state copied in place, tensors
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from diag.userfn.reach import reachable
 from diag.userfn.tree import flatten, leaf_name, numpy_leaves, to_numpy
 
 
@@ -53,6 +55,9 @@ def _torch_modules(fn: Callable, args: tuple, kwargs: dict) -> list:
                 walk(v)
 
     walk((args, kwargs))
+    # the modules the function reaches as globals or closure cells (a script's
+    # ``fc1 = nn.Linear(...)``): shipped, moved to the device and reset like the others
+    found += [s.value for s in reachable(fn) if isinstance(s.value, torch.nn.Module)]
     unique: list = []
     for m in found:
         if not any(m is u for u in unique):
@@ -113,18 +118,35 @@ def bind(fn: Callable, args: tuple, kwargs: dict, framework: str) -> Callable[..
         for i, a in zip(idx, arrays):
             full[i] = a
         a, k = jax.tree_util.tree_unflatten(treedef, full)
-        return _named(fn(*a, **k))
+        return _named(fn(*a, **k), "jax")
 
     return call
 
 
-def _named(out: Any) -> dict:
-    """The outputs by name, left on the device; the reason of `numpy_leaves` when one is not
-    an array (or there are none)."""
+def _named(out: Any, framework: str) -> dict:
+    """The outputs by name, left on the device; a Python number (an ``int`` step count, a
+    ``bool`` flag, a ``.item()``) or a numpy array as the framework's array, so every backend
+    hands back arrays; the reason of `numpy_leaves` when a leaf is not a number (or there
+    are none)."""
     flat = flatten(out)
-    if not flat or not all(hasattr(v, "shape") and hasattr(v, "dtype") for _, v in flat):
+    if not flat or not all(
+        hasattr(v, "shape") and hasattr(v, "dtype") or isinstance(v, (bool, int, float))
+        for _, v in flat
+    ):
         numpy_leaves(out)  # raises UserFunctionError saying what the function returned
-    return {leaf_name(p): v for p, v in flat}
+    return {leaf_name(p): _as_array(v, framework) for p, v in flat}
+
+
+def _as_array(v: Any, framework: str) -> Any:
+    if not isinstance(v, (bool, int, float, np.ndarray, np.generic)):
+        return v
+    if framework == "torch":
+        import torch
+
+        return torch.as_tensor(np.asarray(v) if isinstance(v, np.generic) else v)
+    import jax.numpy as jnp
+
+    return jnp.asarray(v)
 
 
 def _bind_torch(fn: Callable, args: tuple, kwargs: dict) -> Callable[..., dict]:
@@ -156,6 +178,6 @@ def _bind_torch(fn: Callable, args: tuple, kwargs: dict) -> Callable[..., dict]:
                 target.copy_(x)
         it = iter(a.clone().requires_grad_(g) for a, g in zip(arrays[:n_args], grads))
         a, k = replace((args, kwargs), it)
-        return _named(fn(*a, **k))
+        return _named(fn(*a, **k), "torch")
 
     return call

@@ -22,7 +22,6 @@ rounding (a sampler's near-tied logits) is always found, in 2 * ceil(log2 n) eva
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from diag import numerics
+from diag.userfn.lift import lifted
 from diag.userfn.load import UserFunctionError
 from diag.userfn.narrow import jax_narrow, torch_narrow
 from diag.userfn.tree import numpy_leaves
@@ -59,6 +59,11 @@ class Reference:
         input_dtype: the narrowest float dtype among the inputs (whose rounding `perturbed`
             models), or ``""`` without float inputs.
         note: what else the reader should know (ops the shadow could not follow).
+        lifted: the globals and closure cells the function reaches whose floats the
+            reference widened with its arguments (``global fc1 (Linear)``;
+            `diag.userfn.lift`).
+        left_out: the paths of outputs that are None (a model output's absent field): not
+            judged, and said so.
     """
 
     kind: str
@@ -67,6 +72,8 @@ class Reference:
     perturbed: tuple[tuple[np.ndarray | None, ...], ...] = ()
     input_dtype: str = ""
     note: str = ""
+    lifted: tuple[str, ...] = ()
+    left_out: tuple[str, ...] = ()
 
     def leaf(self, path: str) -> np.ndarray | None:
         return next((a for p, a in self.leaves if p == path), None)
@@ -97,6 +104,8 @@ class _Widen:
         self.pattern = pattern
         self.narrowest: str = ""
         self.largest = 0
+        self.lifted: tuple[str, ...] = ()  # the globals and closure cells widened with it
+        self.left_out: list[str] = []  # outputs that are None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         name = numerics.dtype_name(x.dtype)
@@ -125,9 +134,10 @@ def _jax_eval(
             return jnp.asarray(widen(np.asarray(x)))
         return x
 
-    with jax.enable_x64(True):
+    with jax.enable_x64(True), lifted(fn, args, kwargs, "jax") as lift:
+        widen.lifted = lift.labels
         a, k = jax.tree_util.tree_map(leaf, (args, kwargs))
-        leaves = numpy_leaves(fn(*a, **k))
+        leaves = numpy_leaves(fn(*a, **k), left_out=widen.left_out)
         if narrow is not None:
             narrow |= jax_narrow(fn, a, k)
         return leaves
@@ -143,24 +153,19 @@ def _torch_eval(
             host = x.detach().cpu().to(torch.float64).numpy()
             w = torch.from_numpy(widen(host.astype(_np_dtype(x))))
             return w.requires_grad_(x.requires_grad)
-        if isinstance(x, torch.nn.Module):
-            return copy.deepcopy(x).double()
         return x
 
-    owner = getattr(fn, "__self__", None)
-    if isinstance(fn, torch.nn.Module):
-        fn = copy.deepcopy(fn).double()
-    elif isinstance(owner, torch.nn.Module):
-        fn = getattr(copy.deepcopy(owner).double(), fn.__name__)
-    a, k = _map((args, kwargs), leaf)
     before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        with torch_narrow(narrow) if narrow is not None else contextlib.nullcontext():
-            out = fn(*a, **k)
-    finally:
-        torch.set_default_dtype(before)
-    return numpy_leaves(out)
+    with lifted(fn, args, kwargs, "torch") as lift:
+        widen.lifted = lift.labels
+        a, k = _map((lift.args, lift.kwargs), leaf)
+        torch.set_default_dtype(torch.float64)
+        try:
+            with torch_narrow(narrow) if narrow is not None else contextlib.nullcontext():
+                out = lift.fn(*a, **k)
+        finally:
+            torch.set_default_dtype(before)
+        return numpy_leaves(out, left_out=widen.left_out)
 
 
 def _np_dtype(t: Any) -> np.dtype:
@@ -205,13 +210,13 @@ def _shadow_reference(
     fn: Callable, args: tuple, kwargs: dict, framework: str, wide: list
 ) -> Reference:
     """diag.diverge's float64 shadow of each float leaf; integer leaves from the float64
-    evaluation `wide` (the same leaves, in the same order)."""
+    evaluation `wide` (the same leaves, in the same order). It runs on copies of what the
+    function reaches: a step may update its modules, or rebind and donate its globals."""
     from diag.diverge import DivergeError, shadow_outputs
 
-    if framework == "torch":  # a step may update its module and tensors in place
-        fn, args, kwargs = copy.deepcopy((fn, args, kwargs))
     try:
-        report, shadows = shadow_outputs(fn, args, kwargs, framework)
+        with lifted(fn, args, kwargs, framework, widen=False) as lift:
+            report, shadows = shadow_outputs(lift.fn, lift.args, lift.kwargs, framework)
     except DivergeError as e:
         raise UserFunctionError(str(e)) from e
     leaves = tuple(
@@ -242,7 +247,8 @@ def reference(fn: Callable, args: tuple, kwargs: dict, framework: str) -> Refere
         or any(a.dtype.kind == "f" and a.dtype != np.float64 for _, a in leaves)
         or any(a.dtype.name == "bfloat16" for _, a in leaves)
     ):
-        return _shadow_reference(fn, args, kwargs, framework, leaves)
+        shadow = _shadow_reference(fn, args, kwargs, framework, leaves)
+        return dataclasses.replace(shadow, lifted=seen.lifted, left_out=tuple(seen.left_out))
     perturbed: list[tuple[np.ndarray | None, ...]] = []
     if narrowest and any(a.dtype.kind in "biu" for _, a in leaves):
         bits = min(max(1, (seen.largest - 1).bit_length()), MAX_PATTERN_BITS)
@@ -250,7 +256,15 @@ def reference(fn: Callable, args: tuple, kwargs: dict, framework: str) -> Refere
             for s in (1.0, -1.0):
                 moved, _ = evaluate64(fn, args, kwargs, framework, (bit, s))
                 perturbed.append(tuple(a if a.dtype.kind in "biu" else None for _, a in moved))
-    return Reference("float64", FLOAT64_EVALUATION, tuple(leaves), tuple(perturbed), narrowest)
+    return Reference(
+        "float64",
+        FLOAT64_EVALUATION,
+        tuple(leaves),
+        tuple(perturbed),
+        narrowest,
+        lifted=seen.lifted,
+        left_out=tuple(seen.left_out),
+    )
 
 
 def given_reference(ref: Callable, args: tuple, kwargs: dict, label: str) -> Reference:

@@ -8,6 +8,7 @@ the worker ships and the host judges.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -26,17 +27,21 @@ def _is_leaf_array(x: Any) -> bool:
     return jax is not None and isinstance(x, jax.Array)
 
 
-def _walk(x: Any, path: str, out: list[tuple[str, Any]]) -> None:
+def _walk(x: Any, path: str, out: list[tuple[str, Any]], left_out: list[str]) -> None:
     if x is None:
+        left_out.append(path)
         return
-    if isinstance(x, dict):
+    if isinstance(x, dict):  # a transformers ModelOutput too (its None fields are not items)
         for k, v in x.items():
-            _walk(v, f"{path}[{k!r}]", out)
+            _walk(v, f"{path}[{k!r}]", out, left_out)
     elif isinstance(x, (list, tuple)):
         for i, v in enumerate(x):
-            _walk(v, f"{path}[{i}]", out)
+            _walk(v, f"{path}[{i}]", out, left_out)
     elif _is_leaf_array(x):
         out.append((path, x))
+    elif dataclasses.is_dataclass(x) and not isinstance(x, type) and not _is_pytree(x):
+        for f in dataclasses.fields(x):
+            _walk(getattr(x, f.name), f"{path}.{f.name}", out, left_out)
     elif "jax" in sys.modules:
         import jax
 
@@ -45,16 +50,23 @@ def _walk(x: Any, path: str, out: list[tuple[str, Any]]) -> None:
             out.append((path, x))
             return
         for p, v in flat:
-            _walk(v, path + jax.tree_util.keystr(p), out)
+            _walk(v, path + jax.tree_util.keystr(p), out, left_out)
     else:
         out.append((path, x))
 
 
-def flatten(tree: Any) -> list[tuple[str, Any]]:
+def _is_pytree(x: Any) -> bool:
+    """A dataclass JAX flattens itself (a flax struct): its paths are JAX's."""
+    jax = sys.modules.get("jax")
+    return jax is not None and not jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(x))
+
+
+def flatten(tree: Any, left_out: list[str] | None = None) -> list[tuple[str, Any]]:
     """(path, leaf) for each leaf, in order; None leaves are dropped (a model output's absent
-    field). A lone array has the path ``""``."""
+    field) and their paths added to `left_out`. A lone array has the path ``""``; a
+    dataclass's fields are ``.name``, as JAX writes them."""
     out: list[tuple[str, Any]] = []
-    _walk(tree, "", out)
+    _walk(tree, "", out, left_out if left_out is not None else [])
     return out
 
 
@@ -76,13 +88,16 @@ def leaf_name(path: str) -> str:
     return f"output{path}"
 
 
-def numpy_leaves(tree: Any, what: str = "returned") -> list[tuple[str, np.ndarray]]:
-    """`flatten` with every leaf as a numpy array of numbers.
+def numpy_leaves(
+    tree: Any, what: str = "returned", left_out: list[str] | None = None
+) -> list[tuple[str, np.ndarray]]:
+    """`flatten` with every leaf as a numpy array of numbers (Python ints, bools and floats
+    too: compared exactly, or as floats); the paths of None leaves go to `left_out`.
 
     Raises:
         UserFunctionError: nothing was returned, or a leaf is not an array of numbers.
     """
-    flat = flatten(tree)
+    flat = flatten(tree, left_out)
     if not flat:
         raise UserFunctionError(f"the function {what} no arrays (got {type(tree).__name__})")
     out = []
