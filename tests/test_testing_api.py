@@ -304,7 +304,7 @@ def test_a_spec_takes_no_arguments():
     from diag.errors import UsageError
     from diag.testing import assert_numerics
 
-    with pytest.raises(UsageError, match="pass no arguments and no reference"):
+    with pytest.raises(UsageError, match="pass no arguments with a FILE.py:FUNCTION spec"):
         assert_numerics("model.py:forward", 1.0)
 
 

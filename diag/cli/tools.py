@@ -100,8 +100,7 @@ def preflight_cmd(
         budget,
         injections=injections,
         on_step=lambda *a: render.print_line(preflight.progress_line(*a), err=True),
-        probes=tuple(probe or ()),
-        references=tuple(reference or ()),
+        probes=_paired(probe or [], reference or []),
     )
     if as_json:
         render.out.print_json(json.dumps(result.to_dict(), default=str))
@@ -114,3 +113,21 @@ def preflight_cmd(
             lambda: preflight.write_junit(result, junit), "junit", code, err=as_json
         )
     raise typer.Exit(code)
+
+
+def _paired(probes: list[str], references: list[str]) -> tuple:
+    """``--probe`` specs, each paired with the ``--reference`` of the same place when given.
+
+    Raises:
+        UsageError: references given, but not one per probe.
+    """
+    from diag.errors import UsageError
+
+    if not references:
+        return tuple(probes)
+    if len(references) != len(probes):
+        raise UsageError(
+            f"--reference given {len(references)} time(s) for {len(probes)} --probe: give one "
+            "--reference per --probe, in the same order"
+        )
+    return tuple(zip(probes, references))

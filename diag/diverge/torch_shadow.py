@@ -390,12 +390,15 @@ def _draws(func, args: tuple, kwargs: dict) -> bool:
     other op and get a shadow (skipping them restarted the shadow from a bfloat16 attention's
     output, hiding every error that came in: a rotary embedding's rounded positions)."""
     for k, a in enumerate(func._schema.arguments):
-        if a.name not in ("dropout_p", "p", "train"):
-            continue
-        value = args[k] if k < len(args) else kwargs.get(a.name, a.default_value)
-        if (a.name == "train" and value is False) or (a.name != "train" and value == 0.0):
-            return False
+        if a.name in _NO_DRAW:
+            value = args[k] if k < len(args) else kwargs.get(a.name, a.default_value)
+            if value == _NO_DRAW[a.name]:
+                return False
     return True
+
+
+#: The argument values under which a seeded op draws nothing (its dropout is off).
+_NO_DRAW = dict(dropout_p=0.0, p=0.0, train=False)
 
 
 def _came(r: np.ndarray, s: np.ndarray, own: float, carried: float) -> float:

@@ -113,15 +113,18 @@ STEPS: tuple[Step, ...] = (
 _ESTIMATES = {s.name: s.estimate_s for s in STEPS}
 
 
-def _probe_suite(probes: tuple[str, ...], references: tuple[str, ...] = ()) -> Any:
+def _probe_suite(probes: tuple[str | tuple[str, str], ...]) -> Any:
     """The probe step's suite: the shipped one, with a case per user's function in `probes`
-    (judged against the reference function of the same place in `references`, if any)."""
+    (a spec, or a pair of it and its reference function's)."""
     if not probes:
         return "preflight"
     from diag.plan.suite import load_suite
     from diag.plan.suite_fn import with_functions
 
-    return with_functions(load_suite("preflight"), list(probes), references=list(references))
+    pairs = [(p, "") if isinstance(p, str) else p for p in probes]
+    return with_functions(
+        load_suite("preflight"), [p for p, _ in pairs], references=[r for _, r in pairs]
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,8 +138,7 @@ def preflight(
     cache_dir: str | None = None,
     injections: tuple = (),
     on_step: Callable[[int, int, StepResult, list[Finding]], None] | None = None,
-    probes: tuple[str, ...] = (),
-    references: tuple[str, ...] = (),
+    probes: tuple[str | tuple[str, str], ...] = (),
 ) -> Preflight:
     """Run the preflight steps that fit in `budget` seconds; mirrors ``diag preflight``.
 
@@ -149,27 +151,18 @@ def preflight(
         that this preflight's device check can fail, as ``diag nodes --inject``.
       on_step: called after each step with (index, number of steps, its result, its
         findings): progress for the command line.
-      probes: users' functions (``FILE.py:FUNCTION``) the probe step also runs (`diag.userfn`).
-      references: none, or one reference function (``FILE.py:REF``) per function in
-        `probes`, in order: each is judged against its reference's outputs instead of its
-        own float64 evaluation (``diag run --reference``).
+      probes: users' functions to probe too: ``FILE.py:FUNCTION``, or (it, ``FILE.py:REF``).
 
     Returns:
       A `Preflight`: findings with what to do, steps run and skipped, the verdict and
       `exit_code` (0 fit, 1 numerical problem, 3 bad device, 4 crashed).
 
     Raises:
-      UsageError: a budget that is not a positive number, a bad function in `probes`, or
-        `references` that do not pair one to one with `probes`.
+      UsageError: a budget that is not a positive number, or a bad function in `probes`.
       BadFlag: XLA_FLAGS or LIBTPU_INIT_ARGS holds a flag XLA refuses (exit 2).
     """
     if not budget > 0:
         raise UsageError(f"budget must be a positive number of seconds, got {budget}")
-    if references and len(references) != len(probes):
-        raise UsageError(
-            f"--reference given {len(references)} time(s) for {len(probes)} --probe: give one "
-            "--reference per --probe, in the same order"
-        )
     environ = dict(os.environ if environ is None else environ)
     result = Preflight(budget_s=float(budget))
     measured = load_timings()
@@ -184,7 +177,7 @@ def preflight(
             result,
             cache_dir,
             with_fingerprints="fingerprints" in merged,
-            suite=_probe_suite(probes, references),
+            suite=_probe_suite(probes),
             node_scan=request_env(scanned, NODE_REPEATS, tuple(injections))
             if "nodes" in merged
             else {},
