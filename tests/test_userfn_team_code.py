@@ -338,3 +338,90 @@ def test_jax_team_code_is_judged_right_through_the_diag_script(tmp_path):
         "train": ["global state (tuple, 2 arrays)", "global w (dict, 1 array)", "global x (array)"],
     }
     assert {records[n]["metrics"]["reference_kind"] for n in want} == {"float64"}
+
+
+LLAMA = '''
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama import modeling_llama
+
+PATCHED = True
+
+
+@torch.no_grad()
+def _rotary_forward(self, x, position_ids):
+    # positions in the activations' dtype, as teams patched it before transformers computed
+    # the rotary embedding in float32
+    freqs = position_ids.to(x.dtype)[:, :, None] * self.inv_freq.to(x.dtype)[None, None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)  # marker: rotary
+    return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+if PATCHED:
+    modeling_llama.LlamaRotaryEmbedding.forward = _rotary_forward
+
+torch.manual_seed(0)
+config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                     initializer_range=0.3)
+model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+ids = torch.randint(0, 64, (1, 8))
+positions = torch.arange(2000, 2008)[None]
+
+
+def logits(ids, positions):
+    return model(input_ids=ids, position_ids=positions).logits
+
+
+def probe():
+    return logits, (ids, positions)
+'''
+
+
+def _llama_expected(mod) -> tuple[str, float]:
+    """The verdict and error of the bf16 logits against the intended model in float64: the
+    same weights, rotary angles from exact positions and the model's own inverse frequencies."""
+    rotary = mod.modeling_llama.LlamaRotaryEmbedding
+    got = mod.logits(mod.ids, mod.positions).detach().float()
+
+    def exact(self, x, position_ids):
+        freqs = position_ids.double()[:, :, None] * self.inv_freq.double()[None, None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+    patched, rotary.forward = rotary.forward, exact
+    try:
+        want = copy.deepcopy(mod.model).double()(input_ids=mod.ids, position_ids=mod.positions)
+    finally:
+        rotary.forward = patched
+    err = _err(got, want.logits.detach())
+    return ("pass" if err <= SQRT_U["bfloat16"] else "fail"), err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("patched", [True, False])
+def test_llama_with_rotary_positions_in_bf16_is_judged_against_the_intended_model(
+    tmp_path, patched
+):
+    pytest.importorskip("transformers")
+    from tests.conftest import marked_line
+
+    from transformers.models.llama import modeling_llama
+
+    path = tmp_path / "llama_rope.py"
+    path.write_text(LLAMA.replace("PATCHED = True", f"PATCHED = {patched}"))
+    own = modeling_llama.LlamaRotaryEmbedding.forward
+    try:
+        want, err = _llama_expected(_load(path, f"llama{patched}"))
+    finally:  # transformers' own class, as this process had it
+        modeling_llama.LlamaRotaryEmbedding.forward = own
+    proc = run_diag("run", f"{path}:probe", "-b", "torch-cpu", "--no-report", "--json",
+                    env={"HF_HUB_OFFLINE": "1"})
+    (rec,) = _records(proc).values()
+    assert rec["status"] == want, (rec["reason"], err)
+    assert want == ("fail" if patched else "pass")  # bf16 positions ~2000 move the angles
+    if patched:
+        line = marked_line(path, "marker: rotary") + 1
+        assert f"first divergent op: aten.cos at llama_rope.py:{line} (_rotary_forward)" in (
+            rec["reason"]
+        )
