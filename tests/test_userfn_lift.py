@@ -227,3 +227,67 @@ def test_jax_closures_nnx_globals_and_donated_optax_state_are_widened_on_copies(
     # the step donated and rebound the copies: the user's own are the same, alive, float32
     assert mod.w is w0 and mod.state is state0 and not w0["w"].is_deleted()
     assert str(w0["w"].dtype) == "float32"
+
+
+def _angles64() -> np.ndarray:
+    return np.cos(np.arange(2000, 2064, dtype=np.float64) * 0.01)
+
+
+def _sdpa_rope(pos):
+    q = torch.cos(pos.to(torch.bfloat16) * 0.01).reshape(1, 1, 8, 8)
+    return torch.nn.functional.scaled_dot_product_attention(q, q, q)  # dropout_p=0.0
+
+
+@pytest.mark.parametrize(
+    "name,fn,want",
+    [
+        ("an integer cast", lambda pos: torch.cos(pos.to(torch.bfloat16) * 0.01), _angles64),
+        (
+            "an arange in bfloat16",
+            lambda pos: torch.cos(torch.arange(2000, 2064, dtype=torch.bfloat16) * 0.01) + pos * 0,
+            _angles64,
+        ),
+        (
+            "an attention after it",
+            _sdpa_rope,
+            lambda: _sdpa64(_angles64().reshape(8, 8)),
+        ),
+    ],
+)
+def test_floats_made_from_integers_in_a_narrow_dtype_have_an_exact_reference(name, fn, want):
+    from diag.userfn import judge, reference
+
+    pos = torch.arange(2000, 2064)
+    ref = reference(fn, (pos,), {}, "torch")
+    exact = want()
+    got = ref.leaves[0][1].reshape(exact.shape)
+    assert np.abs(got - exact).max() <= 1e-9, name  # bf16 positions move the angles by ~0.1
+    y = fn(pos).float().numpy().reshape(exact.shape)
+    expected = "pass" if np.abs(y - exact).max() / np.abs(exact).max() <= 2.0**-4 else "fail"
+    assert expected == "fail" and [v.status for v in judge(fn(pos), ref)] == [expected]
+
+
+def _sdpa64(q: np.ndarray) -> np.ndarray:
+    s = q @ q.T / np.sqrt(q.shape[-1])
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ q
+
+
+def test_floats_made_from_integers_in_bfloat16_have_an_exact_jax_reference():
+    jnp = pytest.importorskip("jax.numpy")
+    from diag.userfn import judge, reference
+
+    # 2^-3, exact in bfloat16: JAX rounds a Python literal to the dtype it meets when it
+    # traces (0.01 becomes 0.010009765625), before any equation a shadow could widen
+    def f(pos):
+        return jnp.cos(pos.astype(jnp.bfloat16) * 2.0**-3) + jnp.cos(
+            jnp.arange(2000, 2064, dtype=jnp.bfloat16) * 2.0**-3
+        )
+
+    pos = np.arange(2000, 2064, dtype=np.int32)
+    ref = reference(f, (pos,), {}, "jax")
+    exact = 2 * np.cos(np.arange(2000, 2064, dtype=np.float64) * 2.0**-3)
+    assert ref.kind == "shadow" and np.abs(ref.leaves[0][1] - exact).max() <= 1e-9
+    y = np.asarray(f(pos), np.float64)
+    assert np.abs(y - exact).max() / np.abs(exact).max() > 2.0**-4  # what bf16 positions do
+    assert [v.status for v in judge(f(pos), ref)] == ["fail"]
