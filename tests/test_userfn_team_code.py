@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import run_diag
+from tests.conftest import marked_line, run_diag
 
 torch = pytest.importorskip("torch")
 
@@ -404,8 +404,6 @@ def test_llama_with_rotary_positions_in_bf16_is_judged_against_the_intended_mode
     tmp_path, patched
 ):
     pytest.importorskip("transformers")
-    from tests.conftest import marked_line
-
     from transformers.models.llama import modeling_llama
 
     path = tmp_path / "llama_rope.py"
