@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 
 from diag import numerics
+from diag.interp import framework_of
 from diag.userfn.bind import input_leaves
+from diag.userfn.lift import lifted
 from diag.userfn.load import UserFunctionError, import_spec
 from diag.userfn.reference import Reference, given_reference, reference
 
@@ -96,10 +98,14 @@ def first_op_line(fn: Callable, args: tuple, kwargs: dict, allowed: float = 0.0)
     from diag.diverge import DivergeError, shadow, shadow_within
 
     try:
-        if allowed > 0:
-            report = shadow_within(allowed, fn, *args, **kwargs)
-        else:
-            report = shadow(fn, *args, **kwargs)
+        # on copies of what it reaches: a step may update its global modules, or rebind and
+        # donate its global arrays
+        with lifted(fn, args, kwargs, framework_of(fn, args, kwargs), widen=False) as lift:
+            fn, args, kwargs = lift.fn, lift.args, lift.kwargs
+            if allowed > 0:
+                report = shadow_within(allowed, fn, *args, **kwargs)
+            else:
+                report = shadow(fn, *args, **kwargs)
     except DivergeError as e:
         return f"the shadow run could not follow it ({str(e).removeprefix('diag: ')})"
     first = report.first

@@ -5,7 +5,7 @@ level, ``params`` closed over by a jitted step).
 Their float state is part of the computation: a float64 reference that widens the arguments
 but not them evaluates a mix (torch refuses it: "mixed dtype"; JAX computes the
 model in float32 and calls it float64). A slot is found by name, the way Python resolves it: the
-names the function's code loads (``co_names``, nested lambdas and comprehensions included)
+global names the function's code loads or stores (nested lambdas and comprehensions included)
 that its globals hold, and its closure cells; a plain function of the same module that it
 calls (through `jax.jit`, `functools.partial`, a decorator keeping ``__wrapped__``) is walked
 in turn, so the globals of a helper are reached too. Library modules, classes and functions are
@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import dis
 import functools
+import os
+import re
+import sysconfig
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -75,6 +79,16 @@ def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
             yield from _codes(c)
 
 
+def _global_names(code: types.CodeType) -> set[str]:
+    """The global names a code object loads or stores (not its attribute names, which share
+    ``co_names``: ``h.norm`` must not reach a global ``norm``)."""
+    return {
+        str(i.argval)
+        for i in dis.get_instructions(code)
+        if i.opname in ("LOAD_GLOBAL", "STORE_GLOBAL", "LOAD_NAME")
+    }
+
+
 def _is_code(v: Any) -> bool:
     """A module, a class or a function (a library's or the user's): no numbers of its own."""
     return isinstance(v, (types.ModuleType, type, types.BuiltinFunctionType)) or isinstance(
@@ -82,11 +96,28 @@ def _is_code(v: Any) -> bool:
     )
 
 
+#: An installed library's file (a venv's site-packages, or the base interpreter's), the
+#: standard library's, or diag's own: its globals are never the user's to swap.
+_SITE = re.compile(r"[/\\](site|dist)-packages[/\\]")
+_NOT_USERS = tuple(
+    os.path.normcase(p) + os.sep
+    for p in (sysconfig.get_paths()["stdlib"], os.path.dirname(os.path.dirname(__file__)))
+)
+
+
+def _is_users(f: types.FunctionType) -> bool:
+    path = os.path.normcase(os.path.abspath(f.__code__.co_filename))
+    return not _SITE.search(path) and not path.startswith(_NOT_USERS)
+
+
 def reachable(fn: Callable) -> list[Slot]:
     """Every global and closure cell that ``fn`` (and the functions of its module it calls)
-    names and that holds a value, not code (see the module docstring)."""
+    names and that holds a value, not code (see the module docstring); none for a library's
+    function."""
     root = _unwrap(fn)
-    home = getattr(root, "__globals__", None)
+    if not isinstance(root, types.FunctionType) or not _is_users(root):
+        return []
+    home = root.__globals__
     found: list[Slot] = []
     seen: set[tuple[int, str]] = set()
     stack, walked = [root], set()
@@ -107,7 +138,7 @@ def reachable(fn: Callable) -> list[Slot]:
             continue
         walked.add(id(f))
         glob = f.__globals__
-        names = sorted({n for c in _codes(f.__code__) for n in c.co_names})
+        names = sorted({n for c in _codes(f.__code__) for n in _global_names(c)})
         for name in names:
             if name in glob:
                 visit(glob, name, glob[name])
