@@ -98,7 +98,8 @@ def _torch_widen(x: Any, seen: set[int], tensors: bool = True, depth: int = 0) -
 
 def _torch(fn: Callable, args: tuple, kwargs: dict, slots: list[Slot], widen: bool) -> tuple:
     held = [s for s in slots if _torch_holds(s.value)]
-    fn2, args2, kwargs2, values = copy.deepcopy((fn, args, kwargs, [s.value for s in held]))
+    everything = (fn, args, kwargs, [s.value for s in held])
+    fn2, args2, kwargs2, values = copy.deepcopy(everything, _nonleaf_copies(everything, {}))
     labels: list[str] = []
     if widen:
         seen: set[int] = set()
@@ -109,6 +110,20 @@ def _torch(fn: Callable, args: tuple, kwargs: dict, slots: list[Slot], widen: bo
         _torch_widen((args2, kwargs2), seen, tensors=False)
         labels = [f"{s.label} ({type(s.value).__name__})" for s in held if _torch_narrow(s.value)]
     return fn2, args2, kwargs2, held, values, labels
+
+
+def _nonleaf_copies(x: Any, memo: dict, depth: int = 0) -> dict:
+    """A deepcopy memo holding a detached copy of every tensor autograd made (torch refuses to
+    deep-copy those: "Only Tensors created explicitly by the user support the deepcopy
+    protocol"), keeping its requires_grad."""
+    torch = sys.modules["torch"]
+    if isinstance(x, torch.Tensor):
+        if x.grad_fn is not None:
+            memo[id(x)] = x.detach().clone().requires_grad_(x.requires_grad)
+    elif depth < 6 and isinstance(x, (dict, list, tuple)):
+        for v in x.values() if isinstance(x, dict) else x:
+            _nonleaf_copies(v, memo, depth + 1)
+    return memo
 
 
 def _jax_leaf(widen: bool) -> Callable[[Any], Any]:
