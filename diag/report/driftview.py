@@ -39,12 +39,14 @@ def render_drift_view(view: Mapping[str, Any], *, run_dir: str = "", baseline: s
     """
     from diag import __version__
     from diag.report.html import asset, environment
+    from diag.report.seriesplot import series_charts
 
     return (
         environment()
         .get_template("drift.html.j2")
         .render(
             view=view,
+            history_series=series_charts(view.get("series") or []),
             run_dir=run_dir,
             baseline=baseline,
             version=__version__,
