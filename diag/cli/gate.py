@@ -88,8 +88,6 @@ def check_cmd(
     for failure in result.failures:
         known = " (known: failed in the baseline too)" if failure in result.known_failures else ""
         render.print_line(f"diag: failed: {failure}{known}")
-    for line in result.bits_changed:
-        render.print_line(f"diag: bits changed (information, not drift): {line}")
     verdict = "drifted" if result.drifts else "no drift"
     render.print_line(
         f"diag: {verdict}: {result.compared} record(s) compared, "
