@@ -216,12 +216,22 @@ def test_a_file_that_is_not_a_history_is_exit_2(tmp_path, content):
     assert r.stderr.startswith("diag: ") and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_appending_to_a_file_that_is_not_a_history_keeps_the_verdict(tmp_path):
+@pytest.mark.parametrize("other", ["bytes", "sqlite"])
+def test_appending_to_a_file_that_is_not_a_history_keeps_the_verdict(tmp_path, other):
     d = _run_folder(tmp_path, 1, ratio=0.5, digest="b" * 64)
     bad = tmp_path / "bad.db"
-    bad.write_bytes(b"x" * 4096)
+    if other == "bytes":
+        bad.write_bytes(b"x" * 4096)
+    else:  # another program's database: left exactly as it was
+        con = sqlite3.connect(bad)
+        con.execute("CREATE TABLE t (x)")
+        con.commit()
+        con.close()
+    before = bad.read_bytes()
     base = tmp_path / "b.json"
     assert run_diag("baseline", str(d), "-o", str(base)).returncode == 0
     r = run_diag("check", str(d), "--baseline", str(base), "--history", str(bad))
     assert r.returncode == 2  # the verdict was 0; the history could not be written
-    assert "no drift" in r.stdout and "not a diag history" in r.stderr
+    assert "no drift" in r.stdout and "diag: " in r.stderr
+    assert "not a diag history" in r.stderr
+    assert bad.read_bytes() == before

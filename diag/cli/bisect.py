@@ -86,6 +86,14 @@ def bisect_cmd(
     if as_json:
         render.out.print_json(json.dumps(found.to_json(), default=str))
         raise typer.Exit(0)
+    _show(found, what)
+    raise typer.Exit(0)
+
+
+def _show(found, what: str) -> None:
+    """Each step with its evidence, the first change, and a second change when there is one."""
+    from diag import render
+
     for step in found.steps:
         render.print_line(f"diag: step: {step.text()}")
         for line in step.evidence:
@@ -105,7 +113,6 @@ def bisect_cmd(
         )
         for key in found.later:
             render.print_line(f"    {key}")
-    raise typer.Exit(0)
 
 
 def _suite(function: str | None, suite: str):

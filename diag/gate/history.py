@@ -12,8 +12,9 @@ most histories are of one machine, where bits are reproducible.
 
 One file, standard-library `sqlite3`: write-ahead logging and `BEGIN IMMEDIATE` make two
 writers (two CI jobs on one runner) take turns instead of corrupting the file, a busy timeout
-makes the second wait, and an index on (record, run) keeps a record's series one lookup
-(benchmarks/bench_history.py: 1,000 runs of the ci suite).
+makes the second wait, and an index on (record, run) keeps a record's series one lookup and
+the list of records a scan of the index, not of the data (benchmarks/bench_history.py: 1,000
+runs of the ci suite).
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ CREATE TABLE IF NOT EXISTS records (
     record TEXT NOT NULL,
     run INTEGER NOT NULL REFERENCES runs(id),
     status TEXT,
-    data TEXT NOT NULL,
-    PRIMARY KEY (record, run)
-) WITHOUT ROWID;
+    data TEXT NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS records_by_record ON records (record, run);
 CREATE INDEX IF NOT EXISTS records_by_run ON records (run);
 """
 
@@ -73,7 +74,8 @@ class HistoryError(UsageError):
 
 @contextmanager
 def connect(path: str | os.PathLike, *, create: bool) -> Iterator[sqlite3.Connection]:
-    """An open history, its tables made when `create` (else it must exist and be one).
+    """An open history, its tables made when `create` and the file is new or an empty
+    database (else it must exist and be a history).
 
     Raises:
       HistoryError: missing (without `create`), not a SQLite file, or another schema.
@@ -90,17 +92,9 @@ def connect(path: str | os.PathLike, *, create: bool) -> Iterator[sqlite3.Connec
         raise HistoryError(f"{p}: cannot open the history ({e})") from None
     try:
         try:
-            con.execute("PRAGMA journal_mode=WAL")
             con.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
             if create:
-                con.execute("BEGIN IMMEDIATE")
-                for statement in _TABLES.split(";"):  # executescript would commit first
-                    con.execute(statement)
-                con.execute(
-                    "INSERT OR IGNORE INTO meta (name, value) VALUES ('schema', ?)",
-                    (HISTORY_SCHEMA,),
-                )
-                con.execute("COMMIT")
+                _create(con)
             row = con.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
         except sqlite3.DatabaseError as e:
             raise HistoryError(
@@ -111,9 +105,24 @@ def connect(path: str | os.PathLike, *, create: bool) -> Iterator[sqlite3.Connec
                 f"{p}: schema is {row[0] if row else None!r}, not {HISTORY_SCHEMA}; "
                 "give the file `--history` wrote, or a new path"
             )
+        # Only once the file is known to be a history (another database is left untouched).
+        # With WAL, NORMAL never corrupts the file; a power cut may lose the last run.
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute("PRAGMA synchronous=NORMAL")
         yield con
     finally:
         con.close()
+
+
+def _create(con: sqlite3.Connection) -> None:
+    """Make the tables in an empty database; another database is left as it is (the schema
+    check after this refuses it)."""
+    con.execute("BEGIN IMMEDIATE")
+    if con.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] == 0:
+        for statement in _TABLES.split(";"):  # executescript would commit first
+            con.execute(statement)
+        con.execute("INSERT INTO meta (name, value) VALUES ('schema', ?)", (HISTORY_SCHEMA,))
+    con.execute("COMMIT")
 
 
 def read_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict]]:

@@ -186,13 +186,12 @@ def read(
         `metric`.
     """
     with connect(path, create=False) as con:
-        runs: dict[int, dict[str, Any]] = {}
-        keys: dict[int, dict[str, Any]] = {}
-        for n, run_id, started, commit, key in con.execute(
-            "SELECT id, run_id, started, git_commit, key FROM runs ORDER BY id"
-        ):
-            runs[n] = {"run_id": run_id, "started": started, "git_commit": commit}
-            keys[n] = json.loads(key)
+        runs: dict[int, dict[str, Any]] = {
+            n: {"run_id": run_id, "started": started, "git_commit": commit}
+            for n, run_id, started, commit in con.execute(
+                "SELECT id, run_id, started, git_commit FROM runs ORDER BY id"
+            )
+        }
         names = [r for (r,) in con.execute("SELECT DISTINCT record FROM records ORDER BY record")]
         if record is not None:
             names = [r for r in names if record in r]
@@ -200,29 +199,40 @@ def read(
                 raise HistoryError(
                     f"{path}: no record's key contains {record!r}; `diag history {path}` lists them"
                 )
-        rows = con.execute(
-            "SELECT record, run, status, data FROM records ORDER BY record, run"
-            if record is None
-            else "SELECT record, run, status, data FROM records WHERE instr(record, ?) > 0 "
-            "ORDER BY record, run",
-            () if record is None else (record,),
-        ).fetchall()
+        rows = []
+        for name in names:  # each one lookup in the (record, run) index
+            rows += con.execute(
+                "SELECT record, run, status, data FROM records WHERE record = ? ORDER BY run",
+                (name,),
+            ).fetchall()
+        series = _series(names, rows, runs)
+        if metric is not None and not any(s.values(metric) for s in series):
+            have = sorted({m for s in series for p in s.points for m in p.metrics})
+            raise HistoryError(
+                f"{path}: no record here has metric {metric!r}; metrics: {', '.join(have)}"
+            )
+        keys: dict[int, dict[str, Any]] = {}
+
+        def key(n: int) -> dict[str, Any]:  # read only for the runs around a change
+            if n not in keys:
+                (text,) = con.execute("SELECT key FROM runs WHERE id = ?", (n,)).fetchone()
+                keys[n] = json.loads(text)
+            return keys[n]
+
+        for s in series:
+            for before, after in zip(s.points, s.points[1:]):
+                drifts = moved(s.record, before, after)
+                if drifts:
+                    env = key_difference(key(before.run), key(after.run))
+                    s.changes.append(Change(before, after, drifts, env))
+    return History(str(path), runs, series, metric)
+
+
+def _series(names: list[str], rows: list, runs: dict[int, dict[str, Any]]) -> list[Series]:
     points: dict[str, list[Point]] = {n: [] for n in names}
     for rec, run, status, data in rows:
         points[rec].append(Point(run, runs[run]["run_id"], status, json.loads(data)))
-    series = [Series(n, ps) for n, ps in points.items()]
-    if metric is not None and not any(s.values(metric) for s in series):
-        have = sorted({m for s in series for p in s.points for m in p.metrics})
-        raise HistoryError(
-            f"{path}: no record here has metric {metric!r}; metrics: {', '.join(have)}"
-        )
-    for s in series:
-        for before, after in zip(s.points, s.points[1:]):
-            drifts = moved(s.record, before, after)
-            if drifts:
-                env = key_difference(keys[before.run], keys[after.run])
-                s.changes.append(Change(before, after, drifts, env))
-    return History(str(path), runs, series, metric)
+    return [Series(n, ps) for n, ps in points.items()]
 
 
 def describe(c: Change) -> list[str]:
