@@ -92,6 +92,18 @@ def test_an_unknown_version_is_one_line_and_exit_2(tmp_path):
     assert not (Path(tmp_path / "gt-cache") / "venvs").exists()
 
 
+def test_workers_under_another_python_import_this_checkout_of_diag():
+    """A release's environment has no diag installed: its workers find this checkout (and
+    its probes) through PYTHONPATH."""
+    import os
+
+    from diag.worker.host import worker_env
+
+    first = Path(worker_env({})["PYTHONPATH"].split(os.pathsep)[0])
+    assert (first / "diag" / "__init__.py").is_file()
+    assert (first / "probes" / "__init__.py").is_file()
+
+
 # --- commits: a repository the test makes, a change planted at a known commit -----------------
 
 FN = """import numpy as np
