@@ -228,3 +228,19 @@ def test_a_real_bisection_names_the_jax_release_where_softmax_bits_change(tmp_pa
     again = sorted(f"{p} | {c} | jax-cpu" for (p, c) in seen[first]
                    if seen[first][(p, c)] != seen["0.10.2"][(p, c)])
     assert found["changes_again_later"] == again
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--package", "jax"], "needs --package P --good V --bad W"),
+    (["--package", "numpy", "--good", "1", "--bad", "2"], "diag bisects jax, torch, torch-xla"),
+    (["--git", "a..b"], "--git needs FILE.py:FUNCTION"),
+])
+def test_bad_usage_is_one_line_and_exit_2(tmp_path, args, words):
+    r = run_diag("bisect", *args, "-o", str(tmp_path / "out"))
+    assert r.returncode == 2 and words in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_help_lists_history_and_bisect():
+    out = run_diag("--help").stdout
+    assert "history" in out and "bisect" in out

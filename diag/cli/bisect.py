@@ -87,6 +87,8 @@ def bisect_cmd(
         render.out.print_json(json.dumps(found.to_json(), default=str))
         raise typer.Exit(0)
     _show(found, what)
+    if git is not None:
+        render.print_line(f"diag: {found.first_bad}: {commits.subject(repo, found.first_bad)}")
     raise typer.Exit(0)
 
 

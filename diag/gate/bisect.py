@@ -65,17 +65,22 @@ class Observation:
 def observation(point: str, records: Sequence[dict[str, Any]], where: str = "") -> Observation:
     """An Observation from a run's records.
 
+    Skipped records (a backend absent from this machine, a case it does not apply to) are
+    left out: they are skipped at every point.
+
     Raises:
-      BisectError: a record errored or was skipped at this point: its bits say nothing about
-        the point, so the search cannot go on (the reason is in the message).
+      BisectError: a record errored at this point: its bits say nothing about the point, so
+        the search cannot go on (the reason is in the message).
     """
     outputs: dict[str, tuple[str | None, tuple[str, ...]]] = {}
     reasons: dict[str, str] = {}
     for rec in records:
         key = record_key(rec)
-        if rec.get("status") in ("error", "skip"):
+        if rec.get("status") == "skip":  # a backend absent here, a case it does not apply to
+            continue
+        if rec.get("status") == "error":
             raise BisectError(
-                f"at {point}: {key} did not run ({rec.get('status')}: {rec.get('reason')}); "
+                f"at {point}: {key} did not run ({rec.get('reason')}); "
                 "fix what stops it at that point, or leave the record out with --record"
             )
         digests = (rec.get("metrics") or {}).get(DIGESTS) or []

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from diag.gate.bisect import BisectError, Observation, observation
 
-__all__ = ["commit_range", "observer", "repository"]
+__all__ = ["commit_range", "observer", "repository", "subject"]
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
@@ -79,6 +79,11 @@ def commit_range(repo: Path, spec: str) -> list[str]:
         raise BisectError(f"--git {spec}: {good} is not an ancestor of {bad}")
     path = _git(repo, "rev-list", "--reverse", "--ancestry-path", f"{ends[0]}..{ends[1]}")
     return [c[:12] for c in (ends[0], *path.stdout.split())]
+
+
+def subject(repo: Path, commit: str) -> str:
+    """A commit's one-line subject, as `git log --oneline` shows it."""
+    return _git(repo, "log", "-1", "--format=%s", commit).stdout.strip()
 
 
 def observer(
