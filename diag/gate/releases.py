@@ -207,6 +207,7 @@ def observer(
       BisectError: the release does not install, or no case is left to run.
     """
     from diag.run import runner
+    from diag.worker.interpreter import python_var
 
     framework = FRAMEWORKS.get(package)
     if framework is None:
@@ -215,6 +216,8 @@ def observer(
             f"{', '.join(FRAMEWORKS)}"
         )
 
+    chosen = backends or [DEFAULT_BACKENDS[package]]
+
     def observe(version: str, keys: list[str] | None) -> Observation:
         python = environment(package, version, root, log)
 
@@ -222,7 +225,7 @@ def observer(
             where = f"{suite.name}.{c.probe} | {c.label} | "
             if keys is not None:
                 return any(k.startswith(where) for k in keys)
-            return not record or any(r in where for r in record)
+            return not record or any(r in where + b for r in record for b in chosen)
 
         cases = tuple(c for c in suite.cases if wanted(c))
         if not cases:
@@ -231,10 +234,10 @@ def observer(
         log(f"diag bisect: {package} {version}: running {len(cases)} case(s)")
         result = runner.run(
             dataclasses.replace(suite, cases=cases),
-            backends or [DEFAULT_BACKENDS[package]],
+            chosen,
             out=folder,
             repeats=1,
-            env={f"DIAG_PYTHON_{framework.upper()}": str(python)},
+            env={python_var(framework): str(python)},  # as `diag run --python` sets it
             argv=["diag", "bisect", f"{package}=={version}"],
         )
         return observation(version, result.records, str(result.run_dir))
