@@ -83,6 +83,10 @@ def with_series(view: dict[str, Any], history: Path | None) -> dict[str, Any]:
     return {**view, "series": series_of(history, keys)}
 
 
+# Values of a series shown in the terminal: the latest ones (--json has every run).
+_SHOWN = 10
+
+
 def _when(t: float | None) -> str:
     return _dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M") if t else "?"
 
@@ -120,7 +124,10 @@ def history_cmd(
     for s in found.series:
         m = metric or s.default_metric()
         if s.changes or metric is not None:
-            values = ", ".join(f"#{n} {_value(v)}" for n, v in s.values(m)) if m else ""
+            shown = s.values(m) if m else []
+            values = ", ".join(f"#{n} {_value(v)}" for n, v in shown[-_SHOWN:])
+            if len(shown) > _SHOWN:
+                values = f"({len(shown) - _SHOWN} earlier: --json lists them) ... " + values
             state = "moved" if s.changes else "steady"
             render.print_line(f"diag: {state}: {s.record} ({len(s.points)} run(s))")
             if values:
