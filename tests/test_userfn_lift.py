@@ -291,3 +291,14 @@ def test_floats_made_from_integers_in_bfloat16_have_an_exact_jax_reference():
     y = np.asarray(f(pos), np.float64)
     assert np.abs(y - exact).max() / np.abs(exact).max() > 2.0**-4  # what bf16 positions do
     assert [v.status for v in judge(f(pos), ref)] == ["fail"]
+
+
+def test_a_dropout_that_draws_is_run_once_and_said_in_the_note():
+    from diag.userfn import reference
+
+    def drawn(x):
+        return torch.nn.functional.dropout(x.to(torch.bfloat16), 0.5, training=True).float()
+
+    torch.manual_seed(0)
+    ref = reference(drawn, (torch.linspace(1, 2, 64),), {}, "torch")
+    assert ref.kind == "shadow" and "aten.native_dropout drew random numbers" in ref.note
