@@ -49,8 +49,17 @@ class Lifted:
 
 
 def _torch_holds(x: Any, depth: int = 0) -> bool:
+    """Whether `x` holds torch state a call may read or write: a tensor, a module, an
+    optimizer, or a learning-rate scheduler (copied with its optimizer, so stepping it moves
+    the copy's learning rate, not the user's)."""
     torch = sys.modules["torch"]
-    if isinstance(x, (torch.Tensor, torch.nn.Module, torch.optim.Optimizer)):
+    held = (
+        torch.Tensor,
+        torch.nn.Module,
+        torch.optim.Optimizer,
+        torch.optim.lr_scheduler.LRScheduler,
+    )
+    if isinstance(x, held):
         return True
     if depth < 4 and isinstance(x, dict):
         return any(_torch_holds(v, depth + 1) for v in x.values())
