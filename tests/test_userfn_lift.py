@@ -302,3 +302,34 @@ def test_a_dropout_that_draws_is_run_once_and_said_in_the_note():
     torch.manual_seed(0)
     ref = reference(drawn, (torch.linspace(1, 2, 64),), {}, "torch")
     assert ref.kind == "shadow" and "aten.bernoulli_ drew random numbers" in ref.note
+
+
+def test_a_users_module_class_reaches_the_globals_its_forward_names(tmp_path):
+    from diag.userfn import reference
+
+    mod = _module(
+        tmp_path,
+        "tg_class",
+        """
+        import torch
+        from torch import nn
+
+        gain = torch.linspace(0.5, 1.5, 8)
+
+
+        class Scaled(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(8, 8)
+
+            def forward(self, x):
+                return self.fc(x) * gain
+        """,
+    )
+    torch.manual_seed(0)
+    m, x = mod.Scaled(), torch.randn(4, 8)
+    ref = reference(m, (x,), {}, "torch")
+    w, b = m.fc.weight.detach().double().numpy(), m.fc.bias.detach().double().numpy()
+    want = (x.double().numpy() @ w.T + b) * mod.gain.double().numpy()
+    assert ref.kind == "float64" and ref.lifted == ("global gain (Tensor)",)
+    assert np.abs(ref.leaves[0][1] - want).max() <= 1e-12 * np.abs(want).max()

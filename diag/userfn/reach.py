@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import dis
 import functools
+import inspect
 import os
 import re
 import sysconfig
@@ -112,9 +113,13 @@ def _is_users(f: types.FunctionType) -> bool:
 
 def reachable(fn: Callable) -> list[Slot]:
     """Every global and closure cell that ``fn`` (and the functions of its module it calls)
-    names and that holds a value, not code (see the module docstring); none for a library's
-    function."""
+    names and that holds a value, not code (see the module docstring); for a module or other
+    callable object, its class's ``forward`` or ``__call__``; none for a library's function."""
     root = _unwrap(fn)
+    if not isinstance(root, types.FunctionType):  # a module or callable object: its method
+        cls = type(root)
+        method = getattr(cls, "forward", None) or inspect.getattr_static(cls, "__call__", None)
+        root = _unwrap(method)
     if not isinstance(root, types.FunctionType) or not _is_users(root):
         return []
     home = root.__globals__
