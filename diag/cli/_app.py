@@ -7,11 +7,26 @@ each registers on `app`, then `diag.cli.main` runs it.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable
 from typing import Any
 
 import typer
+
+from diag.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED
+
+__all__ = [
+    "EXIT_BROKEN_PIPE",
+    "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
+    "Terminated",
+    "app",
+    "cache_app",
+    "on_sigterm",
+    "split",
+    "state",
+    "write_after_verdict",
+]
 
 # no_args_is_help is off: a bare `diag` is a usage error (one line, exit 2), not a help page
 # printed by the parser before diag can say anything.
@@ -24,12 +39,7 @@ app = typer.Typer(
 cache_app = typer.Typer(no_args_is_help=False, help="Inspect or clear the ground-truth cache.")
 app.add_typer(cache_app, name="cache")
 
-EXIT_INTERRUPTED = 130
-# SIGTERM (a CI job cancelled, a scheduler's preemption): 128 + 15, as a shell reports it.
-EXIT_TERMINATED = 128 + signal.SIGTERM
-# diag itself failed (a bug, not the user's input nor the device): sysexits' EX_SOFTWARE,
-# apart from 1 (a numerical failure, which a CI gate must be able to trust) and from 2-4.
-EXIT_INTERNAL = 70
+# Ctrl-C 130, SIGTERM 143 and a bug in diag 70 live beside the other exit codes (diag.errors).
 # stdout's reader went away (`diag env | head -2`): 128 + SIGPIPE, what a shell reports for
 # a program the signal ended; never 1, which means a numerical failure.
 EXIT_BROKEN_PIPE = 128 + 13
@@ -40,7 +50,10 @@ class Terminated(KeyboardInterrupt):
 
     `diag.run.runner.run` already turns a KeyboardInterrupt into a run folder marked
     `interrupted`, its worker killed and its temp folder removed; SIGTERM deserves the same.
+    `exit_code` is what the process ends with, which the runner records in run.json.
     """
+
+    exit_code = EXIT_TERMINATED
 
 
 class _State:

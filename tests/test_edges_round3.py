@@ -1,0 +1,202 @@
+"""Edges, round 3 (issue 41): damaged run folders, runs cut short, hand-edited baselines, a
+damaged cache, a timeout, usage lines, suite files that are code.
+
+Every test drives the real `diag` console script into one edge and checks the exit code the
+README documents, the one `diag:` line, and what the run folder says. Expected answers come
+from the test's own bookkeeping (what it wrote, what it cut, which signal it sent), never from
+diag.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from diag.records.results import Record, RunDir
+from tests.conftest import REPO_ROOT, diag_script, run_diag
+
+# A numpy emulation backend: no framework to import, so a run takes about a second.
+EMU = "emu-bf16x3"
+
+TWO_CASES = """
+[suite]
+name = "two"
+seed = 7
+
+[[probe]]
+name = "sweep"
+op = "matmul"
+dtypes = ["float32"]
+shape = ["d", 4, "d"]
+sweep = { d = [16, 32] }
+"""
+
+
+def _one_diag_line(out, code: int) -> str:
+    """The process exited `code` with exactly one `diag:` line on stderr and no traceback."""
+    assert out.returncode == code, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
+    assert "Traceback" not in out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("diag:")]
+    assert len(lines) == 1, out.stderr
+    return lines[0]
+
+
+def _verdict(html: str) -> tuple[str, str]:
+    """The report's verdict word and text."""
+    m = re.search(r'id="verdict" data-verdict="([^"]*)">([^<]*)<', html)
+    assert m, "no verdict in the report"
+    return m.group(1), m.group(2)
+
+
+def _folder(root: Path, statuses: list[str]) -> RunDir:
+    """A finished run folder holding one record per status, its run.json counted by hand."""
+    run = RunDir.create(root / "runs", "r1", {"host": "test"})
+    for i, status in enumerate(statuses):
+        run.append(Record(op="matmul", probe="t.p", case=f"case{i}", params={},
+                          backend="jax-cpu", device={}, dtype="float32", metrics={},
+                          status=status, reason=f"{status} reason"))
+    counts = {s: statuses.count(s) for s in ("pass", "warn", "fail", "error", "skip")}
+    worst = "fail" if "fail" in statuses else "warn" if "warn" in statuses else "pass"
+    run.update_meta(state="finished", counts=counts, verdict=worst)
+    return run
+
+
+# --- 2: a torn last line that held the one failure ------------------------------------------
+
+def test_a_torn_last_line_that_was_the_one_failure_is_damage_and_the_verdict_stays_fail(
+        tmp_path):
+    run = _folder(tmp_path, ["pass", "warn", "fail"])
+    data = run.results_jsonl.read_bytes()
+    last = data.rstrip(b"\n").rfind(b"\n") + 1
+    run.results_jsonl.write_bytes(data[: last + (len(data) - last) // 2])  # tear the fail
+    out = run_diag("report", str(run.path))
+    assert out.returncode == 2, out.stderr
+    assert "is torn" in out.stderr
+    assert "holds 2 readable record(s) while run.json counts 3" in out.stderr
+    assert "1 record(s) are lost" in out.stderr
+    word, text = _verdict((run.path / "report.html").read_text("utf-8"))
+    assert word == "fail", text
+    assert text.startswith("FAIL") and "all checks passed" not in text
+
+
+def test_a_torn_last_line_of_an_interrupted_run_that_counted_it_out_is_no_loss(tmp_path):
+    run = _folder(tmp_path, ["pass", "pass"])
+    run.update_meta(state="interrupted", counts={"pass": 2}, verdict="incomplete")
+    with run.results_jsonl.open("a") as f:
+        f.write('{"probe": "t.p", "sta')  # killed mid-write, after run.json was counted
+    out = run_diag("report", str(run.path))
+    assert out.returncode == 0, out.stderr
+    assert "is torn" in out.stderr and "lost" not in out.stderr
+
+
+# --- 6: garbage in results.jsonl --------------------------------------------------------------
+
+def test_garbage_results_count_every_counted_record_as_lost(tmp_path):
+    run = _folder(tmp_path, ["pass"])
+    counted = 58
+    run.update_meta(counts={"pass": counted - 1, "fail": 1})
+    garbage = 53
+    run.results_jsonl.write_text("".join(f"#garbage {i} ]]\n" for i in range(garbage)))
+    out = run_diag("report", str(run.path))
+    assert out.returncode == 2, out.stderr
+    assert f"holds 0 readable record(s) while run.json counts {counted}" in out.stderr
+    assert f"{counted} record(s) are lost" in out.stderr
+    assert f"{garbage - 1} line(s)" in out.stderr  # the last is reported as torn
+    word, _ = _verdict((run.path / "report.html").read_text("utf-8"))
+    assert word == "fail"
+
+
+# --- 5 and 3: a run cut short by a signal ----------------------------------------------------
+
+def _cut_short(tmp_path: Path, sig: int) -> tuple[Path, subprocess.CompletedProcess]:
+    """A real `diag run` whose second case hangs, sent `sig` once the first record is in."""
+    suite = tmp_path / "two.toml"
+    suite.write_text(TWO_CASES)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "DIAG_WORKER_FAULT": "hang@c0001",
+           "DIAG_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen([diag_script(), "run", "--suite", str(suite), "--backend", EMU,
+                             "--out", str(tmp_path / "cut"), "--repeats", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline, results = time.monotonic() + 120, None
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = list((tmp_path / "cut").glob("*/results.jsonl"))
+        if found and found[0].read_text().strip():
+            results = found[0]
+            break
+        time.sleep(0.1)
+    assert results is not None, "no record arrived"
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    return results.parent, subprocess.CompletedProcess(proc.args, proc.returncode, stdout,
+                                                       stderr)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_run_says_incomplete_with_its_exit_code_everywhere(tmp_path, sig):
+    ended = 128 + sig  # what a shell reports for a process a signal ended
+    finished = run_diag("run", "--suite", str(_suite(tmp_path)), "--backend", EMU, "--out",
+                        str(tmp_path / "whole"), "--no-report",
+                        env={"DIAG_CACHE_DIR": str(tmp_path / "cache")})
+    assert finished.returncode in (0, 1), finished.stderr
+    whole = next((tmp_path / "whole").iterdir())
+    base = tmp_path / "baseline.json"
+    assert run_diag("baseline", str(whole), "-o", str(base)).returncode == 0
+
+    folder, proc = _cut_short(tmp_path, sig)
+    assert proc.returncode == ended, proc.stderr
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["state"] == "interrupted"
+    assert meta["verdict"] == "incomplete"  # never pass or warn
+    assert meta["exit_code"] == ended
+    word, text = _verdict((folder / "report.html").read_text("utf-8"))
+    assert word == "incomplete" and text.startswith("INCOMPLETE"), text
+    line = _one_diag_line(run_diag("check", str(folder), "--baseline", str(base)), 2)
+    assert "the run is 'interrupted', not finished" in line
+    assert f"exit code {ended}" in line
+    line = _one_diag_line(run_diag("baseline", str(folder), "-o", str(tmp_path / "b2.json")), 2)
+    assert "the run is 'interrupted', not finished" in line
+
+
+def _suite(tmp_path: Path) -> Path:
+    suite = tmp_path / "two.toml"
+    suite.write_text(TWO_CASES)
+    return suite
+
+
+# --- 4: hand-edited baselines -----------------------------------------------------------------
+
+@pytest.mark.parametrize(("field", "value", "named"), [
+    ("digests", 12, "field 'digests' is 12"),
+    ("bound_exceeded", "huge", "metric 'bound_exceeded' is 'huge'"),
+    ("bound_ratio", [1], "metric 'bound_ratio' is [1]"),
+])
+@pytest.mark.parametrize("bitwise", [False, True], ids=["tolerance", "bitwise"])
+def test_a_baseline_field_of_the_wrong_type_is_an_unusable_baseline(tmp_path, field, value,
+                                                                     named, bitwise):
+    out = run_diag("run", "--suite", str(_suite(tmp_path)), "--backend", EMU, "--out",
+                   str(tmp_path / "runs"), "--no-report",
+                   env={"DIAG_CACHE_DIR": str(tmp_path / "cache")})
+    assert out.returncode in (0, 1), out.stderr
+    run = next((tmp_path / "runs").iterdir())
+    base = tmp_path / "baseline.json"
+    assert run_diag("baseline", str(run), "-o", str(base)).returncode == 0
+    data = json.loads(base.read_text())
+    assert run_diag("check", str(run), "--baseline", str(base),
+                    *(["--bitwise"] if bitwise else [])).returncode == 0  # unedited: no drift
+    rec = data["records"][0]
+    if field == "digests":
+        rec["digests"] = value
+    else:
+        assert field in rec["metrics"]
+        rec["metrics"][field] = value
+    base.write_text(json.dumps(data))
+    line = _one_diag_line(run_diag("check", str(run), "--baseline", str(base),
+                                   *(["--bitwise"] if bitwise else [])), 2)
+    assert named in line and "record 0" in line
