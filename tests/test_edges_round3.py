@@ -200,3 +200,66 @@ def test_a_baseline_field_of_the_wrong_type_is_an_unusable_baseline(tmp_path, fi
     line = _one_diag_line(run_diag("check", str(run), "--baseline", str(base),
                                    *(["--bitwise"] if bitwise else [])), 2)
     assert named in line and "record 0" in line
+
+
+# --- 8: the ground-truth cache: a damaged sidecar, clear, info ---------------------------------
+
+def test_a_damaged_cache_sidecar_is_recomputed_with_a_warning_naming_it(tmp_path):
+    cache = tmp_path / "cache"
+    args = ("run", "--suite", str(_suite(tmp_path)), "--backend", EMU, "--out",
+            str(tmp_path / "runs"), "--no-report", "--cache-dir", str(cache))
+    first = run_diag(*args)
+    assert first.returncode in (0, 1), first.stderr
+    sidecars = sorted(cache.glob("??/*.json"))
+    assert len(sidecars) == 2  # one truth per case of the suite
+    for path in sidecars:
+        path.write_text('{"garbage": ')
+    again = run_diag(*args)
+    assert again.returncode == first.returncode, again.stderr
+    for path in sidecars:
+        assert f"ground-truth cache entry {path} is damaged" in again.stderr
+        assert json.loads(path.read_text())["sha256"]  # recomputed and written back whole
+    runs = sorted((tmp_path / "runs").iterdir())
+    statuses = [[r["status"] for r in RunDir(run).records()] for run in runs]
+    assert statuses[0] == statuses[1]
+
+
+def test_cache_clear_removes_only_the_files_diag_and_jax_wrote(tmp_path):
+    cache = tmp_path / "cache"
+    run = run_diag("run", "--suite", str(_suite(tmp_path)), "--backend", EMU, "--out",
+                   str(tmp_path / "runs"), "--no-report", "--cache-dir", str(cache))
+    assert run.returncode in (0, 1), run.stderr
+    entries = sorted(cache.glob("??/*"))
+    jax_dir = cache / "jax"
+    jax_dir.mkdir()
+    # What JAX's persistent cache writes (jax/_src/lru_cache.py): <name>-<64 hex>-cache, -atime.
+    jax_files = [jax_dir / f"jit_f-{'ab' * 32}-cache", jax_dir / f"jit_f-{'ab' * 32}-atime"]
+    foreign = [jax_dir / "notes.txt", jax_dir / "mine" / "model.ckpt", cache / "ab" / "keep.me"]
+    for path in jax_files + foreign:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("x")
+    out = run_diag("cache", "clear", "--cache-dir", str(cache))
+    assert out.returncode == 0, out.stderr
+    assert f"removed {len(entries) + len(jax_files)} cached file(s)" in out.stdout + out.stderr
+    assert all(p.exists() for p in foreign)
+    assert not any(p.exists() for p in entries + jax_files)
+
+
+def test_cache_info_reports_the_jax_cache_the_user_set(tmp_path):
+    cache, mine = tmp_path / "cache", tmp_path / "my-jax-cache"
+    (cache / "jax").mkdir(parents=True)
+    (cache / "jax" / f"jit_g-{'cd' * 32}-cache").write_text("old")
+    mine.mkdir()
+    for i in range(3):
+        (mine / f"jit_f{i}-{'ef' * 32}-cache").write_bytes(b"x" * 10)
+    env = {"JAX_COMPILATION_CACHE_DIR": str(mine)}
+    info = run_diag("cache", "info", "--json", "--cache-dir", str(cache), env=env)
+    assert info.returncode == 0, info.stderr
+    jc = json.loads(info.stdout)["jax_compilation_cache"]
+    assert (jc["path"], jc["files"], jc["bytes"]) == (str(mine), 3, 30)
+    assert jc["set_by"] == "JAX_COMPILATION_CACHE_DIR"
+    human = run_diag("cache", "info", "--cache-dir", str(cache), env=env)
+    assert f"JAX compilation cache {mine} (set by JAX_COMPILATION_CACHE_DIR" in human.stdout
+    info = run_diag("cache", "info", "--json", "--cache-dir", str(cache),
+                    env={"JAX_COMPILATION_CACHE_DIR": ""})
+    assert "jax_compilation_cache" not in json.loads(info.stdout)  # an empty value: off

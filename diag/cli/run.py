@@ -261,15 +261,21 @@ def cache_info(
     )
     jc = info.get("jax_compilation_cache")
     if jc:
+        yours = (
+            " (set by JAX_COMPILATION_CACHE_DIR: yours, `clear` leaves it)"
+            if jc["set_by"] != "diag"
+            else ""
+        )
         render.print_line(
-            f"diag: JAX compilation cache {jc['path']}: {jc['files']} file(s), "
+            f"diag: JAX compilation cache {jc['path']}{yours}: {jc['files']} file(s), "
             f"{human_bytes(jc['bytes'])}"
         )
 
 
 @cache_app.command("clear")
 def cache_clear(cache_dir: Path | None = typer.Option(None, "--cache-dir")) -> None:
-    """Delete diag's cached ground-truth results (only in a folder diag marked as its cache)."""
+    """Delete diag's cached ground-truth results and JAX programs (only files diag wrote, only
+    in a folder diag marked as its cache)."""
     from diag import render
     from diag.oracle.cache import GroundTruthCache, default_cache_dir
 

@@ -46,7 +46,7 @@ from typing import Any
 from diag.errors import UsageError
 from diag.gate.drift import Check, Drift, feature_drifts, features_of, setting_drifts
 from diag.gate.drift import show as _show
-from diag.gate.record_drift import COUNTS, DIGESTS, bits_changed, kept_metrics, metric_drifts
+from diag.gate.record_drift import DIGESTS, bad_values, bits_changed, kept_metrics, metric_drifts
 from diag.records.results import RunDir, read_results
 
 __all__ = [
@@ -247,37 +247,15 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
             raise bad(f"record {i} lacks probe/case/backend/status strings")
         if not isinstance(rec.get("metrics"), dict):
             raise bad(f"record {i} ({record_key(rec)}): field 'metrics' must be an object")
-        if (why := _bad_values(rec)) is not None:
+        if (why := bad_values(rec)) is not None:
             raise bad(f"record {i} ({record_key(rec)}): {why}")
     return data
-
-
-def _bad_values(rec: dict) -> str | None:
-    """What is wrong with a baseline record's metrics and digests, or None.
-
-    A value of the wrong type would otherwise be compared as if it were a number (a count
-    `"huge"` reads as drift, exit 1) or crash the bitwise comparison: the file is unusable.
-    """
-    for name, value in rec["metrics"].items():
-        if kept_metrics({name: value}) != {name: value}:
-            return (
-                f"metric {name!r} is {value!r}: must be a number"
-                + (" or a list" if name in COUNTS else "")
-                + " ('nan', 'inf' and '-inf' stand for those numbers)"
-            )
-    digests = rec.get("digests")
-    if digests is not None and not (
-        isinstance(digests, list) and all(isinstance(d, str) for d in digests)
-    ):
-        return f"field 'digests' is {digests!r}: must be null or a list of sha256 strings"
-    return None
 
 
 def _require_finished(run_dir: str | os.PathLike, meta: dict, why: str) -> None:
     """Refuse a run that did not finish (interrupted, aborted, or killed while `running`):
     its missing records are no drift, and its verdict is `incomplete`."""
-    state = meta.get("state")
-    if state != "finished":
+    if (state := meta.get("state")) != "finished":
         code = meta.get("exit_code")
         ended = f" (it ended with exit code {code})" if isinstance(code, int) else ""
         raise BaselineError(

@@ -27,8 +27,7 @@ import jinja2
 from markupsafe import Markup
 
 from diag.errors import UsageError
-from diag.records.results import RunDir, RunMeta, output_errors
-from diag.records.run_meta import INCOMPLETE
+from diag.records.results import INCOMPLETE, RunDir, RunMeta, output_errors
 from diag.report.charts import sweep_groups, sweep_svg, to_float
 from diag.report.damage import damage
 from diag.report.matrix import matrix_context
@@ -239,8 +238,8 @@ def _verdict_context(
     verdict_text = _verdict_text(verdict, run.state, worst)
     if unseen:
         verdict_text += (
-            f" (from the readable records and run.json's counts, which hold more "
-            f"{', '.join(unseen)} record(s) than can be read: see the warning above)"
+            f" (readable records only, and the {', '.join(unseen)} record(s) run.json counts "
+            "beyond them: see the warning above)"
         )
     elif damage:
         verdict_text += " (readable records only: see the warning above)"
