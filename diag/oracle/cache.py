@@ -16,8 +16,8 @@ What the cache promises, because a wrong or missing cache must never change a ve
 
 * **Verified reads.** The JSON holds a sha256 over the metadata and the value's bits; `get`
   recomputes it, and an entry that does not match (a flipped bit on disk, a torn copy) or whose
-  JSON is damaged is a miss with a warning, so the oracle recomputes and overwrites it. A corrupt entry would otherwise be
-  a false ``fail`` blamed on the backend.
+  JSON is damaged is a miss with a warning, so the oracle recomputes and overwrites it. A
+  corrupt entry would otherwise be a false ``fail`` blamed on the backend.
 * **Never fatal.** A cache that cannot be written (a read-only folder, a HOME where
   ``~/.cache`` cannot be created) is reported once per process on the ``diag.oracle.cache``
   logger (stderr by default) and the run goes on uncached.

@@ -275,6 +275,7 @@ def _drive(
             r.started[s.label] = r.start_worker(s, r.plan(s))  # CPU: side by side
         for spec in specs:
             r.run_backend(spec)
+        r.unpaired(specs)  # a pair a timeout or an error left uncompared: an error record
         if trace and r.ab is not None:  # the first XLA pass where A and B differ
             trace_passes.attribute_run(r)
     except KeyboardInterrupt as e:
