@@ -263,3 +263,32 @@ def test_cache_info_reports_the_jax_cache_the_user_set(tmp_path):
     info = run_diag("cache", "info", "--json", "--cache-dir", str(cache),
                     env={"JAX_COMPILATION_CACHE_DIR": ""})
     assert "jax_compilation_cache" not in json.loads(info.stdout)  # an empty value: off
+
+
+# --- 9: a case past its timeout leaves no planned record unaccounted for --------------------
+
+def test_every_planned_record_is_written_when_a_case_times_out(tmp_path):
+    slow, fast = "emu-bf16x1", EMU
+    out = run_diag("run", "--suite", str(_suite(tmp_path)), "--backend", f"{fast},{slow}",
+                   "--timeout", "1", "--out", str(tmp_path / "runs"), "--no-report",
+                   env={"DIAG_CACHE_DIR": str(tmp_path / "cache"),
+                        "DIAG_WORKER_FAULT": f"hang@{slow}:c0001"})  # the second case hangs
+    assert out.returncode == 4, out.stderr
+    cases, backends = 2, 2
+    planned = cases * backends + cases * (backends * (backends - 1) // 2)  # + agreements
+    run = next((tmp_path / "runs").iterdir())
+    records = RunDir(run).records()
+    assert len(records) == planned
+    meta = json.loads((run / "run.json").read_text())
+    assert sum(meta["counts"].values()) == planned and meta["state"] == "finished"
+    assert f"[{planned}/{planned}]" in out.stderr  # the progress count reaches what it planned
+    hung = [r for r in records if r["case"] == "32x4x32 float32" and r["backend"] == slow]
+    assert len(hung) == 1 and "within 1 s (timeout)" in hung[0]["reason"]
+    pair = [r for r in records if r["kind"] == "agreement" and r["case"] == "32x4x32 float32"]
+    assert len(pair) == 1 and pair[0]["status"] == "error"
+    assert pair[0]["backend"] == "|".join(sorted((slow, fast)))
+    assert f"{slow} has no output" in pair[0]["reason"]
+    assert "within 1 s (timeout)" in pair[0]["reason"]
+    counts = ", ".join(f"{meta['counts'][s]} {s}" for s in ("pass", "warn", "fail", "error")
+                       if meta["counts"][s])
+    assert f"diag: {counts}; run folder" in out.stdout
