@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from diag.records.results import Record, RunDir
-from tests.conftest import REPO_ROOT, diag_script, run_diag
+from tests.conftest import REPO_ROOT, diag_script, needs_jax, needs_torch, run_diag
 
 # A numpy emulation backend: no framework to import, so a run takes about a second.
 EMU = "emu-bf16x3"
@@ -292,3 +292,22 @@ def test_every_planned_record_is_written_when_a_case_times_out(tmp_path):
     counts = ", ".join(f"{meta['counts'][s]} {s}" for s in ("pass", "warn", "fail", "error")
                        if meta["counts"][s])
     assert f"diag: {counts}; run folder" in out.stdout
+
+
+# --- 10: the time line names only backends that ran -------------------------------------------
+
+@needs_jax
+@needs_torch
+def test_a_jax_functions_time_line_names_no_torch_backend(tmp_path):
+    out = run_diag("run", f"{REPO_ROOT / 'examples' / 'user_function.py'}:jax_block", "--out",
+                   str(tmp_path / "runs"), "--no-report",
+                   env={"DIAG_CACHE_DIR": str(tmp_path / "cache")})
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("diag: time: "))
+    timed = re.findall(r"(?:^diag: time: |; )([a-z0-9+-]+) \d", line)
+    run = next((tmp_path / "runs").iterdir())
+    ran = {r["backend"] for r in RunDir(run).records() if r["status"] != "skip"}
+    assert timed and set(timed) == ran, (line, ran)
+    assert not any(b.startswith("torch") for b in timed), line
+    meta = json.loads((run / "run.json").read_text())
+    assert set(meta["phases"]) == ran and set(meta["backends_planned"]) == ran

@@ -157,7 +157,12 @@ def _loaded(suite: str | Suite, max_memory: float | None, timeout: float) -> Sui
 
 
 def _planned(run_dir: RunDir, loaded: Suite, specs: list, skipped: dict, ab, ab_env) -> list:
-    """The backends to run (each with its B side in an A/B run), written into run.json."""
+    """The backends to run (each with its B side in an A/B run), written into run.json: those
+    with a case to run (a JAX user's function plans no torch backend, whose worker would
+    start, run nothing and show in the time line)."""
+    specs = [
+        s for s in specs if any(not_applicable(s, c.op, c.params) is None for c in loaded.cases)
+    ]
     if ab_env:
         specs = with_b_sides(specs)
     run_dir.update_meta(
