@@ -311,3 +311,45 @@ def test_a_jax_functions_time_line_names_no_torch_backend(tmp_path):
     assert not any(b.startswith("torch") for b in timed), line
     meta = json.loads((run / "run.json").read_text())
     assert set(meta["phases"]) == ran and set(meta["backends_planned"]) == ran
+
+
+# --- 11: usage lines and help pages --------------------------------------------------------------
+
+def test_an_unknown_backend_points_to_diag_run_help(tmp_path):
+    line = _one_diag_line(run_diag("run", "--suite", str(_suite(tmp_path)), "--backend",
+                                   "jax-cpux", "--out", str(tmp_path / "runs")), 2)
+    assert "unknown backend 'jax-cpux'" in line and "jax-cpu" in line
+    assert line.endswith("see 'diag run --help'")
+    assert not (tmp_path / "runs").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize(("typed", "suggested"), [
+    ("--bogus", None), ("--zzz", None), ("--outt", "--out"), ("--suit", "--suite"),
+    ("--no-reprot", "--no-report"),
+])
+def test_an_unknown_option_suggests_only_a_close_one(typed, suggested):
+    line = _one_diag_line(run_diag("run", typed, "x"), 2)
+    assert line.startswith(f"diag: no such option: {typed}")
+    assert line.endswith("see 'diag run --help'")
+    if suggested is None:
+        assert "mean" not in line and "--out" not in line and "ossible" not in line, line
+    else:
+        assert f"did you mean {suggested}?" in line
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+@pytest.mark.parametrize(("args", "sentence"), [
+    ((), "Name the first divergent op or tap, and every decision (comparison, argmax, top-k "
+         "cut, mask) taken the other way than float64"),
+    (("report",), "Exits 2 when the folder is damaged: results.jsonl has lines that cannot "
+                  "be read (other than a torn last line), or holds fewer records than"),
+])
+def test_help_pages_wrap_at_the_terminal_width_not_at_the_source_lines(args, sentence):
+    # On a terminal wide enough for the sentence, it is on one line of the help page.
+    out = run_diag(*args, "--help", env={"COLUMNS": "300", "TERM": "dumb"})
+    assert out.returncode == 0, out.stderr
+    assert any(sentence in " ".join(_words(ln.strip("│ "))) for ln in out.stdout.splitlines()), \
+        out.stdout

@@ -25,6 +25,7 @@ __all__ = [
     "on_sigterm",
     "split",
     "state",
+    "unwrap_help",
     "write_after_verdict",
 ]
 
@@ -69,6 +70,33 @@ def on_sigterm(signum, frame) -> None:
         return
     state.terminated = True
     raise Terminated("terminated by SIGTERM")
+
+
+def unwrap_help(typer_app: typer.Typer) -> None:
+    """Join the lines of each paragraph of every command's help into one line, so the help
+    pages wrap them at the terminal's width: typer's rich help keeps a docstring's own line
+    breaks (the command list of `diag --help` broke `diverge`'s summary after "top-k cut,").
+    A line that starts a list item (`-`, `*`) or is indented keeps its break."""
+    import inspect
+
+    for info in typer_app.registered_commands:
+        text = info.help if info.help is not None else inspect.getdoc(info.callback)
+        if text:
+            info.help = "\n\n".join(_one_line(p) for p in inspect.cleandoc(text).split("\n\n"))
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            unwrap_help(group.typer_instance)
+
+
+def _one_line(paragraph: str) -> str:
+    lines = paragraph.split("\n")
+    out = lines[:1]
+    for line in lines[1:]:
+        if line[:1] in ("-", "*", " ", "\b"):
+            out.append(line)
+        else:
+            out[-1] = f"{out[-1].rstrip()} {line.strip()}"
+    return "\n".join(out)
 
 
 def split(values: list[str] | None) -> list[str] | None:

@@ -118,6 +118,7 @@ def run(
     from diag.worker.host import parse_python
 
     pythons = parse_python(split(python))  # bad usage exits 2 before anything starts
+    _check_backend_names(split(backend))
     if reference is not None and function is None:
         raise UsageError("--reference needs FILE.py:FUNCTION, the function it is the reference of")
     if function is not None:
@@ -165,6 +166,18 @@ def run(
     )
     _show(result, code, report_path, as_json=as_json, trace=trace)
     raise typer.Exit(code)
+
+
+def _check_backend_names(names: list[str] | None) -> None:
+    """An unknown backend name is a usage error of `diag run`: its line lists the known ones
+    and points to the help that says what each is."""
+    from diag.backends import get_spec
+
+    for name in names or []:
+        try:
+            get_spec(name)
+        except UsageError as e:
+            raise UsageError(f"{e}; see 'diag run --help'") from None
 
 
 def _show(result, code: int, report_path: Path | None, *, as_json: bool, trace: bool) -> None:
