@@ -353,3 +353,34 @@ def test_help_pages_wrap_at_the_terminal_width_not_at_the_source_lines(args, sen
     assert out.returncode == 0, out.stderr
     assert any(sentence in " ".join(_words(ln.strip("│ "))) for ln in out.stdout.splitlines()), \
         out.stdout
+
+
+# --- 12: a suite file that names code says so before loading it --------------------------------
+
+def test_a_suite_naming_code_lists_it_before_importing_any_of_it(tmp_path):
+    (tmp_path / "evil.py").write_text(
+        "import sys\n"
+        "print('EVIL MODULE IMPORTED', file=sys.stderr, flush=True)\n"
+        "def f():\n"
+        "    import numpy as np\n"
+        "    return (lambda x: x * 2, (np.ones(3, np.float32),))\n"
+    )
+    (tmp_path / "s.toml").write_text(
+        '[suite]\nname = "handed"\n\n[[probe]]\nname = "mine"\nfn = "evil.py:f"\n')
+    out = run_diag("run", "--suite", "s.toml", "--backend", EMU, "--out", "runs",
+                   "--no-report", cwd=tmp_path)
+    # The emulation backend runs matmul only: refused (exit 2) after the suite loaded.
+    assert out.returncode == 2, out.stderr
+    err = out.stderr
+    announced = err.find("diag: suite s.toml imports and runs this Python code")
+    imported = err.find("EVIL MODULE IMPORTED")
+    assert 0 <= announced < imported, err
+    assert f"    {tmp_path.resolve() / 'evil.py'}:f (probe[0].fn)" in err
+
+
+def test_a_suite_of_diags_own_probes_announces_no_code(tmp_path):
+    out = run_diag("run", "--suite", str(_suite(tmp_path)), "--backend", EMU, "--out",
+                   str(tmp_path / "runs"), "--no-report",
+                   env={"DIAG_CACHE_DIR": str(tmp_path / "cache")})
+    assert out.returncode in (0, 1), out.stderr
+    assert "imports and runs" not in out.stderr

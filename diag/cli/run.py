@@ -127,6 +127,12 @@ def run(
         suite = function_suite(  # type: ignore[assignment]
             function, timeout=timeout, reference=reference or ""
         )
+    else:
+        from diag.plan.suite import load_suite
+
+        suite = load_suite(  # type: ignore[assignment]
+            suite, max_memory=max_memory, timeout=timeout, announce=_announce_code(suite)
+        )
     progress = render.RunProgress(enabled=not as_json)
     if report:
         from diag.report import preload
@@ -166,6 +172,23 @@ def run(
     )
     _show(result, code, report_path, as_json=as_json, trace=trace)
     raise typer.Exit(code)
+
+
+def _announce_code(suite: str):
+    """What `load_suite` calls before it imports the code a suite file names: one line on
+    stderr per file or module, so that a suite someone handed over never runs code unseen."""
+    from diag import render
+
+    def announce(named: list[str]) -> None:
+        render.print_line(
+            f"diag: suite {suite} imports and runs this Python code on this host (a suite "
+            "file is code: run only suites you trust):",
+            err=True,
+        )
+        for spec in named:
+            render.print_line(f"    {spec}", err=True)
+
+    return announce
 
 
 def _check_backend_names(names: list[str] | None) -> None:

@@ -37,6 +37,7 @@ import itertools
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -229,7 +230,10 @@ def check_memory(suite: Suite, max_memory: float | None = None) -> None:
 
 
 def load_suite(
-    name_or_path: str, max_memory: float | None = None, timeout: float | None = None
+    name_or_path: str,
+    max_memory: float | None = None,
+    timeout: float | None = None,
+    announce: Callable[[list[str]], None] | None = None,
 ) -> Suite:
     """Load a shipped suite by name, or a suite file by path, and expand it into cases.
 
@@ -238,6 +242,8 @@ def load_suite(
       max_memory: host memory one case may need, in GiB (None: half of physical memory).
       timeout: seconds an entry naming a user's function may take to load and to be
         evaluated in float64 on the host (`diag.plan.suite_fn`); None: no limit.
+      announce: called, before any of it is imported, with the code the suite's entries
+        load (`diag.plan.suite_fn.code_named`), when they name any.
 
     Raises:
       SuiteError: unknown suite, unreadable or malformed TOML, a field of the wrong type
@@ -262,6 +268,10 @@ def load_suite(
     entries = _expect(path, "probe", data.get("probe"), list, "one or more [[probe]] tables")
     if not entries:
         raise SuiteError(str(path), "probe", "one or more [[probe]] tables")
+    if announce is not None and any(isinstance(e, dict) and "fn" in e for e in entries):
+        from diag.plan.suite_fn import code_named
+
+        announce(code_named(path, entries))
 
     cases: list[Case] = []
     seen: set[str] = set()
