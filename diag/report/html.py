@@ -93,6 +93,11 @@ STATE_NOTE = {
     "aborted": "This run was aborted (see `error` in run.json); the results below are incomplete.",
 }
 
+#: Above this many rows the verdict table starts with its passing rows hidden (the matrix
+#: and the counts still show them; one choice shows them): a 325-record run's report was
+#: 40,000 px tall at 1000 px with every row shown.
+HIDE_PASSING_ABOVE = 60
+
 #: Run states whose verdict is `incomplete`, whatever the records written say (run.json's
 #: `verdict` says the same: `diag.records.run_meta.run_verdict`).
 STOPPED = ("interrupted", "aborted")
@@ -195,9 +200,11 @@ def render_report(
             backends_skipped=list(run.backends_skipped.items()),
             metric_columns=METRIC_COLUMNS,
             rows=probe_rows,
+            hide_passing=len(probe_rows) > HIDE_PASSING_ABOVE,
             groups=verdict_groups(probe_rows),
             matrix=matrix_context(records, cells),
             agreement_rows=agreement_rows,
+            hide_passing_agreement=len(agreement_rows) > HIDE_PASSING_ABOVE,
             sweeps=_sweeps(records),
             # Settings findings and precision fingerprints (diag.settings.flags; _settings.html.j2).
             settings=settings_context(run),
