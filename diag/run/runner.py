@@ -29,7 +29,7 @@ from pathlib import Path
 from threadpoolctl import threadpool_limits
 
 from diag.backends import get_spec, not_applicable
-from diag.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from diag.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, DiagError, UsageError
 from diag.plan.registry import REPORT_SECTIONS
 from diag.plan.suite import Suite, check_applicable, check_memory, load_suite, planned_records
 from diag.records.outputs import is_no_space, no_space, run_disk_full
@@ -289,7 +289,13 @@ def _drive(
         state, ended = "interrupted", getattr(e, "exit_code", EXIT_INTERRUPTED)
     except BaseException as e:  # a bug in diag itself, a full disk: keep the records, say why
         state = "aborted"
-        ended = EXIT_USAGE if is_no_space(e) else EXIT_INTERNAL
+        ended = (
+            EXIT_USAGE
+            if is_no_space(e)
+            else e.exit_code
+            if isinstance(e, DiagError)
+            else EXIT_INTERNAL
+        )
         with contextlib.suppress(OSError):  # the disk may be full: as much as can be written
             run_dir.update_meta(error=f"{type(e).__name__}: {e}")
         if is_no_space(e):
