@@ -134,20 +134,7 @@ def run(
 
     pythons = parse_python(split(python))  # bad usage exits 2 before anything starts
     _check_backend_names(split(backend))
-    if reference is not None and function is None:
-        raise UsageError("--reference needs FILE.py:FUNCTION, the function it is the reference of")
-    if function is not None:
-        from diag.plan.suite_fn import function_suite
-
-        suite = function_suite(  # type: ignore[assignment]
-            function, timeout=timeout, reference=reference or ""
-        )
-    else:
-        from diag.plan.suite import load_suite
-
-        suite = load_suite(  # type: ignore[assignment]
-            suite, max_memory=max_memory, timeout=timeout, announce=_announce_code(suite)
-        )
+    loaded = _load(function, reference, suite, timeout, max_memory)
     progress = render.RunProgress(enabled=not as_json)
     if report:
         from diag.report import preload
@@ -155,7 +142,7 @@ def run(
         preload()  # matplotlib's import overlaps the run instead of following it
     try:
         result = runner.run(
-            suite,
+            loaded,
             split(backend),
             out=out,
             repeats=repeats,
@@ -193,6 +180,20 @@ def run(
     code = EXIT_USAGE if report and report_path is None and not code else code
     _show(result, code, report_path, as_json=as_json, trace=trace)
     raise typer.Exit(code)
+
+
+def _load(function, reference, suite: str, timeout: float, max_memory):
+    """The suite to run: the user's function's, or the suite file's (the code it names
+    listed on stderr before any of it is imported)."""
+    if reference is not None and function is None:
+        raise UsageError("--reference needs FILE.py:FUNCTION, the function it is the reference of")
+    if function is not None:
+        from diag.plan.suite_fn import function_suite
+
+        return function_suite(function, timeout=timeout, reference=reference or "")
+    from diag.plan.suite import load_suite
+
+    return load_suite(suite, max_memory=max_memory, timeout=timeout, announce=_announce_code(suite))
 
 
 def _announce_code(suite: str):
