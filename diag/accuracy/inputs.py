@@ -35,7 +35,8 @@ def _exhaustive(dtype: str) -> np.ndarray:
 
 
 def _seed(fn: ElementwiseFunction) -> int:
-    return int.from_bytes(hashlib.sha256(f"diag-accuracy/{fn.name}".encode()).digest()[:8], "little")
+    digest = hashlib.sha256(f"diag-accuracy/{fn.name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
 
 
 def _hard_cases(fn: ElementwiseFunction) -> np.ndarray:
