@@ -47,8 +47,10 @@ class Check:
 
 def baseline(rows: Sequence[Row]) -> dict:
     """The baseline of `rows`: {format, rows: {row_key: {figure: value}}}."""
-    return {"format": FORMAT,
-            "rows": {row_key(r): {f: getattr(r, f) for f in FIGURES} for r in rows}}
+    return {
+        "format": FORMAT,
+        "rows": {row_key(r): {f: getattr(r, f) for f in FIGURES} for r in rows},
+    }
 
 
 def save(data: dict, path: Path) -> Path:
@@ -61,15 +63,21 @@ def load(path: Path) -> dict:
     try:
         data = json.loads(Path(path).read_text())
     except OSError as e:
-        raise AccuracyBaselineError(f"{path}: cannot read the baseline ({e.strerror}); write "
-                                    "one with `diag accuracy --baseline FILE`") from None
+        raise AccuracyBaselineError(
+            f"{path}: cannot read the baseline ({e.strerror}); write "
+            "one with `diag accuracy --baseline FILE`"
+        ) from None
     except json.JSONDecodeError as e:
         raise AccuracyBaselineError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(
-        data.get("rows"), dict
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != FORMAT
+        or not isinstance(data.get("rows"), dict)
     ):
-        raise AccuracyBaselineError(f"{path}: not an accuracy baseline (format {FORMAT!r} "
-                                    "expected); write one with `diag accuracy --baseline FILE`")
+        raise AccuracyBaselineError(
+            f"{path}: not an accuracy baseline (format {FORMAT!r} "
+            "expected); write one with `diag accuracy --baseline FILE`"
+        )
     return data
 
 
@@ -89,8 +97,11 @@ def check(rows: Sequence[Row], data: dict) -> Check:
             result.new.append(key)
             continue
         result.compared += 1
-        diffs = [f"{f} {old.get(f)} -> {figures[f]}" for f in FIGURES
-                 if not _same(old.get(f), figures[f])]
+        diffs = [
+            f"{f} {old.get(f)} -> {figures[f]}"
+            for f in FIGURES
+            if not _same(old.get(f), figures[f])
+        ]
         if diffs:
             result.changed[key] = diffs
     result.missing = [k for k in data["rows"] if k not in now]

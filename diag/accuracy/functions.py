@@ -36,8 +36,6 @@ def _libm(fn: Callable[[float], float]) -> Callable[[np.ndarray], np.ndarray]:
     return lambda x: np.asarray(vec(x), dtype=np.float64)
 
 
-
-
 def _or_inf(fn: Callable[[float], float]) -> Callable[[float], float]:
     """`fn`, with float64 overflow as inf (math raises OverflowError): the exact value is
     then above 2^1023, so above every dtype's overflow threshold, and rounds to inf."""
@@ -102,6 +100,10 @@ class ElementwiseFunction:
       jax, torch: the op each framework calls, a dotted path and its keyword arguments.
       lax: the `jax.lax` op that takes `accuracy=` (a row per `JAX_SETTINGS` entry), or ''.
       special: float32 inputs near which samples concentrate (zeros, thresholds).
+      approach: the side from which f(x) nears a power of two 2^k too closely for mpmath at
+        `diag.accuracy.truth` 's last precision to tell (tanh(100) = 1 - 2^-288...): -1 from
+        below in magnitude (tanh, erf, sigmoid near 1; gelu, silu near x = 2^k), +1 from above
+        (softplus(x) = x + log1p(e^-x)). Only the ulp of such a value depends on it.
     """
 
     name: str
@@ -113,6 +115,7 @@ class ElementwiseFunction:
     torch: tuple[str, dict[str, Any]]
     lax: str = ""
     special: tuple[float, ...] = field(default_factory=tuple)
+    approach: int = -1
 
     def call(self, framework: str) -> tuple[str, dict[str, Any]]:
         """The op `framework` (jax, torch; torch_xla runs torch's) calls for this function."""
@@ -131,54 +134,184 @@ _EXP_EDGES = (88.72284, -87.33654, -103.27893, -103.97208, 11.0904, -9.7041, -17
 FUNCTIONS: dict[str, ElementwiseFunction] = {
     f.name: f
     for f in (
-        _F("exp", "all x", _everywhere, _exp, lambda mp, x: mp.exp(x),
-           ("jax.numpy.exp", {}), ("torch.exp", {}), "exp", (0.0, *_EXP_EDGES)),
-        _F("log", "x > 0", lambda x: x > 0, _libm(math.log), lambda mp, x: mp.log(x),
-           ("jax.numpy.log", {}), ("torch.log", {}), "log", (1.0, 2.0, 0.5)),
-        _F("log1p", "x > -1", lambda x: x > -1, _libm(math.log1p), lambda mp, x: mp.log1p(x),
-           ("jax.numpy.log1p", {}), ("torch.log1p", {}), "log1p", (0.0, -0.5, 1.0)),
-        _F("expm1", "all x", _everywhere,
-           _libm(_or_inf(math.expm1)),
-           lambda mp, x: mp.expm1(x),
-           ("jax.numpy.expm1", {}), ("torch.expm1", {}), "expm1", (0.0, *_EXP_EDGES)),
-        _F("tanh", "all x", _everywhere, _libm(math.tanh), lambda mp, x: mp.tanh(x),
-           ("jax.numpy.tanh", {}), ("torch.tanh", {}), "tanh", (0.0, 0.55, 9.01)),
-        _F("sin", "all x", _everywhere, _libm(math.sin), lambda mp, x: mp.sin(x),
-           ("jax.numpy.sin", {}), ("torch.sin", {}), "sin",
-           tuple(k * math.pi for k in (0, 1, -1, 2, 10, 100, 1000, 102_944))),
-        _F("cos", "all x", _everywhere, _libm(math.cos), lambda mp, x: mp.cos(x),
-           ("jax.numpy.cos", {}), ("torch.cos", {}), "cos",
-           tuple((k + 0.5) * math.pi for k in (0, 1, -1, 10, 100, 1000, 102_944))),
-        _F("sqrt", "x >= 0", lambda x: x >= 0, np.sqrt, lambda mp, x: mp.sqrt(x),
-           ("jax.numpy.sqrt", {}), ("torch.sqrt", {}), "sqrt", (1.0, 2.0)),
-        _F("erf", "all x", _everywhere, _libm(math.erf), lambda mp, x: mp.erf(x),
-           ("jax.scipy.special.erf", {}), ("torch.erf", {}), "", (0.0, 0.5, 3.9, 5.9)),
-        _F("sigmoid", "all x", _everywhere, _sigmoid, _mp_sigmoid,
-           ("jax.nn.sigmoid", {}), ("torch.sigmoid", {}), "logistic",
-           (0.0, 16.64, 17.33, -87.33654, -103.97208, -16.64)),
-        _F("rsqrt", "x > 0", lambda x: x > 0, lambda x: 1.0 / np.sqrt(x),
-           lambda mp, x: 1 / mp.sqrt(x),
-           ("jax.lax.rsqrt", {}), ("torch.rsqrt", {}), "rsqrt", (1.0, 2.0, 4.0)),
-        _F("reciprocal", "x != 0", lambda x: x != 0, lambda x: 1.0 / x, lambda mp, x: 1 / x,
-           ("jax.numpy.reciprocal", {}), ("torch.reciprocal", {}), "",
-           (1.0, 2.0 ** 126, 2.0 ** -126, 3.0)),
-        _F("gelu", "all x", _everywhere, _gelu,
-           lambda mp, x: x * mp.erfc(-x / mp.sqrt(2)) / 2,
-           ("jax.nn.gelu", {"approximate": False}), ("torch.nn.functional.gelu", {}), "",
-           (0.0, -0.7517916, -4.0, -10.0, -13.0)),
-        _F("gelu_tanh", "all x", _everywhere, _gelu_tanh,
-           lambda mp, x: x * _mp_sigmoid(
-               mp, 2 * mp.sqrt(2 / mp.pi) * (x + mp.mpf("0.044715") * x**3)),
-           ("jax.nn.gelu", {"approximate": True}),
-           ("torch.nn.functional.gelu", {"approximate": "tanh"}), "",
-           (0.0, -0.7517916, -4.0, -10.0)),
-        _F("silu", "all x", _everywhere, lambda x: x * _sigmoid(x),
-           lambda mp, x: x * _mp_sigmoid(mp, x),
-           ("jax.nn.silu", {}), ("torch.nn.functional.silu", {}), "",
-           (0.0, -1.2784645, -20.0, -90.0)),
-        _F("softplus", "all x", _everywhere, _softplus, lambda mp, x: mp.log1p(mp.exp(x)),
-           ("jax.nn.softplus", {}), ("torch.nn.functional.softplus", {}), "",
-           (0.0, 20.0, -20.0, -87.33654, -103.97208)),
+        _F(
+            "exp",
+            "all x",
+            _everywhere,
+            _exp,
+            lambda mp, x: mp.exp(x),
+            ("jax.numpy.exp", {}),
+            ("torch.exp", {}),
+            "exp",
+            (0.0, *_EXP_EDGES),
+        ),
+        _F(
+            "log",
+            "x > 0",
+            lambda x: x > 0,
+            _libm(math.log),
+            lambda mp, x: mp.log(x),
+            ("jax.numpy.log", {}),
+            ("torch.log", {}),
+            "log",
+            (1.0, 2.0, 0.5),
+        ),
+        _F(
+            "log1p",
+            "x > -1",
+            lambda x: x > -1,
+            _libm(math.log1p),
+            lambda mp, x: mp.log1p(x),
+            ("jax.numpy.log1p", {}),
+            ("torch.log1p", {}),
+            "log1p",
+            (0.0, -0.5, 1.0),
+        ),
+        _F(
+            "expm1",
+            "all x",
+            _everywhere,
+            _libm(_or_inf(math.expm1)),
+            lambda mp, x: mp.expm1(x),
+            ("jax.numpy.expm1", {}),
+            ("torch.expm1", {}),
+            "expm1",
+            (0.0, *_EXP_EDGES),
+        ),
+        _F(
+            "tanh",
+            "all x",
+            _everywhere,
+            _libm(math.tanh),
+            lambda mp, x: mp.tanh(x),
+            ("jax.numpy.tanh", {}),
+            ("torch.tanh", {}),
+            "tanh",
+            (0.0, 0.55, 9.01),
+        ),
+        _F(
+            "sin",
+            "all x",
+            _everywhere,
+            _libm(math.sin),
+            lambda mp, x: mp.sin(x),
+            ("jax.numpy.sin", {}),
+            ("torch.sin", {}),
+            "sin",
+            tuple(k * math.pi for k in (0, 1, -1, 2, 10, 100, 1000, 102_944)),
+        ),
+        _F(
+            "cos",
+            "all x",
+            _everywhere,
+            _libm(math.cos),
+            lambda mp, x: mp.cos(x),
+            ("jax.numpy.cos", {}),
+            ("torch.cos", {}),
+            "cos",
+            tuple((k + 0.5) * math.pi for k in (0, 1, -1, 10, 100, 1000, 102_944)),
+        ),
+        _F(
+            "sqrt",
+            "x >= 0",
+            lambda x: x >= 0,
+            np.sqrt,
+            lambda mp, x: mp.sqrt(x),
+            ("jax.numpy.sqrt", {}),
+            ("torch.sqrt", {}),
+            "sqrt",
+            (1.0, 2.0),
+        ),
+        _F(
+            "erf",
+            "all x",
+            _everywhere,
+            _libm(math.erf),
+            lambda mp, x: mp.erf(x),
+            ("jax.scipy.special.erf", {}),
+            ("torch.erf", {}),
+            "",
+            (0.0, 0.5, 3.9, 5.9),
+        ),
+        _F(
+            "sigmoid",
+            "all x",
+            _everywhere,
+            _sigmoid,
+            _mp_sigmoid,
+            ("jax.nn.sigmoid", {}),
+            ("torch.sigmoid", {}),
+            "logistic",
+            (0.0, 16.64, 17.33, -87.33654, -103.97208, -16.64),
+        ),
+        _F(
+            "rsqrt",
+            "x > 0",
+            lambda x: x > 0,
+            lambda x: 1.0 / np.sqrt(x),
+            lambda mp, x: 1 / mp.sqrt(x),
+            ("jax.lax.rsqrt", {}),
+            ("torch.rsqrt", {}),
+            "rsqrt",
+            (1.0, 2.0, 4.0),
+        ),
+        _F(
+            "reciprocal",
+            "x != 0",
+            lambda x: x != 0,
+            lambda x: 1.0 / x,
+            lambda mp, x: 1 / x,
+            ("jax.numpy.reciprocal", {}),
+            ("torch.reciprocal", {}),
+            "",
+            (1.0, 2.0**126, 2.0**-126, 3.0),
+        ),
+        _F(
+            "gelu",
+            "all x",
+            _everywhere,
+            _gelu,
+            lambda mp, x: x * mp.erfc(-x / mp.sqrt(2)) / 2,
+            ("jax.nn.gelu", {"approximate": False}),
+            ("torch.nn.functional.gelu", {}),
+            "",
+            (0.0, -0.7517916, -4.0, -10.0, -13.0),
+        ),
+        _F(
+            "gelu_tanh",
+            "all x",
+            _everywhere,
+            _gelu_tanh,
+            lambda mp, x: (
+                x * _mp_sigmoid(mp, 2 * mp.sqrt(2 / mp.pi) * (x + mp.mpf("0.044715") * x**3))
+            ),
+            ("jax.nn.gelu", {"approximate": True}),
+            ("torch.nn.functional.gelu", {"approximate": "tanh"}),
+            "",
+            (0.0, -0.7517916, -4.0, -10.0),
+        ),
+        _F(
+            "silu",
+            "all x",
+            _everywhere,
+            lambda x: x * _sigmoid(x),
+            lambda mp, x: x * _mp_sigmoid(mp, x),
+            ("jax.nn.silu", {}),
+            ("torch.nn.functional.silu", {}),
+            "",
+            (0.0, -1.2784645, -20.0, -90.0),
+        ),
+        _F(
+            "softplus",
+            "all x",
+            _everywhere,
+            _softplus,
+            lambda mp, x: mp.log1p(mp.exp(x)),
+            ("jax.nn.softplus", {}),
+            ("torch.nn.functional.softplus", {}),
+            "",
+            (0.0, 20.0, -20.0, -87.33654, -103.97208),
+        ),
     )
 }
 

@@ -56,7 +56,9 @@ class Outcome:
 
 
 def calls_for(
-    spec: BackendSpec, fns: Sequence[ElementwiseFunction], dtypes: Sequence[str],
+    spec: BackendSpec,
+    fns: Sequence[ElementwiseFunction],
+    dtypes: Sequence[str],
     settings: bool = True,
 ) -> list[Call]:
     """Every call of a backend: each function in each dtype, plus a call per JAX accuracy
@@ -71,11 +73,13 @@ def calls_for(
 
 
 def _item(call: Call, spec: BackendSpec, i: int, folder: Path, input_path: str) -> dict:
+    kwargs: dict[str, Any]
+    accuracy: list[Any] | None = None
     if call.setting:
         kind, args = JAX_SETTINGS[call.setting]
         path, kwargs, accuracy = f"jax.lax.{call.fn.lax}", {}, [kind, args]
     else:
-        (path, kwargs), accuracy = call.fn.call(spec.runs), None
+        path, kwargs = call.fn.call(spec.runs)
     return {
         "id": i,
         "call": path,
@@ -116,7 +120,8 @@ def run_backend(
     python = worker_cmd(spec.framework, full_env)[0]
     with tempfile.TemporaryDirectory(prefix="diag-accuracy-") as tmp:
         folder = Path(tmp)
-        items, written = [], {}
+        items: list[dict] = []
+        written: dict[tuple[str, str], str] = {}
         for i, call in enumerate(calls):
             key = (call.fn.name, call.dtype)
             if key not in written:
@@ -124,9 +129,17 @@ def run_backend(
                 np.save(written[key], bits_view(inputs(call)), allow_pickle=False)
             items.append(_item(call, spec, i, folder, written[key]))
         job = folder / "job.json"
-        job.write_text(json.dumps({"backend": spec.name, "framework": spec.framework,
-                                   "platform": spec.platform, "repeats": repeats,
-                                   "items": items}))
+        job.write_text(
+            json.dumps(
+                {
+                    "backend": spec.name,
+                    "framework": spec.framework,
+                    "platform": spec.platform,
+                    "repeats": repeats,
+                    "items": items,
+                }
+            )
+        )
         answers = _start(spec, [python, "-m", "diag.accuracy.worker", str(job)], full_env)
         done = answers.pop("done")
         return [_outcome(c, answers.get(i), items[i]["output"]) for i, c in enumerate(calls)], (
@@ -136,11 +149,13 @@ def run_backend(
 
 def _start(spec: BackendSpec, cmd: list[str], env: Mapping[str, str]) -> dict:
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(env),
-                              timeout=TIMEOUT_S, check=False)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env=dict(env), timeout=TIMEOUT_S, check=False
+        )
     except subprocess.TimeoutExpired:
-        raise WorkerFailed(f"{spec.name}: the accuracy worker ran past {TIMEOUT_S:.0f} s "
-                           "and was stopped") from None
+        raise WorkerFailed(
+            f"{spec.name}: the accuracy worker ran past {TIMEOUT_S:.0f} s and was stopped"
+        ) from None
     answers: dict[Any, Any] = {}
     for line in proc.stdout.splitlines():
         try:

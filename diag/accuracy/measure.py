@@ -22,6 +22,7 @@ __all__ = ["HISTOGRAM_EDGES", "Row", "measure", "row_key"]
 #: output equal to the correctly rounded value counts in the first bin whatever its error.
 HISTOGRAM_EDGES = (0.5, 1, 2, 4, 16, 64, 256, 1024, 4096, 65536, float("inf"))
 _WORST = 10
+_ULP_MEMO: dict[tuple[str, float, str], float] = {}
 
 
 @dataclass
@@ -88,7 +89,10 @@ def _errors(
     both = np.isfinite(y) & np.isfinite(t.rounded)
     ulp = t.ulp.copy()
     for i in np.flatnonzero(wrong & both & t.ambiguous):
-        ulp[i] = exact_ulp(fn, float(x[i]), dtype, float(t.rounded[i]))
+        key = (fn.name, float(x[i]), dtype)
+        if key not in _ULP_MEMO:  # backends often share a wrong output: decide it once
+            _ULP_MEMO[key] = exact_ulp(fn, float(x[i]), dtype, float(t.rounded[i]))
+        ulp[i] = _ULP_MEMO[key]
     with np.errstate(all="ignore"):
         err = np.abs(y - t.exact) / ulp
     err[~both] = np.nan
@@ -144,7 +148,8 @@ def measure(
         worst_input=_at(x, y, t, err, int(order[0])) if x.size and finite_err.max() > 0 else None,
         nonfinite_wrong=int((np.isfinite(y) != np.isfinite(t.rounded)).sum()),
         flushed=int(((y == 0) & (t.rounded != 0) & np.isfinite(t.rounded)).sum()),
-        histogram=[["inf" if e == float("inf") else e, int(c)]
-                   for e, c in zip(HISTOGRAM_EDGES, counts)],
+        histogram=[
+            ["inf" if e == float("inf") else e, int(c)] for e, c in zip(HISTOGRAM_EDGES, counts)
+        ],
         worst_inputs=worst,
     )

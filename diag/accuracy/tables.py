@@ -27,8 +27,14 @@ __all__ = ["DTYPES", "Tables", "default_backends", "parse_dtypes", "tables"]
 
 #: The dtypes of the tables, in the order they are shown.
 DTYPES = ("bfloat16", "float16", "float32")
-_ALIASES = {"bf16": "bfloat16", "f16": "float16", "fp16": "float16", "half": "float16",
-            "f32": "float32", "fp32": "float32"}
+_ALIASES = {
+    "bf16": "bfloat16",
+    "f16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "f32": "float32",
+    "fp32": "float32",
+}
 
 
 @dataclass
@@ -56,8 +62,9 @@ def parse_dtypes(names: Sequence[str] | None) -> list[str]:
     for name in names or DTYPES:
         canonical = _ALIASES.get(name, name)
         if canonical not in FORMATS:
-            raise UsageError(f"unknown dtype '{name}' for accuracy tables; known: "
-                             f"{', '.join(DTYPES)}")
+            raise UsageError(
+                f"unknown dtype '{name}' for accuracy tables; known: {', '.join(DTYPES)}"
+            )
         out.append(canonical)
     return list(dict.fromkeys(out))
 
@@ -75,15 +82,19 @@ def default_backends(env: Mapping[str, str] | None = None) -> list[str]:
 
 
 def _resolve(
-    functions: Sequence[str] | None, dtypes: Sequence[str] | None,
-    backends: Sequence[str] | None, env: Mapping[str, str],
+    functions: Sequence[str] | None,
+    dtypes: Sequence[str] | None,
+    backends: Sequence[str] | None,
+    env: Mapping[str, str],
 ) -> tuple[list[ElementwiseFunction], list[str], list[BackendSpec]]:
     fns = [get_function(f) for f in functions] if functions else list(FUNCTIONS.values())
     specs = [get_spec(b) for b in (backends or default_backends({**os.environ, **env}))]
     for spec in specs:
         if spec.emulated:
-            raise UsageError(f"{spec.name} emulates a matmul algorithm; accuracy tables "
-                             "measure devices: pick a jax, torch or torch-xla backend")
+            raise UsageError(
+                f"{spec.name} emulates a matmul algorithm; accuracy tables "
+                "measure devices: pick a jax, torch or torch-xla backend"
+            )
     if not specs:
         raise UsageError("no backend to measure: install jax or torch, or pass --backend")
     return fns, parse_dtypes(dtypes), specs
@@ -136,7 +147,8 @@ def tables(
         calls = calls_for(spec, fns, dts, settings)
         say(f"{spec.name}: {len(calls)} call(s)")
         outcomes, result.versions[spec.name] = run_backend(
-            spec, calls, lambda c: xs[c.fn.name, c.dtype], env, repeats)
+            spec, calls, lambda c: xs[c.fn.name, c.dtype], env, repeats
+        )
         for o in outcomes:
             _add(result, spec, o.call, o, xs, truths)
     return result
@@ -145,11 +157,24 @@ def tables(
 def _add(result: Tables, spec: BackendSpec, call: Call, outcome, xs, truths) -> None:
     key = (call.fn.name, call.dtype)
     if outcome.outputs is None:
-        name = row_key({"backend": spec.name, "function": call.fn.name,
-                        "setting": call.setting, "dtype": call.dtype})
+        name = row_key(
+            {
+                "backend": spec.name,
+                "function": call.fn.name,
+                "setting": call.setting,
+                "dtype": call.dtype,
+            }
+        )
         result.errors[name] = outcome.error
         return
-    row = measure(call.fn, xs[key], outcome.outputs, truths[key], backend=spec.name,
-                  dtype=call.dtype, setting=call.setting)
+    row = measure(
+        call.fn,
+        xs[key],
+        outcome.outputs,
+        truths[key],
+        backend=spec.name,
+        dtype=call.dtype,
+        setting=call.setting,
+    )
     row.seconds, row.compile_seconds = outcome.seconds, outcome.compile_seconds
     result.rows.append(row)

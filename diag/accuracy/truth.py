@@ -43,7 +43,7 @@ import numpy as np
 
 from diag.accuracy.functions import ElementwiseFunction
 from diag.errors import DiagError
-from diag.numerics import as_dtype, bits_view, dtype_name, round_to_dtype
+from diag.numerics import as_dtype, bits_digest, dtype_name, round_to_dtype
 from diag.oracle.cache import GroundTruthCache, source_digest
 
 __all__ = [
@@ -65,6 +65,7 @@ VERIFY = 48
 #: dtype -> (precision p, smallest normal exponent emin, largest exponent emax).
 FORMATS = {"bfloat16": (8, -126, 127), "float16": (11, -14, 15), "float32": (24, -126, 127)}
 _MAX_PREC = 2048
+_ULP_PREC = 512
 
 
 class TruthError(DiagError):
@@ -190,19 +191,21 @@ def exact_element(fn: ElementwiseFunction, x: float, dtype: str) -> tuple[float,
 
 
 def exact_ulp(fn: ElementwiseFunction, x: float, dtype: str, rounded: float) -> float:
-    """ulp(f(x)) where f(x) is within 2^-34 of a power of two: the binade decided with
-    mpmath, precision raised up to 4096 bits; past that f(x) is the power of two itself
-    (exp(0), sqrt(4)), whose binade is the rounded value's."""
+    """ulp(f(x)) where f(x) is within 2^-34 of a power of two 2^k: the binade decided with
+    mpmath at up to `_ULP_PREC` bits; closer than that, from the side the function's row says
+    f approaches 2^k from (`ElementwiseFunction.approach`)."""
     import mpmath
 
     p, emin, _ = FORMATS[dtype]
     prec = 128
-    while prec <= 2 * _MAX_PREC:
+    while prec <= _ULP_PREC:
         _, lo, hi = _mp_value(fn, x, dtype, prec)
         if _mpf_binade(lo, emin) == _mpf_binade(hi, emin):
             return math.ldexp(1.0, _mpf_binade(lo, emin) - p + 1)
         prec *= 2
-    return math.ldexp(1.0, _mpf_binade(mpmath.mpf(rounded), emin) - p + 1)
+    e = _mpf_binade(mpmath.mpf(rounded), emin)
+    below = fn.approach < 0 and e > emin
+    return math.ldexp(1.0, e - int(below) - p + 1)
 
 
 def _verify(fn: ElementwiseFunction, x: np.ndarray, t: Truth, decided: np.ndarray, dtype: str):
@@ -241,7 +244,7 @@ def _key(fn: ElementwiseFunction, x: np.ndarray, dtype: str) -> str:
 
     from diag.accuracy import functions
 
-    digest = hashlib.sha256(memoryview(bits_view(np.ascontiguousarray(x)))).hexdigest()
+    digest = bits_digest(np.ascontiguousarray(x))
     parts = {
         "function": fn.name,
         "dtype": dtype,

@@ -13,30 +13,48 @@ from diag.cli._app import app, split
 @app.command("accuracy")
 def accuracy_cmd(
     function: list[str] | None = typer.Option(
-        None, "--function", "-f", help="Functions to measure (repeatable or comma-separated; "
+        None,
+        "--function",
+        "-f",
+        help="Functions to measure (repeatable or comma-separated; "
         "default: all of exp, log, log1p, expm1, tanh, sin, cos, sqrt, erf, sigmoid, rsqrt, "
-        "reciprocal, gelu, gelu_tanh, silu, softplus)."),
+        "reciprocal, gelu, gelu_tanh, silu, softplus).",
+    ),
     dtype: list[str] | None = typer.Option(
-        None, "--dtype", "-d", help="bfloat16, float16, float32 (default: all three)."),
+        None, "--dtype", "-d", help="bfloat16, float16, float32 (default: all three)."
+    ),
     backend: list[str] | None = typer.Option(
-        None, "--backend", "-b", help="Backends (default: jax-cpu and torch-cpu where "
-        "installed, torch-xla-cpu where --python names its Python)."),
+        None,
+        "--backend",
+        "-b",
+        help="Backends (default: jax-cpu and torch-cpu where "
+        "installed, torch-xla-cpu where --python names its Python).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as a JSON list."),
     out: Path | None = typer.Option(
-        None, "--out", help="Also write accuracy.json and accuracy.html (click a cell for "
-        "its histogram and worst inputs) in this folder."),
+        None,
+        "--out",
+        help="Also write accuracy.json and accuracy.html (click a cell for "
+        "its histogram and worst inputs) in this folder.",
+    ),
     samples: int = typer.Option(
-        1_000_000, "--samples", min=1, help="float32 samples per function, beside the "
-        "hard cases."),
+        1_000_000, "--samples", min=1, help="float32 samples per function, beside the hard cases."
+    ),
     python: list[str] | None = typer.Option(
-        None, "--python", help="FRAMEWORK=PATH: the Python a framework's worker runs under, "
-        "e.g. torch-xla=/venv/bin/python."),
+        None,
+        "--python",
+        help="FRAMEWORK=PATH: the Python a framework's worker runs under, "
+        "e.g. torch-xla=/venv/bin/python.",
+    ),
     no_settings: bool = typer.Option(
-        False, "--no-settings", help="Leave out the rows of JAX's accuracy= settings."),
+        False, "--no-settings", help="Leave out the rows of JAX's accuracy= settings."
+    ),
     baseline_file: Path | None = typer.Option(
-        None, "--baseline", help="Write the rows' figures to this baseline file."),
+        None, "--baseline", help="Write the rows' figures to this baseline file."
+    ),
     check_file: Path | None = typer.Option(
-        None, "--check", help="Compare with a baseline file: exit 1 naming each changed row."),
+        None, "--check", help="Compare with a baseline file: exit 1 naming each changed row."
+    ),
 ) -> None:
     """Measure each backend x function x dtype against the correctly rounded value.
 
@@ -56,10 +74,15 @@ def accuracy_cmd(
     data = accuracy_baseline.load(check_file) if check_file is not None else None
     if baseline_file is not None:
         prepare_output(baseline_file, "the baseline", "--baseline")
-    result = tables(split(function), split(dtype), split(backend), samples=samples, env=env,
-                    settings=not no_settings,
-                    on_progress=lambda line: render.print_line(f"diag accuracy: {line}",
-                                                               err=True))
+    result = tables(
+        split(function),
+        split(dtype),
+        split(backend),
+        samples=samples,
+        env=env,
+        settings=not no_settings,
+        on_progress=lambda line: render.print_line(f"diag accuracy: {line}", err=True),
+    )
     rows = [r.to_json() for r in result.rows]
     for key, error in result.errors.items():
         render.print_error(f"diag: {key}: the call failed: {error}")
@@ -72,8 +95,9 @@ def accuracy_cmd(
         _write_out(out, rows, result)
     if baseline_file is not None:
         accuracy_baseline.save(accuracy_baseline.baseline(result.rows), baseline_file)
-        render.print_line(f"diag: baseline of {len(rows)} row(s) written to {baseline_file}",
-                          err=as_json)
+        render.print_line(
+            f"diag: baseline of {len(rows)} row(s) written to {baseline_file}", err=as_json
+        )
     code = 0
     if data is not None:
         code = _report_check(accuracy_baseline.check(result.rows, data), as_json)
@@ -104,5 +128,7 @@ def _report_check(found, as_json: bool) -> int:
     render.print_line(
         f"diag: {'changed' if found.changed else 'no change'}: {found.compared} row(s) "
         f"compared, {len(found.changed)} changed, {len(found.missing)} not measured, "
-        f"{len(found.new)} new", err=as_json)
+        f"{len(found.new)} new",
+        err=as_json,
+    )
     return found.exit_code

@@ -61,8 +61,11 @@ def accuracy_tables(
         for function, setting in labels:
             cells = []
             for b in backends:
-                hit = [r for r in mine if (r["backend"], r["function"], r["setting"]) ==
-                       (b, function, setting)]
+                hit = [
+                    r
+                    for r in mine
+                    if (r["backend"], r["function"], r["setting"]) == (b, function, setting)
+                ]
                 if hit:
                     cells.append(accuracy_cell(hit[0]))
                 else:

@@ -42,14 +42,21 @@ def _cell(row: Mapping[str, Any]) -> dict[str, Any]:
         "nonfinite": row["nonfinite_wrong"],
         "flushed": row["flushed"],
         "histogram": [
-            {"edge": e if e == "inf" else fmt(e), "count": c,
-             # a bar per bin, logarithmic so that one wrong output among 65,000 shows
-             "width": round(_BAR_PX * math.log1p(c) / math.log1p(top))}
+            {
+                "edge": e if e == "inf" else fmt(e),
+                "count": c,
+                # a bar per bin, logarithmic so that one wrong output among 65,000 shows
+                "width": round(_BAR_PX * math.log1p(c) / math.log1p(top)),
+            }
             for e, c in row["histogram"]
         ],
         "worst": [
-            {"input": repr(w["input"]), "output": repr(w["output"]),
-             "correct": repr(w["correct"]), "ulp": fmt(w["ulp"])}
+            {
+                "input": repr(w["input"]),
+                "output": repr(w["output"]),
+                "correct": repr(w["correct"]),
+                "ulp": fmt(w["ulp"]),
+            }
             for w in row.get("worst_inputs") or []
         ],
     }
@@ -59,18 +66,19 @@ def _tables(rows: Sequence[Mapping[str, Any]], errors: Mapping[str, str]) -> lis
     out = []
     backends = list(dict.fromkeys(r["backend"] for r in rows))
     for dtype in dict.fromkeys(r["dtype"] for r in rows):
-        mine = {(r["backend"], r["function"], r["setting"]): r for r in rows
-                if r["dtype"] == dtype}
+        mine = {(r["backend"], r["function"], r["setting"]): r for r in rows if r["dtype"] == dtype}
         lines = []
         for function, setting in dict.fromkeys((f, s) for _, f, s in mine):
             cells: list[dict[str, Any] | None] = []
             for b in backends:
                 row = mine.get((b, function, setting))
                 key = f"{b} {function}{f' [{setting}]' if setting else ''} {dtype}"
-                cells.append(_cell(row) if row else
-                             {"error": errors[key]} if key in errors else None)
-            lines.append({"label": f"{function} [{setting}]" if setting else function,
-                          "cells": cells})
+                cells.append(
+                    _cell(row) if row else {"error": errors[key]} if key in errors else None
+                )
+            lines.append(
+                {"label": f"{function} [{setting}]" if setting else function, "cells": cells}
+            )
         out.append({"dtype": dtype, "backends": backends, "lines": lines})
     return out
 
