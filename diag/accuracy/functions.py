@@ -103,7 +103,8 @@ class ElementwiseFunction:
       approach: the side from which f(x) nears a power of two 2^k too closely for mpmath at
         `diag.accuracy.truth` 's last precision to tell (tanh(100) = 1 - 2^-288...): -1 from
         below in magnitude (tanh, erf, sigmoid near 1; gelu, silu near x = 2^k), +1 from above
-        (softplus(x) = x + log1p(e^-x)). Only the ulp of such a value depends on it.
+        (softplus(x) = x + log1p(e^-x)), 0 where such a value is the power of two itself
+        (sqrt(4), 1/2: algebraic functions). Only the ulp of such a value depends on it.
     """
 
     name: str
@@ -221,6 +222,7 @@ FUNCTIONS: dict[str, ElementwiseFunction] = {
             ("torch.sqrt", {}),
             "sqrt",
             (1.0, 2.0),
+            approach=0,
         ),
         _F(
             "erf",
@@ -254,6 +256,7 @@ FUNCTIONS: dict[str, ElementwiseFunction] = {
             ("torch.rsqrt", {}),
             "rsqrt",
             (1.0, 2.0, 4.0),
+            approach=0,
         ),
         _F(
             "reciprocal",
@@ -265,6 +268,7 @@ FUNCTIONS: dict[str, ElementwiseFunction] = {
             ("torch.reciprocal", {}),
             "",
             (1.0, 2.0**126, 2.0**-126, 3.0),
+            approach=0,
         ),
         _F(
             "gelu",

@@ -204,7 +204,8 @@ def exact_ulp(fn: ElementwiseFunction, x: float, dtype: str, rounded: float) -> 
             return math.ldexp(1.0, _mpf_binade(lo, emin) - p + 1)
         prec *= 2
     e = _mpf_binade(mpmath.mpf(rounded), emin)
-    below = fn.approach < 0 and e > emin
+    # f(0) = 2^k (exp, cos, sigmoid) is the power itself, as are algebraic values (approach 0)
+    below = fn.approach < 0 and e > emin and x != 0
     return math.ldexp(1.0, e - int(below) - p + 1)
 
 
