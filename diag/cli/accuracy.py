@@ -9,52 +9,72 @@ import typer
 
 from diag.cli._app import app, split
 
+_FUNCTION = typer.Option(
+    None,
+    "--function",
+    "-f",
+    help="Functions to measure (repeatable or comma-separated; "
+    "default: all of exp, log, log1p, expm1, tanh, sin, cos, sqrt, erf, sigmoid, rsqrt, "
+    "reciprocal, gelu, gelu_tanh, silu, softplus).",
+)
+
+_DTYPE = typer.Option(
+    None, "--dtype", "-d", help="bfloat16, float16, float32 (default: all three)."
+)
+
+_BACKEND = typer.Option(
+    None,
+    "--backend",
+    "-b",
+    help="Backends (default: jax-cpu and torch-cpu where "
+    "installed, torch-xla-cpu where --python names its Python).",
+)
+
+_AS_JSON = typer.Option(False, "--json", help="Print the rows as a JSON list.")
+
+_OUT = typer.Option(
+    None,
+    "--out",
+    help="Also write accuracy.json and accuracy.html (click a cell for "
+    "its histogram and worst inputs) in this folder.",
+)
+
+_SAMPLES = typer.Option(
+    1_000_000, "--samples", min=1, help="float32 samples per function, beside the hard cases."
+)
+
+_PYTHON = typer.Option(
+    None,
+    "--python",
+    help="FRAMEWORK=PATH: the Python a framework's worker runs under, "
+    "e.g. torch-xla=/venv/bin/python.",
+)
+
+_NO_SETTINGS = typer.Option(
+    False, "--no-settings", help="Leave out the rows of JAX's accuracy= settings."
+)
+
+_BASELINE_FILE = typer.Option(
+    None, "--baseline", help="Write the rows' figures to this baseline file."
+)
+
+_CHECK_FILE = typer.Option(
+    None, "--check", help="Compare with a baseline file: exit 1 naming each changed row."
+)
+
 
 @app.command("accuracy")
 def accuracy_cmd(
-    function: list[str] | None = typer.Option(
-        None,
-        "--function",
-        "-f",
-        help="Functions to measure (repeatable or comma-separated; "
-        "default: all of exp, log, log1p, expm1, tanh, sin, cos, sqrt, erf, sigmoid, rsqrt, "
-        "reciprocal, gelu, gelu_tanh, silu, softplus).",
-    ),
-    dtype: list[str] | None = typer.Option(
-        None, "--dtype", "-d", help="bfloat16, float16, float32 (default: all three)."
-    ),
-    backend: list[str] | None = typer.Option(
-        None,
-        "--backend",
-        "-b",
-        help="Backends (default: jax-cpu and torch-cpu where "
-        "installed, torch-xla-cpu where --python names its Python).",
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print the rows as a JSON list."),
-    out: Path | None = typer.Option(
-        None,
-        "--out",
-        help="Also write accuracy.json and accuracy.html (click a cell for "
-        "its histogram and worst inputs) in this folder.",
-    ),
-    samples: int = typer.Option(
-        1_000_000, "--samples", min=1, help="float32 samples per function, beside the hard cases."
-    ),
-    python: list[str] | None = typer.Option(
-        None,
-        "--python",
-        help="FRAMEWORK=PATH: the Python a framework's worker runs under, "
-        "e.g. torch-xla=/venv/bin/python.",
-    ),
-    no_settings: bool = typer.Option(
-        False, "--no-settings", help="Leave out the rows of JAX's accuracy= settings."
-    ),
-    baseline_file: Path | None = typer.Option(
-        None, "--baseline", help="Write the rows' figures to this baseline file."
-    ),
-    check_file: Path | None = typer.Option(
-        None, "--check", help="Compare with a baseline file: exit 1 naming each changed row."
-    ),
+    function: list[str] | None = _FUNCTION,
+    dtype: list[str] | None = _DTYPE,
+    backend: list[str] | None = _BACKEND,
+    as_json: bool = _AS_JSON,
+    out: Path | None = _OUT,
+    samples: int = _SAMPLES,
+    python: list[str] | None = _PYTHON,
+    no_settings: bool = _NO_SETTINGS,
+    baseline_file: Path | None = _BASELINE_FILE,
+    check_file: Path | None = _CHECK_FILE,
 ) -> None:
     """Measure each backend x function x dtype against the correctly rounded value.
 
@@ -67,7 +87,6 @@ def accuracy_cmd(
     from diag.accuracy import baseline as accuracy_baseline
     from diag.accuracy.tables import tables
     from diag.records.outputs import prepare_output
-    from diag.render.accuracy import accuracy_tables
     from diag.worker.interpreter import parse_python
 
     env = parse_python(split(python))
@@ -83,14 +102,7 @@ def accuracy_cmd(
         settings=not no_settings,
         on_progress=lambda line: render.print_line(f"diag accuracy: {line}", err=True),
     )
-    rows = [r.to_json() for r in result.rows]
-    for key, error in result.errors.items():
-        render.print_error(f"diag: {key}: the call failed: {error}")
-    if as_json:
-        render.out.print_json(json.dumps(rows))
-    else:
-        for table in accuracy_tables(rows, result.errors):
-            render.out.print(table)
+    rows = _show(result, as_json)
     if out is not None:
         _write_out(out, rows, result)
     if baseline_file is not None:
@@ -102,6 +114,22 @@ def accuracy_cmd(
     if data is not None:
         code = _report_check(accuracy_baseline.check(result.rows, data), as_json)
     raise typer.Exit(code)
+
+
+def _show(result, as_json: bool) -> list[dict]:
+    """Print the rows (JSON or one table per dtype) and each failed call; return the rows."""
+    from diag import render
+    from diag.render.accuracy import accuracy_tables
+
+    rows = [r.to_json() for r in result.rows]
+    for key, error in result.errors.items():
+        render.print_error(f"diag: {key}: the call failed: {error}")
+    if as_json:
+        render.out.print_json(json.dumps(rows))
+    else:
+        for table in accuracy_tables(rows, result.errors):
+            render.out.print(table)
+    return rows
 
 
 def _write_out(out: Path, rows: list[dict], result) -> None:
