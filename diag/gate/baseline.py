@@ -31,8 +31,9 @@ needs no multiplier.
 
 The baseline is keyed by hardware (machine, CPU model, device kinds), versions (frameworks and
 numerics libraries) and numerics settings. A hardware or version mismatch is reported and the
-tolerance comparison still runs (the bounds hold on any hardware and version); the bitwise
-comparison is skipped then (bits legitimately change with either), and the result says so.
+tolerance comparison still runs (the bounds hold on any hardware and version); a bitwise
+comparison still compares every bit, and names the mismatch as the likely cause of each
+changed output (an upgrade's effect, record by record; `diag bisect` then names the release).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from typing import Any
 from diag.errors import UsageError
 from diag.gate.drift import Check, Drift, feature_drifts, features_of, setting_drifts
 from diag.gate.drift import show as _show
-from diag.gate.record_drift import DIGESTS, bits_changed, kept_metrics, metric_drifts
+from diag.gate.record_drift import DIGESTS, bad_values, kept_metrics, metric_drifts
 from diag.records.results import RunDir, read_results
 
 __all__ = [
@@ -146,11 +147,7 @@ def build(run_dir: str | os.PathLike) -> dict[str, Any]:
       BaselineError: not a run folder, unreadable records, or a run that did not finish.
     """
     meta, records = _read_run(run_dir)
-    if meta.get("state") != "finished":
-        raise BaselineError(
-            f"{run_dir}: the run is {meta.get('state')!r}, not finished; a "
-            "baseline must hold every record: rerun the suite to the end"
-        )
+    _require_finished(run_dir, meta, "a baseline must hold every record")
     return {
         "schema": BASELINE_SCHEMA,
         "created": time.time(),
@@ -251,7 +248,20 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
             raise bad(f"record {i} lacks probe/case/backend/status strings")
         if not isinstance(rec.get("metrics"), dict):
             raise bad(f"record {i} ({record_key(rec)}): field 'metrics' must be an object")
+        if (why := bad_values(rec)) is not None:
+            raise bad(f"record {i} ({record_key(rec)}): {why}")
     return data
+
+
+def _require_finished(run_dir: str | os.PathLike, meta: dict, why: str) -> None:
+    """Refuse a run that did not finish (interrupted, aborted, killed while `running`)."""
+    if (state := meta.get("state")) != "finished":
+        code = meta.get("exit_code")
+        ended = f" (it ended with exit code {code})" if isinstance(code, int) else ""
+        raise BaselineError(
+            f"{run_dir}: the run is {state!r}, not finished{ended}; {why}: "
+            "rerun the suite to the end"
+        )
 
 
 def _read_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict]]:
@@ -293,16 +303,18 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
       run_dir: the run to check.
       baseline: a baseline from `load` (or `build`).
       bitwise: also require every output bit and metric to be unchanged (deterministic setups:
-        same hardware, same versions). Skipped, and said so, when the key's hardware or
-        versions differ.
+        same hardware, same versions). When the key's hardware or versions differ, each
+        changed bit is still drift, with that difference named as its likely cause.
 
     Returns:
       Check.
 
     Raises:
-      BaselineError: the run folder is unusable, or the baseline is for another suite.
+      BaselineError: the run folder is unusable (damaged, or a run that did not finish), or
+        the baseline is for another suite.
     """
     meta, records = _read_run(run_dir)
+    _require_finished(run_dir, meta, "its missing records would read as drift")
     suite = (meta.get("suite") or {}).get("name")
     if baseline.get("suite") and suite != baseline["suite"]:
         raise BaselineError(
@@ -378,9 +390,8 @@ def _key_drifts(
             "are compared by the tolerance rule (it holds on any hardware and "
             "version)"
             + (
-                "; bits may change legitimately with either, so "
-                "outputs whose bits changed are listed as "
-                "information, not drift"
+                "; --bitwise still compares the bits: each output that changed is drift, "
+                "with this difference named as its likely cause"
                 if bitwise
                 else ""
             )
@@ -416,7 +427,11 @@ def _record_drifts(
     result: Check, baseline_records: list[dict], records: list[dict], bitwise: bool, portable: bool
 ) -> None:
     """Each run record against the baseline's copy (new ones are drift), then the baseline's
-    records the run lacks (missing ones are drift)."""
+    records the run lacks (missing ones are drift). Across a version or hardware change, a
+    bitwise check still compares the bits and names that change as each difference's likely
+    cause."""
+    versions_first = sorted(result.key_mismatch, key=lambda m: not m.startswith("versions"))
+    likely = "" if portable else "; ".join(versions_first)
     old_records: dict[str, dict] = {}
     for rec in baseline_records:
         old_records[_unique(old_records, record_key(rec))] = rec
@@ -443,10 +458,8 @@ def _record_drifts(
             result.drifts.extend(drifts)
         else:
             result.compared += 1
-            drifts = metric_drifts(k, old_records[k], rec, bitwise and portable)
+            drifts = metric_drifts(k, old_records[k], rec, bitwise, likely)
             result.drifts.extend(drifts)
-            if bitwise and not portable:
-                bits_changed(result, k, old_records[k], rec)
         result.results[k] = {
             "status": rec.get("status"),
             "reason": rec.get("reason"),

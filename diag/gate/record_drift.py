@@ -11,14 +11,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from diag.gate.drift import Check, Drift
+from diag.gate.drift import Drift
 from diag.tolerance.gate import RATIOS as GATE_RATIOS
 
 __all__ = [
     "COUNTS",
     "DIGESTS",
     "RATIOS",
-    "bits_changed",
+    "bad_values",
     "kept_metrics",
     "metric_drifts",
 ]
@@ -67,6 +67,28 @@ def kept_metrics(metrics: dict) -> dict[str, Any]:
         elif name in COUNTS and isinstance(value, list):
             kept[name] = value
     return kept
+
+
+def bad_values(rec: dict) -> str | None:
+    """What is wrong with a baseline record's metrics and digests (as `diag.gate.baseline.load`
+    reads it), or None.
+
+    A value of the wrong type would otherwise be compared as if it were a number (a count
+    `"huge"` reads as drift, exit 1) or crash the bitwise comparison: the file is unusable.
+    """
+    for name, value in (rec.get("metrics") or {}).items():
+        if kept_metrics({name: value}) != {name: value}:
+            return (
+                f"metric {name!r} is {value!r}: must be a number"
+                + (" or a list" if name in COUNTS else "")
+                + " ('nan', 'inf' and '-inf' stand for those numbers)"
+            )
+    digests = rec.get("digests")
+    if digests is not None and not (
+        isinstance(digests, list) and all(isinstance(d, str) for d in digests)
+    ):
+        return f"field 'digests' is {digests!r}: must be null or a list of sha256 strings"
+    return None
 
 
 def _keeps(name: str, value: float, limit: float) -> bool:
@@ -126,14 +148,21 @@ def count_drifts(where: str, om: dict, nm: dict) -> list[Drift]:
 
 
 def bitwise_drifts(
-    where: str, old: dict, new: dict, om: dict, nm: dict, reported: set[str]
+    where: str, old: dict, new: dict, om: dict, nm: dict, reported: set[str], likely: str = ""
 ) -> list[Drift]:
-    """Every metric not already `reported` that changed at all, and the outputs whose bits did."""
+    """Every metric not already `reported` that changed at all, and the outputs whose bits did
+    (`likely`: the key difference named as their likely cause, e.g. a version change)."""
     out = []
     for name in sorted(set(om) | set(nm)):
         if name not in reported and om.get(name) != nm.get(name):
             out.append(
-                Drift(where, name, om.get(name), nm.get(name), "bitwise: the metric changed")
+                Drift(
+                    where,
+                    name,
+                    om.get(name),
+                    nm.get(name),
+                    "bitwise: the metric changed" + (f"; likely cause: {likely}" if likely else ""),
+                )
             )
     od, nd = old.get("digests"), (new.get("metrics") or {}).get(DIGESTS)
     if od is not None and od != nd:
@@ -145,13 +174,14 @@ def bitwise_drifts(
                 f"output {first} sha256",
                 od[first] if first < len(od) else None,
                 (nd or [None])[first] if nd and first < len(nd) else None,
-                f"bitwise: {len(changed) or len(od)} output(s) differ in their bits",
+                f"bitwise: {len(changed) or len(od)} output(s) differ in their bits"
+                + (f"; likely cause: {likely}" if likely else ""),
             )
         )
     return out
 
 
-def metric_drifts(where: str, old: dict, new: dict, bitwise: bool) -> list[Drift]:
+def metric_drifts(where: str, old: dict, new: dict, bitwise: bool, likely: str = "") -> list[Drift]:
     """The drifts of one record: `new` (a run's record) against `old` (the baseline's copy).
 
     Args:
@@ -159,6 +189,8 @@ def metric_drifts(where: str, old: dict, new: dict, bitwise: bool) -> list[Drift
       old: the baseline's record (kept metrics and digests).
       new: the run's record.
       bitwise: also compare every metric and output bit exactly.
+      likely: with `bitwise` across a version or hardware change, that change in words: each
+        bitwise drift names it as its likely cause.
 
     Returns:
       The drifts, in the order status, ratios, counts, bitwise.
@@ -172,13 +204,5 @@ def metric_drifts(where: str, old: dict, new: dict, bitwise: bool) -> list[Drift
     out.extend(ratio_drifts(where, om, nm, new))
     out.extend(count_drifts(where, om, nm))
     if bitwise:
-        out.extend(bitwise_drifts(where, old, new, om, nm, {d.what for d in out}))
+        out.extend(bitwise_drifts(where, old, new, om, nm, {d.what for d in out}, likely))
     return out
-
-
-def bits_changed(result: Check, key: str, old: dict, new: dict) -> None:
-    """Record (as information) how many of a record's outputs changed bits."""
-    od, nd = old.get("digests"), (new.get("metrics") or {}).get(DIGESTS)
-    if od is not None and nd is not None and od != nd:
-        n = sum(x != y for x, y in zip(od, nd)) + abs(len(od) - len(nd))
-        result.bits_changed.append(f"{key}: {n} of {max(len(od), len(nd))} output(s) changed bits")

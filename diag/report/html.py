@@ -27,12 +27,13 @@ import jinja2
 from markupsafe import Markup
 
 from diag.errors import UsageError
-from diag.records.results import RunDir, RunMeta, output_errors
+from diag.records.results import INCOMPLETE, RunDir, RunMeta, output_errors
 from diag.report.charts import sweep_groups, sweep_svg, to_float
 from diag.report.damage import damage
 from diag.report.matrix import matrix_context
 from diag.report.nodes import report_context as nodes_context
 from diag.report.sections import ab_context, sampling_context
+from diag.report.seriesplot import series_charts
 from diag.report.settings import report_context as settings_context
 from diag.report.tables import (
     METRIC_COLUMNS,
@@ -43,7 +44,7 @@ from diag.report.tables import (
 )
 from diag.report.trace import trace_context
 from diag.report.training import train_context
-from diag.status import STATUSES, worst_status
+from diag.status import CHECKED, STATUSES, worst_status
 
 __all__ = ["asset", "environment", "render_report", "write_report"]
 
@@ -84,15 +85,29 @@ VERDICT_TEXT = {
     "warn": "WARN: all checks passed, some with warnings",
     "fail": "FAIL: a numerical check failed",
     "error": "ERROR: a backend or check could not run",
+    INCOMPLETE: "INCOMPLETE: the run stopped before every check ran",
 }
 
 STATE_NOTE = {
     "running": "This run is still in progress; the report shows the records written so far.",
     "interrupted": "This run was interrupted; the results below are incomplete.",
+    "aborted": "This run was aborted (see `error` in run.json); the results below are incomplete.",
 }
 
+#: Above this many rows the verdict table starts with its passing rows hidden (the matrix
+#: and the counts still show them; one choice shows them): a 325-record run's report was
+#: 40,000 px tall at 1000 px with every row shown.
+HIDE_PASSING_ABOVE = 60
 
-def _verdict_text(verdict: str | None, state: str) -> str:
+#: Run states whose verdict is `incomplete`, whatever the records written say (run.json's
+#: `verdict` says the same: `diag.records.run_meta.run_verdict`).
+STOPPED = ("interrupted", "aborted")
+
+
+def _verdict_text(verdict: str | None, state: str, worst: str | None) -> str:
+    if verdict == INCOMPLETE:
+        seen = f"; the worst of the records written: {worst}" if worst else "; no records written"
+        return f"{VERDICT_TEXT[INCOMPLETE]} (the run was {state}{seen})"
     if verdict is None:
         return "no results recorded"
     text = VERDICT_TEXT.get(verdict, verdict)
@@ -143,6 +158,7 @@ def render_report(
     nodes: Mapping[str, Any] | None = None,
     damage: Iterable[str] = (),
     trace: Mapping[str, Any] | None = None,
+    history: list[Mapping[str, Any]] | None = None,
 ) -> str:
     """Render the HTML report for a run's metadata and records.
 
@@ -154,6 +170,7 @@ def render_report(
       damage: sentences saying what could not be read (`RecordsRead.problems`), shown above
         the verdict, which then says it covers the readable records only.
       trace: the Profile section of a traced run (`diag.report.trace.trace_context`).
+      history: the series of the records that moved in the run's history (``history.json``).
 
     Returns:
       The complete HTML document as a string.
@@ -177,7 +194,7 @@ def render_report(
             started=_fmt_time(run.started),
             finished=_fmt_time(run.finished) if run.finished is not None else None,
             command_line=run.command_line,
-            **_verdict_context(run.state, records, damage),
+            **_verdict_context(run, records, damage),
             problems=problem_rows(records),
             suite=suite.get("name") or suite.get("path"),
             suite_path=suite.get("path") if suite.get("name") else None,
@@ -186,9 +203,11 @@ def render_report(
             backends_skipped=list(run.backends_skipped.items()),
             metric_columns=METRIC_COLUMNS,
             rows=probe_rows,
+            hide_passing=len(probe_rows) > HIDE_PASSING_ABOVE,
             groups=verdict_groups(probe_rows),
             matrix=matrix_context(records, cells),
             agreement_rows=agreement_rows,
+            hide_passing_agreement=len(agreement_rows) > HIDE_PASSING_ABOVE,
             sweeps=_sweeps(records),
             # Settings findings and precision fingerprints (diag.settings.flags; _settings.html.j2).
             settings=settings_context(run),
@@ -202,19 +221,38 @@ def render_report(
             ab=ab_context(records, run.ab),
             trace=trace,
             train=_train_context(records, run.report_sections),
+            history_series=series_charts(history or []),
         )
     )
 
 
 def _verdict_context(
-    state: str, records: list[Mapping[str, Any]], damage: list[str]
+    run: RunMeta, records: list[Mapping[str, Any]], damage: list[str]
 ) -> dict[str, Any]:
-    """The report's head: counts per status, the worst one and how it reads, what was lost."""
+    """The report's head: counts per status, the worst one and how it reads, what was lost.
+
+    A damaged folder's verdict is the worst of its readable records and of what run.json
+    counted: a torn or deleted line that held the run's one `fail` must not leave a PASS.
+    A run that stopped early reads `incomplete`, never a pass.
+    """
     counts = Counter(str(r.get("status", "")) for r in records)
     statuses = [s for s in counts if s in STATUSES]
-    verdict = worst_status(statuses) if records else None
-    verdict_text = _verdict_text(verdict, state)
-    if damage:
+    worst = worst_status(statuses) if records else None
+    unseen = [
+        s
+        for s, n in run.counts.items()
+        if damage and s in CHECKED and isinstance(n, int) and n > counts.get(s, 0)
+    ]
+    if unseen:
+        worst = worst_status([*statuses, *unseen])
+    verdict = INCOMPLETE if run.state in STOPPED else worst
+    verdict_text = _verdict_text(verdict, run.state, worst)
+    if unseen:
+        verdict_text += (
+            f" (readable records only, and the {', '.join(unseen)} record(s) run.json counts "
+            "beyond them: see the warning above)"
+        )
+    elif damage:
         verdict_text += " (readable records only: see the warning above)"
     return {
         "statuses": STATUSES[::-1],
@@ -269,6 +307,16 @@ def _nodes_context(nodes: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return nodes_context(nodes)
 
 
+def _history(run: RunDir) -> list[Mapping[str, Any]]:
+    """The moved records' series `diag run --history` left in the run folder (none when the
+    file is absent or unreadable: the report shows the run either way)."""
+    try:
+        data = json.loads(run.history_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [s for s in data if isinstance(s, dict)] if isinstance(data, list) else []
+
+
 def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
     """Write the self-contained HTML report of a run folder.
 
@@ -309,6 +357,7 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
         nodes=nodes,
         damage=damage(run_dir),
         trace=trace_context(run.path, read.records, meta.backends),
+        history=_history(run),
     )
     path = Path(out) if out is not None else run.path / "report.html"
     # diag.records.outputs: parents created, a bad path or a full disk one line (exit 2)
