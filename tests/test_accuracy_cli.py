@@ -155,3 +155,12 @@ def test_out_writes_the_rows_and_a_page_with_a_cell_per_row(tmp_path):
                   "flushed", "histogram"):
         assert all(field in r for r in rows)
     assert all(sum(c for _, c in r["histogram"]) <= r["inputs"] for r in rows)
+
+
+def test_a_worker_that_dies_is_one_line_and_exit_4(tmp_path):
+    # /bin/true stands for a broken torch_xla Python: it exits at once, answering nothing
+    done = diag(["accuracy", "-f", "exp", "-d", "bf16", "-b", "torch-xla-cpu",
+                 "--python", "torch-xla=/bin/true"], env={"DIAG_CACHE_DIR": str(tmp_path)})
+    assert done.returncode == 4
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("diag:")]
+    assert len(lines) == 1 and "torch-xla-cpu" in lines[0] and "worker" in lines[0]
