@@ -186,6 +186,7 @@ SAME_SPELLING = {
     "diag/nodes/workloads.py": "node-scan workloads named after what they run",
     "diag/nodes/torch_workloads.py": "node-scan workloads named after what they run",
     "diag/report/sections.py": "the report's own key for its top-k table",
+    "diag/accuracy/functions.py": "the accuracy tables' elementwise functions (gelu's row)",
     # The ground truth's API and cache keys carry the op names, as the backends did (STYLE's
     # "same names everywhere"): `diag.oracle.matmul_result`.
     "diag/oracle/__init__.py": "the ground-truth API and its cache keys",
