@@ -39,7 +39,7 @@ __all__ = [
 
 #: The float dtypes diag's probes take.
 FLOATS = ("float32", "bfloat16", "float16")
-#: The input makers (`diag.plan.inputs.INPUT_MAKERS`) of a row of logits.
+#: The input makers (`diag.plan.makers.INPUT_MAKERS`) of a row of logits.
 LOGIT_MAKERS = (
     "normal",
     "normal5",
@@ -118,7 +118,7 @@ class Probe:
         a list (the grid is their product).
       op_args: the parameters forwarded to the op's implementation (the rest shape the inputs).
       dtypes: dtypes this probe supports.
-      inputs: input makers (`diag.plan.inputs.INPUT_MAKERS`) that make sense for it.
+      inputs: input makers (`diag.plan.makers.INPUT_MAKERS`) that make sense for it.
       input_shapes: case params -> the shapes of the op's inputs.
       truth: (inputs, params, cache) -> the oracle's result for the case. Ops with the same
         truth function (module and name) share a case's truth.

@@ -48,7 +48,7 @@ from typing import Any
 
 from diag.errors import UsageError
 from diag.preflight.costs import load_timings, save_timings, timings_path
-from diag.preflight.nodes import request_env
+from diag.preflight.nodes import scan_hook
 from diag.preflight.result import Finding, Preflight, StepResult
 from diag.preflight.steps import (
     NODE_REPEATS,
@@ -174,9 +174,9 @@ def preflight(
             cache_dir,
             with_fingerprints="fingerprints" in merged,
             suite=_probe_suite(probes),
-            node_scan=request_env(scanned, NODE_REPEATS, tuple(injections))
+            node_scan=scan_hook(scanned, NODE_REPEATS, tuple(injections))
             if "nodes" in merged
-            else {},
+            else None,
         ),
         "nodes": lambda: nodes_step(
             environ, result, tuple(injections), scanned if "nodes" in merged else None

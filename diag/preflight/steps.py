@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from diag.preflight.result import Finding, Preflight
+from diag.worker.protocol import Hook
 
 __all__ = [
     "settings_step",
@@ -163,17 +164,15 @@ def probes_step(
     result: Preflight,
     cache_dir: str | None,
     with_fingerprints: bool,
-    node_scan: dict[str, str],
+    node_scan: Hook | None,
     suite: Any = "preflight",
 ) -> None:
-    from diag.preflight.nodes import NO_FEATURES_VAR
     from diag.run import runner
 
-    # The workers inherit this process's environment; what `environ` changes goes with them,
-    # and so do the node scan's request (`node_scan`) and "no arithmetic features"
-    # (diag.preflight.nodes).
-    extra = {k: v for k, v in environ.items() if os.environ.get(k) != v} | node_scan
-    extra[NO_FEATURES_VAR] = "1"
+    # The workers inherit this process's environment; what `environ` changes goes with them.
+    # Their jobs carry the node scan's request (`node_scan`, diag.preflight.nodes) and skip the
+    # arithmetic features (nothing in preflight reads them).
+    extra = {k: v for k, v in environ.items() if os.environ.get(k) != v}
     out = Path(tempfile.mkdtemp(prefix="diag-preflight-"))
     try:
         run = runner.run(
@@ -183,6 +182,7 @@ def probes_step(
             cache_dir=cache_dir,
             env=extra,
             argv=["diag", "preflight"],
+            job_fields={"features": False, "hooks": [node_scan] if node_scan else []},
         )
         # The workers measured their settings and the fingerprint of each precision setting
         # the suite's matmul cases use (all of them): no second start of every framework.

@@ -54,6 +54,7 @@ class BackendRuns:
         env: dict[str, str],
         ab_env: dict[str, str] | None = None,
         on_record: Callable[[dict], None] | None,
+        job_fields: dict[str, Any] | None = None,
     ):
         self.suite, self.skipped = suite, skipped
         self.run_dir, self.work = run_dir, judge.store.work
@@ -62,6 +63,7 @@ class BackendRuns:
         self.repeat_budget = repeat_budget
         self.env = env
         self.on_record = on_record
+        self.job_fields = job_fields or {}  # every job's fields on top of the run's
         self.judge = judge
         self.inputs = self.judge.store.inputs
         self.records: list[dict[str, Any]] = []
@@ -300,6 +302,7 @@ class BackendRuns:
                 )
                 for c in cases
             ],
+            **self.job_fields,
         )
         job_path = self.work / f"job-{spec.label}.json"
         job_path.write_text(json.dumps(job.to_json()))

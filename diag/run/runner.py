@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from threadpoolctl import threadpool_limits
 
@@ -81,6 +82,7 @@ def run(
     trace: bool = False,
     on_start: Callable[[int, list[str]], None] | None = None,
     on_record: Callable[[dict], None] | None = None,
+    job_fields: dict[str, Any] | None = None,
 ) -> RunResult:
     """Run a suite on backends and write a run folder.
 
@@ -107,6 +109,7 @@ def run(
         per-op summaries and the optimised HLO (`diag.trace`).
       on_start: called with (number of planned records, backend names) before workers start.
       on_record: called with each record as it is written.
+      job_fields: more fields of every worker's `diag.worker.protocol.Job` (preflight's hooks).
 
     Returns:
       RunResult with the run folder, the records and the final state.
@@ -139,11 +142,9 @@ def run(
         ab_env=ab_env,
         env=workers_env,
         on_record=on_record,
+        job_fields=job_fields,
     )
-    result = _drive(r, loaded, specs, skipped, parked, backends, work, trace, on_start)
-    if result.state == "interrupted":
-        raise Interrupted(result)
-    return result
+    return _drive(r, loaded, specs, skipped, parked, backends, work, trace, on_start)
 
 
 def _loaded(suite: str | Suite, max_memory: float | None, timeout: float) -> Suite:
@@ -254,7 +255,8 @@ def _drive(
     trace: bool,
     on_start,
 ) -> RunResult:
-    """Run every backend in turn; whatever happens, finish the run folder (state, counts)."""
+    """Run every backend in turn; whatever happens, finish the run folder (state, counts).
+    Raises `Interrupted` (holding the result) after Ctrl-C."""
     run_dir = r.run_dir
     r.trace = run_dir.path if trace else None
     r.parked = parked
@@ -288,9 +290,12 @@ def _drive(
         raise
     finally:
         counts = _finish(r, state, work, planned, blas)
-    return RunResult(
+    result = RunResult(
         run_dir=run_dir.path, records=r.records, state=state, counts=counts, phases=r.phases()
     )
+    if state == "interrupted":
+        raise Interrupted(result)
+    return result
 
 
 def _finish(r: BackendRuns, state: str, work: Path, planned: int, blas) -> dict[str, int]:

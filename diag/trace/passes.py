@@ -71,11 +71,7 @@ def _pass_name(step: str) -> str:
 
 
 def _program(path: Path) -> list[str]:
-    return [
-        hlo._normalised(line)
-        for line in path.read_text(errors="replace").splitlines()
-        if hlo._DEF.match(line)
-    ]
+    return hlo.program_lines(path.read_text(errors="replace"))
 
 
 def first_difference(a_dir: Path, b_dir: Path) -> dict[str, Any] | None:

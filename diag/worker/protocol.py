@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "CaseJob",
+    "Hook",
     "Job",
     "Output",
     "Event",
@@ -56,6 +57,25 @@ class CaseJob:
 
 
 @dataclass(frozen=True)
+class Hook:
+    """A function the worker calls after its job's cases, named by the host: how a caller
+    (`diag preflight`'s node scan) asks a worker for more work without the worker importing
+    the caller, and without a side channel in the workers' environment.
+
+    Attributes:
+      module, function: what to call (`diag.nodes.hook`, `scan_to`), as
+        ``function(**args)``; imported in the worker only when it runs there.
+      args: its keyword arguments (JSON values).
+      framework: call it only in a worker of this framework (`jax`); None for every worker.
+    """
+
+    module: str
+    function: str
+    args: dict[str, Any] = field(default_factory=dict)
+    framework: str | None = None
+
+
+@dataclass(frozen=True)
 class Job:
     """All of one backend's cases for one worker.
 
@@ -69,6 +89,10 @@ class Job:
       trace: `--trace`'s field (`diag.trace.capture.job_field`), or None.
       fingerprint: the (precision, via) settings whose arithmetic the worker measures after
         the cases; empty for none.
+      features: with `fingerprint`, also measure the unit's arithmetic features
+        (`diag.arith.precision.features`, for `diag check`'s baselines; `diag preflight`
+        reads none, ~0.2 CPU-s per backend).
+      hooks: functions to call after the cases and the arithmetic (`Hook`).
     """
 
     backend: str
@@ -80,6 +104,8 @@ class Job:
     hlo: bool = False
     trace: Any = None
     fingerprint: list[tuple[str, str]] = field(default_factory=list)
+    features: bool = True
+    hooks: list[Hook] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -92,6 +118,7 @@ class Job:
         fields = {k: v for k, v in data.items() if k in known}
         fields["cases"] = [CaseJob(**c) for c in data.get("cases", [])]
         fields["fingerprint"] = [tuple(p) for p in data.get("fingerprint") or []]
+        fields["hooks"] = [Hook(**h) for h in data.get("hooks") or []]
         fields.setdefault("label", data["backend"])
         return cls(**fields)
 
