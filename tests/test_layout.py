@@ -297,13 +297,16 @@ def _named_modules(name: str, tree: ast.AST, mods: dict[str, Path]) -> dict[str,
             and id(n) not in process}
 
 
-def _dynamic_imports(tree: ast.Module, mods: dict[str, Path]) -> tuple[dict[str, int], list[int]]:
+def _dynamic_imports(name: str, tree: ast.Module, mods: dict[str, Path]
+                     ) -> tuple[dict[str, int], list[int]]:
     """(the modules an `import_module(f"{PACKAGE}.{name}")` may import: every module of that
-    package, as `diag.plan.registry`'s discovery of the op modules does; the lines of the
-    `import_module` calls whose module is named by data, not by this file)."""
+    package, as `diag.plan.registry`'s discovery of the op modules and a package's loader of
+    its submodules (`f"{__name__}.{name}"`) do; the lines of the `import_module` calls whose
+    module is named by data, not by this file)."""
     constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
                  and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
                  for t in n.targets if isinstance(t, ast.Name)}
+    constants["__name__"] = name
     edges, by_data = {}, []
     for n in ast.walk(tree):
         func = getattr(n, "func", None)
@@ -343,7 +346,7 @@ def _diag_imports(name: str, path: Path, mods: dict[str, Path]
     skip = {id(m) for n in ast.walk(tree) if isinstance(n, ast.If)
             and "TYPE_CHECKING" in ast.unparse(n.test) for m in ast.walk(n)}
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    edges, by_data = _dynamic_imports(tree, mods)
+    edges, by_data = _dynamic_imports(name, tree, mods)
     edges |= _named_modules(name, tree, mods)
     private, aliases = [], {}  # local name -> the diag module it is bound to
     for n in ast.walk(tree):

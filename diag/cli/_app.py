@@ -7,7 +7,6 @@ each registers on `app`, then `diag.cli.main` runs it.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -23,16 +22,6 @@ app = typer.Typer(
 )
 cache_app = typer.Typer(no_args_is_help=False, help="Inspect or clear the ground-truth cache.")
 app.add_typer(cache_app, name="cache")
-
-EXIT_INTERRUPTED = 130
-# SIGTERM (a CI job cancelled, a scheduler's preemption): 128 + 15, as a shell reports it.
-EXIT_TERMINATED = 128 + signal.SIGTERM
-# diag itself failed (a bug, not the user's input nor the device): sysexits' EX_SOFTWARE,
-# apart from 1 (a numerical failure, which a CI gate must be able to trust) and from 2-4.
-EXIT_INTERNAL = 70
-# stdout's reader went away (`diag env | head -2`): 128 + SIGPIPE, what a shell reports for
-# a program the signal ended; never 1, which means a numerical failure.
-EXIT_BROKEN_PIPE = 128 + 13
 
 
 class Terminated(KeyboardInterrupt):
@@ -75,11 +64,11 @@ def write_after_verdict(
       written (its one `diag:` line says why); a 1, 3 or 4 is never hidden behind a 2.
     """
     from diag import render
-    from diag.errors import EXIT_USAGE, DiagError
+    from diag.errors import DiagError, exit_code, worst
 
     try:
         render.print_line(f"diag: {label}: {write()}", err=err)
     except DiagError as e:
         render.print_error(str(e))
-        return code or EXIT_USAGE
+        return worst(code, exit_code(bad_file=True))
     return code

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, UsageError
+from diag.errors import UsageError, exit_code
 
 # Where an output file is prepared and its errors worded (diag.records.outputs), for the report too.
 from diag.records.outputs import output_errors, prepare_output
@@ -304,11 +304,10 @@ class RunResult:
     @property
     def exit_code(self) -> int:
         """4 when a worker crashed or an op raised, else 1 when a check failed, else 0."""
-        if any(r["status"] == "error" for r in self.records):
-            return EXIT_WORKER_CRASH
-        if any(r["status"] == "fail" for r in self.records):
-            return EXIT_NUMERICAL_FAILURE
-        return EXIT_OK
+        return exit_code(
+            crashed=any(r["status"] == "error" for r in self.records),
+            failed=any(r["status"] == "fail" for r in self.records),
+        )
 
 
 class Interrupted(KeyboardInterrupt):
