@@ -21,13 +21,14 @@ from typing import Any
 
 from diag.compare.outcome import Evaluation, Outcome
 from diag.plan.probe import FLOATS, Probe
+from diag.status import Status
 from diag.tolerance import Tolerance
 from diag.userfn import agreement, judge, leaf_name
 from diag.userfn.bind import bind
 from diag.userfn.host import Prepared, prepare
 from diag.userfn.standin import JAX_MODULES, TORCH_MODULES
 
-_STATUS_ORDER = ("pass", "warn", "fail", "error")
+_STATUS_ORDER = (Status.PASS, Status.WARN, Status.FAIL, Status.ERROR)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,9 +63,9 @@ def evaluate(o: Outcome) -> Evaluation:
     prepared: Prepared = o.truth.prepared
     ref = prepared.reference
     verdicts = judge(_paths(o), ref)
-    status = max((v.status for v in verdicts), key=_STATUS_ORDER.index, default="error")
+    status = max((v.status for v in verdicts), key=_STATUS_ORDER.index, default=Status.ERROR)
     floats = [v.error / v.allowed for v in verdicts if v.allowed > 0 and not math.isnan(v.error)]
-    wrong = [v for v in verdicts if v.allowed == 0 and v.status == "fail"]
+    wrong = [v for v in verdicts if v.allowed == 0 and v.status == Status.FAIL]
     metrics: dict[str, Any] = {
         "reference": ref.description,
         "reference_kind": ref.kind,
@@ -76,9 +77,9 @@ def evaluate(o: Outcome) -> Evaluation:
     if ref.note:
         metrics["reference_note"] = ref.note
     worst = next((v for v in verdicts if v.status == status), None)
-    if status == "pass":
+    if status == Status.PASS:
         reason = f"all {len(verdicts)} outputs within their allowance of the {ref.description}"
-    elif status == "fail":
+    elif status == Status.FAIL:
         op = prepared.first_divergent_op(
             min((v.allowed for v in verdicts if v.allowed), default=0.0)
         )

@@ -630,3 +630,58 @@ def test_the_checker_sees_private_names_read_as_attributes(tmp_path):
     assert sorted(p.split(": ")[1] for p in private) == [
         "_DEF of diag.trace.hlo", "_spill of diag.plan.inputs", "_x of diag.numerics",
         "_y of diag.numerics"]
+
+
+# ---------------------------------------------------------------------------------------------
+# One status type
+
+STATUS_WORDS = {"pass", "warn", "fail", "error", "skip"}
+STATUS_MODULE = DIAG / "status.py"
+#: A status word that is not a status, decided by its context, as {word: why}: used as a key
+#: (`rec["error"]`, `event.get("error")`, `{"error": message}`, `"error" in box`), the word
+#: names a field, not a status. A dict whose keys are all status words (two or more) is
+#: keyed by status (a style per status), so its keys are statuses.
+FIELD_NAMES = {
+    "error": "the error message's field of a record, an event, a framework's entry",
+    "pass": "the XLA compiler pass where an A/B run's programs first differ (diag.trace)",
+}
+
+
+def _is_key(node: ast.Constant, parent: dict[ast.AST, ast.AST]) -> bool:
+    par = parent.get(node)
+    if isinstance(par, ast.Subscript):
+        return par.slice is node
+    if isinstance(par, ast.Call) and isinstance(par.func, ast.Attribute):
+        return par.func.attr in ("get", "pop", "setdefault") and par.args[:1] == [node]
+    if isinstance(par, ast.Dict) and node in par.keys:
+        return len(par.keys) < 2 or not all(
+            isinstance(k, ast.Constant) and k.value in STATUS_WORDS for k in par.keys)
+    if isinstance(par, ast.Compare):
+        return par.left is node and isinstance(par.ops[0], (ast.In, ast.NotIn))
+    return False
+
+
+def status_literals(path: Path) -> list[str]:
+    """`file:line: word` of each status word written as a bare string literal in `path`."""
+    source = path.read_text()
+    tree = ast.parse(source)
+    parent = {child: n for n in ast.walk(tree) for child in ast.iter_child_nodes(n)}
+    return [f"{_where(path, n.lineno)}: {n.value!r}" for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and n.value in STATUS_WORDS
+            and not (n.value in FIELD_NAMES and _is_key(n, parent))]
+
+
+def test_no_status_word_is_a_bare_string_outside_the_status_module():
+    found = [hit for p in [*_sources(DIAG), *_sources(PROBES_DIR)] if p != STATUS_MODULE
+             for hit in status_literals(p)]
+    assert not found, "status words as strings (use diag.status.Status):\n" + "\n".join(found)
+
+
+def test_the_status_checker_tells_a_status_from_a_field_named_error(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        'a = r["status"] == "fail"\nb = ("pass", "ok")\nc = {"error": "red", "warn": "y"}\n'
+        'd = counts["skip"]\n'  # statuses: lines 1-4
+        'e = r["error"]\nf = r.get("error")\ng = {"error": msg, "pass": p, "case": c}\nh = "error" in box\n'
+        'i = p["pass"]\n')
+    assert [h.split(":")[1] for h in status_literals(planted)] == ["1", "2", "3", "3", "4"]

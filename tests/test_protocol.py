@@ -95,3 +95,13 @@ def test_a_jobs_hooks_run_in_a_worker_of_their_framework_and_a_failing_one_is_ha
     assert [type(e) for e in events] == [Ready, Done]
     assert (tmp_path / "jax.txt").read_text() == "scanned"
     assert not (tmp_path / "torch.txt").exists()
+
+
+def test_the_host_types_each_line_and_skips_what_is_not_an_event():
+    from diag.worker.host import _event
+
+    line = json.dumps(CaseError(case="c0001", error="ValueError: x").to_json())
+    assert _event(line) == CaseError(case="c0001", error="ValueError: x")
+    for not_an_event in ("a framework's log line", '{"event": "exploded"}', "[1, 2]",
+                         '{"event": "result", "case": "c0"}'):  # the last lacks fields
+        assert _event(not_an_event) is None

@@ -31,6 +31,7 @@ import numpy as np
 
 from diag import numerics
 from diag.errors import EXIT_OK, exit_code
+from diag.status import Status
 
 KINDS = ("compare", "argmax", "top_k", "sort", "select", "mask", "threshold")
 #: The kinds that rank values along an axis (indices out), the others decide per element.
@@ -254,7 +255,7 @@ def record(
         margin_ulps=margin,
         cause=FORCED if forced else MADE,
         cause_op=culprit,
-        verdict="warn" if forced else "fail",
+        verdict=Status.WARN if forced else Status.FAIL,
         reason=reason,
     )
 
@@ -277,7 +278,7 @@ def follows(rec: DecisionRecord, upstream: str, forced: bool) -> DecisionRecord:
         rec,
         cause=cause,
         cause_op=f"follows {upstream}",
-        verdict="warn" if forced else "fail",
+        verdict=Status.WARN if forced else Status.FAIL,
         reason=f"{what(rec)}: it follows {upstream}, {cause} there",
     )
 
@@ -322,8 +323,8 @@ def verdict(report) -> tuple[int, str]:
     """
     failed = exit_code(failed=True)  # the policy's code for a failed check
     first = report.first
-    fails = [d for d in report.decisions if d.verdict == "fail"]
-    warns = [d for d in report.decisions if d.verdict == "warn"]
+    fails = [d for d in report.decisions if d.verdict == Status.FAIL]
+    warns = [d for d in report.decisions if d.verdict == Status.WARN]
     over = report.result_error > report.result_threshold or math.isnan(report.result_error)
     if first is not None:
         return failed, first.reason

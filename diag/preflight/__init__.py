@@ -57,7 +57,7 @@ from diag.preflight.steps import (
     probes_step,
     settings_step,
 )
-from diag.status import CHECKED
+from diag.status import CHECKED, Status
 
 __all__ = [
     "preflight",
@@ -237,7 +237,7 @@ def _step(
             Finding(
                 step.name,
                 step.name,
-                "skip",
+                Status.SKIP,
                 f"skipped: {sr.note} ({step.what})",
                 f"raise --budget to at least {budget - left + expected:.0f} to include it",
             )
@@ -257,7 +257,7 @@ def _step(
             Finding(
                 step.name,
                 step.name,
-                "error",
+                Status.ERROR,
                 f"{type(e).__name__}: {first}",
                 f"rerun `diag --debug {step.command}` for the traceback",
             )
@@ -290,11 +290,11 @@ def write_junit(result: Preflight, path: str | os.PathLike) -> Path:
     for f in result.findings:
         tc = TestCase(f.check, classname=f"preflight.{f.step}")
         text = f"{f.what}; what to do: {f.todo}" if f.todo else f.what
-        if f.status == "fail":
-            tc.result = [Failure(text[:500], "fail")]
-        elif f.status == "error":
-            tc.result = [Error(text[:500], "error")]
-        elif f.status == "skip":
+        if f.status == Status.FAIL:
+            tc.result = [Failure(text[:500], Status.FAIL)]
+        elif f.status == Status.ERROR:
+            tc.result = [Error(text[:500], Status.ERROR)]
+        elif f.status == Status.SKIP:
             tc.result = [Skipped(text[:500])]
         tc.system_out = text
         suite.add_testcase(tc)

@@ -12,6 +12,7 @@ from diag.errors import (
     EXIT_WORKER_CRASH,
     exit_code,
 )
+from diag.status import Status
 
 __all__ = ["Finding", "StepResult", "Preflight"]
 
@@ -69,9 +70,9 @@ class Preflight:
         """3 bad device, else 4 crash, else 1 numerical failure, else 0 (module docstring)."""
         statuses = {(f.step, f.status) for f in self.findings}
         return exit_code(
-            bad_node=("nodes", "fail") in statuses,
-            crashed=any(s == "error" for _, s in statuses),
-            failed=any(s == "fail" for _, s in statuses),
+            bad_node=("nodes", Status.FAIL) in statuses,
+            crashed=any(s == Status.ERROR for _, s in statuses),
+            failed=any(s == Status.FAIL for _, s in statuses),
         )
 
     @property

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from diag.preflight.result import Finding, Preflight
+from diag.status import Status
 from diag.worker.protocol import Hook
 
 __all__ = [
@@ -43,7 +44,7 @@ def settings_step(environ: dict[str, str], result: Preflight) -> None:
     for var in FLAG_VARS:
         parse_flags(environ.get(var), var)  # BadFlag (exit 2) before anything runs
     check = validate_xla_flags(environ)
-    result.findings.append(Finding("settings", "XLA_FLAGS", "pass", check))
+    result.findings.append(Finding("settings", "XLA_FLAGS", Status.PASS, check))
     result.findings += rule_findings("settings", host_findings(environ))
 
 
@@ -52,7 +53,7 @@ def rule_findings(step: str, found: list[dict]) -> list[Finding]:
         Finding(
             step,
             f["rule"],
-            "warn",
+            Status.WARN,
             f"{f['setting']} = {f['value']}: {f['why']}",
             f"set {f['instead']}",
         )
@@ -69,13 +70,13 @@ def fingerprints_step(environ: dict[str, str], result: Preflight) -> None:
     for fw, data in report["frameworks"].items():
         error = data.get("error")
         if error and "not installed" in error:
-            result.findings.append(Finding("fingerprints", fw, "skip", error))
+            result.findings.append(Finding("fingerprints", fw, Status.SKIP, error))
         elif error:
             result.findings.append(
                 Finding(
                     "fingerprints",
                     fw,
-                    "error",
+                    Status.ERROR,
                     error,
                     f"run `diag --debug env` to see why the {fw} worker failed",
                 )
@@ -126,7 +127,7 @@ def judge_backends(environ: dict[str, str], result: Preflight, backends: dict[st
                     Finding(
                         "fingerprints",
                         f"{name} {precision}",
-                        "fail",
+                        Status.FAIL,
                         f"{name} precision={precision} (via {fp.get('via')}): float32 matmul "
                         f"measured as {label}, below the float32 this backend promises here",
                         f"do not trust float32 results of {name}; run `diag run --suite matmul "
@@ -141,7 +142,7 @@ def judge_backends(environ: dict[str, str], result: Preflight, backends: dict[st
                 Finding(
                     "fingerprints",
                     name,
-                    "warn",
+                    Status.WARN,
                     f"{name} float32 matmul is not float32 at " + ", ".join(low),
                     "use precision HIGHEST (jax) / set_float32_matmul_precision('highest') "
                     "(torch) on the matmuls that need float32",
@@ -153,7 +154,7 @@ def judge_backends(environ: dict[str, str], result: Preflight, backends: dict[st
                 Finding(
                     "fingerprints",
                     name,
-                    "pass",
+                    Status.PASS,
                     f"float32 matmul is {FULL_PRECISION} at precision {settings_seen}",
                 )
             )
@@ -192,20 +193,20 @@ def probes_step(
     ran, passed = set(), 0
     for rec in run.records:
         status = rec["status"]
-        if status == "skip":
+        if status == Status.SKIP:
             continue  # hardware that is not here; `fingerprints` lists what is
         if "|" not in rec["backend"]:  # "a|b" is an agreement record between two backends
             ran.add(rec["backend"])
-        if status == "pass":
+        if status == Status.PASS:
             passed += 1
             continue
         check = f"{rec['backend']} {rec['probe']} {rec['case']}"
         todo = {
-            "fail": f"do not run the job on {rec['backend']} until this passes; `diag run "
+            Status.FAIL: f"do not run the job on {rec['backend']} until this passes; `diag run "
             f"--suite ci --backend {rec['backend'].split('|')[0]}` shows more",
-            "error": "the op raised or its worker crashed: see the reason; rerun with "
+            Status.ERROR: "the op raised or its worker crashed: see the reason; rerun with "
             "`diag --debug run --suite preflight`",
-            "warn": "within what the backend promises; check the job tolerates it",
+            Status.WARN: "within what the backend promises; check the job tolerates it",
         }
         result.findings.append(
             Finding("probes", check, status, rec["reason"], todo.get(status, ""))
@@ -216,7 +217,7 @@ def probes_step(
         Finding(
             "probes",
             "preflight suite",
-            "pass",
+            Status.PASS,
             f"{passed} record(s) pass on {', '.join(sorted(ran))}"
             if ran
             else "no backend present to probe",
@@ -238,7 +239,7 @@ def nodes_step(
             Finding(
                 "nodes",
                 "devices",
-                "skip",
+                Status.SKIP,
                 "jax is not installed: the node scan runs on JAX",
                 "pip install 'diag[jax]' to scan the devices",
             )
@@ -260,7 +261,7 @@ def nodes_step(
             Finding(
                 "nodes",
                 f"device {s.get('device_id')} on {s.get('host')}",
-                "fail",
+                Status.FAIL,
                 str(s.get("reason")),
                 "exclude this device (or its host) from the job; confirm "
                 "with `diag nodes --repeats 20`",
@@ -271,7 +272,7 @@ def nodes_step(
             Finding(
                 "nodes",
                 f"device {s.get('device_id')} on {s.get('host')}",
-                "warn",
+                Status.WARN,
                 str(s.get("reason", "slower than the other devices")),
                 "a straggler slows every synchronous step: consider excluding it",
             )
@@ -281,7 +282,7 @@ def nodes_step(
             Finding(
                 "nodes",
                 f"{scan.platform} devices",
-                "pass",
+                Status.PASS,
                 f"{len(scan.devices)} {scan.device_kind} device(s) agree with themselves over "
                 f"{scan.repeats} repeats" + (f" ({scan.notes[0]})" if scan.notes else ""),
             )

@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from diag.render.cells import badge, num
-from diag.status import STATUSES, severity, worst_status
+from diag.status import STATUSES, Status, severity, worst_status
 
 if TYPE_CHECKING:
     from rich.console import JustifyMethod
@@ -170,7 +170,7 @@ def summary_table(records: Iterable[dict[str, Any]]) -> Table:
     """
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
-        if r["status"] != "skip":
+        if r["status"] != Status.SKIP:
             groups[(r["probe"].split(".", 1)[-1], r["backend"], shown_dtype(r))].append(r)
     table = Table(
         title="diag: results",
@@ -245,12 +245,12 @@ def phases_line(phases: dict[str, dict[str, float]]) -> str | None:
 def problems_table(records: Iterable[dict[str, Any]], limit: int = 20) -> Table | None:
     """The error/fail/warn/skip records with their reasons, worst first (first `limit`)."""
     bad = sorted(
-        (r for r in records if r["status"] != "pass"), key=lambda r: -severity(r["status"])
+        (r for r in records if r["status"] != Status.PASS), key=lambda r: -severity(r["status"])
     )
     if not bad:
         return None
     # A backend that is absent is said apart: a clean run has nothing to look at.
-    skips = sum(1 for r in bad if r["status"] == "skip")
+    skips = sum(1 for r in bad if r["status"] == Status.SKIP)
     title = [f"{len(bad) - skips} record(s) to look at"] if len(bad) > skips else []
     title += [f"{skips} backend(s) not run"] if skips else []
     table = Table(title="diag: " + "; ".join(title), show_lines=False)

@@ -22,6 +22,7 @@ from typing import Any
 from diag import numerics
 from diag.backends import BackendSpec
 from diag.errors import UsageError
+from diag.status import Status
 
 __all__ = ["B", "Experiment", "parse_ab", "with_b_sides"]
 
@@ -142,7 +143,7 @@ class Experiment:
         }
         if not changed:
             return (
-                "pass",
+                Status.PASS,
                 f"{self.setting} changes nothing in {a}'s results (bit for bit)",
                 metrics,
             )
@@ -158,7 +159,7 @@ class Experiment:
             metrics["hlo_diff"] = hlo
             ops = ", ".join(f"{op} {n1}->{n2}" for op, (n1, n2) in hlo["ops"].items())
             reason += f"; compiled HLO differs ({ops or 'no op count changes'})"
-        return "warn", reason, metrics
+        return Status.WARN, reason, metrics
 
     def hlo_diff(self, case_id: str, a: str, b: str) -> dict | None:
         """The compiled-HLO difference between the two sides of a case, written to the run

@@ -311,7 +311,7 @@ def _finish(r: BackendRuns, state: str, work: Path, planned: int, blas) -> dict[
         # here: what the run folder holds is what the counts and the caller are told.
         r.records = run_dir.records()
     statuses = [rec["status"] for rec in r.records]
-    counts = {s: statuses.count(s) for s in COUNTED}
+    counts: dict[str, int] = {s: statuses.count(s) for s in COUNTED}
     try:
         run_dir.update_meta(
             state=state,
