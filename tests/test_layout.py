@@ -503,10 +503,6 @@ READERS = {
 #: Imports against the contract that remain, as {(importer, imported): why}. Each is checked
 #: to be still needed, so the list can only shrink.
 EXCEPTIONS = {
-    # The A/B pass attribution (`diag run --ab ... --trace`) runs after the runner's A/B run
-    # and reads the run's B side (`diag.run.ab.B`, its environment); it belongs with the
-    # runner, and moves there when the trace package stops serving two stages.
-    ("diag.trace.passes", "diag.run.ab"): "A/B pass attribution reads the runner's B side",
     # Not an import: the root's loader (`diag.<name>` on first use) imports
     # f"diag.{name}", counted as every package; its names (`_LAZY_MODULES`) leave out `cli`.
     ("diag", "diag.cli"): "the root's lazy loader, counted as every package",

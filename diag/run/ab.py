@@ -106,6 +106,11 @@ class Experiment:
         """The environment of `spec`'s worker: the B side gets the setting on top."""
         return {**env, **self.env} if spec.variant == B else dict(env)
 
+    def b_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The environment of a B side's worker started on top of `env` (the A side's), for
+        a caller that starts one itself (`diag.trace.passes`)."""
+        return {**env, **self.env}
+
     def attribute(
         self,
         case_id: str,

@@ -21,7 +21,6 @@ XLA reads its flags once per process: hence a process per side.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import subprocess
@@ -172,7 +171,6 @@ def attribute_run(run) -> list[dict[str, Any]]:
     """
     from diag.backends import get_spec
     from diag.plan.registry import PROBES
-    from diag.run.ab import B
 
     by_label = {c.label: c for c in run.suite.cases}
     out = []
@@ -191,7 +189,7 @@ def attribute_run(run) -> list[dict[str, Any]]:
             "inputs": run.inputs.paths(case),
             "input_dtypes": [case.dtype] * len(run.inputs.paths(case)),
         }
-        b_env = run.ab.worker_env(dataclasses.replace(spec, variant=B), run.env)
+        b_env = run.ab.b_env(run.env)
         result = {
             "case_id": case.id,
             "case": case.label,
