@@ -46,8 +46,8 @@ def test_sigterm_outranks_whatever_the_command_found():
 
 def test_exit_codes_are_named_only_in_the_policys_module():
     """No command decides a code with a number of its own: `EXIT_*` is assigned in
-    diag/errors.py only, and no `typer.Exit(...)`/`sys.exit(...)` in diag/cli or
-    diag/preflight is given a literal."""
+    diag/errors.py only, no result's `exit_code` returns a literal, and no
+    `typer.Exit(...)`/`sys.exit(...)` in diag/cli or diag/preflight is given one."""
     found = []
     for path in sorted((ROOT / "diag").rglob("*.py")):
         tree = ast.parse(path.read_text())
@@ -57,6 +57,12 @@ def test_exit_codes_are_named_only_in_the_policys_module():
                 found += [f"{where}:{n.lineno}: {t.id}" for t in n.targets
                           if isinstance(t, ast.Name) and t.id.startswith("EXIT_")
                           and not isinstance(n.value, ast.Name)]  # an alias of the policy's
+            if (isinstance(n, ast.FunctionDef) and n.name == "exit_code"
+                    and where != "diag/errors.py"
+                    and any(isinstance(c, ast.Constant) and type(c.value) is int
+                            for r in ast.walk(n) if isinstance(r, ast.Return) and r.value
+                            for c in ast.walk(r.value))):
+                found.append(f"{where}:{n.lineno}: {n.name} returns a number of its own")
             if (where.startswith(("diag/cli/", "diag/preflight/")) and isinstance(n, ast.Call)
                     and ast.unparse(n.func) in ("typer.Exit", "sys.exit", "SystemExit")
                     and any(isinstance(c, ast.Constant) and type(c.value) is int

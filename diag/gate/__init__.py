@@ -1,7 +1,9 @@
 """The gate: a run held against what was accepted before.
 
 `baseline` writes and reads a baseline, `drift` and `record_drift` say what moved and why
-(once per cause), `junit` writes the result for a CI system.
+(once per cause), `junit` writes the result for a CI system. `history` keeps every run in one
+SQLite file and `series` reads it back (since when did a record move, and what changed then);
+`bisect` finds the first release (`releases`) or commit (`commits`) where records change.
 """
 
 
