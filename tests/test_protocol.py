@@ -16,6 +16,7 @@ from diag.worker.protocol import (
     CaseError,
     CaseJob,
     Done,
+    Event,
     Hook,
     Job,
     Ready,
@@ -105,3 +106,10 @@ def test_the_host_types_each_line_and_skips_what_is_not_an_event():
     for not_an_event in ("a framework's log line", '{"event": "exploded"}', "[1, 2]",
                          '{"event": "result", "case": "c0"}'):  # the last lacks fields
         assert _event(not_an_event) is None
+
+
+def test_an_event_read_as_one_kind_refuses_another():
+    line = Done(platforms=["cpu"]).to_json()
+    assert Event.from_json(line) == Done(platforms=["cpu"]) == Done.from_json(line)
+    with pytest.raises(ValueError, match="expected a result event, got 'done'"):
+        Result.from_json(line)

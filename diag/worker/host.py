@@ -25,7 +25,7 @@ import numpy as np
 from diag import numerics
 from diag.backends import BACKENDS, BackendSpec, framework_installed, get_spec
 from diag.worker.interpreter import parse_python, python_var, worker_cmd
-from diag.worker.protocol import BackendInfo, Done, Event, Platforms, parse_event
+from diag.worker.protocol import BackendInfo, Done, Event, Platforms
 
 __all__ = [
     "load_output",
@@ -126,10 +126,10 @@ def jax_cache_for_import():
 
 
 def _event(line: str | bytes) -> Event | None:
-    """The typed event of one line of a worker's protocol stream (`parse_event`), or None for
-    a line that is not one (anything else a framework printed there)."""
+    """The typed event of one line of a worker's protocol stream (`Event.from_json`), or None
+    for a line that is not one (anything else a framework printed there)."""
     try:
-        return parse_event(json.loads(line))
+        return Event.from_json(json.loads(line))
     except (ValueError, TypeError, AttributeError):  # not JSON, not an event, bad fields
         return None
 

@@ -1,11 +1,12 @@
 """The worker protocol, typed: the job the host writes and the events a worker streams back.
 
 Both ends use these types: the host builds a `Job` (`diag.run.runner`, `diag.trace.passes`) and
-reads events with `parse_event`; the worker (`diag.worker.main`) reads the job with
-`Job.from_json` and writes each event with `Event.to_json`. On the wire they stay one JSON
-object per line (a job is one JSON file), so a worker under another Python (torch-xla) needs
-nothing but this module. An event's JSON keeps the keys the runner has always read
-(`event`, `case`, `outputs`, ...); `parse_event` refuses an unknown `event` kind.
+reads each event with `Event.from_json` (`diag.worker.host`: the runner, discovery and `diag
+env` see `Ready`, `Result`, ... values, never raw dicts); the worker (`diag.worker.main`) reads
+the job with `Job.from_json` and writes each event with `Event.to_json`. On the wire they stay
+one JSON object per line (a job is one JSON file), so a worker under another Python
+(torch-xla) needs nothing but this module. An event's JSON keeps the keys the runner has
+always read (`event`, `case`, `outputs`, ...); `parse_event` refuses an unknown `event` kind.
 """
 
 from __future__ import annotations
@@ -141,6 +142,20 @@ class Event:
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)  # type: ignore[call-overload]
         return {"event": self.kind, **data}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Event:
+        """The typed event of one protocol line's JSON object (`parse_event`); called on a
+        kind (`Result.from_json`), an event of another kind is refused.
+
+        Raises:
+          ValueError: an unknown `event` kind, or not one of `cls`.
+          TypeError: fields that kind does not have, or lacks.
+        """
+        event = parse_event(data)
+        if not isinstance(event, cls):
+            raise ValueError(f"expected a {cls.kind or 'worker'} event, got {data.get('event')!r}")
+        return event
 
 
 @dataclass(frozen=True)
