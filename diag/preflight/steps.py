@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from diag.preflight.result import Finding, Preflight
+from diag.records.results import Record
 from diag.status import Status
 from diag.worker.protocol import Hook
 
@@ -191,26 +192,24 @@ def probes_step(
     finally:
         shutil.rmtree(out, ignore_errors=True)
     ran, passed = set(), 0
-    for rec in run.records:
-        status = rec["status"]
+    for rec in map(Record.from_json, run.records):
+        status = rec.status
         if status == Status.SKIP:
             continue  # hardware that is not here; `fingerprints` lists what is
-        if "|" not in rec["backend"]:  # "a|b" is an agreement record between two backends
-            ran.add(rec["backend"])
+        if "|" not in rec.backend:  # "a|b" is an agreement record between two backends
+            ran.add(rec.backend)
         if status == Status.PASS:
             passed += 1
             continue
-        check = f"{rec['backend']} {rec['probe']} {rec['case']}"
-        todo = {
-            Status.FAIL: f"do not run the job on {rec['backend']} until this passes; `diag run "
-            f"--suite ci --backend {rec['backend'].split('|')[0]}` shows more",
+        check = f"{rec.backend} {rec.probe} {rec.case}"
+        todo: dict[str, str] = {
+            Status.FAIL: f"do not run the job on {rec.backend} until this passes; `diag run "
+            f"--suite ci --backend {rec.backend.split('|')[0]}` shows more",
             Status.ERROR: "the op raised or its worker crashed: see the reason; rerun with "
             "`diag --debug run --suite preflight`",
             Status.WARN: "within what the backend promises; check the job tolerates it",
         }
-        result.findings.append(
-            Finding("probes", check, status, rec["reason"], todo.get(status, ""))
-        )
+        result.findings.append(Finding("probes", check, status, rec.reason, todo.get(status, "")))
     if with_fingerprints:
         judge_backends(environ, result, backends)
     result.findings.append(
