@@ -37,9 +37,9 @@ EXIT_NUMERICAL_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_BAD_NODE = 3
 EXIT_WORKER_CRASH = 4
-# Ctrl-C: 128 + SIGINT, as a shell reports it.
+# A process cut short (a run folder records it in run.json's `exit_code`): Ctrl-C, 128 + 2;
+# SIGTERM (a CI job cancelled, a scheduler's preemption), 128 + 15, as a shell reports them.
 EXIT_INTERRUPTED = 130
-# SIGTERM (a CI job cancelled, a scheduler's preemption): 128 + 15, as a shell reports it.
 EXIT_TERMINATED = 128 + 15
 # diag itself failed (a bug, not the user's input nor the device): sysexits' EX_SOFTWARE,
 # apart from 1 (a numerical failure, which a CI gate must be able to trust) and from 2-4.
