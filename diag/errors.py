@@ -26,6 +26,7 @@ __all__ = [
     "EXIT_INTERNAL",
     "EXIT_BROKEN_PIPE",
     "PRECEDENCE",
+    "ended_by",
     "exit_code",
     "final",
     "worst",
@@ -88,6 +89,17 @@ def final(code: int, *, terminated: bool) -> int:
     """The code the process exits with: a command SIGTERM cut short exits 143, whatever it
     had found (the job was cancelled; what it found is incomplete)."""
     return EXIT_TERMINATED if terminated else code
+
+
+def ended_by(e: BaseException) -> int:
+    """The code a command ends with when `e` stops it (what run.json records for a run cut
+    short): a `DiagError`'s own; Ctrl-C 130, or the code a signal's interrupt carries
+    (SIGTERM's 143, `diag.cli`); anything else is a bug in diag, 70."""
+    if isinstance(e, DiagError):
+        return e.exit_code
+    if isinstance(e, KeyboardInterrupt):
+        return getattr(e, "exit_code", EXIT_INTERRUPTED)
+    return EXIT_INTERNAL
 
 
 class DiagError(Exception):

@@ -70,3 +70,17 @@ def test_exit_codes_are_named_only_in_the_policys_module():
                 found.append(f"{where}:{n.lineno}: {ast.unparse(n)}")
     assert not found, "exit codes decided outside diag/errors.py:\n" + "\n".join(found)
     assert errors.PRECEDENCE[:4] == tuple(DOCUMENTED[f] for f in WORST_FIRST)
+
+
+def test_what_stopped_a_command_decides_the_code_it_ends_with():
+    class Crashed(errors.DiagError):
+        exit_code = 4
+
+    class Terminated(KeyboardInterrupt):
+        exit_code = 128 + 15
+
+    assert errors.ended_by(Crashed("x")) == 4
+    assert errors.ended_by(errors.UsageError("x")) == 2
+    assert errors.ended_by(KeyboardInterrupt()) == 130
+    assert errors.ended_by(Terminated()) == 143
+    assert errors.ended_by(ValueError("a bug")) == 70

@@ -30,7 +30,7 @@ from typing import Any
 from threadpoolctl import threadpool_limits
 
 from diag.backends import get_spec, not_applicable
-from diag.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, DiagError, UsageError
+from diag.errors import UsageError, ended_by, exit_code
 from diag.plan.registry import REPORT_SECTIONS
 from diag.plan.suite import Suite, check_applicable, check_memory, load_suite, planned_records
 from diag.records.outputs import is_no_space, no_space, run_disk_full
@@ -288,16 +288,10 @@ def _drive(
     except KeyboardInterrupt as e:
         # Ctrl-C ends the process with 130; the CLI's SIGTERM (a KeyboardInterrupt carrying
         # `exit_code`) with 143.
-        state, ended = "interrupted", getattr(e, "exit_code", EXIT_INTERRUPTED)
+        state, ended = "interrupted", ended_by(e)
     except BaseException as e:  # a bug in diag itself, a full disk: keep the records, say why
         state = "aborted"
-        ended = (
-            EXIT_USAGE
-            if is_no_space(e)
-            else e.exit_code
-            if isinstance(e, DiagError)
-            else EXIT_INTERNAL
-        )
+        ended = exit_code(bad_file=True) if is_no_space(e) else ended_by(e)
         with contextlib.suppress(OSError):  # the disk may be full: as much as can be written
             run_dir.update_meta(error=f"{type(e).__name__}: {e}")
         if is_no_space(e):
