@@ -31,6 +31,7 @@ from typing import Any
 
 from diag.errors import UsageError
 from diag.interp import framework_of
+from diag.status import Status
 from diag.tolerance.userfn import userfn_output_allowance
 from diag.userfn import OutputVerdict, Reference, judge, reference
 from diag.userfn.host import first_op_line
@@ -91,11 +92,11 @@ def assert_numerics(
     ref = _reference(fn, args, kwargs, framework, reference)
     for backend in _backends(backends, framework):
         got = judge(_run(fn, args, kwargs, framework), ref)
-        failing = [v for v in got if v.status in ("fail", "error")]
+        failing = [v for v in got if v.status in (Status.FAIL, Status.ERROR)]
         if failing:
             raise AssertionError(_message(name, backend, got, failing, ref, fn, args, kwargs))
         for v in got:
-            if v.status == "warn":
+            if v.status == Status.WARN:
                 warnings.warn(f"diag: {name} on {backend}: {v.reason}", NumericsWarning, 2)
         verdicts.extend(got)
     return verdicts
@@ -149,9 +150,9 @@ def _through_workers(
     for r in result.records:
         reason = r["reason"]
         where = reason if reason.startswith(f"{r['backend']}:") else f"{r['backend']}: {reason}"
-        if r["status"] in ("fail", "error"):
+        if r["status"] in (Status.FAIL, Status.ERROR):
             failing.append(where)
-        elif r["status"] == "warn":
+        elif r["status"] == Status.WARN:
             warnings.warn(f"diag: {spec} on {where}", NumericsWarning, 3)
         verdicts.extend(OutputVerdict(**v) for v in r.get("metrics", {}).get("outputs", ()))
     if failing:

@@ -21,6 +21,7 @@ from diag import oracle
 from diag.compare.elementwise import agreement, compare, judge, judge_agreement, mismatch
 from diag.compare.outcome import Evaluation, Outcome, only_output
 from diag.plan.probe import FLOATS, Probe, rows_bytes, rows_label, rows_shapes
+from diag.status import Status
 from diag.tolerance import tolerance
 
 CLAIM = "float32 arithmetic"
@@ -36,7 +37,7 @@ def evaluate(o: Outcome) -> Evaluation:
     bound = tol.bound(o.inputs[0], expected)
     metrics = compare(output, expected, bound)
     status, reason = judge(metrics, claim=CLAIM, setting=o.setting, promised=o.promised)
-    if status == "fail" and not metrics["unexpected_nonfinite"]:
+    if status == Status.FAIL and not metrics["unexpected_nonfinite"]:
         assert tol.loose_bound is not None  # the op's row sets it
         loose = tol.loose_bound(o.inputs[0], expected)
         narrow = np.dtype(expected.dtype).name
@@ -46,7 +47,7 @@ def evaluate(o: Outcome) -> Evaluation:
         metrics["narrow_bound_ratio"] = loose_ratio
         if loose_ratio <= 1.0:
             status, reason = (
-                "warn",
+                Status.WARN,
                 (
                     f"{reason}; consistent with every intermediate rounded "
                     f"to {narrow} (worst {loose_ratio:.2g}x that bound): less "

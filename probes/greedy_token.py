@@ -21,6 +21,7 @@ from diag.compare.outcome import Evaluation, Outcome
 from diag.compare.verdict import Mismatch, format_mismatch
 from diag.plan.probe import FLOATS, LOGIT_MAKERS, Probe, rows_bytes, rows_label, rows_shapes
 from diag.probes.softmax import truth
+from diag.status import Status
 
 _BATCH_LABEL = re.compile(r"^batch\d+$")
 
@@ -270,7 +271,7 @@ def judge_greedy(metrics: dict[str, Any]) -> tuple[str, str]:
             metrics["paths"][bad[0]]["examples"][0],
         )
         top = ", ".join(f"{t['index']}: {t['logit']:.6g} ({t['bits']})" for t in ex["top3"])
-        return "fail", (
+        return Status.FAIL, (
             f"greedy token differs from the exact argmax: {parts} of {m.total} rows "
             f"with a unique maximum disagree (first: {bad[0]} {m.where} chose "
             f"{m.got}, exact {m.expected}; top logits {top})"
@@ -284,7 +285,7 @@ def judge_greedy(metrics: dict[str, Any]) -> tuple[str, str]:
     rounded = metrics.get("rounding_tie_paths") or []
     if rounded:
         assert m is not None
-        return "warn", (
+        return Status.WARN, (
             f"argmax over rounded probabilities drops the most probable token in "
             f"{format_mismatch(m)} ({', '.join(rounded)}): the top two "
             f"logits round to the same probability in this dtype (first: "
@@ -294,12 +295,12 @@ def judge_greedy(metrics: dict[str, Any]) -> tuple[str, str]:
     if dep:
         key, v = next(iter(dep.items()))
         assert m is not None
-        return "warn", (
+        return Status.WARN, (
             f"every path picks the exact greedy token, but {key} depends on the "
             f"batch size in {format_mismatch(m)} "
             f"({', '.join(v['paths'])}){tie_note}"
         )
-    return "pass", (
+    return Status.PASS, (
         f"all {len(metrics['paths'])} paths pick the exact greedy token in all "
         f"{uniq} rows with a unique maximum{tie_note}"
     )
@@ -319,13 +320,13 @@ def agree_tokens(
     bad = {p: k for p, k in differ.items() if k}
     if not bad:
         return (
-            "pass",
+            Status.PASS,
             (f"{names[0]} and {names[1]} pick the same tokens on all {len(shared)} shared paths"),
             metrics,
         )
     first = next(iter(bad))
     return (
-        "warn",
+        Status.WARN,
         (
             f"{names[0]} and {names[1]} pick different tokens on {len(bad)} paths "
             f"(first: {first}, {bad[first]} rows)"

@@ -52,6 +52,7 @@ from diag.compare.elementwise import agreement, compare, judge, judge_agreement,
 from diag.compare.outcome import Evaluation, Outcome, only_output
 from diag.oracle import OracleResult
 from diag.plan.probe import FLOATS, LOGIT_MAKERS, Probe, rows_bytes, rows_label, rows_shapes
+from diag.status import Status
 from diag.tolerance import SOFTMAX_EXP_ULP, Tolerance
 
 CLAIM = "float32 arithmetic"
@@ -278,7 +279,7 @@ def evaluate(o: Outcome) -> Evaluation:
     bound = tol.bound(o.inputs[0], expected)
     metrics = compare(output, expected, bound)
     status, reason = judge(metrics, claim=CLAIM, setting=o.setting, promised=o.promised)
-    if status == "fail" and not metrics["unexpected_nonfinite"]:
+    if status == Status.FAIL and not metrics["unexpected_nonfinite"]:
         narrow = numerics.dtype_name(expected.dtype)
         assert tol.loose_bound is not None  # the op's row sets it
         loose = tol.loose_bound(o.inputs[0], expected)
@@ -288,7 +289,7 @@ def evaluate(o: Outcome) -> Evaluation:
         metrics["narrow_bound_ratio"] = ratio
         if ratio <= 1.0:
             status, reason = (
-                "warn",
+                Status.WARN,
                 (
                     f"{reason}; consistent with the elementwise steps "
                     f"rounded to {narrow} (worst {ratio:.2g}x that bound): "

@@ -20,6 +20,7 @@ from diag.compare.elementwise import agree_values, compare, mismatch
 from diag.compare.outcome import Evaluation, Outcome, only_output
 from diag.compare.verdict import Mismatch, format_mismatch
 from diag.plan.probe import FLOATS, LOGIT_MAKERS, Probe, rows_bytes, rows_label, rows_shapes
+from diag.status import Status
 from diag.tolerance import tolerance
 
 
@@ -214,7 +215,7 @@ def judge_softmax(metrics: dict[str, Any], dtype) -> tuple[str, str]:
     m = softmax_mismatch(metrics)
     if metrics["unexpected_nonfinite"]:
         assert m is not None  # softmax_mismatch counts these first
-        return "fail", (
+        return Status.FAIL, (
             f"{name} softmax: {format_mismatch(m)} are NaN/Inf where the exact "
             f"result is finite (or the reverse)"
         )
@@ -224,16 +225,16 @@ def judge_softmax(metrics: dict[str, Any], dtype) -> tuple[str, str]:
         )
         narrow = metrics.get("narrow_dtype")
         if narrow and not metrics["narrow_bound_exceeded"]:
-            return "warn", (
+            return Status.WARN, (
                 f"{detail}; consistent with x - max, exp and the division done in "
                 f"{narrow} (worst {metrics['narrow_bound_ratio']:.2g}x that bound): "
                 f"less precise than {claim}" + (f"; {hazard}" if hazard else "")
             )
-        return "fail", detail
+        return Status.FAIL, detail
     reason = f"within the {claim} bound (worst {metrics['bound_ratio']:.2g}x); {summary}"
     if hazard:
-        return "warn", f"{reason}; {hazard}"
-    return "pass", reason
+        return Status.WARN, f"{reason}; {hazard}"
+    return Status.PASS, reason
 
 
 def evaluate(o: Outcome) -> Evaluation:

@@ -21,6 +21,7 @@ import numpy as np
 
 from diag.compare.outcome import Evaluation, Outcome
 from diag.plan.probe import Probe
+from diag.status import Status
 from diag.tolerance import AGREEMENT_FACTOR, TRAIN_REFERENCE_ERROR_FACTOR, train_run_allowed
 from diag.train.config import from_case, init_params, make_batches, n_params
 
@@ -58,7 +59,7 @@ def judge(summary: dict, compute: str, against: str) -> tuple[str, str]:
     n = summary["steps"]
     nf = summary.get("nonfinite")
     if nf:
-        return "fail", (
+        return Status.FAIL, (
             f"the run went NaN/Inf at step {nf['step']} in the {nf['tensor']} "
             f"where {against} is finite"
         )
@@ -68,16 +69,16 @@ def judge(summary: dict, compute: str, against: str) -> tuple[str, str]:
 
         where = Divergence(**div).text()
         if compute == "float32":
-            return "fail", (
+            return Status.FAIL, (
                 f"parts from {against} at {where}; {_worst_text(summary)} over {n} steps"
             )
-        return "warn", (
+        return Status.WARN, (
             f"{compute} mixed precision drifts beyond the measured screen from "
             f"{against} at {where}; {_worst_text(summary)} over {n} steps"
         )
     if compute == "float32":
-        return "pass", f"{n} steps within tolerance of {against}; {_worst_text(summary)}"
-    return "pass", (
+        return Status.PASS, f"{n} steps within tolerance of {against}; {_worst_text(summary)}"
+    return Status.PASS, (
         f"{compute} mixed precision: measured drift from {against} over {n} "
         f"steps (inside the measured screen): {_worst_text(summary)}"
     )

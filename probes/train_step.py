@@ -14,6 +14,7 @@ from diag import numerics, oracle
 from diag.compare.outcome import Evaluation, Outcome
 from diag.compare.verdict import Mismatch, fmt, format_mismatch
 from diag.plan.probe import F64, FLOATS, ROWS_COPIES, Probe
+from diag.status import Status
 from diag.tolerance import TRAIN_LOSS_ULP_SCREEN
 
 
@@ -118,7 +119,7 @@ def judge_train_step(metrics: dict[str, Any], *, nan_reason: str | None = None) 
             )
         m = train_mismatch(metrics)
         assert m is not None  # train_mismatch counts these non-finite elements
-        return "fail", (
+        return Status.FAIL, (
             f"the step went non-finite: {format_mismatch(m)} "
             f"are NaN/Inf where the "
             f"float64 reference is finite or a different value (loss "
@@ -131,8 +132,8 @@ def judge_train_step(metrics: dict[str, Any], *, nan_reason: str | None = None) 
         f"reference; weight update error (of the largest update): {updates}"
     )
     if metrics["loss_ulp"] is not None and metrics["loss_ulp"] > TRAIN_LOSS_ULP_SCREEN:
-        return "warn", f"{summary}: more than the {TRAIN_LOSS_ULP_SCREEN} ULP screen"
-    return "pass", f"finite step; {summary}"
+        return Status.WARN, f"{summary}: more than the {TRAIN_LOSS_ULP_SCREEN} ULP screen"
+    return Status.PASS, f"finite step; {summary}"
 
 
 def agree_train_step(
@@ -155,7 +156,7 @@ def agree_train_step(
             split.append(name)
     if split:
         return (
-            "warn",
+            Status.WARN,
             (
                 f"{x} and {y} disagree on finiteness: {', '.join(split)} is NaN/Inf on "
                 f"one and finite on the other"
@@ -164,8 +165,8 @@ def agree_train_step(
         )
     diff = ", ".join(f"{n} {metrics[n]['mismatched']}" for n in ("loss", "w1", "w2"))
     if not any(metrics[n]["mismatched"] for n in metrics):
-        return "pass", f"{x} and {y} agree bit for bit", metrics
-    return "pass", f"{x} and {y} both finite; elements that differ: {diff}", metrics
+        return Status.PASS, f"{x} and {y} agree bit for bit", metrics
+    return Status.PASS, f"{x} and {y} both finite; elements that differ: {diff}", metrics
 
 
 def evaluate(o: Outcome) -> Evaluation:

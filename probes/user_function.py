@@ -21,13 +21,14 @@ from typing import Any
 
 from diag.compare.outcome import Evaluation, Outcome
 from diag.plan.probe import FLOATS, Probe
+from diag.status import Status
 from diag.tolerance import Tolerance
 from diag.userfn import agreement, judge, leaf_name
 from diag.userfn.bind import bind
 from diag.userfn.host import Prepared, prepare
 from diag.userfn.standin import JAX_MODULES, TORCH_MODULES
 
-_STATUS_ORDER = ("pass", "warn", "fail", "error")
+_STATUS_ORDER = (Status.PASS, Status.WARN, Status.FAIL, Status.ERROR)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,9 +63,9 @@ def evaluate(o: Outcome) -> Evaluation:
     prepared: Prepared = o.truth.prepared
     ref = prepared.reference
     verdicts = judge(_paths(o), ref)
-    status = max((v.status for v in verdicts), key=_STATUS_ORDER.index, default="error")
+    status = max((v.status for v in verdicts), key=_STATUS_ORDER.index, default=Status.ERROR)
     floats = [v.error / v.allowed for v in verdicts if v.allowed > 0 and not math.isnan(v.error)]
-    wrong = [v for v in verdicts if v.allowed == 0 and v.status == "fail"]
+    wrong = [v for v in verdicts if v.allowed == 0 and v.status == Status.FAIL]
     metrics: dict[str, Any] = {
         "reference": ref.description,
         "reference_kind": ref.kind,
@@ -80,12 +81,12 @@ def evaluate(o: Outcome) -> Evaluation:
     worst = next((v for v in verdicts if v.status == status), None)
     if ref.left_out:  # None outputs (a model output's absent field): nothing to judge
         metrics["outputs_left_out"] = list(ref.left_out)
-    if status == "pass":
+    if status == Status.PASS:
         reason = f"all {len(verdicts)} outputs within their allowance of the {ref.description}"
         if ref.left_out:
             names = ", ".join(leaf_name(p) for p in ref.left_out)
             reason += f"; {names} (None) left out"
-    elif status == "fail":
+    elif status == Status.FAIL:
         op = prepared.first_divergent_op(
             min((v.allowed for v in verdicts if v.allowed), default=0.0)
         )

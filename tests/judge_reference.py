@@ -92,7 +92,7 @@ def judge_all(suite, cases_, events, judge, specs, probes) -> list[dict]:
 def _too_big(cs, events) -> set[str]:
     """Cases whose outputs take more than `MAX_OUTPUT_BYTES` on some backend, but for the
     smallest case of each suite entry (every entry keeps one case)."""
-    size = {c.id: max((sum(Path(o["path"]).stat().st_size for o in ev[c.id]["outputs"])
+    size = {c.id: max((sum(Path(o["path"]).stat().st_size for o in ev[c.id].outputs)
                        for ev in events.values() if c.id in ev), default=0) for c in cs}
     big = {cid for cid, n in size.items() if n > MAX_OUTPUT_BYTES}
     for entry in {c.probe for c in cs}:
@@ -105,6 +105,7 @@ def _too_big(cs, events) -> set[str]:
 def record() -> None:
     from diag.backends import get_spec, not_applicable
     from diag.worker.main import run_job
+    from diag.worker.protocol import parse_event
     from diag.run.judge import Judge
     from diag.plan.registry import PROBES
 
@@ -132,7 +133,8 @@ def record() -> None:
                 if mine:
                     run_job(job, stream)
                 got = [json.loads(x) for x in stream.getvalue().splitlines()]
-                events[spec.name] = {e["case"]: e for e in got if e.get("event") == "result"}
+                events[spec.name] = {e["case"]: parse_event(e) for e in got
+                                     if e.get("event") == "result"}
             big = _too_big(cs, events)
             cs = [c for c in cs if c.id not in big]
             for spec in specs:
@@ -140,10 +142,10 @@ def record() -> None:
                 for cid, e in events[spec.name].items():
                     key = f"{suite}/{spec.name}/{cid}"
                     names = []
-                    for i, o in enumerate(e["outputs"]):
+                    for i, o in enumerate(e.outputs):
                         arrays[f"{key}/{i}"] = np.load(o["path"])  # raw bits for floats
                         names.append({"name": o["name"], "dtype": o["dtype"]})
-                    meta[key] = {"outputs": names, "nan_report": e.get("nan_report")}
+                    meta[key] = {"outputs": names, "nan_report": e.nan_report}
             records += judge_all(suite, cs, events, judge, specs, PROBES)
     np.savez_compressed(DATA / "judge_reference.npz", **arrays)
     (DATA / "judge_reference.json").write_text(json.dumps(

@@ -248,10 +248,10 @@ def test_summary_leads_with_the_bound_ratio_and_shows_no_ulp_beside_it(default_r
 def test_ulp_is_shown_where_no_bound_applies():
     from diag import render
 
-    recs = [{"probe": "s.greedy", "backend": "a|b", "dtype": "bfloat16", "status": "warn",
-             "metrics": {"max_ulp_between": 3}},
-            {"probe": "s.mm", "backend": "x", "dtype": "float32", "status": "pass",
-             "metrics": {"bound_ratio": 0.5, "max_ulp": 1418371}}]
+    recs = [_rec("warn", probe="s.greedy", backend="a|b", dtype="bfloat16",
+                 metrics={"max_ulp_between": 3}).to_json(),
+            _rec("pass", probe="s.mm", backend="x", dtype="float32",
+                 metrics={"bound_ratio": 0.5, "max_ulp": 1418371}).to_json()]
     table = render.summary_table(recs)
     cells = {c.header: list(c.cells) for c in table.columns}
     assert cells["ULP"] == ["3", "—"] and cells["bound ratio"] == ["—", "0.5"]

@@ -251,9 +251,13 @@ def test_progress_counts_each_record_once_and_the_plan_is_true(tmp_path):
 def test_a_clean_run_with_skipped_backends_has_no_records_to_look_at():
     from diag import render
 
-    records = [{"status": "pass", "backend": "jax-cpu", "probe": "s.p", "case": "c"},
-               {"status": "skip", "backend": "jax-tpu", "probe": "s", "case": "*",
-                "reason": "jax-tpu: no TPU"}]
+    from diag.records.results import Record
+
+    common = dict(op="matmul", params={}, device={}, dtype="float32", metrics={})
+    records = [Record(status="pass", backend="jax-cpu", probe="s.p", case="c", reason="",
+                      **common).to_json(),
+               Record(status="skip", backend="jax-tpu", probe="s", case="*",
+                      reason="jax-tpu: no TPU", **common).to_json()]
     table = render.problems_table(records)
     assert table is not None and "to look at" not in str(table.title)
     assert "1 backend(s) not run" in str(table.title)

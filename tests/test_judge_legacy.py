@@ -19,6 +19,7 @@ import pytest
 
 from diag.backends import get_spec, not_applicable
 from diag.worker.main import run_job
+from diag.worker.protocol import Result, parse_event
 from diag.run.judge import Judge
 from diag.plan.registry import PROBES
 from diag.plan.suite import load_suite
@@ -35,7 +36,7 @@ def _canon(metrics: dict) -> str:
     return json.dumps(metrics, sort_keys=True, default=repr)
 
 
-def _run_backend(name: str, cases, judge: Judge, out_dir) -> dict[str, dict]:
+def _run_backend(name: str, cases, judge: Judge, out_dir) -> dict[str, Result]:
     """Each case's result event from the real worker code of backend `name`."""
     job = {"backend": name, "label": name, "out_dir": str(out_dir), "repeats": 1,
            "fingerprint": [],
@@ -45,7 +46,7 @@ def _run_backend(name: str, cases, judge: Judge, out_dir) -> dict[str, dict]:
     stream = io.StringIO()
     run_job(job, stream)
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
-    return {e["case"]: e for e in events if e.get("event") == "result"}
+    return {e["case"]: parse_event(e) for e in events if e.get("event") == "result"}
 
 
 def _check(cases, tmp_path, cache) -> int:

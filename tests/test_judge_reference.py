@@ -17,6 +17,7 @@ import json
 import numpy as np
 import pytest
 
+from diag.worker.protocol import Result
 from tests import judge_reference as ref
 
 RECORD = json.loads((ref.DATA / "judge_reference.json").read_text())
@@ -46,7 +47,8 @@ def _judge(work, suites, change=None) -> list[dict]:
                 array = arrays[f"{key}/{i}"]
                 np.save(file, change(f"{key}/{i}", array) if change else array)
                 outputs.append({**o, "path": str(file)})
-            events[backend][cid] = {"outputs": outputs, "nan_report": meta["nan_report"]}
+            events[backend][cid] = Result(case=cid, outputs=outputs, timings={}, input_digests=[],
+                                          nan_report=meta["nan_report"])
         kept = [c for c in ref.cases(path) if any(c.id in e for e in events.values())]
         records += ref.judge_all(suite, kept, events, judge, specs, PROBES)
     return records

@@ -25,6 +25,7 @@ from diag.run.judge import Judge
 from diag.plan.registry import PROBES
 from diag.run.store import CaseStore
 from diag.plan.suite import load_suite
+from diag.worker.protocol import Result
 
 
 def _cases(tmp_path, shapes):
@@ -34,10 +35,11 @@ def _cases(tmp_path, shapes):
     return load_suite(str(path)).cases
 
 
-def _event(path, array) -> dict:
+def _event(path, array) -> Result:
     """A result event as a worker sends it, for one float output written to `path`."""
-    return {"outputs": [{"name": "output", "path": str(path), "shape": list(array.shape),
-                         "dtype": numerics.dtype_name(array.dtype)}]}
+    return Result(case="c0000", timings={}, input_digests=[], outputs=[
+        {"name": "output", "path": str(path), "shape": list(array.shape),
+         "dtype": numerics.dtype_name(array.dtype)}])
 
 
 def test_an_identical_output_is_a_link_and_a_different_one_a_file(tmp_path):

@@ -236,8 +236,8 @@ def test_discovery_worker_is_parked_and_runs_the_first_backends_job(tmp_path):
         events.append(event)
     assert worker.proc.wait(timeout=60) == 0
     worker.kill()
-    assert [e["event"] for e in events] == ["ready", "result", "done"]
-    (output,) = events[1]["outputs"]
+    assert [e.kind for e in events] == ["ready", "result", "done"]
+    (output,) = events[1].outputs
     assert output["shape"] == [8, 8] and np.load(output["path"]).shape == (8, 8)
     assert log.exists()
 

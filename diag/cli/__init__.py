@@ -20,17 +20,16 @@ from typing import Any, NoReturn, cast
 import typer
 
 from diag.cli import accuracy, bisect, devices, diverge, gate, history, run, tools, trace  # noqa: F401 - each registers its commands  # noqa: F401 - `diag diverge`, `diag trace`
-from diag.cli._app import (
+from diag.cli._app import app, on_sigterm, state, unwrap_help
+from diag.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
-    EXIT_TERMINATED,
-    app,
-    on_sigterm,
-    state,
-    unwrap_help,
+    EXIT_OK,
+    EXIT_USAGE,
+    DiagError,
+    final,
 )
-from diag.errors import EXIT_USAGE, DiagError
 
 unwrap_help(app)  # after every command module registered its commands
 
@@ -83,7 +82,7 @@ def _usage_line(e: Exception) -> str:
 
 
 def _exit_code(code: int) -> int:
-    return EXIT_TERMINATED if state.terminated else code
+    return final(code, terminated=state.terminated)
 
 
 def main() -> None:
@@ -125,7 +124,7 @@ def main() -> None:
         sys.exit(_exit_code(EXIT_USAGE))
     except Exception as e:  # a bug in diag: say so in one line, keep the traceback for --debug
         _internal(e, state.debug or debug)
-    sys.exit(_exit_code(code if isinstance(code, int) else 0))
+    sys.exit(_exit_code(code if isinstance(code, int) else EXIT_OK))
 
 
 def _internal(e: BaseException, debug: bool) -> NoReturn:

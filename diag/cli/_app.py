@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from diag.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED
+from diag.errors import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED
 
 __all__ = [
     "EXIT_BROKEN_PIPE",
@@ -40,10 +40,8 @@ app = typer.Typer(
 cache_app = typer.Typer(no_args_is_help=False, help="Inspect or clear the ground-truth cache.")
 app.add_typer(cache_app, name="cache")
 
-# Ctrl-C 130, SIGTERM 143 and a bug in diag 70 live beside the other exit codes (diag.errors).
-# stdout's reader went away (`diag env | head -2`): 128 + SIGPIPE, what a shell reports for
-# a program the signal ended; never 1, which means a numerical failure.
-EXIT_BROKEN_PIPE = 128 + 13
+# Every exit code, Ctrl-C's 130, SIGTERM's 143, a bug's 70 and a closed stdout's 141 included,
+# lives in diag.errors (the one policy); the names stay importable from here.
 
 
 class Terminated(KeyboardInterrupt):
@@ -116,11 +114,11 @@ def write_after_verdict(
       written (its one `diag:` line says why); a 1, 3 or 4 is never hidden behind a 2.
     """
     from diag import render
-    from diag.errors import EXIT_USAGE, DiagError
+    from diag.errors import DiagError, exit_code, worst
 
     try:
         render.print_line(f"diag: {label}: {write()}", err=err)
     except DiagError as e:
         render.print_error(str(e))
-        return code or EXIT_USAGE
+        return worst(code, exit_code(bad_file=True))
     return code

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from diag.cli._app import app, split
+from diag.errors import EXIT_OK
 
 _FUNCTION = typer.Argument(
     None,
@@ -85,11 +86,11 @@ def bisect_cmd(
     found = bisect(points, observe)
     if as_json:
         render.out.print_json(json.dumps(found.to_json(), default=str))
-        raise typer.Exit(0)
+        raise typer.Exit(EXIT_OK)
     _show(found, what)
     if git is not None:
         render.print_line(f"diag: {found.first_bad}: {commits.subject(repo, found.first_bad)}")
-    raise typer.Exit(0)
+    raise typer.Exit(EXIT_OK)
 
 
 def _show(found, what: str) -> None:

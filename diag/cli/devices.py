@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from diag.cli._app import app, split
-from diag.errors import DiagError
+from diag.errors import DiagError, exit_code
 
 # `diag nodes`'s options, one alias each (the command's signature reads as their list).
 _Repeats = Annotated[
@@ -267,13 +267,11 @@ def env_cmd(
     report = environment.env_report(
         fingerprints=fingerprints, timeout=timeout, deep=deep, environ=environ
     )
-    code = (
-        4
-        if any(
+    code = exit_code(
+        crashed=any(
             fw.get("error") and "not installed" not in fw["error"]
             for fw in report["frameworks"].values()
         )
-        else 0
     )
     if as_json:
         render.out.print_json(json.dumps({**report, "exit_code": code}, default=str))

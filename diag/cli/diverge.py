@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from diag.cli._app import app
-from diag.errors import UsageError
+from diag.errors import UsageError, exit_code
 
 if TYPE_CHECKING:
     from diag.diverge import CompareReport, ShadowReport
@@ -63,7 +63,7 @@ def diverge_cmd(
     if hasattr(report, "decisions"):
         code, why = verdict(report)
     else:
-        code, why = (1 if report.first is not None else 0), ""
+        code, why = exit_code(failed=report.first is not None), ""
     if as_json:
         doc = {
             "targets": list(targets),

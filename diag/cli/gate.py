@@ -10,6 +10,7 @@ from diag.cli._app import app, write_after_verdict
 from diag.cli.history import append_history, with_series
 from diag.gate.drift import show
 from diag.records.outputs import prepare_output
+from diag.status import Status
 
 
 @app.command("baseline")
@@ -27,7 +28,7 @@ def baseline_cmd(
 
     data = baseline.build(run_dir)
     path = baseline.save(data, prepare_output(out, "the baseline", "-o"))
-    failing = sum(r["status"] in ("fail", "error") for r in data["records"])
+    failing = sum(r["status"] in (Status.FAIL, Status.ERROR) for r in data["records"])
     render.print_line(
         f"diag: baseline of {len(data['records'])} record(s) of suite "
         f"{data['suite']!r} written to {path}"

@@ -9,16 +9,8 @@ from pathlib import Path
 
 import typer
 
-from diag.cli._app import (
-    EXIT_INTERRUPTED,
-    EXIT_TERMINATED,
-    app,
-    cache_app,
-    split,
-    state,
-    write_after_verdict,
-)
-from diag.errors import EXIT_USAGE, DiagError, UsageError
+from diag.cli._app import app, cache_app, split, state, write_after_verdict
+from diag.errors import EXIT_INTERRUPTED, DiagError, UsageError, exit_code, final, worst
 
 # The options of `diag run` (module-level so that the command reads as one short signature).
 _FUNCTION = typer.Argument(
@@ -164,7 +156,7 @@ def run(
         render.print_error(f"diag: {why}; {n} finished record(s) kept in {e.result.run_dir}")
         if report:  # what finished, in a report that says the run was cut short
             _report(e.result.run_dir, render)
-        raise typer.Exit(EXIT_TERMINATED if state.terminated else EXIT_INTERRUPTED) from None
+        raise typer.Exit(final(EXIT_INTERRUPTED, terminated=state.terminated)) from None
     finally:
         progress.stop()
     code = result.exit_code
@@ -177,7 +169,7 @@ def run(
         history_for_report(history, result.run_dir)
     report_path = _report(result.run_dir, render) if report else None
     # A report that cannot be written is 2 when every check passed; a 1 or 4 is kept.
-    code = EXIT_USAGE if report and report_path is None and not code else code
+    code = worst(code, exit_code(bad_file=bool(report) and report_path is None))
     _show(result, code, report_path, as_json=as_json, trace=trace)
     raise typer.Exit(code)
 
@@ -295,7 +287,7 @@ def report_cmd(
     for problem in damage(run_dir):
         render.print_error(f"diag: {problem}")
     if read_results(run_dir).unreadable or lost_records(run_dir):
-        raise typer.Exit(EXIT_USAGE)
+        raise typer.Exit(exit_code(bad_file=True))
 
 
 @cache_app.command("info")

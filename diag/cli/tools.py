@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from diag.cli._app import app, write_after_verdict
+from diag.errors import exit_code
 
 
 @app.command("nan")
@@ -50,7 +51,7 @@ def nan_cmd(
     else:
         render.out.print(render.nan_report_table(report))
         render.out.print(f"diag nan: {nan.reason(report)}", soft_wrap=True, markup=False)
-    raise typer.Exit(1 if report is not None else 0)
+    raise typer.Exit(exit_code(failed=report is not None))
 
 
 @app.command("preflight")

@@ -16,6 +16,7 @@ import numpy as np
 
 from diag import numerics
 from diag.compare.verdict import Mismatch, format_index, format_mismatch
+from diag.status import Status
 from diag.tolerance import AGREEMENT_FACTOR
 
 #: Elements per pass of the streaming comparisons: a few float64 and int64 temporaries of this
@@ -328,7 +329,7 @@ def judge(metrics: dict[str, Any], *, promised: bool, claim: str, setting: str) 
     m = mismatch(metrics)
     if metrics["unexpected_nonfinite"]:
         assert m is not None  # mismatch() reports the non-finite elements first
-        return "fail", (
+        return Status.FAIL, (
             f"{format_mismatch(m)} are NaN/Inf where the exact result is not (or the reverse)"
         )
     summary = (
@@ -338,12 +339,12 @@ def judge(metrics: dict[str, Any], *, promised: bool, claim: str, setting: str) 
     if m is not None:
         detail = f"error exceeds the {claim} bound in {format_mismatch(m)}"
         if promised:
-            return "fail", detail
-        return "warn", (
+            return Status.FAIL, detail
+        return Status.WARN, (
             detail + f"; less precise than {claim}, which {setting} permits on "
             f"this backend (use precision=highest where float32 is needed)"
         )
-    return "pass", f"within the {claim} bound (worst {metrics['bound_ratio']:.2g}x); {summary}"
+    return Status.PASS, f"within the {claim} bound (worst {metrics['bound_ratio']:.2g}x); {summary}"
 
 
 def agreement(x: np.ndarray, y: np.ndarray, bound: np.ndarray) -> dict[str, Any]:
@@ -411,11 +412,14 @@ def judge_agreement(metrics: dict[str, Any], a: str, b: str, claim: str) -> tupl
     """pass: identical, or apart by no more than two correct backends may be; else warn."""
     m = agreement_mismatch(metrics)
     if m is None:
-        return "pass", f"{a} and {b} agree bit for bit"
+        return Status.PASS, f"{a} and {b} agree bit for bit"
     detail = f"{a} and {b} differ in {format_mismatch(m)}"
     if metrics["bound_ratio"] <= 1.0:
-        return "pass", f"{detail}; within what two backends keeping the {claim} bound may differ"
-    return "warn", (
+        return (
+            Status.PASS,
+            f"{detail}; within what two backends keeping the {claim} bound may differ",
+        )
+    return Status.WARN, (
         f"{detail}; {metrics['bound_ratio']:.3g}x what two backends keeping the "
         f"{claim} bound may differ"
     )
@@ -442,7 +446,7 @@ def agree_values(
         "allowed_ulp": float(allowed_ulp),
     }
     if not mism:
-        return "pass", f"{names[0]} and {names[1]} agree bit for bit", metrics
+        return Status.PASS, f"{names[0]} and {names[1]} agree bit for bit", metrics
     w = ulp_max.index
     metrics["worst"] = {"index": format_index(w, x.shape), "a": float(xf[w]), "b": float(yf[w])}
     differ = agreement_mismatch(metrics)
@@ -450,12 +454,12 @@ def agree_values(
     detail = f"{names[0]} and {names[1]} differ in {format_mismatch(differ)}"
     if metrics["max_ulp_between"] <= allowed_ulp:
         return (
-            "pass",
+            Status.PASS,
             f"{detail}; within the {allowed_ulp:g} ULP two correct backends may differ",
             metrics,
         )
     return (
-        "warn",
+        Status.WARN,
         f"{detail}; more than the {allowed_ulp:g} ULP two correct backends may differ",
         metrics,
     )

@@ -11,6 +11,7 @@ import numpy as np
 
 from diag.compare.topk_rows import rank_keys, row_misses, row_recall, structure_problems
 from diag.compare.verdict import Mismatch, format_mismatch
+from diag.status import Status
 from diag.tolerance import TOPK_EXACT_RECALL
 
 
@@ -307,7 +308,7 @@ def judge_top_k(
     if metrics["invalid_rows"]:
         assert m is not None  # top_k_mismatch counts the invalid rows first
         ex = metrics["invalid_examples"][0]
-        return "fail", (
+        return Status.FAIL, (
             f"{what}: {format_mismatch(m)} are not a valid top-k (first: row "
             f"{ex['row']}: {ex['problem']})"
         )
@@ -320,7 +321,7 @@ def judge_top_k(
             if ex["missed_max"]
             else "leaves out a value larger than one it returned"
         )
-        return "fail", (
+        return Status.FAIL, (
             f"{what}: {format_mismatch(m)} are wrong (row {ex['row']} {why}: "
             f"expected {ex['expected']}, returned {ex['returned']})"
         )
@@ -331,7 +332,7 @@ def judge_top_k(
     )
     if not approx:
         if metrics["recall_min"] < TOPK_EXACT_RECALL:
-            return "fail", f"top-k recall below 1: {worst}"
+            return Status.FAIL, f"top-k recall below 1: {worst}"
         sem = metrics["semantics"]
         note = f"; order semantics: {', '.join(sem)}" if sem else ""
         if metrics["semantic_diff_rows"]:
@@ -339,7 +340,7 @@ def judge_top_k(
                 f"; {metrics['semantic_diff_rows']} / {rows} rows choose or order equal "
                 f"values differently from diag's order (not an error)"
             )
-        return "pass", f"exact top-k in all {rows} rows{note}"
+        return Status.PASS, f"exact top-k in all {rows} rows{note}"
     target = (
         recall_target
         if recall_target is not None
@@ -349,16 +350,16 @@ def judge_top_k(
     if mean < target:
         # A mean below the target puts at least one row below it: m counts them.
         assert m is not None
-        return "fail", (
+        return Status.FAIL, (
             f"approximate top-k mean recall {mean:.4g} is below the promised "
             f"{target:g}; {format_mismatch(m)} below; {worst}"
         )
     if m is not None:
-        return "warn", (
+        return Status.WARN, (
             f"approximate top-k mean recall {mean:.4g} meets the promised {target:g} "
             f"but {format_mismatch(m)} fall below it; {worst}"
         )
-    return "pass", (
+    return Status.PASS, (
         f"approximate top-k recall >= {target:g} in every row (mean {mean:.4g}, "
         f"min {metrics['recall_min']:.4g})"
     )
@@ -403,13 +404,13 @@ def agree_top_k(
             else (f" ({rows - same_idx} rows pick different indices among equal values)")
         )
         return (
-            "pass",
+            Status.PASS,
             f"{names[0]} and {names[1]} select the same values in all {rows} rows" + extra,
             metrics,
         )
     differ_rows = Mismatch(len(differ), rows, "rows", share=False)
     return (
-        "warn",
+        Status.WARN,
         (
             f"{names[0]} and {names[1]} select different values in "
             f"{format_mismatch(differ_rows)} (first: row {differ[0]})"

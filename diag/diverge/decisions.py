@@ -30,6 +30,8 @@ from collections.abc import Callable
 import numpy as np
 
 from diag import numerics
+from diag.errors import EXIT_OK, exit_code
+from diag.status import Status
 
 KINDS = ("compare", "argmax", "top_k", "sort", "select", "mask", "threshold")
 #: The kinds that rank values along an axis (indices out), the others decide per element.
@@ -253,7 +255,7 @@ def record(
         margin_ulps=margin,
         cause=FORCED if forced else MADE,
         cause_op=culprit,
-        verdict="warn" if forced else "fail",
+        verdict=Status.WARN if forced else Status.FAIL,
         reason=reason,
     )
 
@@ -276,7 +278,7 @@ def follows(rec: DecisionRecord, upstream: str, forced: bool) -> DecisionRecord:
         rec,
         cause=cause,
         cause_op=f"follows {upstream}",
-        verdict="warn" if forced else "fail",
+        verdict=Status.WARN if forced else Status.FAIL,
         reason=f"{what(rec)}: it follows {upstream}, {cause} there",
     )
 
@@ -319,15 +321,16 @@ def verdict(report) -> tuple[int, str]:
     carries more than its threshold with neither a divergent op nor a forced decision to
     explain it; 0 when nothing was found or every flipped decision was forced by rounding.
     """
+    failed = exit_code(failed=True)  # the policy's code for a failed check
     first = report.first
-    fails = [d for d in report.decisions if d.verdict == "fail"]
-    warns = [d for d in report.decisions if d.verdict == "warn"]
+    fails = [d for d in report.decisions if d.verdict == Status.FAIL]
+    warns = [d for d in report.decisions if d.verdict == Status.WARN]
     over = report.result_error > report.result_threshold or math.isnan(report.result_error)
     if first is not None:
-        return 1, first.reason
+        return failed, first.reason
     if fails:
         d = fails[0]
-        return 1, f"{d.primitive} at {d.source or 'an unknown line'}: {d.reason}"
+        return failed, f"{d.primitive} at {d.source or 'an unknown line'}: {d.reason}"
     if warns:
         d = warns[0]
         carried = (
@@ -336,14 +339,14 @@ def verdict(report) -> tuple[int, str]:
             if over
             else ""
         )
-        return 0, (
+        return EXIT_OK, (
             f"{len(warns)} decision(s) forced by rounding, none made by the computation "
             f"(exit 0, a warning): first {d.primitive} at {d.source or 'an unknown line'}: "
             f"{d.reason}{carried}"
         )
     if over:
-        return 1, (
+        return failed, (
             f"the result carries {report.result_error:.3g}, over the threshold "
             f"{report.result_threshold:.2g}, though no single op crossed it"
         )
-    return 0, ""
+    return EXIT_OK, ""

@@ -39,6 +39,7 @@ from diag.diverge.decisions import (
 from diag.interp.jax_compile import bind
 from diag.interp.jax_source import Literal, source
 from diag.interp.jaxpr import is_inexact
+from diag.status import Status
 
 COMPARE = frozenset("gt ge lt le eq ne".split())
 #: An argsort (``sort`` with an index payload) is not judged by itself: a permutation that
@@ -181,7 +182,7 @@ def decide(h, e, ins: list, outs: list, vals, shadows, where, path: str, phase: 
             _pending_perm(h, name, ops, outs, low, exact, dtype, lows, exacts)
         return
     upstream = next((o.flip for o in ops if o.flip is not None), None)
-    if upstream is not None and rec.verdict == "fail":
+    if upstream is not None and rec.verdict == Status.FAIL:
         text = f"the flipped {upstream.primitive} at {upstream.source or 'an unknown line'}"
         rec = follows(rec, text, upstream.cause == FORCED)
         h.ledger.decisions[-1] = rec

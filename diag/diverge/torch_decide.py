@@ -31,6 +31,7 @@ import torch
 from diag import numerics
 from diag.diverge import decisions
 from diag.diverge.decisions import FORCED, MADE, DecisionRecord, LiteralRecord
+from diag.status import Status
 
 #: aten op (name without overload) -> (decision kind, which output holds the decision, the
 #: sign that makes "largest" the decided direction: argmin/min decide on -x).
@@ -227,7 +228,7 @@ class Decider:
         reported = _REPORTED[kind]
         if reported:
             self.mode.ledger.decisions.append(rec)
-        return Origin(primitive, where, rec.verdict == "warn", reported, name, rec.cause_op)
+        return Origin(primitive, where, rec.verdict == Status.WARN, reported, name, rec.cause_op)
 
     def _cause(self, literal, dtype, operands, where) -> str:
         """What moved a value across: a literal rounded to the dtype, if it alone flips an

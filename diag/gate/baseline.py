@@ -49,6 +49,7 @@ from diag.gate.drift import Check, Drift, feature_drifts, features_of, setting_d
 from diag.gate.drift import show as _show
 from diag.gate.record_drift import DIGESTS, bad_values, kept_metrics, metric_drifts
 from diag.records.results import RunDir, read_results
+from diag.status import Status
 
 __all__ = [
     "BASELINE_SCHEMA",
@@ -440,7 +441,7 @@ def _record_drifts(
         k = _unique(seen, record_key(rec))
         seen[k] = rec
         drifts: list[Drift] = []
-        if rec.get("status") in ("fail", "error"):
+        if rec.get("status") in (Status.FAIL, Status.ERROR):
             result.failures.append(f"{k}: {rec.get('status')}: {rec.get('reason')}")
             if (old_records.get(k) or {}).get("status") == rec.get("status"):
                 result.known_failures.append(result.failures[-1])

@@ -28,6 +28,7 @@ from typing import Any
 from diag.errors import UsageError
 from diag.gate.baseline import record_key
 from diag.gate.record_drift import DIGESTS
+from diag.status import Status
 
 __all__ = [
     "BisectError",
@@ -76,9 +77,9 @@ def observation(point: str, records: Sequence[dict[str, Any]], where: str = "") 
     reasons: dict[str, str] = {}
     for rec in records:
         key = record_key(rec)
-        if rec.get("status") == "skip":  # a backend absent here, a case it does not apply to
+        if rec.get("status") == Status.SKIP:  # a backend absent here, a case it does not apply to
             continue
-        if rec.get("status") == "error":
+        if rec.get("status") == Status.ERROR:
             raise BisectError(
                 f"at {point}: {key} did not run ({rec.get('reason')}); "
                 "fix what stops it at that point, or leave the record out with --record"

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from diag.errors import exit_code
+
 __all__ = [
     "CAUSE_KINDS",
     "FEATURE_FIELDS",
@@ -137,7 +139,7 @@ class Check:
         A record that fails now and failed in the baseline too is a known failure: listed
         (and a JUnit failure), not drift; one that newly fails changed status, which is.
         """
-        return 1 if self.drifts else 0
+        return exit_code(failed=bool(self.drifts))
 
 
 def _drift_view(d: Drift) -> dict[str, str]:

@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from diag.status import Status
+
 if TYPE_CHECKING:
     from diag.gate.drift import Check
 
@@ -38,12 +40,12 @@ def write(result: Check, path: str | os.PathLike, *, name: str = "diag check") -
         probe, case, backend = (k.split(" | ") + ["", ""])[:3]
         tc = TestCase(f"{case} [{backend}]", classname=probe)
         problems = list(r["drifts"])
-        if r["status"] in ("fail", "error"):
+        if r["status"] in (Status.FAIL, Status.ERROR):
             problems.insert(0, f"{r['status']}: {r['reason']}")
         if problems:
             tc.result = [Failure(problems[0][:500], "drift" if r["drifts"] else r["status"])]
             tc.system_out = "\n".join(problems)
-        elif r["status"] == "skip":
+        elif r["status"] == Status.SKIP:
             tc.result = [Skipped(str(r.get("reason") or "skipped")[:500])]
         suite.add_testcase(tc)
     # A setting, a backend's arithmetic or a backend: one testcase per cause, its message the

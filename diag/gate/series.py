@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from diag.errors import exit_code
 from diag.gate.drift import Drift, show
 from diag.gate.history import HistoryError, connect
 from diag.gate.record_drift import DIGESTS, RATIOS, metric_drifts
@@ -98,7 +99,7 @@ class History:
     @property
     def exit_code(self) -> int:
         """1 when a record moved (the CLI's exit code), else 0."""
-        return 1 if self.moved else 0
+        return exit_code(failed=bool(self.moved))
 
     def to_json(self) -> dict[str, Any]:
         """The history as plain data (`diag history --json`)."""

@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from diag.nodes.result import NodeScan
+from diag.status import Status
 
 if TYPE_CHECKING:
     from diag.records.results import Record
 
-_STATUS = {"ok": "pass", "slow": "warn", "suspect": "fail"}
+_STATUS = {"ok": Status.PASS, "slow": Status.WARN, "suspect": Status.FAIL}
 
 #: The vote's per-device figures a device's record carries as metrics.
 _METRICS = (

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diag.errors import EXIT_BAD_NODE, EXIT_NUMERICAL_FAILURE, UsageError
+from diag.errors import EXIT_NUMERICAL_FAILURE, UsageError, exit_code
 from diag.nodes import config, store
 from diag.nodes.distributed import JaxRuntime, StdoutToStderr, import_jax, init_distributed
 from diag.nodes.gather import barrier, gather, gather_texts, gather_ulps
@@ -302,14 +302,17 @@ def _result(seen: _Seen, plan: _Plan, save_golden: bool, t_start: float) -> Node
     names = [w.name for w in workloads]
     vote = analyze(seen.obs, seen.golden, slow_factor=slow_factor, fail_on_slow=fail_on_slow)
     misconfigured, summary, config_notes = config.judge(vote, seen.fingerprints)
-    exit_code, notes = vote.exit_code, list(vote.notes) + config_notes
+    notes = list(vote.notes) + config_notes
     verdict = vote.verdict
     if misconfigured:
-        exit_code, verdict = EXIT_BAD_NODE, "suspect" if vote.suspects else "misconfigured"
+        verdict = "suspect" if vote.suspects else "misconfigured"
     selftest = _selftest(vote, injections, repeats, names, slow_factor)
-    if selftest and selftest["verdict"] == "missed" and exit_code == 0:
-        # A self-test that did not see its own fault must not read as a clean fleet.
-        exit_code = EXIT_SELFTEST_MISSED
+    # A self-test that did not see its own fault must not read as a clean fleet
+    # (`EXIT_SELFTEST_MISSED`); a suspect or a misconfigured process outranks it.
+    code = exit_code(
+        bad_node=bool(vote.suspects or misconfigured),
+        failed=bool(selftest and selftest["verdict"] == "missed"),
+    )
     local, obs, run_s = seen.local, seen.obs, seen.run_s
     return NodeScan(
         process_index=seen.pid,
@@ -343,7 +346,7 @@ def _result(seen: _Seen, plan: _Plan, save_golden: bool, t_start: float) -> Node
         scan_seconds=run_s - local.compile_s,
         seconds_per_device=(run_s - local.compile_s) / max(len(local.devices), 1),
         total_seconds=time.perf_counter() - t_start,
-        **{**vote.to_dict(), "exit_code": exit_code, "verdict": verdict, "notes": notes},
+        **{**vote.to_dict(), "exit_code": code, "verdict": verdict, "notes": notes},
         framework=framework,
         misconfigured=misconfigured,
         config=summary,

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from diag.errors import EXIT_BAD_NODE, EXIT_OK
+from diag.errors import exit_code
 from diag.nodes.result import NodeVote
 from diag.nodes.workloads import INPUTS_PER_WORKLOAD
 from diag.numerics import NAN_ULP
@@ -408,7 +408,7 @@ def analyze(
     src = flags.src
     return NodeVote(
         verdict="suspect" if suspects else "ok",
-        exit_code=EXIT_BAD_NODE if suspects else EXIT_OK,
+        exit_code=exit_code(bad_node=bool(suspects)),
         devices=devices,
         suspects=suspects,
         slow=stragglers,

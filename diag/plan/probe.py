@@ -19,6 +19,7 @@ import numpy as np
 
 from diag import numerics
 from diag.compare.outcome import Evaluation, Outcome
+from diag.status import Status
 from diag.tolerance import Tolerance, tolerance
 
 __all__ = [
@@ -39,7 +40,7 @@ __all__ = [
 
 #: The float dtypes diag's probes take.
 FLOATS = ("float32", "bfloat16", "float16")
-#: The input makers (`diag.plan.inputs.INPUT_MAKERS`) of a row of logits.
+#: The input makers (`diag.plan.makers.INPUT_MAKERS`) of a row of logits.
 LOGIT_MAKERS = (
     "normal",
     "normal5",
@@ -118,7 +119,7 @@ class Probe:
         a list (the grid is their product).
       op_args: the parameters forwarded to the op's implementation (the rest shape the inputs).
       dtypes: dtypes this probe supports.
-      inputs: input makers (`diag.plan.inputs.INPUT_MAKERS`) that make sense for it.
+      inputs: input makers (`diag.plan.makers.INPUT_MAKERS`) that make sense for it.
       input_shapes: case params -> the shapes of the op's inputs.
       truth: (inputs, params, cache) -> the oracle's result for the case. Ops with the same
         truth function (module and name) share a case's truth.
@@ -231,11 +232,11 @@ def expected_outcome(expect: str | None, ev: Evaluation, o: Outcome) -> Evaluati
     if expect is None:
         return ev
     nonfinite = _nonfinite_count(o.outputs)
-    caught = ev.status == "fail" and nonfinite > 0
+    caught = ev.status == Status.FAIL and nonfinite > 0
     metrics = {**ev.metrics, "expect": expect, "expect_caught": caught}
     if caught:
         return Evaluation(
-            "pass",
+            Status.PASS,
             f'planted NaN/Inf caught, as the suite expects (expect = "{expect}"): {ev.reason}',
             metrics,
             ev.context,
@@ -248,7 +249,7 @@ def expected_outcome(expect: str | None, ev: Evaluation, o: Outcome) -> Evaluati
     else:
         why = f"{nonfinite} output elements are NaN/Inf but the verdict did not flag them"
     return Evaluation(
-        "fail",
+        Status.FAIL,
         f'the suite plants NaN/Inf here (expect = "{expect}") but '
         f"{why}; verdict without the plant: {ev.status}: {ev.reason}",
         metrics,

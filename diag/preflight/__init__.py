@@ -48,7 +48,7 @@ from typing import Any
 
 from diag.errors import UsageError
 from diag.preflight.costs import load_timings, save_timings, timings_path
-from diag.preflight.nodes import request_env
+from diag.preflight.nodes import scan_hook
 from diag.preflight.result import Finding, Preflight, StepResult
 from diag.preflight.steps import (
     NODE_REPEATS,
@@ -57,7 +57,7 @@ from diag.preflight.steps import (
     probes_step,
     settings_step,
 )
-from diag.status import CHECKED
+from diag.status import CHECKED, Status
 
 __all__ = [
     "preflight",
@@ -178,9 +178,9 @@ def preflight(
             cache_dir,
             with_fingerprints="fingerprints" in merged,
             suite=_probe_suite(probes),
-            node_scan=request_env(scanned, NODE_REPEATS, tuple(injections))
+            node_scan=scan_hook(scanned, NODE_REPEATS, tuple(injections))
             if "nodes" in merged
-            else {},
+            else None,
         ),
         "nodes": lambda: nodes_step(
             environ, result, tuple(injections), scanned if "nodes" in merged else None
@@ -241,7 +241,7 @@ def _step(
             Finding(
                 step.name,
                 step.name,
-                "skip",
+                Status.SKIP,
                 f"skipped: {sr.note} ({step.what})",
                 f"raise --budget to at least {budget - left + expected:.0f} to include it",
             )
@@ -261,7 +261,7 @@ def _step(
             Finding(
                 step.name,
                 step.name,
-                "error",
+                Status.ERROR,
                 f"{type(e).__name__}: {first}",
                 f"rerun `diag --debug {step.command}` for the traceback",
             )
@@ -294,11 +294,11 @@ def write_junit(result: Preflight, path: str | os.PathLike) -> Path:
     for f in result.findings:
         tc = TestCase(f.check, classname=f"preflight.{f.step}")
         text = f"{f.what}; what to do: {f.todo}" if f.todo else f.what
-        if f.status == "fail":
-            tc.result = [Failure(text[:500], "fail")]
-        elif f.status == "error":
-            tc.result = [Error(text[:500], "error")]
-        elif f.status == "skip":
+        if f.status == Status.FAIL:
+            tc.result = [Failure(text[:500], Status.FAIL)]
+        elif f.status == Status.ERROR:
+            tc.result = [Error(text[:500], Status.ERROR)]
+        elif f.status == Status.SKIP:
             tc.result = [Skipped(text[:500])]
         tc.system_out = text
         suite.add_testcase(tc)

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from diag.errors import EXIT_BAD_NODE, EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH
+from diag.errors import (
+    EXIT_BAD_NODE,
+    EXIT_NUMERICAL_FAILURE,
+    EXIT_OK,
+    EXIT_WORKER_CRASH,
+    exit_code,
+)
+from diag.status import Status
 
 __all__ = ["Finding", "StepResult", "Preflight"]
 
@@ -62,13 +69,11 @@ class Preflight:
     def exit_code(self) -> int:
         """3 bad device, else 4 crash, else 1 numerical failure, else 0 (module docstring)."""
         statuses = {(f.step, f.status) for f in self.findings}
-        if ("nodes", "fail") in statuses:
-            return EXIT_BAD_NODE
-        if any(s == "error" for _, s in statuses):
-            return EXIT_WORKER_CRASH
-        if any(s == "fail" for _, s in statuses):
-            return EXIT_NUMERICAL_FAILURE
-        return EXIT_OK
+        return exit_code(
+            bad_node=("nodes", Status.FAIL) in statuses,
+            crashed=any(s == Status.ERROR for _, s in statuses),
+            failed=any(s == Status.FAIL for _, s in statuses),
+        )
 
     @property
     def verdict(self) -> str:

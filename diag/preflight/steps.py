@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from diag.preflight.result import Finding, Preflight
+from diag.records.results import Record
+from diag.status import Status
+from diag.worker.protocol import Hook
 
 __all__ = [
     "settings_step",
@@ -42,7 +45,7 @@ def settings_step(environ: dict[str, str], result: Preflight) -> None:
     for var in FLAG_VARS:
         parse_flags(environ.get(var), var)  # BadFlag (exit 2) before anything runs
     check = validate_xla_flags(environ)
-    result.findings.append(Finding("settings", "XLA_FLAGS", "pass", check))
+    result.findings.append(Finding("settings", "XLA_FLAGS", Status.PASS, check))
     result.findings += rule_findings("settings", host_findings(environ))
 
 
@@ -51,7 +54,7 @@ def rule_findings(step: str, found: list[dict]) -> list[Finding]:
         Finding(
             step,
             f["rule"],
-            "warn",
+            Status.WARN,
             f"{f['setting']} = {f['value']}: {f['why']}",
             f"set {f['instead']}",
         )
@@ -68,13 +71,13 @@ def fingerprints_step(environ: dict[str, str], result: Preflight) -> None:
     for fw, data in report["frameworks"].items():
         error = data.get("error")
         if error and "not installed" in error:
-            result.findings.append(Finding("fingerprints", fw, "skip", error))
+            result.findings.append(Finding("fingerprints", fw, Status.SKIP, error))
         elif error:
             result.findings.append(
                 Finding(
                     "fingerprints",
                     fw,
-                    "error",
+                    Status.ERROR,
                     error,
                     f"run `diag --debug env` to see why the {fw} worker failed",
                 )
@@ -125,7 +128,7 @@ def judge_backends(environ: dict[str, str], result: Preflight, backends: dict[st
                     Finding(
                         "fingerprints",
                         f"{name} {precision}",
-                        "fail",
+                        Status.FAIL,
                         f"{name} precision={precision} (via {fp.get('via')}): float32 matmul "
                         f"measured as {label}, below the float32 this backend promises here",
                         f"do not trust float32 results of {name}; run `diag run --suite matmul "
@@ -140,7 +143,7 @@ def judge_backends(environ: dict[str, str], result: Preflight, backends: dict[st
                 Finding(
                     "fingerprints",
                     name,
-                    "warn",
+                    Status.WARN,
                     f"{name} float32 matmul is not float32 at " + ", ".join(low),
                     "use precision HIGHEST (jax) / set_float32_matmul_precision('highest') "
                     "(torch) on the matmuls that need float32",
@@ -152,7 +155,7 @@ def judge_backends(environ: dict[str, str], result: Preflight, backends: dict[st
                 Finding(
                     "fingerprints",
                     name,
-                    "pass",
+                    Status.PASS,
                     f"float32 matmul is {FULL_PRECISION} at precision {settings_seen}",
                 )
             )
@@ -163,17 +166,15 @@ def probes_step(
     result: Preflight,
     cache_dir: str | None,
     with_fingerprints: bool,
-    node_scan: dict[str, str],
+    node_scan: Hook | None,
     suite: Any = "preflight",
 ) -> None:
-    from diag.preflight.nodes import NO_FEATURES_VAR
     from diag.run import runner
 
-    # The workers inherit this process's environment; what `environ` changes goes with them,
-    # and so do the node scan's request (`node_scan`) and "no arithmetic features"
-    # (diag.preflight.nodes).
-    extra = {k: v for k, v in environ.items() if os.environ.get(k) != v} | node_scan
-    extra[NO_FEATURES_VAR] = "1"
+    # The workers inherit this process's environment; what `environ` changes goes with them.
+    # Their jobs carry the node scan's request (`node_scan`, diag.preflight.nodes) and skip the
+    # arithmetic features (nothing in preflight reads them).
+    extra = {k: v for k, v in environ.items() if os.environ.get(k) != v}
     out = Path(tempfile.mkdtemp(prefix="diag-preflight-"))
     try:
         run = runner.run(
@@ -183,6 +184,7 @@ def probes_step(
             cache_dir=cache_dir,
             env=extra,
             argv=["diag", "preflight"],
+            job_fields={"features": False, "hooks": [node_scan] if node_scan else []},
         )
         # The workers measured their settings and the fingerprint of each precision setting
         # the suite's matmul cases use (all of them): no second start of every framework.
@@ -190,33 +192,31 @@ def probes_step(
     finally:
         shutil.rmtree(out, ignore_errors=True)
     ran, passed = set(), 0
-    for rec in run.records:
-        status = rec["status"]
-        if status == "skip":
+    for rec in map(Record.from_json, run.records):
+        status = rec.status
+        if status == Status.SKIP:
             continue  # hardware that is not here; `fingerprints` lists what is
-        if "|" not in rec["backend"]:  # "a|b" is an agreement record between two backends
-            ran.add(rec["backend"])
-        if status == "pass":
+        if "|" not in rec.backend:  # "a|b" is an agreement record between two backends
+            ran.add(rec.backend)
+        if status == Status.PASS:
             passed += 1
             continue
-        check = f"{rec['backend']} {rec['probe']} {rec['case']}"
-        todo = {
-            "fail": f"do not run the job on {rec['backend']} until this passes; `diag run "
-            f"--suite ci --backend {rec['backend'].split('|')[0]}` shows more",
-            "error": "the op raised or its worker crashed: see the reason; rerun with "
+        check = f"{rec.backend} {rec.probe} {rec.case}"
+        todo: dict[str, str] = {
+            Status.FAIL: f"do not run the job on {rec.backend} until this passes; `diag run "
+            f"--suite ci --backend {rec.backend.split('|')[0]}` shows more",
+            Status.ERROR: "the op raised or its worker crashed: see the reason; rerun with "
             "`diag --debug run --suite preflight`",
-            "warn": "within what the backend promises; check the job tolerates it",
+            Status.WARN: "within what the backend promises; check the job tolerates it",
         }
-        result.findings.append(
-            Finding("probes", check, status, rec["reason"], todo.get(status, ""))
-        )
+        result.findings.append(Finding("probes", check, status, rec.reason, todo.get(status, "")))
     if with_fingerprints:
         judge_backends(environ, result, backends)
     result.findings.append(
         Finding(
             "probes",
             "preflight suite",
-            "pass",
+            Status.PASS,
             f"{passed} record(s) pass on {', '.join(sorted(ran))}"
             if ran
             else "no backend present to probe",
@@ -238,7 +238,7 @@ def nodes_step(
             Finding(
                 "nodes",
                 "devices",
-                "skip",
+                Status.SKIP,
                 "jax is not installed: the node scan runs on JAX",
                 "pip install 'diag[jax]' to scan the devices",
             )
@@ -260,7 +260,7 @@ def nodes_step(
             Finding(
                 "nodes",
                 f"device {s.get('device_id')} on {s.get('host')}",
-                "fail",
+                Status.FAIL,
                 str(s.get("reason")),
                 "exclude this device (or its host) from the job; confirm "
                 "with `diag nodes --repeats 20`",
@@ -271,7 +271,7 @@ def nodes_step(
             Finding(
                 "nodes",
                 f"device {s.get('device_id')} on {s.get('host')}",
-                "warn",
+                Status.WARN,
                 str(s.get("reason", "slower than the other devices")),
                 "a straggler slows every synchronous step: consider excluding it",
             )
@@ -281,7 +281,7 @@ def nodes_step(
             Finding(
                 "nodes",
                 f"{scan.platform} devices",
-                "pass",
+                Status.PASS,
                 f"{len(scan.devices)} {scan.device_kind} device(s) agree with themselves over "
                 f"{scan.repeats} repeats" + (f" ({scan.notes[0]})" if scan.notes else ""),
             )

@@ -19,11 +19,11 @@ import math
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, UsageError
+from diag.errors import UsageError, exit_code
 
 # Where an output file is prepared and its errors worded (diag.records.outputs), for the report too.
 from diag.records.outputs import output_errors, prepare_output
@@ -31,7 +31,7 @@ from diag.records.results_file import RecordsRead, read_records, read_results
 from diag.records.run_meta import INCOMPLETE, RUN_FIELDS, RunMeta
 
 # The status order's home (diag.status), named here beside the records that carry one.
-from diag.status import CHECKED, COUNTED, STATUSES, worst_status
+from diag.status import CHECKED, COUNTED, STATUSES, Status, worst_status
 
 __all__ = [
     "CHECKED",
@@ -106,6 +106,22 @@ class Record:
 
     def to_json(self) -> dict[str, Any]:
         return _finite(asdict(self))
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Record:
+        """A record as a reader gets it back from results.jsonl (`to_json`'s inverse for
+        every field it knows): the status as a `Status`; keys a newer diag wrote are left
+        out, fields an older record lacks take their defaults; metrics stay as written
+        (NaN/Inf as the strings `_finite` made them).
+
+        Raises:
+          ValueError: a status that is not one of STATUSES.
+          TypeError: a line that lacks a field every record has.
+        """
+        known = {f.name for f in fields(cls)}
+        record = cls(**{k: v for k, v in data.items() if k in known})
+        record.status = Status(record.status)  # checked against STATUSES already
+        return record
 
 
 def _finite(obj: Any) -> Any:
@@ -311,11 +327,10 @@ class RunResult:
     @property
     def exit_code(self) -> int:
         """4 when a worker crashed or an op raised, else 1 when a check failed, else 0."""
-        if any(r["status"] == "error" for r in self.records):
-            return EXIT_WORKER_CRASH
-        if any(r["status"] == "fail" for r in self.records):
-            return EXIT_NUMERICAL_FAILURE
-        return EXIT_OK
+        return exit_code(
+            crashed=any(r["status"] == Status.ERROR for r in self.records),
+            failed=any(r["status"] == Status.FAIL for r in self.records),
+        )
 
 
 class Interrupted(KeyboardInterrupt):

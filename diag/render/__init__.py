@@ -24,8 +24,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from diag.records.results import Record
 from diag.render.cells import badge, num
-from diag.status import STATUSES, severity, worst_status
+from diag.status import STATUSES, Status, severity, worst_status
 
 if TYPE_CHECKING:
     from rich.console import JustifyMethod
@@ -123,17 +124,18 @@ class RunProgress:
             escape(f"backends: {', '.join(backends) or 'none'}"), total=total
         )
 
-    def record(self, rec: dict[str, Any]) -> None:
-        self._counts[rec["status"]] += 1
+    def record(self, data: dict[str, Any]) -> None:
+        rec = Record.from_json(data)
+        self._counts[rec.status] += 1
         advance = 1  # the plan counts every record: probes, agreements, A/B, skips
         self._done += advance
         if not self.enabled:
             return
         if not self.live:
-            kind = "" if rec.get("kind", "probe") == "probe" else f" ({rec.get('kind')})"
+            kind = "" if rec.kind == "probe" else f" ({rec.kind})"
             print_line(
-                f"diag run: [{self._done}/{self._total}] {rec['backend']} "
-                f"{rec['probe']} {rec['case']}{kind}: {rec['status']} "
+                f"diag run: [{self._done}/{self._total}] {rec.backend} "
+                f"{rec.probe} {rec.case}{kind}: {rec.status} "
                 f"({time.monotonic() - self._t0:.1f} s)",
                 err=True,
             )
@@ -145,7 +147,7 @@ class RunProgress:
         self._progress.update(
             self._task,
             advance=advance,
-            description=f"{escape(str(rec['backend']))} {escape(str(rec['case']))}  {counts}",
+            description=f"{escape(str(rec.backend))} {escape(str(rec.case))}  {counts}",
         )
 
     def stop(self) -> None:
@@ -166,12 +168,13 @@ def summary_table(records: Iterable[dict[str, Any]]) -> Table:
     no bound ratio, where ULPs are what the verdict compared (two backends' agreement in ULP,
     a training step's loss): next to a bound ratio a max ULP misleads, because an element
     that nearly cancels to zero is millions of ULP off in a perfectly good float32 sum.
-    Skips are listed with the problems, not here: they have no probe or dtype.
+    Skips are listed with the problems, not here: they have no probe or dtype. Each record
+    is read as a `Record` (`Record.from_json`): a line that is not one fails here, by name.
     """
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for r in records:
-        if r["status"] != "skip":
-            groups[(r["probe"].split(".", 1)[-1], r["backend"], shown_dtype(r))].append(r)
+    groups: dict[tuple, list[Record]] = defaultdict(list)
+    for r in map(Record.from_json, records):
+        if r.status != Status.SKIP:
+            groups[(r.probe.split(".", 1)[-1], r.backend, shown_dtype(r))].append(r)
     table = Table(
         title="diag: results",
         caption="bound ratio: worst error / the error bound of the claimed "
@@ -190,22 +193,17 @@ def summary_table(records: Iterable[dict[str, Any]]) -> Table:
         # Wrap rather than cut: `softmax_vocab` and `softmax_hazards` must stay apart.
         table.add_column(col, justify=cast("JustifyMethod", justify), overflow="fold")
     for (probe, backend, dtype), rs in groups.items():
-        statuses = [r["status"] for r in rs]
+        statuses = [r.status for r in rs]
         counts = ", ".join(f"{statuses.count(s)} {s}" for s in STATUSES if s in statuses)
         ratios = [
-            r["metrics"].get("bound_ratio")
+            r.metrics["bound_ratio"]
             for r in rs
-            if isinstance(r["metrics"].get("bound_ratio"), (int, float))
+            if isinstance(r.metrics.get("bound_ratio"), (int, float))
         ]
         ulps = (
             []
             if ratios
-            else [
-                r["metrics"].get(k)
-                for r in rs
-                for k in _ULP_KEYS
-                if isinstance(r["metrics"].get(k), int)
-            ]
+            else [r.metrics[k] for r in rs for k in _ULP_KEYS if isinstance(r.metrics.get(k), int)]
         )
         table.add_row(
             escape(probe),
@@ -219,12 +217,12 @@ def summary_table(records: Iterable[dict[str, Any]]) -> Table:
     return table
 
 
-def shown_dtype(record: dict[str, Any]) -> str:
+def shown_dtype(record: Record) -> str:
     """A record's dtype as the summary shows it: its inputs' dtype, and the arithmetic's when
     a mixed-precision case computes in another (`float32, bfloat16 compute`: float32 master
     weights, bf16 arithmetic), so the two runs of a training suite are two rows."""
-    dtype = str(record.get("dtype"))
-    compute = (record.get("params") or {}).get("compute")
+    dtype = str(record.dtype)
+    compute = (record.params or {}).get("compute")
     return f"{dtype}, {compute} compute" if compute and compute != dtype else dtype
 
 
@@ -245,12 +243,13 @@ def phases_line(phases: dict[str, dict[str, float]]) -> str | None:
 def problems_table(records: Iterable[dict[str, Any]], limit: int = 20) -> Table | None:
     """The error/fail/warn/skip records with their reasons, worst first (first `limit`)."""
     bad = sorted(
-        (r for r in records if r["status"] != "pass"), key=lambda r: -severity(r["status"])
+        (r for r in map(Record.from_json, records) if r.status != Status.PASS),
+        key=lambda r: -severity(r.status),
     )
     if not bad:
         return None
     # A backend that is absent is said apart: a clean run has nothing to look at.
-    skips = sum(1 for r in bad if r["status"] == "skip")
+    skips = sum(1 for r in bad if r.status == Status.SKIP)
     title = [f"{len(bad) - skips} record(s) to look at"] if len(bad) > skips else []
     title += [f"{skips} backend(s) not run"] if skips else []
     table = Table(title="diag: " + "; ".join(title), show_lines=False)
@@ -258,11 +257,11 @@ def problems_table(records: Iterable[dict[str, Any]], limit: int = 20) -> Table 
         table.add_column(col, overflow="fold")
     for r in bad[:limit]:
         table.add_row(
-            badge(r["status"]),
-            escape(str(r["backend"])),
-            escape(str(r["probe"])),
-            escape(str(r["case"])),
-            escape(str(r["reason"])),
+            badge(r.status),
+            escape(str(r.backend)),
+            escape(str(r.probe)),
+            escape(str(r.case)),
+            escape(str(r.reason)),
         )
     if len(bad) > limit:
         table.caption = f"... and {len(bad) - limit} more in results.jsonl"

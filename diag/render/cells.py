@@ -7,15 +7,16 @@ from typing import Any
 from rich.markup import escape
 
 from diag import numerics
+from diag.status import Status
 
 __all__ = ["STYLE", "badge", "num"]
 
-STYLE = {
-    "pass": "green",
-    "warn": "yellow",
-    "fail": "bold red",
-    "error": "bold magenta",
-    "skip": "dim",
+STYLE: dict[str, str] = {
+    Status.PASS: "green",
+    Status.WARN: "yellow",
+    Status.FAIL: "bold red",
+    Status.ERROR: "bold magenta",
+    Status.SKIP: "dim",
 }
 
 

@@ -44,7 +44,7 @@ from diag.report.tables import (
 )
 from diag.report.trace import trace_context
 from diag.report.training import train_context
-from diag.status import CHECKED, STATUSES, worst_status
+from diag.status import CHECKED, STATUSES, Status, worst_status
 
 __all__ = ["asset", "environment", "render_report", "write_report"]
 
@@ -79,12 +79,12 @@ ENV_FIRST = (
 EVIDENCE_KEYS = ("fingerprints", "features")
 
 # How a verdict reads at the top of the report.
-VERDICT_TEXT = {
-    "pass": "PASS: every check agrees with the ground truth within tolerance",
-    "skip": "SKIPPED: nothing was checked",
-    "warn": "WARN: all checks passed, some with warnings",
-    "fail": "FAIL: a numerical check failed",
-    "error": "ERROR: a backend or check could not run",
+VERDICT_TEXT: dict[str, str] = {
+    Status.PASS: "PASS: every check agrees with the ground truth within tolerance",
+    Status.SKIP: "SKIPPED: nothing was checked",
+    Status.WARN: "WARN: all checks passed, some with warnings",
+    Status.FAIL: "FAIL: a numerical check failed",
+    Status.ERROR: "ERROR: a backend or check could not run",
     INCOMPLETE: "INCOMPLETE: the run stopped before every check ran",
 }
 

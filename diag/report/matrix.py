@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from diag import numerics
-from diag.status import STATUSES, worst_status
+from diag.status import STATUSES, Status, worst_status
 
 __all__ = ["SETTING_PARAMS", "cell_id", "matrix_context", "row_key"]
 
@@ -99,7 +99,7 @@ def matrix_context(
     if not by_cell:
         return None
     every = list(dict.fromkeys(k[3] for k in by_cell))
-    ran = {k[3] for k, recs in by_cell.items() if any(r.get("status") != "skip" for r in recs)}
+    ran = {k[3] for k, recs in by_cell.items() if any(r.get("status") != Status.SKIP for r in recs)}
     backends = [b for b in every if b in ran] or every
     groups: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
     for (probe, dtype, setting, backend), recs in by_cell.items():

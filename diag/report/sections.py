@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from diag.report.fields import as_mapping, mapping_or_none
-from diag.status import severity
+from diag.status import Status, severity
 
 __all__ = ["sampling_context", "ab_context"]
 
@@ -52,7 +52,7 @@ def sampling_context(
     top_k = [
         _top_k_row(r)
         for r in _section_records(records, sections, "top-k")
-        if r.get("status") not in ("pass", "skip") or r["metrics"].get("semantics")
+        if r.get("status") not in (Status.PASS, Status.SKIP) or r["metrics"].get("semantics")
     ]
     if not greedy and not top_k:
         return None
@@ -175,5 +175,5 @@ def ab_context(
     return {
         "setting": " ".join((ab or {}).get("B", [])) if isinstance(ab, Mapping) else "",
         "rows": rows,
-        "changed": sum(1 for row in rows if row["status"] != "pass"),
+        "changed": sum(1 for row in rows if row["status"] != Status.PASS),
     }

@@ -16,7 +16,7 @@ from diag import numerics
 from diag.report.charts import to_float
 from diag.report.fields import as_mapping
 from diag.report.matrix import cell_id
-from diag.status import STATUSES, worst_status
+from diag.status import STATUSES, Status, worst_status
 
 __all__ = [
     "METRIC_COLUMNS",
@@ -253,7 +253,7 @@ def problem_rows(records: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     problems = [
         row
         for row in (_verdict_row(r, i) for i, r in enumerate(records))
-        if row["status"] in ("fail", "error")
+        if row["status"] in (Status.FAIL, Status.ERROR)
     ]
     problems.sort(key=lambda row: -row["rank"])
     return problems

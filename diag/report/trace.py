@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from diag.report.fields import as_mapping, mapping_or_none
-from diag.status import FAILURES_FIRST
+from diag.status import FAILURES_FIRST, Status
 
 __all__ = ["trace_context"]
 
@@ -181,5 +181,7 @@ def trace_context(
     return {
         "cases": cases,
         "passes": passes,
-        "problems": sum(1 for c in cases if c["status"] in ("warn", "fail", "error")),
+        "problems": sum(
+            1 for c in cases if c["status"] in (Status.WARN, Status.FAIL, Status.ERROR)
+        ),
     }

@@ -22,6 +22,7 @@ from typing import Any
 from diag import numerics
 from diag.backends import BackendSpec
 from diag.errors import UsageError
+from diag.status import Status
 
 __all__ = ["B", "Experiment", "parse_ab", "with_b_sides"]
 
@@ -105,6 +106,11 @@ class Experiment:
         """The environment of `spec`'s worker: the B side gets the setting on top."""
         return {**env, **self.env} if spec.variant == B else dict(env)
 
+    def b_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The environment of a B side's worker started on top of `env` (the A side's), for
+        a caller that starts one itself (`diag.trace.passes`)."""
+        return {**env, **self.env}
+
     def attribute(
         self,
         case_id: str,
@@ -142,7 +148,7 @@ class Experiment:
         }
         if not changed:
             return (
-                "pass",
+                Status.PASS,
                 f"{self.setting} changes nothing in {a}'s results (bit for bit)",
                 metrics,
             )
@@ -158,7 +164,7 @@ class Experiment:
             metrics["hlo_diff"] = hlo
             ops = ", ".join(f"{op} {n1}->{n2}" for op, (n1, n2) in hlo["ops"].items())
             reason += f"; compiled HLO differs ({ops or 'no op count changes'})"
-        return "warn", reason, metrics
+        return Status.WARN, reason, metrics
 
     def hlo_diff(self, case_id: str, a: str, b: str) -> dict | None:
         """The compiled-HLO difference between the two sides of a case, written to the run

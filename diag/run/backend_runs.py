@@ -22,9 +22,10 @@ from diag.plan.suite import Case, Suite, planned_pairs
 from diag.records.results import Record, RunDir
 from diag.run.ab import Experiment
 from diag.run.judge import Judge
+from diag.status import Status
 from diag.trace import capture as trace_capture
 from diag.worker.host import Worker
-from diag.worker.protocol import CaseJob, Job
+from diag.worker.protocol import Arithmetic, CaseError, CaseJob, Done, Event, Job, Ready, Result
 
 __all__ = ["BackendRuns", "PHASES", "MAX_RESTARTS"]
 
@@ -54,6 +55,7 @@ class BackendRuns:
         env: dict[str, str],
         ab_env: dict[str, str] | None = None,
         on_record: Callable[[dict], None] | None,
+        job_fields: dict[str, Any] | None = None,
     ):
         self.suite, self.skipped = suite, skipped
         self.run_dir, self.work = run_dir, judge.store.work
@@ -62,13 +64,14 @@ class BackendRuns:
         self.repeat_budget = repeat_budget
         self.env = env
         self.on_record = on_record
+        self.job_fields = job_fields or {}  # every job's fields on top of the run's
         self.judge = judge
         self.inputs = self.judge.store.inputs
         self.records: list[dict[str, Any]] = []
         # case id -> backend label -> (its spec, its result event, its output digests): the
         # outputs stay files in the work folder, mapped again when a later backend's output
         # is compared with them, until every backend is done with the case (`finished`)
-        self.outcomes: dict[str, dict[str, tuple[BackendSpec, dict, list[str] | None]]] = {}
+        self.outcomes: dict[str, dict[str, tuple[BackendSpec, Result, list[str] | None]]] = {}
         self.left: Counter[str] = Counter()  # case id -> backends yet to report it
         self.backend_info: dict[str, Any] = {}
         self.worker: Worker | None = None
@@ -92,7 +95,7 @@ class BackendRuns:
         self.left[case.id] -= 1
         if self.left[case.id] <= 0:
             for _, event, _ in self.outcomes.get(case.id, {}).values():
-                for output in event.get("outputs") or []:
+                for output in event.outputs:
                     self.judge.store.release(output["path"])
 
     def emit(self, record: Record) -> None:
@@ -125,11 +128,11 @@ class BackendRuns:
         )
 
     def error(self, case: Case, spec: BackendSpec, reason: str) -> None:
-        self.emit(self._record(case, spec, "error", reason))
+        self.emit(self._record(case, spec, Status.ERROR, reason))
 
-    def judge_result(self, case: Case, spec: BackendSpec, event: dict) -> None:
+    def judge_result(self, case: Case, spec: BackendSpec, event: Result) -> None:
         judge, label = self.judge, spec.label
-        if event.get("input_digests") != self.inputs.digests(case):
+        if event.input_digests != self.inputs.digests(case):
             self.error(
                 case,
                 spec,
@@ -141,10 +144,7 @@ class BackendRuns:
         oracle_info = judge.store.oracle_info(case)
         t0 = judge.clock(label, "truth", t0)
         shapes = (
-            ", ".join(
-                f"{o.get('name')} {o.get('dtype')}{o.get('shape')}"
-                for o in event.get("outputs") or []
-            )
+            ", ".join(f"{o.get('name')} {o.get('dtype')}{o.get('shape')}" for o in event.outputs)
             or "no outputs"
         )
         try:
@@ -155,12 +155,12 @@ class BackendRuns:
                 self._record(
                     case,
                     spec,
-                    "error",
+                    Status.ERROR,
                     f"{spec.label}: cannot judge the output ({shapes}): {type(e).__name__}: {e}"[
                         :500
                     ],
                     metrics={"traceback": traceback.format_exc()[-2000:]},
-                    timings=event.get("timings", {}),
+                    timings=event.timings,
                     oracle=oracle_info,
                 )
             )
@@ -175,14 +175,14 @@ class BackendRuns:
                 ev.status,
                 ev.reason,
                 metrics={**ev.metrics, "output_digests": digests},
-                timings=event.get("timings", {}),
+                timings=event.timings,
                 oracle=oracle_info,
             )
         )
         t0 = judge.clock(label, "write", t0)
         self.verdicts.setdefault(case.id, {})[spec.label] = self.records[-1]
-        if event.get("hlo") and self.ab is not None:
-            self.ab.hlo[case.id, spec.label] = event["hlo"]
+        if event.hlo and self.ab is not None:
+            self.ab.hlo[case.id, spec.label] = event.hlo
         self.agree(case, spec, outcome, ev.context)
         self.outcomes.setdefault(case.id, {})[spec.label] = (spec, event, digests)
         judge.clock(label, "judge", t0)
@@ -210,7 +210,7 @@ class BackendRuns:
                 status, reason, metrics = probe.agree(x, y, (a, b), context)
             except Exception as e:  # as in judge_result: one pair's error, not the run's
                 status, reason = (
-                    "error",
+                    Status.ERROR,
                     (f"cannot compare {a} and {b}: {type(e).__name__}: {e}")[:500],
                 )
                 metrics = {"traceback": traceback.format_exc()[-2000:]}
@@ -253,7 +253,7 @@ class BackendRuns:
                 ]
                 self.emit(
                     self._pair_record(
-                        case, f"{a}|{b}", kind, "error", "not compared: " + "; ".join(why), {}
+                        case, f"{a}|{b}", kind, Status.ERROR, "not compared: " + "; ".join(why), {}
                     )
                 )
 
@@ -324,6 +324,7 @@ class BackendRuns:
                 )
                 for c in cases
             ],
+            **self.job_fields,
         )
         job_path = self.work / f"job-{spec.label}.json"
         job_path.write_text(json.dumps(job.to_json()))
@@ -381,11 +382,11 @@ class BackendRuns:
                     cause = f"worker died: {worker.death()}"
                     self.error(cases[index], spec, f"{spec.label}: {cause}")
                     return cases[index + 1 :], started, cause
-                if event.get("event") == "done":
+                if isinstance(event, Done):
                     if worker.finish():
                         self.exiting.append(worker)
                     return [], started, ""
-                if event.get("event") == "ready":
+                if isinstance(event, Ready):
                     started = True
                     # Stamped on arrival, from the job handed over: a worker started beside
                     # another may have been ready long before its turn.
@@ -395,33 +396,34 @@ class BackendRuns:
             if worker not in self.exiting:
                 worker.kill()
 
-    def _on_event(self, spec: BackendSpec, event: dict, by_id: dict[str, Case]) -> int:
+    def _on_event(self, spec: BackendSpec, event: Event, by_id: dict[str, Case]) -> int:
         """Take one worker event (not `done`); returns how many cases it finished (0 or 1)."""
-        kind = event.get("event")
         seconds = self.judge.seconds[spec.label]
-        if kind == "ready":
+        if isinstance(event, Ready):
             self.backend_info[spec.label] = {
-                k: event[k] for k in ("device", "framework", "settings") if k in event
+                "device": event.device,
+                "framework": event.framework,
+                "settings": event.settings,
             }
-        elif kind == "arithmetic":  # measured after the cases; part of its start
-            seconds["start"] += event.pop("seconds", 0.0)
+        elif isinstance(event, Arithmetic):  # measured after the cases; part of its start
+            seconds["start"] += event.seconds
             self.backend_info.setdefault(spec.label, {}).update(
-                (k, event[k]) for k in ("fingerprints", "features") if k in event
+                fingerprints=event.fingerprints, features=event.features
             )
-        elif kind == "result":
-            t = event.get("timings") or {}
+        elif isinstance(event, Result):
+            t = event.timings
             seconds["compile"] += t.get("compile_s", 0.0)
             seconds["run"] += sum(t.get("run_s_samples", ()))
             seconds["transfer"] += t.get("transfer_s", 0.0)
             seconds["hunt"] += t.get("hunt_s", 0.0)
             if t.get("compile_shared_with") in by_id:  # the worker names ids
                 t["compile_shared_with"] = by_id[t["compile_shared_with"]].label
-            self.judge_result(by_id[event["case"]], spec, event)
-            self.finished(by_id[event["case"]])
+            self.judge_result(by_id[event.case], spec, event)
+            self.finished(by_id[event.case])
             return 1
-        elif kind == "case_error":
-            self.error(by_id[event["case"]], spec, f"{spec.label}: {event['error']}")
-            self.finished(by_id[event["case"]])
+        elif isinstance(event, CaseError):
+            self.error(by_id[event.case], spec, f"{spec.label}: {event.error}")
+            self.finished(by_id[event.case])
             return 1
         return 0
 
@@ -437,9 +439,9 @@ class BackendRuns:
         user named it (a run asked to check a backend must not pass without it)."""
         for name, reason in self.skipped.items():
             status, why = (
-                ("error", f"{name}: not run although asked for: {reason}")
+                (Status.ERROR, f"{name}: not run although asked for: {reason}")
                 if requested
-                else ("skip", f"{name}: {reason}")
+                else (Status.SKIP, f"{name}: {reason}")
             )
             self.emit(
                 Record(

@@ -20,6 +20,8 @@ from diag.plan.probe import expected_outcome
 from diag.plan.registry import PROBES
 from diag.plan.suite import Case
 from diag.run.store import STORE_MIN_SECONDS, STORE_RATE, CaseStore
+from diag.status import Status
+from diag.worker.protocol import Result
 
 __all__ = ["STORE_MIN_SECONDS", "STORE_RATE", "Judge", "as_emulation"]
 
@@ -31,11 +33,11 @@ def as_emulation(ev: Evaluation) -> Evaluation:
     nothing: a bound breach, or an overflow to Inf where the truth is finite, shows what that
     algorithm does to the case (worth a warning), never a broken machine or library.
     """
-    if ev.status != "fail":
+    if ev.status != Status.FAIL:
         return ev
     return dataclasses.replace(
         ev,
-        status="warn",
+        status=Status.WARN,
         reason=(
             f"{ev.reason}; an emulation promises nothing, so this is what the emulated algorithm "
             f"does here, not a failure"
@@ -75,7 +77,7 @@ class Judge:
         return now
 
     def outcome(
-        self, case: Case, spec: BackendSpec, event: dict, digests: list[str] | None = None
+        self, case: Case, spec: BackendSpec, event: Result, digests: list[str] | None = None
     ) -> Outcome:
         """What `spec` returned for `case` (its outputs memory-mapped), ready to be judged.
 
@@ -92,7 +94,7 @@ class Judge:
             params=case.params,
             promised=promises_full_precision(spec, case.dtype, precision),
             setting=f"precision={precision}",
-            nan_report=event.get("nan_report"),
+            nan_report=event.nan_report,
             shared=store.shared(case),
             recall=store.recall(case),
             digests=digests or store.output_digests(event, outputs),

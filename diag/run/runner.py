@@ -25,11 +25,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from threadpoolctl import threadpool_limits
 
 from diag.backends import get_spec, not_applicable
-from diag.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, DiagError, UsageError
+from diag.errors import UsageError, ended_by, exit_code
 from diag.plan.registry import REPORT_SECTIONS
 from diag.plan.suite import Suite, check_applicable, check_memory, load_suite, planned_records
 from diag.records.outputs import is_no_space, no_space, run_disk_full
@@ -82,6 +83,7 @@ def run(
     trace: bool = False,
     on_start: Callable[[int, list[str]], None] | None = None,
     on_record: Callable[[dict], None] | None = None,
+    job_fields: dict[str, Any] | None = None,
 ) -> RunResult:
     """Run a suite on backends and write a run folder.
 
@@ -108,6 +110,7 @@ def run(
         per-op summaries and the optimised HLO (`diag.trace`).
       on_start: called with (number of planned records, backend names) before workers start.
       on_record: called with each record as it is written.
+      job_fields: more fields of every worker's `diag.worker.protocol.Job` (preflight's hooks).
 
     Returns:
       RunResult with the run folder, the records and the final state.
@@ -140,11 +143,9 @@ def run(
         ab_env=ab_env,
         env=workers_env,
         on_record=on_record,
+        job_fields=job_fields,
     )
-    result = _drive(r, loaded, specs, skipped, parked, backends, work, trace, on_start)
-    if result.state == "interrupted":
-        raise Interrupted(result)
-    return result
+    return _drive(r, loaded, specs, skipped, parked, backends, work, trace, on_start)
 
 
 def _loaded(suite: str | Suite, max_memory: float | None, timeout: float) -> Suite:
@@ -260,7 +261,8 @@ def _drive(
     trace: bool,
     on_start,
 ) -> RunResult:
-    """Run every backend in turn; whatever happens, finish the run folder (state, counts)."""
+    """Run every backend in turn; whatever happens, finish the run folder (state, counts).
+    Raises `Interrupted` (holding the result) after Ctrl-C."""
     run_dir = r.run_dir
     r.trace = run_dir.path if trace else None
     r.parked = parked
@@ -286,16 +288,10 @@ def _drive(
     except KeyboardInterrupt as e:
         # Ctrl-C ends the process with 130; the CLI's SIGTERM (a KeyboardInterrupt carrying
         # `exit_code`) with 143.
-        state, ended = "interrupted", getattr(e, "exit_code", EXIT_INTERRUPTED)
+        state, ended = "interrupted", ended_by(e)
     except BaseException as e:  # a bug in diag itself, a full disk: keep the records, say why
         state = "aborted"
-        ended = (
-            EXIT_USAGE
-            if is_no_space(e)
-            else e.exit_code
-            if isinstance(e, DiagError)
-            else EXIT_INTERNAL
-        )
+        ended = exit_code(bad_file=True) if is_no_space(e) else ended_by(e)
         with contextlib.suppress(OSError):  # the disk may be full: as much as can be written
             run_dir.update_meta(error=f"{type(e).__name__}: {e}")
         if is_no_space(e):
@@ -305,9 +301,12 @@ def _drive(
         raise
     finally:
         counts = _finish(r, state, work, planned, blas, ended)
-    return RunResult(
+    result = RunResult(
         run_dir=run_dir.path, records=r.records, state=state, counts=counts, phases=r.phases()
     )
+    if state == "interrupted":
+        raise Interrupted(result)
+    return result
 
 
 def _finish(
@@ -326,7 +325,7 @@ def _finish(
         # here: what the run folder holds is what the counts and the caller are told.
         r.records = run_dir.records()
     statuses = [rec["status"] for rec in r.records]
-    counts = {s: statuses.count(s) for s in COUNTED}
+    counts: dict[str, int] = {s: statuses.count(s) for s in COUNTED}
     try:
         run_dir.update_meta(
             state=state,

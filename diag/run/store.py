@@ -31,6 +31,7 @@ from diag.oracle.cache import GroundTruthCache, default_cache_dir, source_digest
 from diag.plan.inputs import MEMO_BYTES, CostMemo, InputStore, TruthStore
 from diag.plan.suite import Case
 from diag.worker.host import load_output
+from diag.worker.protocol import Result
 
 __all__ = ["STORE_MIN_SECONDS", "STORE_RATE", "CaseStore"]
 
@@ -184,13 +185,13 @@ class CaseStore:
             self.stored["computed"] += 1
         return value
 
-    def outputs(self, event: dict) -> tuple[list[np.ndarray], list[str]]:
+    def outputs(self, event: Result) -> tuple[list[np.ndarray], list[str]]:
         """A result event's outputs, memory-mapped from their files, and their names."""
-        return [load_output(o) for o in event["outputs"]], [o["name"] for o in event["outputs"]]
+        return [load_output(o) for o in event.outputs], [o["name"] for o in event.outputs]
 
-    def output_digests(self, event: dict, outputs: list[np.ndarray]) -> list[str]:
+    def output_digests(self, event: Result, outputs: list[np.ndarray]) -> list[str]:
         """sha256 of each output's bits (`output_digest`), in the event's order."""
-        return [self.output_digest(meta["path"], o) for meta, o in zip(event["outputs"], outputs)]
+        return [self.output_digest(meta["path"], o) for meta, o in zip(event.outputs, outputs)]
 
     def output_digest(self, path: str, array: np.ndarray) -> str:
         """sha256 of the bits of `array`, the output file at `path`, once per file."""

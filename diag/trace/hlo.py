@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["instructions", "opcode_counts", "changed_instructions"]
+__all__ = ["instructions", "opcode_counts", "changed_instructions", "program_lines"]
 
 # `[ROOT] %name = TYPE opcode(`; TYPE is `f32[4,8]{1,0}`, `bf16[]`, or a tuple `(f32[2], s32[2])`.
 _DEF = re.compile(
@@ -52,6 +52,12 @@ def _normalised(line: str) -> str:
     return re.sub(r",\s*metadata=\{[^}]*\}", "", line).strip()
 
 
+def program_lines(text: str) -> list[str]:
+    """The instruction lines of an HLO text, in order, without their metadata: two dumps of
+    one program compare equal line for line whichever process wrote them."""
+    return [_normalised(x) for x in text.splitlines() if _DEF.match(x)]
+
+
 def changed_instructions(before: str, after: str, limit: int = 20) -> dict[str, list[str]]:
     """The instruction lines one HLO text has and the other lacks (metadata ignored).
 
@@ -59,11 +65,7 @@ def changed_instructions(before: str, after: str, limit: int = 20) -> dict[str, 
       {"added": lines only in `after`, "removed": lines only in `before`}, at most `limit`
       each, in text order.
     """
-
-    def lines(text: str) -> list[str]:
-        return [_normalised(x) for x in text.splitlines() if _DEF.match(x)]
-
-    a, b = lines(before), lines(after)
+    a, b = program_lines(before), program_lines(after)
     sa, sb = set(a), set(b)
     return {
         "added": [x for x in b if x not in sa][:limit],

@@ -21,7 +21,6 @@ XLA reads its flags once per process: hence a process per side.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import subprocess
@@ -71,11 +70,7 @@ def _pass_name(step: str) -> str:
 
 
 def _program(path: Path) -> list[str]:
-    return [
-        hlo._normalised(line)
-        for line in path.read_text(errors="replace").splitlines()
-        if hlo._DEF.match(line)
-    ]
+    return hlo.program_lines(path.read_text(errors="replace"))
 
 
 def first_difference(a_dir: Path, b_dir: Path) -> dict[str, Any] | None:
@@ -176,7 +171,6 @@ def attribute_run(run) -> list[dict[str, Any]]:
     """
     from diag.backends import get_spec
     from diag.plan.registry import PROBES
-    from diag.run.ab import B
 
     by_label = {c.label: c for c in run.suite.cases}
     out = []
@@ -195,7 +189,7 @@ def attribute_run(run) -> list[dict[str, Any]]:
             "inputs": run.inputs.paths(case),
             "input_dtypes": [case.dtype] * len(run.inputs.paths(case)),
         }
-        b_env = run.ab.worker_env(dataclasses.replace(spec, variant=B), run.env)
+        b_env = run.ab.b_env(run.env)
         result = {
             "case_id": case.id,
             "case": case.label,

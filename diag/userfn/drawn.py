@@ -1,5 +1,5 @@
 """A user's function called on arrays drawn by diag's input makers
-(`diag.plan.inputs.INPUT_MAKERS`), as a suite entry asks for with ``inputs``, ``shape``,
+(`diag.plan.makers.INPUT_MAKERS`), as a suite entry asks for with ``inputs``, ``shape``,
 ``dtype`` and ``seed``:
 
     [[probe]]
@@ -34,7 +34,7 @@ def draw_spec(inputs: str, shapes: list, dtype: str, seed: int) -> str:
     Raises:
         UserFunctionError: an unknown maker or dtype, or a shape that is not a list of sizes.
     """
-    from diag.plan.inputs import INPUT_MAKERS
+    from diag.plan.makers import INPUT_MAKERS
 
     if inputs not in INPUT_MAKERS:
         raise UserFunctionError(f"inputs: one of {', '.join(INPUT_MAKERS)}, got {inputs!r}")
@@ -57,7 +57,7 @@ def draw_spec(inputs: str, shapes: list, dtype: str, seed: int) -> str:
 
 def drawn_arrays(draw: str) -> list[np.ndarray]:
     """The arrays of a draw: one per shape, from one generator seeded with the draw's seed."""
-    from diag.plan.inputs import INPUT_MAKERS
+    from diag.plan.makers import INPUT_MAKERS
 
     d = json.loads(draw)
     rng = np.random.default_rng(d["seed"])

@@ -20,11 +20,12 @@ import numpy as np
 
 from diag import numerics
 from diag.diverge.rules import carried_error
+from diag.status import Status
 from diag.tolerance.userfn import userfn_agreement_allowance, userfn_output_allowance
 from diag.userfn.reference import Reference
 from diag.userfn.tree import leaf_name, numpy_leaves
 
-STATUSES = ("pass", "warn", "fail", "error")
+STATUSES = (Status.PASS, Status.WARN, Status.FAIL, Status.ERROR)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,16 +63,16 @@ def _float_verdict(path: str, y: np.ndarray, r: np.ndarray, dtype: str) -> Outpu
     err, _ = carried_error(y64, r64, dtype)
     if np.isnan(y64).any() and not np.isnan(r64).any():
         err = math.inf
-    status = "pass" if err <= allowed else "fail"
+    status = Status.PASS if err <= allowed else Status.FAIL
     where = ""
-    if status == "fail" and y64.size:
+    if status == Status.FAIL and y64.size:
         diff = np.where(np.isnan(y64) != np.isnan(r64), np.inf, np.abs(y64 - r64))
         i = np.unravel_index(int(np.nanargmax(diff)), y64.shape)
         where = (
             f"; largest at {tuple(int(v) for v in i)}: {numerics.fmt(float(y64[i]))} vs "
             f"{numerics.fmt(float(r64[i]))}"
         )
-    rel = "within" if status == "pass" else "beyond"
+    rel = "within" if status == Status.PASS else "beyond"
     return OutputVerdict(
         path,
         status,
@@ -91,7 +92,11 @@ def _int_verdict(
     n_bad = int(differ.sum())
     if not n_bad:
         return OutputVerdict(
-            path, "pass", 0.0, 0.0, f"{leaf_name(path)}: all {y.size} values equal the reference"
+            path,
+            Status.PASS,
+            0.0,
+            0.0,
+            f"{leaf_name(path)}: all {y.size} values equal the reference",
         )
     forced = np.zeros_like(differ)
     for m in moved:
@@ -110,14 +115,14 @@ def _int_verdict(
     if n_forced == n_bad:
         return OutputVerdict(
             path,
-            "warn",
+            Status.WARN,
             share,
             0.0,
             f"{head}; each is forced by rounding: the reference's own choice there moves when "
             f"the inputs move by one rounding of {input_dtype}",
         )
     tail = f"; {n_forced} of them forced by rounding" if n_forced else ""
-    return OutputVerdict(path, "fail", share, 0.0, head + tail)
+    return OutputVerdict(path, Status.FAIL, share, 0.0, head + tail)
 
 
 def judge(
@@ -145,12 +150,14 @@ def judge(
     for k, (path, r) in enumerate(ref.leaves):
         y = got.get(path)
         if y is None:
-            out.append(OutputVerdict(path, "error", math.nan, 0.0, f"{leaf_name(path)} missing"))
+            out.append(
+                OutputVerdict(path, Status.ERROR, math.nan, 0.0, f"{leaf_name(path)} missing")
+            )
         elif np.shape(y) != np.shape(r):
             out.append(
                 OutputVerdict(
                     path,
-                    "fail",
+                    Status.FAIL,
                     math.nan,
                     0.0,
                     f"{leaf_name(path)}: shape {tuple(np.shape(y))}, reference "
@@ -194,5 +201,5 @@ def agreement(a: list[tuple[str, np.ndarray]], b: list[tuple[str, np.ndarray]]) 
             beyond.append(f"{leaf_name(path)} ({numerics.fmt(err)})")
     metrics = {"difference": worst}
     if not beyond:
-        return "pass", f"all {len(a)} outputs agree within twice their allowance", metrics
-    return "warn", f"outputs differ between backends: {', '.join(beyond)}", metrics
+        return Status.PASS, f"all {len(a)} outputs agree within twice their allowance", metrics
+    return Status.WARN, f"outputs differ between backends: {', '.join(beyond)}", metrics

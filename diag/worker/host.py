@@ -25,6 +25,7 @@ import numpy as np
 from diag import numerics
 from diag.backends import BACKENDS, BackendSpec, framework_installed, get_spec
 from diag.worker.interpreter import parse_python, python_var, worker_cmd
+from diag.worker.protocol import BackendInfo, Done, Event, Platforms
 
 __all__ = [
     "load_output",
@@ -124,14 +125,21 @@ def jax_cache_for_import():
             os.environ.pop(k, None)
 
 
+def _event(line: str | bytes) -> Event | None:
+    """The typed event of one line of a worker's protocol stream (`Event.from_json`), or None
+    for a line that is not one (anything else a framework printed there)."""
+    try:
+        return Event.from_json(json.loads(line))
+    except (ValueError, TypeError, AttributeError):  # not JSON, not an event, bad fields
+        return None
+
+
 def _events(stdout: str):
-    """The protocol events in a finished worker's stdout (one JSON object per line; anything
-    else a framework printed there is skipped)."""
+    """The protocol events in a finished worker's stdout, typed."""
     for line in stdout.splitlines():
-        try:
-            yield json.loads(line)
-        except json.JSONDecodeError:
-            continue
+        event = _event(line)
+        if event is not None:
+            yield event
 
 
 def _discover(framework: str, env: dict[str, str]) -> tuple[list[str], str | None, Worker | None]:
@@ -155,9 +163,9 @@ def _discover(framework: str, env: dict[str, str]) -> tuple[list[str], str | Non
     except queue.Empty:
         worker.kill()
         return [], f"{framework} did not list its devices within {DISCOVERY_TIMEOUT:.0f} s", None
-    if event is not None and event.get("event") == "platforms":
-        worker.platforms = event["platforms"]
-        return event["platforms"], None, worker
+    if isinstance(event, Platforms):
+        worker.platforms = event.platforms
+        return event.platforms, None, worker
     worker.kill()
     stderr = worker.stderr_text()
     bad = flag_error(stderr)
@@ -297,12 +305,15 @@ def run_env_worker(
         return {"backends": {}, "error": f"{framework} did not report within {timeout:g} s"}
     result: dict[str, Any] = {"backends": {}}
     for event in _events(proc.stdout):
-        if event.get("event") == "backend":
-            result["backends"][event.pop("backend")] = {
-                k: v for k, v in event.items() if k != "event"
+        if isinstance(event, BackendInfo):
+            info = event.to_json()  # `features` only when measured (`--deep`)
+            result["backends"][event.backend] = {
+                k: v
+                for k, v in info.items()
+                if k not in ("event", "backend") and not (k == "features" and v is None)
             }
-        elif event.get("event") == "done":
-            result["platforms"] = event.get("platforms", [])
+        elif isinstance(event, Done):
+            result["platforms"] = event.platforms or []
     if proc.returncode != 0 or "platforms" not in result:
         bad = flag_error(proc.stderr)
         if bad is not None:
@@ -419,13 +430,12 @@ class Worker:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            try:
-                self._events.put((time.perf_counter(), json.loads(line)))
-            except json.JSONDecodeError:
-                continue
+            event = _event(line)
+            if event is not None:
+                self._events.put((time.perf_counter(), event))
         self._events.put((time.perf_counter(), None))  # EOF: it exited or closed its stream
 
-    def next_event(self, timeout: float) -> dict | None:
+    def next_event(self, timeout: float) -> Event | None:
         """The next event; None at EOF. Raises queue.Empty on timeout. `received` is when it
         arrived (a worker started beside others may have sent it long before it is read)."""
         self.received, event = self._events.get(timeout=timeout)

@@ -33,6 +33,10 @@ shapes and dtypes) share one compiled program, and each later one's timings name
 return one array, a tuple, or a dict of named arrays.
 A job's case carries the probe row's quirks: `op_args` (its fixed arguments included, e.g. a
 sampler's batch sizes) and `hunt_nans` (a non-finite output is hunted to its op, `diag.nan`).
+What a caller asks of a worker beyond its cases travels in the job too, never in the
+environment: `features` (measure the arithmetic features or not) and `hooks` (functions named
+by module and name, called after the cases in a worker of their framework: `diag preflight`'s
+node scan, `diag.nodes.hook`). The worker imports no caller of it.
 
 Fault injection for diag's own tests and for users proving their harness:
 `DIAG_WORKER_FAULT=KIND@CASE` (or `KIND@BACKEND:CASE`) makes the worker fail just before the
@@ -64,13 +68,13 @@ import numpy as np
 
 from diag.backends.arithmetic import matmul_features, matmul_fingerprints, worker_env
 from diag.plan.registry import FINGERPRINT_OP, build, ops_for
-from diag.preflight.nodes import features_wanted, scan_in_worker
 from diag.worker.protocol import (
     Arithmetic,
     CaseError,
     CaseJob,
     Done,
     Event,
+    Hook,
     Job,
     Platforms,
     Ready,
@@ -191,8 +195,20 @@ def run_job(job_json: dict, stream) -> None:
     arithmetic = _arithmetic(backend, job)
     if arithmetic:
         _send(stream, Arithmetic(seconds=time.perf_counter() - t0, **arithmetic))
-    scan_in_worker(spec.framework)  # `diag preflight` asks its JAX worker for the node scan
+    for hook in job.hooks:  # e.g. `diag preflight` asks its JAX worker for the node scan
+        _call_hook(hook, spec.framework)
     _send(stream, Done())
+
+
+def _call_hook(hook: Hook, framework: str) -> None:
+    """Call a job's hook in a worker of its framework. A hook that fails never fails the job:
+    its caller finds no answer and does the work itself (the line says why, on stderr)."""
+    if hook.framework not in (None, framework):
+        return
+    try:
+        getattr(importlib.import_module(hook.module), hook.function)(**hook.args)
+    except Exception as e:  # noqa: BLE001 - the hook's caller does the work itself then
+        print(f"diag: hook {hook.module}.{hook.function} failed: {e}", file=sys.stderr)
 
 
 def _run_case(
@@ -315,7 +331,7 @@ def _arithmetic(backend, job: Job) -> dict:
             backend, [cast("tuple[str, str]", tuple(p)) for p in settings]
         )
     }
-    if features_wanted():  # `diag preflight`'s probe workers skip them (nothing reads them)
+    if job.features:  # `diag preflight`'s probe workers skip them (nothing reads them)
         out["features"] = matmul_features(backend, [("default", "none")], dtypes=("float32",))
     return out
 

@@ -1,11 +1,12 @@
 """The worker protocol, typed: the job the host writes and the events a worker streams back.
 
 Both ends use these types: the host builds a `Job` (`diag.run.runner`, `diag.trace.passes`) and
-reads events with `parse_event`; the worker (`diag.worker.main`) reads the job with
-`Job.from_json` and writes each event with `Event.to_json`. On the wire they stay one JSON
-object per line (a job is one JSON file), so a worker under another Python (torch-xla) needs
-nothing but this module. An event's JSON keeps the keys the runner has always read
-(`event`, `case`, `outputs`, ...); `parse_event` refuses an unknown `event` kind.
+reads each event with `Event.from_json` (`diag.worker.host`: the runner, discovery and `diag
+env` see `Ready`, `Result`, ... values, never raw dicts); the worker (`diag.worker.main`) reads
+the job with `Job.from_json` and writes each event with `Event.to_json`. On the wire they stay
+one JSON object per line (a job is one JSON file), so a worker under another Python
+(torch-xla) needs nothing but this module. An event's JSON keeps the keys the runner has
+always read (`event`, `case`, `outputs`, ...); `parse_event` refuses an unknown `event` kind.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "CaseJob",
+    "Hook",
     "Job",
     "Output",
     "Event",
@@ -56,6 +58,25 @@ class CaseJob:
 
 
 @dataclass(frozen=True)
+class Hook:
+    """A function the worker calls after its job's cases, named by the host: how a caller
+    (`diag preflight`'s node scan) asks a worker for more work without the worker importing
+    the caller, and without a side channel in the workers' environment.
+
+    Attributes:
+      module, function: what to call (`diag.nodes.hook`, `scan_to`), as
+        ``function(**args)``; imported in the worker only when it runs there.
+      args: its keyword arguments (JSON values).
+      framework: call it only in a worker of this framework (`jax`); None for every worker.
+    """
+
+    module: str
+    function: str
+    args: dict[str, Any] = field(default_factory=dict)
+    framework: str | None = None
+
+
+@dataclass(frozen=True)
 class Job:
     """All of one backend's cases for one worker.
 
@@ -69,6 +90,10 @@ class Job:
       trace: `--trace`'s field (`diag.trace.capture.job_field`), or None.
       fingerprint: the (precision, via) settings whose arithmetic the worker measures after
         the cases; empty for none.
+      features: with `fingerprint`, also measure the unit's arithmetic features
+        (`diag.arith.precision.features`, for `diag check`'s baselines; `diag preflight`
+        reads none, ~0.2 CPU-s per backend).
+      hooks: functions to call after the cases and the arithmetic (`Hook`).
     """
 
     backend: str
@@ -80,6 +105,8 @@ class Job:
     hlo: bool = False
     trace: Any = None
     fingerprint: list[tuple[str, str]] = field(default_factory=list)
+    features: bool = True
+    hooks: list[Hook] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -92,6 +119,7 @@ class Job:
         fields = {k: v for k, v in data.items() if k in known}
         fields["cases"] = [CaseJob(**c) for c in data.get("cases", [])]
         fields["fingerprint"] = [tuple(p) for p in data.get("fingerprint") or []]
+        fields["hooks"] = [Hook(**h) for h in data.get("hooks") or []]
         fields.setdefault("label", data["backend"])
         return cls(**fields)
 
@@ -114,6 +142,20 @@ class Event:
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)  # type: ignore[call-overload]
         return {"event": self.kind, **data}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Event:
+        """The typed event of one protocol line's JSON object (`parse_event`); called on a
+        kind (`Result.from_json`), an event of another kind is refused.
+
+        Raises:
+          ValueError: an unknown `event` kind, or not one of `cls`.
+          TypeError: fields that kind does not have, or lacks.
+        """
+        event = parse_event(data)
+        if not isinstance(event, cls):
+            raise ValueError(f"expected a {cls.kind or 'worker'} event, got {data.get('event')!r}")
+        return event
 
 
 @dataclass(frozen=True)
