@@ -474,7 +474,8 @@ LAYERS = [
     ("diag",),  # the root: the library's packages as attributes, loaded on first use
     ("render",),  # the terminal's rendering (only it imports rich)
     ("testing",),  # pytest helpers over the library
-    ("preflight",),  # the quick version of every check, one command
+    ("preflight", "accuracy"),  # one command each over many workers: the quick version of
+    # every check; the elementwise accuracy tables
     ("nodes", "report", "gate"),  # node scans; readers of run folders (`READERS`)
     ("run",),  # the runner: reads the plan, drives workers, judges, writes records
     ("settings",),  # the environment report (it starts workers to list devices)
@@ -527,6 +528,8 @@ NAMED_BY_DATA = {
                         "(`diag.worker.protocol.Hook`, named by the host that asks)",
     "diag.nodes.workloads": "a user's workload module (`diag nodes --workload`)",
     "diag.userfn.load": "a user's module (`module:function`)",
+    "diag.accuracy": "its public names' modules (`_WHERE`, strings in the same file)",
+    "diag.accuracy.worker": "a framework's op (`jax.numpy.exp`), from `diag.accuracy.functions`",
 }
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from diag.accuracy.measure import Row, row_key
-from diag.errors import UsageError
+from diag.errors import UsageError, exit_code
 
 __all__ = ["FIGURES", "AccuracyBaselineError", "Check", "baseline", "check", "load", "save"]
 
@@ -42,7 +42,7 @@ class Check:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.changed else 0
+        return exit_code(failed=bool(self.changed))
 
 
 def baseline(rows: Sequence[Row]) -> dict:
