@@ -21,9 +21,10 @@ Neither framework is imported here; the one the function uses is imported on fir
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from diag.diverge.cause import Cause, Failing
 from diag.diverge.records import (
     CompareReport,
     DivergeError,
@@ -35,13 +36,17 @@ from diag.diverge.records import (
 from diag.interp import framework_of
 
 __all__ = [
+    "Cause",
     "CompareReport",
     "DivergeError",
+    "Failing",
     "NothingCompared",
     "OpRecord",
     "ShadowReport",
     "TapRecord",
     "compare",
+    "diagnose",
+    "explain",
     "shadow",
     "shadow_outputs",
     "shadow_within",
@@ -146,3 +151,39 @@ def shadow_within(allowance: float, fn: Callable, *args: Any, **kwargs: Any) -> 
 
     with limit(allowance):
         return shadow(fn, *args, **kwargs)
+
+
+def explain(
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    failing: Sequence[Failing],
+    leaves: Callable[[Any], list[tuple[str, Any]]],
+    *,
+    allowance: float = 0.0,
+    framework: str | None = None,
+) -> tuple[ShadowReport, Cause | None]:
+    """The shadow report and the cause of the `failing` outputs (`diag.diverge.cause`): the
+    smallest set of ops whose computation in a wider dtype brings every failing output within
+    its allowance, proven by re-running the function with them promoted.
+
+    Raises:
+        DivergeError: the function could not be run op by op.
+    """
+    from diag.diverge import attribution as ex
+
+    return ex.explain(
+        fn, args, kwargs, failing, leaves, allowance=allowance, framework=framework
+    )
+
+
+def diagnose(fn: Callable, *args: Any, **kwargs: Any) -> tuple[ShadowReport, Cause | None]:
+    """`shadow`, and when it fails, the cause of the outputs past sqrt(u) of their dtype
+    against their float64 shadow (`diag diverge`).
+
+    Raises:
+        DivergeError: the function could not be run op by op.
+    """
+    from diag.diverge import attribution as ex
+
+    return ex.diagnose(fn, args, kwargs)

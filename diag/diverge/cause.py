@@ -1,0 +1,447 @@
+"""Cause and cure: the op whose narrow dtype a failure comes from, proven by changing it.
+
+The shadow names where an error *shows* (the first op past its threshold: the `cos` after a
+bf16 angle, a LayerNorm after an fp16 sum that overflowed). What a user needs is the line to
+change, and evidence that changing it fixes the result. So the cause is found by recomputing:
+
+1. Candidates come from what the shadow already measured, walking back from the function's
+   outputs along the ops' inputs (`Ledger` entries keep their producers): births of Inf/NaN,
+   casts to a narrower float dtype, literals the tracer rounded, values that crossed their
+   threshold, accumulations in bfloat16/float16, ops inside a loop whose error grew, an op
+   whose own rounding a consumer amplified (own error x amplification). One candidate is a
+   *site*: an op at one line (every layer's `mul` at ``rope.py:20``, every iteration of a
+   scan), forward and backward apart.
+2. The function is run again with the candidate's ops computed in a wider dtype (float32 for
+   bf16/fp16 code, float64 for float32 code) and everything else as written: a promoted
+   value keeps its width into the ops that read it, as type promotion would carry it, until
+   a cast in the code narrows it (`diag.diverge.jax_cause`, `diag.diverge.torch_cause`).
+3. The failing outputs of that run are measured against the reference. The cause is the
+   first candidate (then the smallest set of the best ones) whose promotion brings every
+   failing output within its allowance, in at most `MAX_RERUNS` runs. A claim is made only
+   when its run confirms it; otherwise the report says no small set repairs it and shows the
+   best candidate's effect.
+
+The runs are the function's own: a promoted op is not a guess from the shadow's figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from diag import numerics
+from diag.diverge.rules import carried_error
+
+#: Re-runs of the function with candidates promoted, per failing record (the baseline run,
+#: as written, is not counted).
+MAX_RERUNS = 10
+#: Single candidates tried before sets of the best ones are.
+SINGLES = 7
+_WIDER = {"bfloat16": "float32", "float16": "float32", "float32": "float64"}
+_PACKAGE = re.compile(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z0-9_]+)")
+
+
+def wider(dtype: str) -> str:
+    """The dtype a candidate op is computed in: float32 for bf16/fp16, float64 for float32."""
+    return _WIDER.get(dtype, dtype)
+
+
+def package_of(path: str) -> str:
+    """``transformers`` for a file under a site-packages folder, else ``""``."""
+    m = _PACKAGE.search(path)
+    return m[1] if m else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """One candidate: an op at one line, in one phase.
+
+    Attributes:
+        primitive: the jaxpr primitive or aten op (``mul``, ``aten.exp``).
+        source: the user's line, ``file.py:LINE (function)``.
+        library: the library line that wrote the op, when the user's line only called it.
+        phase: ``forward`` or ``backward``.
+        dtype: the dtype the op computes in (of its output).
+        tags: what the shadow knew about it (``narrowing``, ``literal``).
+        path: where it sits (``jit[f]/scan[3]``).
+    """
+
+    primitive: str
+    source: str
+    library: str
+    phase: str
+    dtype: str
+    tags: frozenset[str] = frozenset()
+    path: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        """What the re-running evaluators match an op by."""
+        return (self.primitive, self.source, self.library, self.phase)
+
+    def label(self, package: str = "") -> str:
+        """``mul at rope.py:20 (rope)``; a library op also names its package and line."""
+        where = self.source or "an unknown line"
+        if self.library:
+            pkg = f"{package} " if package else ""
+            where += f", in {pkg}{self.library}"
+        back = " (backward)" if self.phase == "backward" else ""
+        return f"{self.primitive} at {where}{back}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Failing:
+    """A failing output: its name, the reference it is measured against, its allowance."""
+
+    path: str
+    reference: np.ndarray
+    allowance: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Cause:
+    """The cause of a failure, and its proof.
+
+    Attributes:
+        cause: the line to change, ``file.py:LINE (function)`` (the user's line; a library
+            op's package and line after it), or ``""`` when no candidate repaired it.
+        cause_ops: the promoted ops, ``mul at rope.py:20 (rope)``.
+        repair: what to change, in the user's terms, with the measured effect.
+        error_before: the failing output's error as written (re-run op by op).
+        error_after: the same with `cause_ops` computed in the wider dtype.
+        allowance: what that output may carry.
+        output: the failing output's name.
+        confirmed: whether the re-run brought every failing output within its allowance.
+        reruns: how many re-runs the search took.
+        text: one line: ``cause: ...`` (or why there is none).
+    """
+
+    cause: str
+    cause_ops: tuple[str, ...]
+    repair: str
+    error_before: float
+    error_after: float
+    allowance: float
+    output: str
+    confirmed: bool
+    reruns: int
+    text: str
+
+    def fields(self) -> dict[str, Any]:
+        """The record's and ``--json``'s fields (an infinite error as the string ``inf``)."""
+        return {
+            "cause": self.cause,
+            "cause_ops": list(self.cause_ops),
+            "repair": self.repair,
+            "error_before": _json(self.error_before),
+            "error_after": _json(self.error_after),
+            "cause_confirmed": self.confirmed,
+            "cause_reruns": self.reruns,
+        }
+
+
+def _json(x: float) -> float | str | None:
+    if math.isnan(x):
+        return None
+    return x if math.isfinite(x) else ("inf" if x > 0 else "-inf")
+
+
+class Rerun(Protocol):
+    """A framework's re-runner: the function's output leaves, with `sites` promoted."""
+
+    def __call__(self, sites: frozenset[tuple[str, str, str, str]]) -> list[tuple[str, Any]]: ...
+
+    packages: dict[tuple[str, str, str, str], str]
+
+
+def errors(got: list[tuple[str, Any]], failing: Sequence[Failing]) -> list[float]:
+    """Each failing output's normwise error in a run (inf where it is missing or misshaped)."""
+    have = dict(got)
+    out = []
+    for f in failing:
+        y = have.get(f.path)
+        if y is None or np.shape(y) != np.shape(f.reference):
+            out.append(math.inf)
+            continue
+        y64 = np.atleast_1d(np.asarray(y, dtype=np.float64))
+        r64 = np.atleast_1d(np.asarray(f.reference, dtype=np.float64))
+        err, _ = carried_error(y64, r64, "float64")
+        if np.isnan(y64).any() and not np.isnan(r64).any():
+            err = math.inf
+        out.append(err)
+    return out
+
+
+def _worst(errs: list[float], failing: Sequence[Failing]) -> tuple[float, int]:
+    """(largest error / allowance, which output)."""
+    ratios = [e / f.allowance if f.allowance > 0 else math.inf for e, f in zip(errs, failing)]
+    k = max(range(len(ratios)), key=lambda i: (ratios[i], -i))
+    return ratios[k], k
+
+
+def search(
+    rerun: Rerun,
+    candidates: list[Site],
+    failing: Sequence[Failing],
+    consumers: dict[tuple, set[str]] | None = None,
+    max_reruns: int = MAX_RERUNS,
+) -> Cause:
+    """Re-run with candidates promoted until every failing output is within its allowance.
+
+    Args:
+        rerun: the framework's re-runner.
+        candidates: `rank`'s sites, most likely first.
+        failing: the failing outputs.
+        consumers: per site key, the primitives of the ops that read it (for the repair's
+            wording: a sigmoid whose result a log reads).
+        max_reruns: the budget.
+    """
+    base = errors(rerun(frozenset()), failing)
+    before, k0 = _worst(base, failing)
+    if before <= 1.0:
+        return _none(
+            "the failure does not reproduce when the function runs op by op (a compiler's "
+            "fusion or excess precision changes it): no cause is claimed",
+            failing[k0],
+            base[k0],
+            base[k0],
+            0,
+        )
+    tried: list[tuple[float, Site, list[float]]] = []
+    runs = 0
+    for site in candidates[: min(SINGLES, max_reruns)]:
+        errs = errors(rerun(frozenset({site.key})), failing)
+        runs += 1
+        ratio, _ = _worst(errs, failing)
+        tried.append((ratio, site, errs))
+        if ratio <= 1.0:
+            return _found((site,), base, errs, failing, rerun, runs, consumers or {})
+    tried.sort(key=lambda t: t[0])
+    for n in range(2, len(tried) + 1):
+        if runs >= max_reruns:
+            break
+        group = tuple(t[1] for t in tried[:n])
+        errs = errors(rerun(frozenset(s.key for s in group)), failing)
+        runs += 1
+        if _worst(errs, failing)[0] <= 1.0:
+            return _found(group, base, errs, failing, rerun, runs, consumers or {})
+    if not tried:
+        return _none(
+            "no candidate op computes in a dtype narrower than float64",
+            failing[k0],
+            base[k0],
+            base[k0],
+            runs,
+        )
+    best = tried[0]
+    k = _worst(best[2], failing)[1]
+    label = best[1].label(rerun.packages.get(best[1].key, ""))
+    return _none(
+        f"no set of up to {len(tried)} ops computed in a wider dtype repairs it; the best, "
+        f"{label} in {wider(best[1].dtype)}, takes {_name(failing[k].path)}'s error from "
+        f"{_fmt(base[k])} to {_fmt(best[2][k])} (allowance {_fmt(failing[k].allowance)})",
+        failing[k],
+        base[k],
+        best[2][k],
+        runs,
+    )
+
+
+def _name(path: str) -> str:
+    return f"output{path}" if path else "the output"
+
+
+def _fmt(x: float) -> str:
+    return "inf" if math.isinf(x) else numerics.fmt(x)
+
+
+def _none(text: str, f: Failing, before: float, after: float, runs: int) -> Cause:
+    return Cause("", (), "", before, after, f.allowance, f.path, False, runs, text)
+
+
+def _found(
+    group: tuple[Site, ...],
+    base: list[float],
+    errs: list[float],
+    failing: Sequence[Failing],
+    rerun: Rerun,
+    runs: int,
+    consumers: dict[tuple, set[str]],
+) -> Cause:
+    _, k = _worst(base, failing)
+    f = failing[k]
+    head = group[0]
+    pkg = rerun.packages.get(head.key, "")
+    line = head.source or "an unknown line"
+    if head.library:
+        line += f", in {pkg + ' ' if pkg else ''}{head.library}"
+    ops = tuple(s.label(rerun.packages.get(s.key, "")) for s in group)
+    wide = wider(head.dtype)
+    effect = (
+        f"computed in {wide} {_name(f.path)}'s error falls from {_fmt(base[k])} to "
+        f"{_fmt(errs[k])} (allowance {_fmt(f.allowance)})"
+    )
+    what = ", ".join(ops) if len(group) > 1 else f"{ops[0]} ({head.dtype})"
+    repair = repair_for(head, consumers.get(head.key, set()))
+    return Cause(
+        cause=line,
+        cause_ops=ops,
+        repair=f"{repair}; measured: error {_fmt(base[k])} -> {_fmt(errs[k])}",
+        error_before=base[k],
+        error_after=errs[k],
+        allowance=f.allowance,
+        output=f.path,
+        confirmed=True,
+        reruns=runs,
+        text=f"cause: {what}; {effect}; repair: {repair}",
+    )
+
+
+_LOGS = {"log", "aten.log", "log1p", "aten.log1p"}
+_SIGMOID = {"logistic", "aten.sigmoid"}
+_EXP = {"exp", "aten.exp", "exp2"}
+_SUMS = {"reduce_sum", "cumsum", "aten.sum", "aten.cumsum", "aten.mean", "add", "aten.add"}
+
+
+def repair_for(site: Site, consumers: set[str]) -> str:
+    """The repair in the user's terms: the usual fix of that kind of op, else the promotion."""
+    wide = wider(site.dtype)
+    if site.primitive in _SIGMOID and consumers & _LOGS:
+        return (
+            "compute log(sigmoid) with log_sigmoid (jax.nn.log_sigmoid, "
+            "torch.nn.functional.logsigmoid; log(1 - sigmoid(z)) = log_sigmoid(-z))"
+        )
+    if site.primitive in _EXP:
+        return (
+            f"subtract the row max before exp (as jax.nn.softmax and torch.softmax do), or "
+            f"compute it in {wide}"
+        )
+    if "narrowing" in site.tags:
+        return (
+            f"keep this value in {wide}: drop the cast to {site.dtype} (a module's dtype= or an "
+            f"explicit astype/.to)"
+        )
+    if "literal" in site.tags:
+        return (
+            f"compute this op in {wide}: its literal rounds in {site.dtype} (an eps below "
+            f"{site.dtype}'s smallest numbers becomes 0)"
+        )
+    narrow = site.dtype in ("bfloat16", "float16")
+    if narrow and ("scan[" in site.path or "while[" in site.path):
+        return f"keep the loop's carry in {wide} (cast to {site.dtype} after the loop)"
+    if narrow and site.primitive in _SUMS:
+        return f"accumulate in {wide}: upcast before the sum (cast the total back after it)"
+    return f"compute this op in {wide} (upcast its inputs before it)"
+
+
+def candidates(
+    entries: Sequence[Any],
+    starts: Sequence[int],
+    allowance: float,
+    limit: int = 2 * SINGLES,
+) -> tuple[list[Site], dict[tuple, set[str]]]:
+    """The sites to try, most likely first, and the primitives that read each.
+
+    Walks back from the ledger entries `starts` (what the outputs were computed from) along
+    each entry's producers; scores every op on the way by what the shadow measured
+    (`_score`); a site's score is its best op's.
+
+    Args:
+        entries: the shadow's ledger entries (execution order).
+        starts: the entries the function's outputs were computed from.
+        allowance: the smallest failing output's allowance.
+        limit: how many sites to return.
+    """
+    depth: dict[int, int] = {}
+    frontier = [i for i in starts if 0 <= i < len(entries)]
+    for i in frontier:
+        depth[i] = 0
+    consumers: dict[int, list[int]] = {}
+    while frontier:
+        nxt = []
+        for i in frontier:
+            for p in entries[i].producers:
+                consumers.setdefault(p, []).append(i)
+                if p not in depth:
+                    depth[p] = depth[i] + 1
+                    nxt.append(p)
+        frontier = nxt
+    best: dict[tuple, tuple[float, Site]] = {}
+    readers: dict[tuple, set[str]] = {}
+    cache: dict[int, tuple[str, str]] = {}
+    for i, d in depth.items():
+        e = entries[i]
+        if e.cls == "structural" or e.dtype not in _WIDER:
+            continue
+        score = _score(e, [entries[c] for c in consumers.get(i, ())], allowance) - 0.5 * d
+        if i not in cache:
+            cache[i] = e.where()
+        source, library = cache[i]
+        site = Site(e.primitive, source, library, e.phase, e.dtype, e.tags, e.path)
+        readers.setdefault(site.key, set()).update(
+            entries[c].primitive for c in consumers.get(i, ())
+        )
+        if site.key not in best or score > best[site.key][0]:
+            best[site.key] = (score, site)
+    ranked = sorted(best.values(), key=lambda t: -t[0])
+    return [s for _, s in ranked[:limit]], readers
+
+
+def _score(e: Any, consumers: list, allowance: float) -> float:
+    """How likely the op is the cause, from the shadow's figures (higher: try it sooner)."""
+    score = 0.0
+    if math.isinf(e.carried) and math.isfinite(e.carried_in):
+        score += 100.0  # an Inf/NaN born here
+    if "narrowing" in e.tags:
+        score += 60.0
+    if "literal" in e.tags:
+        score += 60.0
+    if e.carried > e.threshold >= e.carried_in or e.carried > allowance >= e.carried_in:
+        score += 40.0  # the value left its threshold here
+    if e.cls == "reduction" and e.dtype in ("bfloat16", "float16"):
+        score += 30.0
+    if ("scan[" in e.path or "while[" in e.path) and e.carried > 2 * e.carried_in:
+        score += 20.0
+    if e.own_ratio == e.own_ratio and e.own_ratio > 1.0:
+        score += 20.0
+    # own error x amplification: what this op's rounding became in the ops that read it
+    u = numerics.unit_roundoff(e.dtype)
+    own = (e.own_ulps if e.own_ulps == e.own_ulps else 0.0) * u
+    amp = max((_amp(c) for c in consumers), default=1.0)
+    grown = own * amp
+    if grown > 0 and math.isfinite(grown):
+        score += 10.0 * max(0.0, min(6.0, math.log10(grown / (u * 1e-3))))
+    elif math.isinf(amp) and own > 0:
+        score += 50.0
+    return score
+
+
+def _amp(e: Any) -> float:
+    u = numerics.unit_roundoff(e.dtype)
+    if e.carried == 0.0:
+        return 0.0
+    if math.isinf(e.carried):
+        return math.inf if math.isfinite(e.carried_in) else 1.0
+    return e.carried / max(e.carried_in, u)
+
+
+def find(
+    keep: dict,
+    rerun: Rerun,
+    failing: Sequence[Failing],
+    max_reruns: int = MAX_RERUNS,
+) -> Cause:
+    """`candidates` from a shadow run's `keep` (ledger and output sources), then `search`."""
+    ledger = keep["ledger"]
+    starts = sorted({i for s in keep.get("sources", ()) for i in s})
+    allowance = min((f.allowance for f in failing), default=math.inf)
+    sites, readers = candidates(ledger.entries, starts, allowance)
+    return search(rerun, sites, failing, readers, max_reruns)
+
+
+Leaves = Callable[[Any], list[tuple[str, Any]]]
