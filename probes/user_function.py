@@ -9,7 +9,10 @@ function hard-codes a narrower dtype, the float64 shadow of `diag.diverge`
 (`diag.userfn.reference`); each record says which. Tolerance: `diag.tolerance.userfn` (sqrt(u)
 of each output's dtype, normwise); integer outputs must equal the reference's, except where
 rounding the inputs moves the reference's own choice (a warn). A failing record's reason names
-the first op of the function that leaves the float64 shadow, and its line.
+the first op of the function that leaves the float64 shadow, and its line, then the cause: the
+op whose computation in a wider dtype brings the failing outputs within their allowance, proven
+by re-running the function with it promoted (`diag.diverge.explain`; the record's metrics carry
+`cause`, `cause_ops`, `repair`, `error_before`, `error_after`).
 """
 
 from __future__ import annotations
@@ -79,14 +82,32 @@ def evaluate(o: Outcome) -> Evaluation:
     if status == "pass":
         reason = f"all {len(verdicts)} outputs within their allowance of the {ref.description}"
     elif status == "fail":
-        op = prepared.first_divergent_op(
-            min((v.allowed for v in verdicts if v.allowed), default=0.0)
-        )
+        allowed = min((v.allowed for v in verdicts if v.allowed), default=0.0)
+        failing = _failing(verdicts, ref)
+        if failing:
+            op, cause = prepared.diagnose(allowed, failing)
+        else:
+            op, cause = prepared.first_divergent_op(allowed), None
         metrics["first_divergent_op"] = op
         reason = f"{worst.reason if worst else ''}; {op}"
+        if cause is not None:
+            metrics.update(cause.fields())
+            reason += f"; {cause.text}"
     else:
         reason = worst.reason if worst else "no output to judge"
     return Evaluation(status, reason, metrics)
+
+
+def _failing(verdicts: list, ref) -> list:
+    """The failing float outputs, as the cause search measures them (`diag.diverge.Failing`)."""
+    from diag.diverge import Failing
+
+    out = []
+    for v in verdicts:
+        r = ref.leaf(v.path)
+        if v.status == "fail" and v.allowed > 0 and r is not None and r.dtype.kind == "f":
+            out.append(Failing(v.path, r, v.allowed))
+    return out
 
 
 def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:

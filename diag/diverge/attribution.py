@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -63,7 +64,18 @@ def explain(
         report = shadow(f, a, k, keep=keep)
     if not failing:
         return report, None
-    return report, find(keep, rerun, failing)
+    return report, _find(keep, rerun, failing)
+
+
+def _find(keep: dict, rerun: Any, failing: Sequence[Failing]) -> Cause:
+    """`cause.find`; a re-run that raises ends the search with a sentence saying so (the
+    shadow's finding stands without a cause)."""
+    try:
+        return find(keep, rerun, failing)
+    except Exception as e:  # noqa: BLE001 - the user's function may raise anything
+        f = failing[0]
+        text = f"no cause: re-running the function with ops promoted raised {type(e).__name__}: {e}"
+        return Cause("", (), "", math.nan, math.nan, f.allowance, f.path, False, 0, text)
 
 
 def positional(result: Any) -> list[tuple[str, Any]]:
@@ -113,4 +125,4 @@ def diagnose(fn: Callable, args: tuple, kwargs: dict) -> tuple[ShadowReport, Cau
     failing = [c for c, e in zip(cands, errors(base, cands)) if e > c.allowance]
     if not failing:
         return report, None
-    return report, find(keep, rerun, failing)
+    return report, _find(keep, rerun, failing)

@@ -67,7 +67,8 @@ class Site:
         library: the library line that wrote the op, when the user's line only called it.
         phase: ``forward`` or ``backward``.
         dtype: the dtype the op computes in (of its output).
-        tags: what the shadow knew about it (``narrowing``, ``literal``).
+        tags: what the shadow knew about it (``narrowing``, ``literal``, ``birth``: an
+            Inf or NaN was born here).
         path: where it sits (``jit[f]/scan[3]``).
     """
 
@@ -159,8 +160,17 @@ class Rerun(Protocol):
     packages: dict[tuple[str, str, str, str], str]
 
 
-def errors(got: list[tuple[str, Any]], failing: Sequence[Failing]) -> list[float]:
-    """Each failing output's normwise error in a run (inf where it is missing or misshaped)."""
+def errors(
+    got: list[tuple[str, Any]], failing: Sequence[Failing], dtypes: dict | None = None
+) -> list[float]:
+    """Each failing output's normwise error in a run (inf where it is missing or misshaped).
+
+    Args:
+        got: the run's output leaves.
+        failing: the outputs to measure.
+        dtypes: per path, the dtype the function as written returns: a promoted run's wider
+            output is rounded to it first, as the repaired function would return it.
+    """
     have = dict(got)
     out = []
     for f in failing:
@@ -168,6 +178,10 @@ def errors(got: list[tuple[str, Any]], failing: Sequence[Failing]) -> list[float
         if y is None or np.shape(y) != np.shape(f.reference):
             out.append(math.inf)
             continue
+        want = (dtypes or {}).get(f.path)
+        if want is not None and np.asarray(y).dtype != want:
+            with np.errstate(over="ignore"):
+                y = np.asarray(y, dtype=np.float64).astype(want)
         y64 = np.atleast_1d(np.asarray(y, dtype=np.float64))
         r64 = np.atleast_1d(np.asarray(f.reference, dtype=np.float64))
         err, _ = carried_error(y64, r64, "float64")
@@ -201,7 +215,9 @@ def search(
             wording: a sigmoid whose result a log reads).
         max_reruns: the budget.
     """
-    base = errors(rerun(frozenset()), failing)
+    first = rerun(frozenset())
+    dtypes = {p: np.asarray(y).dtype for p, y in first}
+    base = errors(first, failing)
     before, k0 = _worst(base, failing)
     if before <= 1.0:
         return _none(
@@ -215,7 +231,7 @@ def search(
     tried: list[tuple[float, Site, list[float]]] = []
     runs = 0
     for site in candidates[: min(SINGLES, max_reruns)]:
-        errs = errors(rerun(frozenset({site.key})), failing)
+        errs = errors(rerun(frozenset({site.key})), failing, dtypes)
         runs += 1
         ratio, _ = _worst(errs, failing)
         tried.append((ratio, site, errs))
@@ -226,7 +242,7 @@ def search(
         if runs >= max_reruns:
             break
         group = tuple(t[1] for t in tried[:n])
-        errs = errors(rerun(frozenset(s.key for s in group)), failing)
+        errs = errors(rerun(frozenset(s.key for s in group)), failing, dtypes)
         runs += 1
         if _worst(errs, failing)[0] <= 1.0:
             return _found(group, base, errs, failing, rerun, runs, consumers or {})
@@ -311,7 +327,7 @@ _SUMS = {"reduce_sum", "cumsum", "aten.sum", "aten.cumsum", "aten.mean", "add", 
 def repair_for(site: Site, consumers: set[str]) -> str:
     """The repair in the user's terms: the usual fix of that kind of op, else the promotion."""
     wide = wider(site.dtype)
-    if site.primitive in _SIGMOID and consumers & _LOGS:
+    if site.primitive in _SIGMOID and consumers & _LOGS:  # log(sigmoid), log(1 - sigmoid)
         return (
             "compute log(sigmoid) with log_sigmoid (jax.nn.log_sigmoid, "
             "torch.nn.functional.logsigmoid; log(1 - sigmoid(z)) = log_sigmoid(-z))"
@@ -336,6 +352,8 @@ def repair_for(site: Site, consumers: set[str]) -> str:
         return f"keep the loop's carry in {wide} (cast to {site.dtype} after the loop)"
     if narrow and site.primitive in _SUMS:
         return f"accumulate in {wide}: upcast before the sum (cast the total back after it)"
+    if "birth" in site.tags:
+        return f"its result overflows {site.dtype}: upcast its inputs to {wide} before it"
     return f"compute this op in {wide} (upcast its inputs before it)"
 
 
@@ -382,10 +400,11 @@ def candidates(
         if i not in cache:
             cache[i] = e.where()
         source, library = cache[i]
-        site = Site(e.primitive, source, library, e.phase, e.dtype, e.tags, e.path)
-        readers.setdefault(site.key, set()).update(
-            entries[c].primitive for c in consumers.get(i, ())
-        )
+        tags = e.tags | ({"birth"} if math.isinf(e.carried) and math.isfinite(e.carried_in) else set())
+        site = Site(e.primitive, source, library, e.phase, e.dtype, frozenset(tags), e.path)
+        near = consumers.get(i, [])
+        near = near + [g for c in near for g in consumers.get(c, ())]
+        readers.setdefault(site.key, set()).update(entries[c].primitive for c in near)
         if site.key not in best or score > best[site.key][0]:
             best[site.key] = (score, site)
     ranked = sorted(best.values(), key=lambda t: -t[0])
