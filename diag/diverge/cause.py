@@ -13,8 +13,10 @@ change, and evidence that changing it fixes the result. So the cause is found by
    scan), forward and backward apart.
 2. The function is run again with the candidate's ops computed in a wider dtype (float32 for
    bf16/fp16 code, float64 for float32 code) and everything else as written: a promoted
-   value keeps its width into the ops that read it, as type promotion would carry it, until
-   a cast in the code narrows it (`diag.diverge.jax_cause`, `diag.diverge.torch_cause`).
+   value keeps its width into the `MAX_HOPS` ops that compute with it, as type promotion
+   would carry it, then is rounded to the dtype the code gives it; a promoted narrowing cast
+   is one the user would drop, and its wider value stays (`diag.diverge.jax_cause`,
+   `diag.diverge.torch_cause`).
 3. The failing outputs of that run are measured against the reference. The cause is the
    first candidate (then the smallest set of the best ones) whose promotion brings every
    failing output within its allowance, in at most `MAX_RERUNS` runs. A claim is made only
@@ -42,6 +44,11 @@ from diag.diverge.rules import carried_error
 MAX_RERUNS = 10
 #: Single candidates tried before sets of the best ones are.
 SINGLES = 7
+#: How many ops computing with a promoted op's result see it at the wider width before it
+#: is rounded to the dtype the code gives it (ops that only move values do not count): an
+#: angle reaches its cosine, an exp its sum and division; promoting one op of a float32
+#: model does not compute the rest of the model in float64.
+MAX_HOPS = 3
 _WIDER = {"bfloat16": "float32", "float16": "float32", "float32": "float64"}
 _PACKAGE = re.compile(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z0-9_]+)")
 
@@ -231,7 +238,7 @@ def search(
     tried: list[tuple[float, Site, list[float]]] = []
     runs = 0
     for site in candidates[: min(SINGLES, max_reruns)]:
-        errs = errors(rerun(frozenset({site.key})), failing, dtypes)
+        errs = _attempt(rerun, frozenset({site.key}), failing, dtypes)
         runs += 1
         ratio, _ = _worst(errs, failing)
         tried.append((ratio, site, errs))
@@ -242,7 +249,7 @@ def search(
         if runs >= max_reruns:
             break
         group = tuple(t[1] for t in tried[:n])
-        errs = errors(rerun(frozenset(s.key for s in group)), failing, dtypes)
+        errs = _attempt(rerun, frozenset(s.key for s in group), failing, dtypes)
         runs += 1
         if _worst(errs, failing)[0] <= 1.0:
             return _found(group, base, errs, failing, rerun, runs, consumers or {})
@@ -266,6 +273,16 @@ def search(
         best[2][k],
         runs,
     )
+
+
+def _attempt(rerun: Rerun, sites: frozenset, failing: Sequence[Failing], dtypes: dict) -> list:
+    """The failing outputs' errors with `sites` promoted; inf where the promoted run raised
+    (an autograd node refusing a wider gradient: that candidate repairs nothing)."""
+    try:
+        got = rerun(sites)
+    except Exception:  # noqa: BLE001 - the user's function, changed, may raise anything
+        return [math.inf for _ in failing]
+    return errors(got, failing, dtypes)
 
 
 def _name(path: str) -> str:
@@ -389,18 +406,26 @@ def candidates(
                     depth[p] = depth[i] + 1
                     nxt.append(p)
         frontier = nxt
+    # A cast to a narrower dtype, a rounded literal, an Inf born: candidates even where the
+    # dataflow does not reach them (a module's parameters cast in place by `model.to`, whose
+    # new data the shadow cannot tie to the parameter object). The re-run decides.
+    for i, e in enumerate(entries):
+        if i not in depth and (e.tags & {"narrowing", "literal"} or _born(e)):
+            depth[i] = len(entries)
     best: dict[tuple, tuple[float, Site]] = {}
     readers: dict[tuple, set[str]] = {}
     cache: dict[int, tuple[str, str]] = {}
+    memo: dict = {}
     for i, d in depth.items():
         e = entries[i]
         if e.cls == "structural" or e.dtype not in _WIDER:
             continue
-        score = _score(e, [entries[c] for c in consumers.get(i, ())], allowance) - 0.5 * d
+        amp = _downstream(i, entries, consumers, memo=memo)
+        score = _score(e, amp, allowance) - 0.01 * d
         if i not in cache:
             cache[i] = e.where()
         source, library = cache[i]
-        tags = e.tags | ({"birth"} if math.isinf(e.carried) and math.isfinite(e.carried_in) else set())
+        tags = e.tags | ({"birth"} if _born(e) else set())
         site = Site(e.primitive, source, library, e.phase, e.dtype, frozenset(tags), e.path)
         near = consumers.get(i, [])
         near = near + [g for c in near for g in consumers.get(c, ())]
@@ -411,33 +436,64 @@ def candidates(
     return [s for _, s in ranked[:limit]], readers
 
 
-def _score(e: Any, consumers: list, allowance: float) -> float:
-    """How likely the op is the cause, from the shadow's figures (higher: try it sooner)."""
+def _score(e: Any, amp: float, allowance: float) -> float:
+    """How likely the op is the cause, from the shadow's figures (higher: try it sooner).
+
+    `amp` is how much the ops that read its output grew the error they were given (looking
+    through ops that only move values): the op's own rounding times it is what its rounding
+    became downstream, measured against what the failing output may carry."""
     score = 0.0
-    if math.isinf(e.carried) and math.isfinite(e.carried_in):
+    if _born(e):
         score += 100.0  # an Inf/NaN born here
-    if "narrowing" in e.tags:
-        score += 60.0
     if "literal" in e.tags:
         score += 60.0
+    u = numerics.unit_roundoff(e.dtype)
+    grew = e.carried > 4.0 * max(e.carried_in, u)
+    if "narrowing" in e.tags and e.carried_in < u:
+        score += 30.0  # the value was more precise than the dtype it is cast to
     if e.carried > e.threshold >= e.carried_in or e.carried > allowance >= e.carried_in:
         score += 40.0  # the value left its threshold here
-    if e.cls == "reduction" and e.dtype in ("bfloat16", "float16"):
-        score += 30.0
-    if ("scan[" in e.path or "while[" in e.path) and e.carried > 2 * e.carried_in:
+    if e.cls == "reduction" and e.dtype in ("bfloat16", "float16") and grew:
+        score += 30.0  # an accumulation that lost what it added
+    if ("scan[" in e.path or "while[" in e.path) and grew:
         score += 20.0
     if e.own_ratio == e.own_ratio and e.own_ratio > 1.0:
         score += 20.0
-    # own error x amplification: what this op's rounding became in the ops that read it
-    u = numerics.unit_roundoff(e.dtype)
     own = (e.own_ulps if e.own_ulps == e.own_ulps else 0.0) * u
-    amp = max((_amp(c) for c in consumers), default=1.0)
     grown = own * amp
-    if grown > 0 and math.isfinite(grown):
-        score += 10.0 * max(0.0, min(6.0, math.log10(grown / (u * 1e-3))))
-    elif math.isinf(amp) and own > 0:
-        score += 50.0
+    if math.isinf(grown):
+        score += 60.0
+    elif grown > 0:
+        score += 10.0 * max(0.0, min(10.0, math.log10(grown / allowance) + 4.0))
     return score
+
+
+def _downstream(
+    i: int, entries: Sequence[Any], consumers: dict, hops: int = 3, memo: dict | None = None
+) -> float:
+    """How much the ops after entry `i` grow an error in its output: the largest product of
+    amplifications along a path of up to `hops` ops that compute (ops that only move values
+    pass it on). A sigmoid read by ``1 - s`` (x9, normwise) and then by a log (an Inf born:
+    infinite) is a path worth trying, though no single step past the sigmoid shows it."""
+    memo = {} if memo is None else memo
+    got = memo.get((i, hops))
+    if got is not None:
+        return got
+    best = 1.0
+    for c in consumers.get(i, ()):
+        e = entries[c]
+        if e.cls == "structural":
+            best = max(best, _downstream(c, entries, consumers, hops, memo))
+        elif hops > 0:
+            step = max(1.0, _amp(e))
+            rest = _downstream(c, entries, consumers, hops - 1, memo) if hops > 1 else 1.0
+            best = max(best, step * rest)
+    memo[(i, hops)] = best
+    return best
+
+
+def _born(e: Any) -> bool:
+    return math.isinf(e.carried) and math.isfinite(e.carried_in)
 
 
 def _amp(e: Any) -> float:

@@ -6,8 +6,12 @@ asks, each time with a set of *sites* (an equation's primitive, user line, libra
 phase: every equation a line wrote, in every layer and loop iteration) computed in a wider
 dtype: float32 for bf16/fp16, float64 for float32. Everything else runs as written, except
 that a value already wider than the jaxpr declares (it came from a promoted op) keeps its
-width into the equations that read it, as type promotion would carry it, until a cast in the
-code narrows it: a narrowing `convert_element_type` still narrows. A literal the tracer
+width into the equations that read it, as type promotion would carry it, for `MAX_HOPS` ops
+that compute with it (ops that only move values do not count), or until a cast in the code
+narrows it; then it is rounded to the dtype the jaxpr gives it. So promoting an op early in a
+float32 model does not compute the rest of the model in float64: only what the changed line
+feeds directly is wider. A narrowing cast promoted is a cast the user would drop: the wider
+value is then the program's own from there on. A literal the tracer
 rounded into a promoted equation (an ``eps = 1e-8`` that became 0 in float16) takes the
 value written on the user's line.
 """
@@ -22,8 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from diag import numerics
-from diag.diverge.cause import package_of, wider
+from diag.diverge.cause import MAX_HOPS, package_of, wider
 from diag.diverge.decisions import written_literal
+from diag.diverge.rules import op_class
 from diag.interp.jax_compile import bind, bind_params
 from diag.interp.jax_program import Program
 from diag.interp.jax_source import MACHINERY, Literal, source
@@ -55,6 +60,32 @@ def _widen_params(params: Any, to: Any) -> Any:
     return params
 
 
+class _PV(Value):
+    """A value, and how many more ops its promoted width lasts (None: it is at the dtype the
+    program gives it, or a cast the code would drop made that dtype wider for good)."""
+
+    __slots__ = ("budget",)
+
+    def __init__(self, val: Any, budget: int | None = None):
+        super().__init__(val)
+        self.budget = budget
+
+
+def _budget_after(e, ins: list, declared: list) -> int | None:
+    """The width budget of an unpromoted equation's outputs: one op less than its widest
+    promoted input's (ops that only move values cost nothing); None when no input is wider
+    than declared, or one is for good."""
+    wide = [
+        i.budget
+        for i, d in zip(ins, declared)
+        if _float(getattr(i.val, "dtype", None)) and _float(d) and _bits(i.val.dtype) > _bits(d)
+    ]
+    if not wide or any(b is None for b in wide):
+        return None
+    step = 0 if op_class(e.primitive.name) == "structural" else 1
+    return max(wide) - step
+
+
 class _Promote(Evaluator):
     """One evaluation with `sites` promoted (see the module docstring)."""
 
@@ -66,7 +97,21 @@ class _Promote(Evaluator):
         self.literals = literals  # id(eqn) -> [(position, written value)]
 
     def wrap(self, val: Any) -> Value:
-        return Value(val)
+        return _PV(val)
+
+    def index(self, v: Value, i: int) -> Value:
+        return _PV(v.val[i], getattr(v, "budget", None))
+
+    def stack(self, vs: list, aval) -> Value:
+        if not vs:
+            return _PV(jnp.zeros(aval.shape, aval.dtype))
+        dtype = _widest([np.dtype(v.val.dtype) for v in vs])
+        budgets = [getattr(v, "budget", None) for v in vs]
+        kept = [b for b in budgets if b is not None]
+        return _PV(
+            jnp.stack([jnp.asarray(v.val, dtype) for v in vs]),
+            None if len(kept) < len(budgets) or not kept else max(kept),
+        )
 
     def _key(self, e, backward: bool) -> tuple[str, str, str, str]:
         src, lib = source_and_library(e, tuple(self.outer))
@@ -88,30 +133,31 @@ class _Promote(Evaluator):
                 if _float(getattr(v, "dtype", None)) and _float(d) and _bits(v.dtype) > _bits(d)
             ]
         )
+        narrowing = _narrowing(e, declared)
         if promote:
-            floats = [np.dtype(d) for d in declared if _float(d)]
-            floats += [np.dtype(v.aval.dtype) for v in e.outvars if _float(v.aval.dtype)]
-            base = _widest(floats)
-            if base is not None:
-                target = np.dtype(numerics.as_dtype(wider(numerics.dtype_name(base))))
+            target = _target(e, declared, narrowing)
+            if target is not None:
                 up = target if up is None or _bits(target) > _bits(up) else up
                 vals = self._written(e, vals)
         if up is None:
-            return [Value(v) for v in bind(e, vals, bucket=True)]
+            return [_PV(v) for v in bind(e, vals, bucket=True)]
+        if promote:
+            budget = None if narrowing else MAX_HOPS
+        else:
+            budget = _budget_after(e, ins, declared)
         try:
-            return [Value(v) for v in self._wide(e, vals, declared, up, promote)]
+            outs = self._wide(e, vals, declared, up, promote)
         except Exception:  # noqa: BLE001 - an equation that cannot take wider operands
-            back = [
-                jnp.asarray(v, d) if _float(d) and _float(getattr(v, "dtype", None)) else v
-                for v, d in zip(vals, declared)
-            ]
-            return [Value(v) for v in bind(e, back)]
+            outs, budget = bind(e, _declared(vals, declared)), None
+        if budget is not None and budget <= 0:  # the promoted width has run out
+            outs = _declared(outs, [v.aval.dtype for v in e.outvars])
+            budget = None
+        return [_PV(v, budget) for v in outs]
 
     def _wide(self, e, vals: list, declared: list, up: Any, promote: bool) -> list:
         _, params = bind_params(e)
         if e.primitive.name == "convert_element_type" and not promote:
-            new = params.get("new_dtype")
-            if _float(new) and _float(declared[0]) and _bits(new) < _bits(declared[0]):
+            if _narrowing(e, declared):
                 return bind(e, vals)  # a cast the code wrote narrows, as written
             return bind(e, vals, _widen_params(params, up))
         cast = [
@@ -131,6 +177,35 @@ class _Promote(Evaluator):
         for k, w in got:
             vals[k] = w
         return vals
+
+
+def _narrowing(e, declared: list) -> bool:
+    """Whether `e` is a cast to a narrower float dtype."""
+    if e.primitive.name != "convert_element_type" or not _float(declared[0]):
+        return False
+    new = e.params.get("new_dtype")
+    return _float(new) and _bits(new) < _bits(declared[0])
+
+
+def _target(e, declared: list, narrowing: bool) -> Any:
+    """The dtype a promoted equation computes in: a narrowing cast keeps its input's (the
+    cast dropped); anything else the wider of its widest float dtype (`cause.wider`)."""
+    if narrowing:
+        return np.dtype(declared[0])
+    floats = [np.dtype(d) for d in declared if _float(d)]
+    floats += [np.dtype(v.aval.dtype) for v in e.outvars if _float(v.aval.dtype)]
+    base = _widest(floats)
+    if base is None:
+        return None
+    return np.dtype(numerics.as_dtype(wider(numerics.dtype_name(base))))
+
+
+def _declared(vals: list, dtypes: list) -> list:
+    """`vals` rounded to the dtypes the jaxpr declares for them (floats only)."""
+    return [
+        jnp.asarray(v, d) if _float(d) and _float(getattr(v, "dtype", None)) else v
+        for v, d in zip(vals, dtypes)
+    ]
 
 
 def _written_literals(e) -> list[tuple[int, float]]:
@@ -186,7 +261,7 @@ class Rerun:
             outs = h.eval(
                 self.closed.jaxpr,
                 h.consts(self.closed),
-                [Value(a) for a in self.prog.arrays],
+                [_PV(a) for a in self.prog.arrays],
                 "",
                 tuple(False for _ in self.closed.jaxpr.outvars),
             )
