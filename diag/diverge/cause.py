@@ -92,14 +92,28 @@ class Site:
         """What the re-running evaluators match an op by."""
         return (self.primitive, self.source, self.library, self.phase)
 
-    def label(self, package: str = "") -> str:
+    def line(self, where: tuple[str, str] = ("", "")) -> str:
+        """The line to change: the user's line first, then a library op's package and line
+        (``rope.py:20 (rope)``; ``train.py:30 (loss_fn), in flax dtypes.py:79 (promote_dtype)``).
+
+        Args:
+            where: (package, the user's line) the re-runner saw for this site: the package
+                that wrote the op, and the user's line when the site's source is a library's
+                (JAX counts Flax's files as the user's).
+        """
+        package, user = where
+        source, library = self.source, self.library
+        if user and user != source:
+            source, library = user, source
+        line = source or "an unknown line"
+        if library and package not in ("jax", "torch"):
+            line += f", in {package + ' ' if package else ''}{library}"
+        return line
+
+    def label(self, where: tuple[str, str] = ("", "")) -> str:
         """``mul at rope.py:20 (rope)``; a library op also names its package and line."""
-        where = self.source or "an unknown line"
-        if self.library:
-            pkg = f"{package} " if package else ""
-            where += f", in {pkg}{self.library}"
         back = " (backward)" if self.phase == "backward" else ""
-        return f"{self.primitive} at {where}{back}"
+        return f"{self.primitive} at {self.line(where)}{back}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +178,7 @@ class Rerun(Protocol):
 
     def __call__(self, sites: frozenset[tuple[str, str, str, str]]) -> list[tuple[str, Any]]: ...
 
-    packages: dict[tuple[str, str, str, str], str]
+    packages: dict[tuple[str, str, str, str], tuple[str, str]]
 
 
 def errors(
@@ -237,13 +251,14 @@ def search(
         )
     tried: list[tuple[float, Site, list[float]]] = []
     runs = 0
-    for site in candidates[: min(SINGLES, max_reruns)]:
-        errs = _attempt(rerun, frozenset({site.key}), failing, dtypes)
+    for group in _plan(candidates[: min(SINGLES, max_reruns)]):
+        errs = _attempt(rerun, frozenset(s.key for s in group), failing, dtypes)
         runs += 1
         ratio, _ = _worst(errs, failing)
-        tried.append((ratio, site, errs))
+        if len(group) == 1:
+            tried.append((ratio, group[0], errs))
         if ratio <= 1.0:
-            return _found((site,), base, errs, failing, rerun, runs, consumers or {})
+            return _found(group, base, errs, failing, rerun, runs, consumers or {})
     tried.sort(key=lambda t: t[0])
     for n in range(2, len(tried) + 1):
         if runs >= max_reruns:
@@ -263,7 +278,7 @@ def search(
         )
     best = tried[0]
     k = _worst(best[2], failing)[1]
-    label = best[1].label(rerun.packages.get(best[1].key, ""))
+    label = best[1].label(rerun.packages.get(best[1].key, ("", "")))
     return _none(
         f"no set of up to {len(tried)} ops computed in a wider dtype repairs it; the best, "
         f"{label} in {wider(best[1].dtype)}, takes {_name(failing[k].path)}'s error from "
@@ -273,6 +288,21 @@ def search(
         best[2][k],
         runs,
     )
+
+
+def _plan(singles: list[Site]) -> list[tuple[Site, ...]]:
+    """The runs to try first: each single candidate, most likely first; after the second,
+    every narrowing cast among them together when there are several to one dtype (a
+    module's ``dtype=`` casts each layer's inputs on its own line: one change, many lines)."""
+    plan: list[tuple[Site, ...]] = [(s,) for s in singles]
+    casts: dict[str, list[Site]] = {}
+    for s in singles:
+        if "narrowing" in s.tags:
+            casts.setdefault(s.dtype, []).append(s)
+    group = max(casts.values(), key=len, default=[])
+    if len(group) > 1:
+        plan.insert(min(2, len(plan)), tuple(group))
+    return plan
 
 
 def _attempt(rerun: Rerun, sites: frozenset, failing: Sequence[Failing], dtypes: dict) -> list:
@@ -309,11 +339,8 @@ def _found(
     _, k = _worst(base, failing)
     f = failing[k]
     head = group[0]
-    pkg = rerun.packages.get(head.key, "")
-    line = head.source or "an unknown line"
-    if head.library:
-        line += f", in {pkg + ' ' if pkg else ''}{head.library}"
-    ops = tuple(s.label(rerun.packages.get(s.key, "")) for s in group)
+    line = head.line(rerun.packages.get(head.key, ("", "")))
+    ops = tuple(s.label(rerun.packages.get(s.key, ("", ""))) for s in group)
     wide = wider(head.dtype)
     effect = (
         f"computed in {wide} {_name(f.path)}'s error falls from {_fmt(base[k])} to "
@@ -359,14 +386,14 @@ def repair_for(site: Site, consumers: set[str]) -> str:
             f"keep this value in {wide}: drop the cast to {site.dtype} (a module's dtype= or an "
             f"explicit astype/.to)"
         )
-    if "literal" in site.tags:
-        return (
-            f"compute this op in {wide}: its literal rounds in {site.dtype} (an eps below "
-            f"{site.dtype}'s smallest numbers becomes 0)"
-        )
     narrow = site.dtype in ("bfloat16", "float16")
     if narrow and ("scan[" in site.path or "while[" in site.path):
         return f"keep the loop's carry in {wide} (cast to {site.dtype} after the loop)"
+    if "literal" in site.tags:
+        return (
+            f"compute this op in {wide}: a constant on this line rounds in {site.dtype} (an "
+            f"eps below its smallest numbers becomes 0)"
+        )
     if narrow and site.primitive in _SUMS:
         return f"accumulate in {wide}: upcast before the sum (cast the total back after it)"
     if "birth" in site.tags:

@@ -18,6 +18,7 @@ value written on the user's line.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,7 @@ from diag.diverge.decisions import written_literal
 from diag.diverge.rules import op_class
 from diag.interp.jax_compile import bind, bind_params
 from diag.interp.jax_program import Program
-from diag.interp.jax_source import MACHINERY, Literal, source
+from diag.interp.jax_source import MACHINERY, PLUMBING, Literal, source
 from diag.interp.jax_source import where as source_and_library
 from diag.interp.jaxpr import Evaluator, Value, is_inexact
 
@@ -72,18 +73,19 @@ class _PV(Value):
 
 
 def _budget_after(e, ins: list, declared: list) -> int | None:
-    """The width budget of an unpromoted equation's outputs: one op less than its widest
-    promoted input's (ops that only move values cost nothing); None when no input is wider
-    than declared, or one is for good."""
-    wide = [
-        i.budget
-        for i, d in zip(ins, declared)
-        if _float(getattr(i.val, "dtype", None)) and _float(d) and _bits(i.val.dtype) > _bits(d)
-    ]
-    if not wide or any(b is None for b in wide):
+    """The width budget of an unpromoted equation's outputs: one op less than its inputs'
+    largest (ops that only move values or change dtype cost nothing); None when no input
+    descends from a promoted op, or one is wider than declared for good (a dropped cast)."""
+    for i, d in zip(ins, declared):
+        dtype = getattr(i.val, "dtype", None)
+        if i.budget is None and _float(dtype) and _float(d) and _bits(dtype) > _bits(d):
+            return None
+    kept = [i.budget for i in ins if i.budget is not None]
+    if not kept:
         return None
-    step = 0 if op_class(e.primitive.name) == "structural" else 1
-    return max(wide) - step
+    name = e.primitive.name
+    free = op_class(name) == "structural" or name == "convert_element_type"
+    return max(kept) - (0 if free else 1)
 
 
 class _Promote(Evaluator):
@@ -139,12 +141,15 @@ class _Promote(Evaluator):
             if target is not None:
                 up = target if up is None or _bits(target) > _bits(up) else up
                 vals = self._written(e, vals)
-        if up is None:
-            return [_PV(v) for v in bind(e, vals, bucket=True)]
         if promote:
             budget = None if narrowing else MAX_HOPS
         else:
             budget = _budget_after(e, ins, declared)
+        if narrowing and not promote and budget is not None and budget > 0 and _plumbing(e):
+            return [_PV(vals[0], budget)]  # jnp's cast back after its sum: kept wide
+        if up is None:
+            kept = budget if budget is None or budget > 0 else None
+            return [_PV(v, kept) for v in bind(e, vals, bucket=True)]
         try:
             outs = self._wide(e, vals, declared, up, promote)
         except Exception:  # noqa: BLE001 - an equation that cannot take wider operands
@@ -177,6 +182,19 @@ class _Promote(Evaluator):
         for k, w in got:
             vals[k] = w
         return vals
+
+
+def _plumbing(e) -> bool:
+    """Whether jnp's own code wrote the equation (the cast back after a float16 sum that jnp
+    accumulates in float32): a promoted value passes it at its width."""
+    try:
+        frames = e.source_info.traceback.frames
+    except Exception:  # noqa: BLE001 - private API
+        return False
+    for f in frames:
+        if not MACHINERY.search(f.file_name):
+            return bool(PLUMBING.search(f.file_name))
+    return False
 
 
 def _narrowing(e, declared: list) -> bool:
@@ -226,19 +244,27 @@ def _written_literals(e) -> list[tuple[int, float]]:
     return found
 
 
-def _package(e) -> str:
-    """The installed package whose code wrote the equation (flax, optax), or ``""``."""
+def _package(e) -> tuple[str, str]:
+    """(the installed package whose code wrote the equation: ``flax``, ``optax``, ``jax``;
+    the user's line that called it, ``file.py:LINE (function)``), each ``""`` if none.
+
+    JAX counts any file outside JAX as the user's, so a Flax cast is named at Flax's line:
+    the user's line is the innermost frame outside every installed package."""
     try:
         frames = e.source_info.traceback.frames
     except Exception:  # noqa: BLE001 - private API
-        return ""
+        return "", ""
+    package = ""
     for f in frames:
         if MACHINERY.search(f.file_name):
             continue
         got = package_of(f.file_name)
-        if got and got != "jax":
-            return got
-    return ""
+        if got:
+            package = package or got
+            continue
+        func = f.function_name.rsplit(".", 1)[-1]  # a qualname on Python >= 3.11
+        return package, f"{os.path.basename(f.file_name)}:{f.line_num} ({func})"
+    return package, ""
 
 
 class Rerun:
@@ -251,7 +277,7 @@ class Rerun:
             *self.prog.arrays
         )
         self.leaves = leaves
-        self.packages: dict = {}
+        self.packages: dict = {}  # site key -> (package, the user's line)
         self._literals: dict = {}
         self.runs = 0
 

@@ -104,7 +104,7 @@ class _Promote(OpMode):
             key = self._key(name)
             promote = key in self.sites
             if promote and key not in self.packages:
-                self.packages[key] = _package()
+                self.packages[key] = (_package(), "")
         infos = [self._info(t) for t in floats]
         natural = min(
             (i[0] if i is not None else t.dtype for t, i in zip(floats, infos)), key=_eps
@@ -166,14 +166,15 @@ def _map(x: Any, fn: Callable) -> Any:
 
 
 def _package() -> str:
-    """The installed package below the user's line on the stack (transformers), or ``""``."""
+    """The installed package nearest below the user's line on the stack (``transformers``,
+    ``torch`` for torch's own Python code), or ``""``."""
     f = sys._getframe(1)
     while f is not None:
         path = f.f_code.co_filename
         if is_user_file(path):
             return ""
         got = package_of(path)
-        if got and got != "torch":
+        if got:
             return got
         f = f.f_back  # type: ignore[assignment]
     return ""
