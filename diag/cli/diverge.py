@@ -36,11 +36,11 @@ def diverge_cmd(
     ),
 ) -> None:
     """Name the first divergent op or tap, every decision (comparison, argmax, top-k cut,
-    mask) taken the other way than float64, and the cause: the op whose computation in a wider
-    dtype brings the result back within its allowance, proven by a re-run (exit 1 if a divergent op, a decision made by the
-    computation or a result past its threshold is found; 0 if none, or only decisions forced
-    by rounding, which are printed as warnings; 2 bad usage or nothing to compare, 4 the target
-    raised or ran past --timeout)."""
+    mask) taken the other way than float64, and the cause: the op whose computation in a
+    wider dtype brings the result back within its allowance, proven by a re-run (exit 1 if a
+    divergent op, a decision made by the computation or a result past its threshold is found;
+    0 if none, or only decisions forced by rounding, which are printed as warnings; 2 bad usage
+    or nothing to compare, 4 the target raised or ran past --timeout)."""
     from diag import diverge, nan, render
     from diag.diverge.decisions import verdict
     from diag.interp.guard import user_code
@@ -76,8 +76,9 @@ def diverge_cmd(
             doc["failed"], doc["verdict"] = code == 1, why
         if cause is not None:
             doc["cause"] = {**cause.fields(), "text": cause.text}
-            if doc["report"].get("first"):
-                doc["report"]["first"].update(cause.fields())
+            found = doc["report"]
+            if isinstance(found, dict) and isinstance(found.get("first"), dict):
+                found["first"].update(cause.fields())  # the finding carries its cause
         render.out.print_json(json.dumps(doc))
     else:
         for part in render.diverge_tables(report):

@@ -172,9 +172,7 @@ def explain(
     """
     from diag.diverge import attribution as ex
 
-    return ex.explain(
-        fn, args, kwargs, failing, leaves, allowance=allowance, framework=framework
-    )
+    return ex.explain(fn, args, kwargs, failing, leaves, allowance=allowance, framework=framework)
 
 
 def diagnose(fn: Callable, *args: Any, **kwargs: Any) -> tuple[ShadowReport, Cause | None]:

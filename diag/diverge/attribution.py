@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 
 from diag import numerics
-from diag.diverge.cause import Cause, Failing, errors, find
+from diag.diverge.cause import MAX_RERUNS, Cause, Failing, Rerun, errors, search
 from diag.diverge.ledger import limit
+from diag.diverge.ranking import candidates
 from diag.diverge.records import ShadowReport
 from diag.interp import framework_of
 from diag.tolerance.diverge import diverge_carried_threshold
@@ -126,3 +127,17 @@ def diagnose(fn: Callable, args: tuple, kwargs: dict) -> tuple[ShadowReport, Cau
     if not failing:
         return report, None
     return report, _find(keep, rerun, failing)
+
+
+def find(
+    keep: dict,
+    rerun: Rerun,
+    failing: Sequence[Failing],
+    max_reruns: int = MAX_RERUNS,
+) -> Cause:
+    """`candidates` from a shadow run's `keep` (ledger and output sources), then `search`."""
+    ledger = keep["ledger"]
+    starts = sorted({i for s in keep.get("sources", ()) for i in s})
+    allowance = min((f.allowance for f in failing), default=math.inf)
+    sites, readers = candidates(ledger.entries, starts, allowance)
+    return search(rerun, sites, failing, readers, max_reruns)

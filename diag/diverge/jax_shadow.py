@@ -59,7 +59,7 @@ class _SV(Value):
         self.lit: tuple[float, float] | None = None  # (written, used) of a rounded literal
         self.flip: Any = None  # the first flipped decision (DecisionRecord) it descends from
         self.perm: Any = None  # a ranking's permutation not yet reported (`jax_decide.Perm`)
-        self.srcs: tuple[int, ...] = ()  # the ledger entries it was computed from (the cause search)
+        self.srcs: tuple[int, ...] = ()  # the ledger entries it came from (the cause search)
         dtype = getattr(val, "dtype", None)
         self.thr = (
             max(thr, diverge_carried_threshold(dtype))

@@ -106,9 +106,7 @@ class _Promote(OpMode):
             if promote and key not in self.packages:
                 self.packages[key] = (_package(), "")
         infos = [self._info(t) for t in floats]
-        natural = min(
-            (i[0] if i is not None else t.dtype for t, i in zip(floats, infos)), key=_eps
-        )
+        natural = min((i[0] if i is not None else t.dtype for t, i in zip(floats, infos)), key=_eps)
         widest = min((t.dtype for t in floats), key=_eps)
         cast = name in _CASTS and kwargs.get("dtype") in _FLOAT
         budget: int | None = None
@@ -136,7 +134,8 @@ class _Promote(OpMode):
         return out
 
     def _run(self, func, args, kwargs, writes, up):
-        kept = {id(t) for g in written_tensors(writes, args, kwargs) for t in g} if writes else set()
+        groups = written_tensors(writes, args, kwargs) if writes else []
+        kept = {id(t) for g in groups for t in g}
 
         def widen(x: Any) -> Any:
             if isinstance(x, torch.Tensor) and id(x) not in kept and x.dtype in _FLOAT:

@@ -8,10 +8,9 @@ the cheap bound does not already clear the op).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
-
-import math
 
 import numpy as np
 import torch
