@@ -2,7 +2,7 @@
 weights), each with its correct twin and its float64 evaluation.
 
 Every maker returns ``(fn, args)``: parameters and modules are arguments, so diag's float64
-reference widens them itself. The line that holds the planted bug ends in ``# planted``; its
+reference widens them itself. The line that holds the planted bug ends in ``# planted: <case>``; its
 twin changes that line (or the dtype the module is given). ``<case>_float64()`` evaluates
 the twin's math in float64 with x64 on, which the tests measure both against.
 """
@@ -46,7 +46,7 @@ def _rotate(v, angles):
 
 def rope_bf16(params, x, positions, inv_freq):
     q, k = QK().apply(params, x)
-    angles = positions[:, None] * inv_freq[None, :]  # planted
+    angles = positions[:, None] * inv_freq[None, :]  # planted: rope
     return _rotate(q, angles) @ _rotate(k, angles).T / 4.0
 
 
@@ -91,7 +91,7 @@ class Smooth(nn.Module):
         h = nn.Dense(8, dtype=BF16)(xs)
 
         def step(c, x):
-            c = 0.995 * c + 0.005 * x.astype(c.dtype)  # planted
+            c = 0.995 * c + 0.005 * x.astype(c.dtype)  # planted: scan
             return c, c
 
         _, ys = jax.lax.scan(step, jnp.zeros(8, self.carry), h)
@@ -137,7 +137,7 @@ class Norm(nnx.Module):
     def __call__(self, x):
         mean = x.mean(-1, keepdims=True)
         var = ((x - mean) ** 2).mean(-1, keepdims=True)
-        return self.scale * (x - mean) * jax.lax.rsqrt(var + 1e-8)  # planted
+        return self.scale * (x - mean) * jax.lax.rsqrt(var + 1e-8)  # planted: eps
 
 
 class NormF32(Norm):
@@ -181,7 +181,8 @@ def _loss(params, x, y):
 def accumulate_bf16(params, xs, ys):
     def body(acc, batch):
         g = jax.grad(_loss)(params, *batch)
-        return jax.tree.map(lambda a, gi: a + gi.astype(a.dtype), acc, g), None  # planted
+        acc = jax.tree.map(lambda a, gi: a + gi.astype(a.dtype), acc, g)  # planted: accumulate
+        return acc, None
 
     acc0 = jax.tree.map(lambda p: jnp.zeros_like(p, BF16), params)
     acc, _ = jax.lax.scan(body, acc0, (xs, ys))
@@ -234,8 +235,8 @@ class MLP(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        h = nn.tanh(nn.Dense(32, dtype=self.dtype)(x))  # planted (bf16 given by the step)
-        return nn.Dense(4, dtype=self.dtype)(h).astype(F32)  # planted
+        h = nn.tanh(nn.Dense(32, dtype=self.dtype)(x))  # planted: step
+        return nn.Dense(4, dtype=self.dtype)(h).astype(F32)  # planted: step, layer 2
 
 
 def _update(loss_fn, params):
@@ -294,7 +295,7 @@ class Pool(nnx.Module):
 
     def __call__(self, h):
         scores = (h @ self.query[...])[..., 0]
-        e = jnp.exp(scores)  # planted
+        e = jnp.exp(scores)  # planted: softmax
         w = e / e.sum(-1, keepdims=True)
         return (w[..., None] * h).sum(1)
 

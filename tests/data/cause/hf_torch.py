@@ -2,7 +2,7 @@
 (random weights, no download), each with its correct twin and its float64 evaluation.
 
 Every maker returns ``(fn, args)``: the model is an argument, so diag's float64 reference
-turns it to float64 itself. The line that holds the planted bug ends in ``# planted``; its
+turns it to float64 itself. The line that holds the planted bug ends in ``# planted: <case>``; its
 twin changes that line only. ``<case>_float64()`` evaluates the same math in float64 (the
 model `.double()`, the twin's line), which the tests measure both against.
 """
@@ -44,7 +44,7 @@ def _llama_config() -> LlamaConfig:
 
 # -- 1. rotary angles in bf16 (Llama attention) -------------------------------------------
 def rope_bf16(attn, hidden, positions, inv_freq):
-    angles = positions[:, None] * inv_freq[None, :]  # planted
+    angles = positions[:, None] * inv_freq[None, :]  # planted: rope
     emb = torch.cat([angles, angles], -1)
     cos, sin = emb.cos()[None].to(hidden.dtype), emb.sin()[None].to(hidden.dtype)
     return attn(hidden, position_embeddings=(cos, sin), attention_mask=None)[0]
@@ -90,7 +90,7 @@ def rope_fp32_64(attn, hidden, positions, inv_freq):
 # -- 2. an fp16 masked sum that overflows (BERT, mean pooling over a batch's tokens) -------
 def pool_fp16(model, ids, mask):
     h = model(input_ids=ids, attention_mask=mask).last_hidden_state
-    total = (h * mask[..., None]).sum((0, 1))  # planted
+    total = (h * mask[..., None]).sum((0, 1))  # planted: pool
     return total / mask.sum()
 
 
@@ -142,7 +142,7 @@ def pool_float64():
 # -- 3. log(1 - sigmoid(z)) for large logits (BERT classifier, float32) -------------------
 def logsig_naive(model, head, ids):
     z = head(model(input_ids=ids).last_hidden_state[:, 0]).squeeze(-1)
-    return torch.log(1 - torch.sigmoid(z))  # planted
+    return torch.log(1 - torch.sigmoid(z))  # planted: logsig
 
 
 def logsig_stable(model, head, ids):
@@ -180,7 +180,7 @@ def logsig_float64():
 def attnpool_naive(model, ids, query):
     h = model(input_ids=ids).last_hidden_state
     scores = h @ query
-    e = torch.exp(scores)  # planted
+    e = torch.exp(scores)  # planted: attnpool
     w = e / e.sum(-1, keepdim=True)
     return (w[..., None] * h).sum(1)
 
@@ -229,7 +229,7 @@ def _identity_rope(hidden):
 
 def rmsnorm_fp16(layer, norm_weight, hidden):
     h = layer(hidden, position_embeddings=_identity_rope(hidden))
-    var = (h * h).mean(-1, keepdim=True)  # planted
+    var = (h * h).mean(-1, keepdim=True)  # planted: rmsnorm
     return norm_weight * (h * torch.rsqrt(var + 1e-6))
 
 
@@ -273,7 +273,7 @@ class Regressor(torch.nn.Module):
         self.dtype = dtype
 
     def cast(self, *ts):
-        return [t.to(self.dtype) for t in ts]  # planted
+        return [t.to(self.dtype) for t in ts]  # planted: step
 
     def forward(self, x):
         x, w1, b1, w2, b2 = self.cast(x, self.l1.weight, self.l1.bias, *self.l2.parameters())
