@@ -52,7 +52,6 @@ CASES = [
 
 def _module(name: str):
     import importlib.util
-
     import sys
 
     key = f"cause_data_{name}"
