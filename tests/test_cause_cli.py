@@ -51,8 +51,14 @@ def test_diag_run_names_the_planted_line_as_the_cause(tmp_path, name, case, back
     assert "repair" in m and "measured: error" in m["repair"]
 
     twin = run_diag(
-        "run", f"{DATA / name}.py:{case}_twin", "-b", backend, "--no-report", "--out",
-        str(tmp_path / "twin"), env=ENV,
+        "run",
+        f"{DATA / name}.py:{case}_twin",
+        "-b",
+        backend,
+        "--no-report",
+        "--out",
+        str(tmp_path / "twin"),
+        env=ENV,
     )
     assert twin.returncode == 0, twin.stdout + twin.stderr
     assert "cause:" not in twin.stdout
@@ -88,3 +94,19 @@ def test_assert_numerics_message_names_the_cause():
     assert "repair: its result overflows float16" in msg
     fn, args = mod.rmsnorm_twin()
     assert all(v.status == "pass" for v in assert_numerics(fn, *args))
+
+
+def test_the_rope_example_names_the_product_not_the_cosine():
+    """examples/cause_rope.py (docs/diverge.md): the shadow's symptom is `cos`, the cause the
+    bf16 product one line above it; computing the angles in float32 (`fixed`) exits 0."""
+    example = Path(__file__).parent.parent / "examples" / "cause_rope.py"
+    lines = example.read_text().splitlines()
+    mul = 1 + next(i for i, t in enumerate(lines) if "angles = positions[:, None]" in t)
+    cos = 1 + next(i for i, t in enumerate(lines) if "jnp.cos(angles)" in t)
+    r = run_diag("diverge", f"{example}:planted", env=ENV)
+    assert r.returncode == 1, r.stderr
+    assert f"cos at cause_rope.py:{cos} (rotate)" in r.stdout  # where it shows
+    assert f"diag diverge: cause: mul at cause_rope.py:{mul} (attention_logits)" in r.stdout
+    fixed = run_diag("diverge", f"{example}:fixed", env=ENV)
+    assert fixed.returncode == 0, fixed.stdout
+    assert "cause:" not in fixed.stdout

@@ -80,8 +80,9 @@ def _find(keep: dict, rerun: Any, failing: Sequence[Failing]) -> Cause:
 
 
 def positional(result: Any) -> list[tuple[str, Any]]:
-    """A result's array leaves as (``[i]``, numpy array), in the order the shadow keeps its
-    outputs (JAX's tree leaves; PyTorch's tensors, nested lists and dicts in order)."""
+    """A result's array leaves as (path, numpy array), in the order the shadow keeps its
+    outputs: JAX's tree leaves (``['logits']``), PyTorch's tensors (``[i]``, nested lists and
+    dicts in order)."""
     import sys
 
     torch = sys.modules.get("torch")
@@ -93,7 +94,8 @@ def positional(result: Any) -> list[tuple[str, Any]]:
             return [(f"[{i}]", _np(t)) for i, t in enumerate(got)]
     import jax
 
-    return [(f"[{i}]", np.asarray(x)) for i, x in enumerate(jax.tree_util.tree_leaves(result))]
+    flat = jax.tree_util.tree_flatten_with_path(result)[0]
+    return [(jax.tree_util.keystr(p), np.asarray(x)) for p, x in flat]
 
 
 def _np(t: Any) -> np.ndarray:

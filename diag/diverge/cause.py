@@ -281,8 +281,8 @@ def search(
     label = best[1].label(rerun.packages.get(best[1].key, ("", "")))
     return _none(
         f"no set of up to {len(tried)} ops computed in a wider dtype repairs it; the best, "
-        f"{label} in {wider(best[1].dtype)}, takes {_name(failing[k].path)}'s error from "
-        f"{_fmt(base[k])} to {_fmt(best[2][k])} (allowance {_fmt(failing[k].allowance)})",
+        f"{label} in {wider(best[1].dtype)}, takes the error of {_name(failing[k].path)} "
+        f"from {_fmt(base[k])} to {_fmt(best[2][k])} (allowance {_fmt(failing[k].allowance)})",
         failing[k],
         base[k],
         best[2][k],
@@ -343,7 +343,7 @@ def _found(
     ops = tuple(s.label(rerun.packages.get(s.key, ("", ""))) for s in group)
     wide = wider(head.dtype)
     effect = (
-        f"computed in {wide} {_name(f.path)}'s error falls from {_fmt(base[k])} to "
+        f"computed in {wide}, the error of {_name(f.path)} falls from {_fmt(base[k])} to "
         f"{_fmt(errs[k])} (allowance {_fmt(f.allowance)})"
     )
     what = ", ".join(ops) if len(group) > 1 else f"{ops[0]} ({head.dtype})"
