@@ -76,8 +76,12 @@ def test_a_worker_crashing_beside_another_gives_its_error_record(tmp_path, tiny_
     (error,) = _by(torch, status="error")
     assert error["case"] == "16x4x16 bfloat16"  # c0001
     assert "killed by SIGKILL" in error["reason"]
-    # The worker was restarted for the rest; jax-cpu, which ran beside it, ran in full.
-    assert len(_by(torch, status="pass")) == len(torch) - 1
+    # The worker was restarted for the rest: every other case ran and was judged (its verdict
+    # is the CPU's business: torch's `medium` float32 matmul precision is bf16 on some CPUs
+    # and float32 on others); jax-cpu, which ran beside it, ran in full.
+    rest = [r for r in torch if r is not error]
+    assert len(rest) == len(torch) - 1 >= 5
+    assert all(r["status"] in ("pass", "warn", "fail") and r["metrics"] for r in rest)
     jax = _by(result.records, kind="probe", backend="jax-cpu")
     assert jax and not _by(jax, status="error")
     assert result.exit_code == 4

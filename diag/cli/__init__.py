@@ -19,7 +19,7 @@ from typing import Any, NoReturn, cast
 
 import typer
 
-from diag.cli import devices, diverge, gate, run, tools, trace  # noqa: F401 - each registers its commands  # noqa: F401 - `diag diverge`, `diag trace`
+from diag.cli import bisect, devices, diverge, gate, history, run, tools, trace  # noqa: F401 - each registers its commands  # noqa: F401 - `diag diverge`, `diag trace`
 from diag.cli._app import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from diag.cli._app import app, write_after_verdict
+from diag.cli.history import append_history, with_series
 from diag.gate.drift import show
 from diag.records.outputs import prepare_output
 
@@ -56,6 +57,12 @@ def check_cmd(
         "--html",
         help="Also write the drift view: one self-contained HTML file, each drift under its cause.",
     ),
+    history: Path | None = typer.Option(
+        None,
+        "--history",
+        help="Also append the run to this history file (SQLite; created when missing): "
+        "`diag history FILE` says since when each record moved.",
+    ),
 ) -> None:
     """Compare a run with a baseline: exit 1 naming every drifted record, 0 when none drifted.
 
@@ -81,8 +88,6 @@ def check_cmd(
     for failure in result.failures:
         known = " (known: failed in the baseline too)" if failure in result.known_failures else ""
         render.print_line(f"diag: failed: {failure}{known}")
-    for line in result.bits_changed:
-        render.print_line(f"diag: bits changed (information, not drift): {line}")
     verdict = "drifted" if result.drifts else "no drift"
     render.print_line(
         f"diag: {verdict}: {result.compared} record(s) compared, "
@@ -91,6 +96,8 @@ def check_cmd(
         f"{len(result.failures)} failed"
     )
     code = result.exit_code
+    if history is not None:  # before the drift view, which plots each drifted record's series
+        code = write_after_verdict(lambda: append_history(history, run_dir), "history", code)
     if junit is not None:  # after the verdict: a file that cannot be written loses nothing
         code = write_after_verdict(lambda: baseline.write_junit(result, junit), "junit", code)
     if html is not None:
@@ -98,7 +105,10 @@ def check_cmd(
 
         code = write_after_verdict(
             lambda: write_drift_view(
-                result.view(), html, run_dir=str(run_dir), baseline=str(baseline_file)
+                with_series(result.view(), history),
+                html,
+                run_dir=str(run_dir),
+                baseline=str(baseline_file),
             ),
             "drift view",
             code,

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import typer
 
-from diag.cli._app import EXIT_INTERRUPTED, EXIT_TERMINATED, app, cache_app, split, state
+from diag.cli._app import (
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    app,
+    cache_app,
+    split,
+    state,
+    write_after_verdict,
+)
 from diag.errors import EXIT_USAGE, DiagError, UsageError
 
 # The options of `diag run` (module-level so that the command reads as one short signature).
@@ -91,6 +99,12 @@ _TRACE = typer.Option(
     help="Profile each case on each backend into the run folder (an XProf logdir) with "
     "per-op summaries and the optimised HLO; see `diag trace RUN_DIR`.",
 )
+_HISTORY = typer.Option(
+    None,
+    "--history",
+    help="Append the run to this history file (SQLite; created when missing): `diag "
+    "history FILE` says since when each record moved; the report plots each moved record.",
+)
 
 
 @app.command()
@@ -110,6 +124,7 @@ def run(
     python: list[str] | None = _PYTHON,
     max_memory: float | None = _MAX_MEMORY,
     trace: bool = _TRACE,
+    history: Path | None = _HISTORY,
 ) -> None:
     """Run a probe suite (or your own function) on every backend present and judge each
     result against exact math (a function: against its float64 evaluation)."""
@@ -158,11 +173,17 @@ def run(
         raise typer.Exit(EXIT_TERMINATED if state.terminated else EXIT_INTERRUPTED) from None
     finally:
         progress.stop()
+    code = result.exit_code
+    if history is not None:  # before the report, which plots the records that moved
+        from diag.cli.history import append_history, history_for_report
+
+        code = write_after_verdict(
+            lambda: append_history(history, result.run_dir), "history", code, err=as_json
+        )
+        history_for_report(history, result.run_dir)
     report_path = _report(result.run_dir, render) if report else None
     # A report that cannot be written is 2 when every check passed; a 1 or 4 is kept.
-    code = (
-        EXIT_USAGE if report and report_path is None and not result.exit_code else result.exit_code
-    )
+    code = EXIT_USAGE if report and report_path is None and not code else code
     _show(result, code, report_path, as_json=as_json, trace=trace)
     raise typer.Exit(code)
 

@@ -31,8 +31,9 @@ needs no multiplier.
 
 The baseline is keyed by hardware (machine, CPU model, device kinds), versions (frameworks and
 numerics libraries) and numerics settings. A hardware or version mismatch is reported and the
-tolerance comparison still runs (the bounds hold on any hardware and version); the bitwise
-comparison is skipped then (bits legitimately change with either), and the result says so.
+tolerance comparison still runs (the bounds hold on any hardware and version); a bitwise
+comparison still compares every bit, and names the mismatch as the likely cause of each
+changed output (an upgrade's effect, record by record; `diag bisect` then names the release).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from typing import Any
 from diag.errors import UsageError
 from diag.gate.drift import Check, Drift, feature_drifts, features_of, setting_drifts
 from diag.gate.drift import show as _show
-from diag.gate.record_drift import DIGESTS, bits_changed, kept_metrics, metric_drifts
+from diag.gate.record_drift import DIGESTS, kept_metrics, metric_drifts
 from diag.records.results import RunDir, read_results
 
 __all__ = [
@@ -293,8 +294,8 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
       run_dir: the run to check.
       baseline: a baseline from `load` (or `build`).
       bitwise: also require every output bit and metric to be unchanged (deterministic setups:
-        same hardware, same versions). Skipped, and said so, when the key's hardware or
-        versions differ.
+        same hardware, same versions). When the key's hardware or versions differ, each
+        changed bit is still drift, with that difference named as its likely cause.
 
     Returns:
       Check.
@@ -378,9 +379,8 @@ def _key_drifts(
             "are compared by the tolerance rule (it holds on any hardware and "
             "version)"
             + (
-                "; bits may change legitimately with either, so "
-                "outputs whose bits changed are listed as "
-                "information, not drift"
+                "; --bitwise still compares the bits: each output that changed is drift, "
+                "with this difference named as its likely cause"
                 if bitwise
                 else ""
             )
@@ -416,7 +416,11 @@ def _record_drifts(
     result: Check, baseline_records: list[dict], records: list[dict], bitwise: bool, portable: bool
 ) -> None:
     """Each run record against the baseline's copy (new ones are drift), then the baseline's
-    records the run lacks (missing ones are drift)."""
+    records the run lacks (missing ones are drift). Across a version or hardware change, a
+    bitwise check still compares the bits and names that change as each difference's likely
+    cause."""
+    versions_first = sorted(result.key_mismatch, key=lambda m: not m.startswith("versions"))
+    likely = "" if portable else "; ".join(versions_first)
     old_records: dict[str, dict] = {}
     for rec in baseline_records:
         old_records[_unique(old_records, record_key(rec))] = rec
@@ -443,10 +447,8 @@ def _record_drifts(
             result.drifts.extend(drifts)
         else:
             result.compared += 1
-            drifts = metric_drifts(k, old_records[k], rec, bitwise and portable)
+            drifts = metric_drifts(k, old_records[k], rec, bitwise, likely)
             result.drifts.extend(drifts)
-            if bitwise and not portable:
-                bits_changed(result, k, old_records[k], rec)
         result.results[k] = {
             "status": rec.get("status"),
             "reason": rec.get("reason"),

@@ -82,9 +82,6 @@ class Check:
       compared: records compared.
       results: per run record key: (status of the record, drift texts), for JUnit.
       known_failures: records that failed or errored in the baseline too, unchanged.
-      bits_changed: with `bitwise` across a hardware or version change (bits may change
-        legitimately, so not drift): `key: n of m output(s)` for each record whose output
-        bits changed, so an upgrade's effect is visible.
     """
 
     drifts: list[Drift] = field(default_factory=list)
@@ -96,7 +93,6 @@ class Check:
     compared: int = 0
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     known_failures: list[str] = field(default_factory=list)
-    bits_changed: list[str] = field(default_factory=list)
 
     def causes(self) -> list[Cause]:
         """The drifts grouped under the changes that explain them (`causes`)."""
@@ -132,7 +128,6 @@ class Check:
             "notes": list(self.notes),
             "failures": list(self.failures),
             "known_failures": list(self.known_failures),
-            "bits_changed": list(self.bits_changed),
         }
 
     @property

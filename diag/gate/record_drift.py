@@ -11,14 +11,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from diag.gate.drift import Check, Drift
+from diag.gate.drift import Drift
 from diag.tolerance.gate import RATIOS as GATE_RATIOS
 
 __all__ = [
     "COUNTS",
     "DIGESTS",
     "RATIOS",
-    "bits_changed",
     "kept_metrics",
     "metric_drifts",
 ]
@@ -126,14 +125,21 @@ def count_drifts(where: str, om: dict, nm: dict) -> list[Drift]:
 
 
 def bitwise_drifts(
-    where: str, old: dict, new: dict, om: dict, nm: dict, reported: set[str]
+    where: str, old: dict, new: dict, om: dict, nm: dict, reported: set[str], likely: str = ""
 ) -> list[Drift]:
-    """Every metric not already `reported` that changed at all, and the outputs whose bits did."""
+    """Every metric not already `reported` that changed at all, and the outputs whose bits did
+    (`likely`: the key difference named as their likely cause, e.g. a version change)."""
     out = []
     for name in sorted(set(om) | set(nm)):
         if name not in reported and om.get(name) != nm.get(name):
             out.append(
-                Drift(where, name, om.get(name), nm.get(name), "bitwise: the metric changed")
+                Drift(
+                    where,
+                    name,
+                    om.get(name),
+                    nm.get(name),
+                    "bitwise: the metric changed" + (f"; likely cause: {likely}" if likely else ""),
+                )
             )
     od, nd = old.get("digests"), (new.get("metrics") or {}).get(DIGESTS)
     if od is not None and od != nd:
@@ -145,13 +151,14 @@ def bitwise_drifts(
                 f"output {first} sha256",
                 od[first] if first < len(od) else None,
                 (nd or [None])[first] if nd and first < len(nd) else None,
-                f"bitwise: {len(changed) or len(od)} output(s) differ in their bits",
+                f"bitwise: {len(changed) or len(od)} output(s) differ in their bits"
+                + (f"; likely cause: {likely}" if likely else ""),
             )
         )
     return out
 
 
-def metric_drifts(where: str, old: dict, new: dict, bitwise: bool) -> list[Drift]:
+def metric_drifts(where: str, old: dict, new: dict, bitwise: bool, likely: str = "") -> list[Drift]:
     """The drifts of one record: `new` (a run's record) against `old` (the baseline's copy).
 
     Args:
@@ -159,6 +166,8 @@ def metric_drifts(where: str, old: dict, new: dict, bitwise: bool) -> list[Drift
       old: the baseline's record (kept metrics and digests).
       new: the run's record.
       bitwise: also compare every metric and output bit exactly.
+      likely: with `bitwise` across a version or hardware change, that change in words: each
+        bitwise drift names it as its likely cause.
 
     Returns:
       The drifts, in the order status, ratios, counts, bitwise.
@@ -172,13 +181,5 @@ def metric_drifts(where: str, old: dict, new: dict, bitwise: bool) -> list[Drift
     out.extend(ratio_drifts(where, om, nm, new))
     out.extend(count_drifts(where, om, nm))
     if bitwise:
-        out.extend(bitwise_drifts(where, old, new, om, nm, {d.what for d in out}))
+        out.extend(bitwise_drifts(where, old, new, om, nm, {d.what for d in out}, likely))
     return out
-
-
-def bits_changed(result: Check, key: str, old: dict, new: dict) -> None:
-    """Record (as information) how many of a record's outputs changed bits."""
-    od, nd = old.get("digests"), (new.get("metrics") or {}).get(DIGESTS)
-    if od is not None and nd is not None and od != nd:
-        n = sum(x != y for x, y in zip(od, nd)) + abs(len(od) - len(nd))
-        result.bits_changed.append(f"{key}: {n} of {max(len(od), len(nd))} output(s) changed bits")

@@ -16,6 +16,7 @@ from diag.errors import UsageError
 
 __all__ = [
     "JAX_SUBFOLDER",
+    "VENV_SUBFOLDER",
     "MARKER",
     "CacheFolder",
     "NotACache",
@@ -40,7 +41,9 @@ _HEX2 = re.compile(r"[0-9a-f]{2}")
 #: ``$DIAG_CACHE_DIR/golden``); `clear` never enters them.
 #: JAX's persistent compilation cache for diag's JAX workers lives in ``jax`` (`jax_cache_dir`).
 JAX_SUBFOLDER = "jax"
-_DIAG_SUBFOLDERS = ("golden", JAX_SUBFOLDER)
+#: The environments `diag bisect --package` builds, one per release tried (`diag.gate.releases`).
+VENV_SUBFOLDER = "venvs"
+_DIAG_SUBFOLDERS = ("golden", JAX_SUBFOLDER, VENV_SUBFOLDER)
 _TMP_PREFIX = ".tmp-"
 #: A temporary file older than this is a crashed writer's leftover; younger, a live write.
 _STALE_TMP_S = 600.0

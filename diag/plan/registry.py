@@ -41,7 +41,7 @@ def _probes_package() -> ModuleType:
     try:
         return importlib.import_module(PACKAGE)
     except ModuleNotFoundError:
-        folder = Path(__file__).resolve().parent.parent / "probes"
+        folder = Path(__file__).resolve().parents[2] / "probes"
         spec = importlib.util.spec_from_file_location(
             PACKAGE, folder / "__init__.py", submodule_search_locations=[str(folder)]
         )

@@ -172,6 +172,12 @@ class RunDir:
     def results_jsonl(self) -> Path:
         return self.path / "results.jsonl"
 
+    @property
+    def history_json(self) -> Path:
+        """The series of the records that moved in the history the run was appended to
+        (`diag run --history`), which the report plots."""
+        return self.path / "history.json"
+
     @classmethod
     def create(cls, root: str | os.PathLike, run_id: str, env: dict[str, Any]) -> RunDir:
         run = cls(Path(root) / run_id)

@@ -3,9 +3,9 @@
 When the CI gate fails, the artifact a person downloads must say what drifted (not only the
 job log): each cause once (a setting, a backend's arithmetic, a record), old -> new, with
 what it explains folded under it; the key mismatches; the known failures; and, with
-`--bitwise` across a version change, the outputs whose bits changed (information, not
-drift). Like the report it fetches nothing and runs no script (`script-src 'none'`), and every
-value is data, autoescaped.
+`diag check --history`, each drifted record's series over the history's runs. Like the
+report it fetches nothing and runs no script (`script-src 'none'`), and every value is data,
+autoescaped.
 
 It reads plain data (`diag.gate.drift.Check.view`), so this package still imports only the
 records' schema.
@@ -39,12 +39,14 @@ def render_drift_view(view: Mapping[str, Any], *, run_dir: str = "", baseline: s
     """
     from diag import __version__
     from diag.report.html import asset, environment
+    from diag.report.seriesplot import series_charts
 
     return (
         environment()
         .get_template("drift.html.j2")
         .render(
             view=view,
+            history_series=series_charts(view.get("series") or []),
             run_dir=run_dir,
             baseline=baseline,
             version=__version__,

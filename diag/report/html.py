@@ -33,6 +33,7 @@ from diag.report.damage import damage
 from diag.report.matrix import matrix_context
 from diag.report.nodes import report_context as nodes_context
 from diag.report.sections import ab_context, sampling_context
+from diag.report.seriesplot import series_charts
 from diag.report.settings import report_context as settings_context
 from diag.report.tables import (
     METRIC_COLUMNS,
@@ -143,6 +144,7 @@ def render_report(
     nodes: Mapping[str, Any] | None = None,
     damage: Iterable[str] = (),
     trace: Mapping[str, Any] | None = None,
+    history: list[Mapping[str, Any]] | None = None,
 ) -> str:
     """Render the HTML report for a run's metadata and records.
 
@@ -154,6 +156,7 @@ def render_report(
       damage: sentences saying what could not be read (`RecordsRead.problems`), shown above
         the verdict, which then says it covers the readable records only.
       trace: the Profile section of a traced run (`diag.report.trace.trace_context`).
+      history: the series of the records that moved in the run's history (``history.json``).
 
     Returns:
       The complete HTML document as a string.
@@ -202,6 +205,7 @@ def render_report(
             ab=ab_context(records, run.ab),
             trace=trace,
             train=_train_context(records, run.report_sections),
+            history_series=series_charts(history or []),
         )
     )
 
@@ -269,6 +273,16 @@ def _nodes_context(nodes: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return nodes_context(nodes)
 
 
+def _history(run: RunDir) -> list[Mapping[str, Any]]:
+    """The moved records' series `diag run --history` left in the run folder (none when the
+    file is absent or unreadable: the report shows the run either way)."""
+    try:
+        data = json.loads(run.history_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [s for s in data if isinstance(s, dict)] if isinstance(data, list) else []
+
+
 def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
     """Write the self-contained HTML report of a run folder.
 
@@ -309,6 +323,7 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
         nodes=nodes,
         damage=damage(run_dir),
         trace=trace_context(run.path, read.records, meta.backends),
+        history=_history(run),
     )
     path = Path(out) if out is not None else run.path / "report.html"
     # diag.records.outputs: parents created, a bad path or a full disk one line (exit 2)

@@ -27,4 +27,14 @@ class _CallableModule(types.ModuleType):
         return run(*args, **kwargs)
 
 
+def __getattr__(name: str):
+    """Submodules load on first use: `diag.run.X` works after a bare `import diag`."""
+    import importlib
+    import importlib.util
+
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 sys.modules[__name__].__class__ = _CallableModule

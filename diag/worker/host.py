@@ -64,7 +64,7 @@ def worker_env(
     env = dict(os.environ if base is None else base)
     env.update(jax_cache_env(env))
     # The worker must import this same diag, installed or not.
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding diag/
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
