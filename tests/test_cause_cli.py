@@ -31,7 +31,11 @@ def _records(out: Path) -> list[dict]:
 
 @pytest.mark.parametrize(
     ("name", "case", "backend", "op"),
-    [("hf_torch", "attnpool", "torch-cpu", "aten.exp"), ("flax_jax", "eps", "jax-cpu", "add")],
+    [
+        # two `diag run`s, each importing transformers in its worker: ~45 s here
+        pytest.param("hf_torch", "attnpool", "torch-cpu", "aten.exp", marks=pytest.mark.slow),
+        ("flax_jax", "eps", "jax-cpu", "add"),
+    ],
 )
 def test_diag_run_names_the_planted_line_as_the_cause(tmp_path, name, case, backend, op):
     line = marked_line(DATA / f"{name}.py", f"planted: {case}")
