@@ -35,7 +35,7 @@ from diag.errors import UsageError
 from diag.interp import framework_of
 from diag.tolerance.userfn import userfn_output_allowance
 from diag.userfn import OutputVerdict, Reference, judge, reference
-from diag.userfn.host import first_op_and_cause, first_op_line
+from diag.userfn.host import failing_outputs, first_op_and_cause, first_op_line
 from diag.userfn.reference import given_reference
 
 __all__ = ["NumericsWarning", "assert_numerics"]
@@ -176,21 +176,15 @@ def _limit(failing: list[OutputVerdict], ref: Reference) -> float:
 def _first_op(
     fn: Callable, args: tuple, kwargs: dict, limit: float, failing: list, ref: Reference
 ) -> list[str]:
-    """The lines naming the first divergent op and the cause of the failing float outputs
+    """The lines naming the first divergent op and the cause of the failing outputs
     (`diag.userfn.host.first_op_and_cause`)."""
     if "torch" in type(fn).__module__ or any("torch" in type(a).__module__ for a in args):
         fn, args, kwargs = copy.deepcopy((fn, args, kwargs))  # a step may update in place
-    from diag.diverge import Failing
-
-    floats = []
-    for v in failing:
-        r = ref.leaf(v.path)
-        if v.allowed > 0 and r is not None and r.dtype.kind == "f":
-            floats.append(Failing(v.path, r, v.allowed))
-    if not floats:
+    outputs = failing_outputs(failing, ref)
+    if not outputs:
         return [first_op_line(fn, args, kwargs, limit)]
     line, cause = first_op_and_cause(
-        fn, args, kwargs, limit, floats, framework_of(fn, args, kwargs)
+        fn, args, kwargs, limit, outputs, framework_of(fn, args, kwargs)
     )
     return [line] if cause is None else [line, cause.text]
 

@@ -27,7 +27,7 @@ from diag.plan.probe import FLOATS, Probe
 from diag.tolerance import Tolerance
 from diag.userfn import agreement, judge, leaf_name
 from diag.userfn.bind import bind
-from diag.userfn.host import Prepared, prepare
+from diag.userfn.host import Prepared, failing_outputs, prepare
 from diag.userfn.standin import JAX_MODULES, TORCH_MODULES
 
 _STATUS_ORDER = ("pass", "warn", "fail", "error")
@@ -83,7 +83,7 @@ def evaluate(o: Outcome) -> Evaluation:
         reason = f"all {len(verdicts)} outputs within their allowance of the {ref.description}"
     elif status == "fail":
         allowed = min((v.allowed for v in verdicts if v.allowed), default=0.0)
-        failing = _failing(verdicts, ref)
+        failing = failing_outputs(verdicts, ref)
         if failing:
             op, cause = prepared.diagnose(allowed, failing)
         else:
@@ -96,18 +96,6 @@ def evaluate(o: Outcome) -> Evaluation:
     else:
         reason = worst.reason if worst else "no output to judge"
     return Evaluation(status, reason, metrics)
-
-
-def _failing(verdicts: list, ref) -> list:
-    """The failing float outputs, as the cause search measures them (`diag.diverge.Failing`)."""
-    from diag.diverge import Failing
-
-    out = []
-    for v in verdicts:
-        r = ref.leaf(v.path)
-        if v.status == "fail" and v.allowed > 0 and r is not None and r.dtype.kind == "f":
-            out.append(Failing(v.path, r, v.allowed))
-    return out
 
 
 def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:

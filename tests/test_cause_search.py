@@ -176,3 +176,39 @@ def test_promoting_one_op_of_a_float32_function_does_not_compute_the_rest_in_flo
     assert cause.cause_ops[0].startswith("logistic at test_cause_search.py:")
     assert "log_sigmoid" in cause.repair and cause.error_after <= 2.0**-12
     assert math.isinf(cause.error_before)
+
+
+def _greedy(h, w):
+    import jax.numpy as jnp
+
+    logits = jnp.zeros((h.shape[0], w.shape[1]), jnp.bfloat16)
+    for i in range(h.shape[1]):
+        logits = logits + h[:, i : i + 1] * w[i]  # a dot product accumulated in bf16
+    return jnp.argmax(logits, -1)
+
+
+def test_a_greedy_token_moved_by_a_bf16_accumulation_names_it_and_the_repair_restores_it():
+    """An integer output (a decision): repaired when every token equals the float64 one."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    from diag.userfn import judge, reference
+    from diag.userfn.host import failing_outputs, first_op_and_cause
+
+    r = np.random.default_rng(0)
+    h = jnp.asarray(r.normal(size=(64, 48)), jnp.bfloat16)
+    w = jnp.asarray(r.normal(size=(48, 500)) * 0.5, jnp.bfloat16)
+    h64, w64 = np.asarray(h, np.float64), np.asarray(w, np.float64)
+    want = np.argmax(h64 @ w64, -1)
+    assert (np.asarray(_greedy(h, w)) != want).any()  # bf16 accumulation moves a token
+    f32 = np.argmax(np.asarray(h, np.float32) @ np.asarray(w, np.float32), -1)
+    assert (f32 == want).all()  # accumulated in float32 every token is float64's
+
+    ref = reference(_greedy, (h, w), {}, "jax")
+    failing = failing_outputs(judge(_greedy(h, w), ref), ref)
+    assert [f.allowance for f in failing] == [0.0]
+    _, cause = first_op_and_cause(_greedy, (h, w), {}, 0.0, failing, "jax")
+    line = _greedy.__code__.co_firstlineno + 5  # the accumulation line
+    assert cause is not None and cause.confirmed, cause
+    assert cause.cause.startswith(f"test_cause_search.py:{line} (_greedy)")
+    assert cause.error_after == 0.0 < cause.error_before
+    assert "values that differ from the reference" in cause.text

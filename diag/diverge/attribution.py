@@ -140,6 +140,7 @@ def find(
     """`candidates` from a shadow run's `keep` (ledger and output sources), then `search`."""
     ledger = keep["ledger"]
     starts = sorted({i for s in keep.get("sources", ()) for i in s})
-    allowance = min((f.allowance for f in failing), default=math.inf)
+    # what the ops may carry: the smallest float allowance (integer outputs: float32's)
+    allowance = min((f.allowance for f in failing if f.allowance > 0), default=2.0**-12)
     sites, readers = candidates(ledger.entries, starts, allowance)
     return search(rerun, sites, failing, readers, max_reruns)

@@ -119,6 +119,29 @@ def first_op_line(fn: Callable, args: tuple, kwargs: dict, allowed: float = 0.0)
     return first_line(report)
 
 
+def failing_outputs(verdicts: list, ref: Reference) -> list:
+    """The failing outputs as the cause search measures them (`diag.diverge.Failing`): float
+    leaves with their allowance; integer leaves (token ids, indices) exactly, forgiving the
+    values one rounding of the inputs already moves (`Reference.perturbed`, the judge's warn)."""
+    from diag.diverge import Failing
+
+    out = []
+    for k, (path, r) in enumerate(ref.leaves):
+        v = next((v for v in verdicts if v.path == path), None)
+        if v is None or v.status != "fail":
+            continue
+        if r.dtype.kind == "f" and v.allowed > 0:
+            out.append(Failing(path, r, v.allowed))
+        elif r.dtype.kind in "biu" and v.allowed == 0:
+            forced = np.zeros(r.shape, bool)
+            for moved in ref.perturbed:
+                m = moved[k]
+                if m is not None:
+                    forced |= m.astype(np.int64).reshape(r.shape) != r.astype(np.int64)
+            out.append(Failing(path, r, 0.0, forced))
+    return out
+
+
 def first_op_and_cause(
     fn: Callable, args: tuple, kwargs: dict, allowed: float, failing: list, framework: str
 ) -> tuple[str, Any]:
