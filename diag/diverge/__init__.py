@@ -1,7 +1,7 @@
 """Find the first op where a low-precision or ported computation leaves the true result.
 
 Most numerical bugs never make a NaN: a bf16 accumulation, a cancellation, a softmax without
-max-subtraction, a mis-ported layer move the result quietly. Two questions, one module:
+max-subtraction, a mis-ported layer move the result quietly. Three questions, one module:
 
 * `shadow(fn, *args)`: run a JAX function (its jaxpr, equation by equation, through jit, scan,
   cond, custom_jvp/vjp and grad) or a PyTorch function (every aten op, forward and backward, under
@@ -11,6 +11,11 @@ max-subtraction, a mis-ported layer move the result quietly. Two questions, one 
   against the shadow, and the amplification. `first` is the earliest op that broke its bound or
   where the carried error crossed the threshold (rules in `diag.diverge.rules` and
   docs/diverge.md).
+* `explain(fn, args, kwargs, failing, leaves)` and `diagnose(fn, *args)`: the cause of a
+  failure, not only where it shows: the smallest set of ops whose computation in a wider dtype
+  brings every failing output within its allowance, found by re-running the function with
+  candidates (ranked from the shadow's figures) promoted, and claimed only when a re-run
+  confirms it (`diag.diverge.cause`).
 * `tap(name, x)` and `compare(run_a, run_b)`: two implementations (JAX and PyTorch, or two
   versions of one model) tap the same names; `compare` says which tap first differs by more
   than two correct implementations may. Module outputs (torch `nn.Module`, flax linen) are
