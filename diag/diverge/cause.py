@@ -92,7 +92,7 @@ class Site:
         """What the re-running evaluators match an op by."""
         return (self.primitive, self.source, self.library, self.phase)
 
-    def line(self, where: tuple[str, str] = ("", "")) -> str:
+    def line(self, where: tuple[str, ...] = ("", "")) -> str:
         """The line to change: the user's line first, then a library op's package and line
         (``rope.py:20 (rope)``; ``train.py:30 (loss_fn), in flax dtypes.py:79 (promote_dtype)``).
 
@@ -101,7 +101,7 @@ class Site:
                 that wrote the op, and the user's line when the site's source is a library's
                 (JAX counts Flax's files as the user's).
         """
-        package, user = where
+        package, user = where[0], where[1]
         source, library = self.source, self.library
         if user and user != source:
             source, library = user, source
@@ -110,7 +110,7 @@ class Site:
             line += f", in {package + ' ' if package else ''}{library}"
         return line
 
-    def label(self, where: tuple[str, str] = ("", "")) -> str:
+    def label(self, where: tuple[str, ...] = ("", "")) -> str:
         """``mul at rope.py:20 (rope)``; a library op also names its package and line."""
         back = " (backward)" if self.phase == "backward" else ""
         return f"{self.primitive} at {self.line(where)}{back}"
@@ -190,7 +190,9 @@ class Rerun(Protocol):
 
     def __call__(self, sites: frozenset[tuple[str, str, str, str]]) -> list[tuple[str, Any]]: ...
 
-    packages: dict[tuple[str, str, str, str], tuple[str, str]]
+    #: per promoted site: (its package, the user's line where the source is a library's,
+    #: the code of the user's line)
+    packages: dict[tuple[str, str, str, str], tuple[str, str, str]]
 
 
 def errors(
@@ -382,7 +384,9 @@ def _found(
     ops = tuple(s.label(rerun.packages.get(s.key, ("", ""))) for s in group)
     wide = wider(head.dtype)
     effect = f"computed in {wide}, {_change(f, base[k], errs[k])}"
-    what = ", ".join(ops) if len(group) > 1 else f"{ops[0]} ({head.dtype})"
+    code = rerun.packages.get(head.key, ("", "", ""))[2:]
+    said = f"`{code[0]}` in {head.dtype}" if code and code[0] else head.dtype
+    what = ", ".join(ops) if len(group) > 1 else f"{ops[0]} ({said})"
     repair = repair_for(head, consumers.get(head.key, set()))
     return Cause(
         cause=line,

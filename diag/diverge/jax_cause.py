@@ -18,6 +18,7 @@ value written on the user's line.
 
 from __future__ import annotations
 
+import linecache
 import os
 from collections.abc import Callable
 from typing import Any
@@ -244,16 +245,17 @@ def _written_literals(e) -> list[tuple[int, float]]:
     return found
 
 
-def _package(e) -> tuple[str, str]:
+def _package(e) -> tuple[str, str, str]:
     """(the installed package whose code wrote the equation: ``flax``, ``optax``, ``jax``;
-    the user's line that called it, ``file.py:LINE (function)``), each ``""`` if none.
+    the user's line that called it, ``file.py:LINE (function)``; that line's code), each
+    ``""`` if none.
 
     JAX counts any file outside JAX as the user's, so a Flax cast is named at Flax's line:
     the user's line is the innermost frame outside every installed package."""
     try:
         frames = e.source_info.traceback.frames
     except Exception:  # noqa: BLE001 - private API
-        return "", ""
+        return "", "", ""
     package = ""
     for f in frames:
         if MACHINERY.search(f.file_name):
@@ -263,8 +265,9 @@ def _package(e) -> tuple[str, str]:
             package = package or got
             continue
         func = f.function_name.rsplit(".", 1)[-1]  # a qualname on Python >= 3.11
-        return package, f"{os.path.basename(f.file_name)}:{f.line_num} ({func})"
-    return package, ""
+        code = linecache.getline(f.file_name, f.line_num).strip()
+        return package, f"{os.path.basename(f.file_name)}:{f.line_num} ({func})", code
+    return package, "", ""
 
 
 class Rerun:
@@ -277,7 +280,7 @@ class Rerun:
             *self.prog.arrays
         )
         self.leaves = leaves
-        self.packages: dict = {}  # site key -> (package, the user's line)
+        self.packages: dict = {}  # site key -> (package, the user's line, its code)
         self._literals: dict = {}
         self.runs = 0
 

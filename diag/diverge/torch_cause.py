@@ -18,6 +18,7 @@ model), with torch's random generator state restored.
 from __future__ import annotations
 
 import copy
+import linecache
 import os
 import sys
 import weakref
@@ -62,6 +63,7 @@ class _Promote(OpMode):
         self.names = {k[0] for k in sites}
         self.packages = packages
         self._wide: dict[int, tuple[weakref.ref, torch.dtype, int]] = {}
+        self._code = ""  # the code of the line `_key` last read
 
     def _key(self, name: str) -> tuple[str, str, str, str]:
         node = torch._C._current_autograd_node()
@@ -72,6 +74,7 @@ class _Promote(OpMode):
             src, phase, _ = self.where(node)
             library = ""
         file, line, fn = src
+        self._code = linecache.getline(file, line).strip() if file else ""
         where = f"{os.path.basename(file)}:{line} ({fn})" if file else ""
         return (f"aten.{name}", where, library, phase)
 
@@ -104,7 +107,7 @@ class _Promote(OpMode):
             key = self._key(name)
             promote = key in self.sites
             if promote and key not in self.packages:
-                self.packages[key] = (_package(), "")
+                self.packages[key] = (_package(), "", self._code)
         infos = [self._info(t) for t in floats]
         natural = min((i[0] if i is not None else t.dtype for t, i in zip(floats, infos)), key=_eps)
         widest = min((t.dtype for t in floats), key=_eps)
