@@ -258,7 +258,7 @@ def search(
 
     Args:
         rerun: the framework's re-runner.
-        candidates: `rank`'s sites, most likely first.
+        candidates: `diag.diverge.ranking.candidates`'s sites, most likely first.
         failing: the failing outputs.
         consumers: per site key, the primitives of the ops that read it (for the repair's
             wording: a sigmoid whose result a log reads).
@@ -308,7 +308,8 @@ def search(
     k = _worst(best[2], failing)[1]
     label = best[1].label(rerun.packages.get(best[1].key, ("", "")))
     return _none(
-        f"no set of up to {len(tried)} ops computed in a wider dtype repairs it; the best, "
+        f"no cause: none of the {len(tried)} likeliest ops, alone or with the best others, "
+        f"repairs it computed in a wider dtype; the best, "
         f"{label} in {wider(best[1].dtype)}: {_change(failing[k], base[k], best[2][k])}",
         failing[k],
         base[k],
