@@ -114,3 +114,24 @@ def test_the_rope_example_names_the_product_not_the_cosine():
     fixed = run_diag("diverge", f"{example}:fixed", env=ENV)
     assert fixed.returncode == 0, fixed.stdout
     assert "cause:" not in fixed.stdout
+
+
+def test_diag_nan_names_the_cause_of_a_birth_the_float64_shadow_does_not_make(tmp_path):
+    """The NaN hunt's birth is the rsqrt of a zero variance; its cause is the eps that float16
+    rounded to 0 one op earlier. A NaN the math makes itself (a log of a negative number, NaN
+    in float64 too) gets no cause."""
+    line = marked_line(DATA / "flax_jax.py", "planted: eps")
+    r = run_diag("nan", f"{DATA / 'flax_jax.py'}:eps_planted", env=ENV)
+    assert r.returncode == 1, r.stderr
+    assert f"Inf born in rsqrt at flax_jax.py:{line} (__call__)" in r.stdout
+    assert f"diag nan: cause: add at flax_jax.py:{line} (__call__)" in r.stdout
+
+    (tmp_path / "true_nan.py").write_text(
+        "import jax.numpy as jnp\nimport numpy as np\n\n\n"
+        "def make():\n"
+        "    return jnp.log, (np.linspace(-1, 1, 16, dtype=np.float32),)\n"
+    )
+    r = run_diag("nan", f"{tmp_path / 'true_nan.py'}:make", "--json", env=ENV)
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["found"] and "cause" not in doc
