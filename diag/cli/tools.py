@@ -27,8 +27,6 @@ def nan_cmd(
 ) -> None:
     """Find the op that first produced a NaN/Inf reaching FUNCTION's results, and its cause
     where a wider dtype prevents it, proven by a re-run (exit 1 if any)."""
-    import copy
-
     from diag import nan, render
     from diag.interp.guard import user_code
     from diag.settings.flags import validate_xla_flags
@@ -37,9 +35,9 @@ def nan_cmd(
     cause = None
     with user_code(target, nan.NanHuntError, timeout):
         fn, args, kwargs = nan.load_target(target)
-        pristine = copy.deepcopy((fn, args, kwargs))  # a training step updates its model
+        pristine = _copied((fn, args, kwargs))  # a training step updates its model
         report = nan.hunt(fn, args, kwargs)
-        if report is not None:
+        if report is not None and pristine is not None:
             cause = _nan_cause(*pristine)
     if as_json:
         doc = {
@@ -59,6 +57,17 @@ def nan_cmd(
         if cause is not None:
             render.print_line(f"diag nan: {cause.text}")
     raise typer.Exit(1 if report is not None else 0)
+
+
+def _copied(target: tuple):
+    """A deep copy of what the hunt will run, or None where it cannot be copied (then the
+    hunt runs as before, without a cause)."""
+    import copy
+
+    try:
+        return copy.deepcopy(target)
+    except Exception:  # noqa: BLE001 - any object a user's FUNCTION returns
+        return None
 
 
 def _nan_cause(fn, args, kwargs):
