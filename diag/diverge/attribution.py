@@ -20,15 +20,23 @@ from diag.tolerance.diverge import diverge_carried_threshold
 
 
 def _runner(fn: Callable, args: tuple, kwargs: dict, framework: str, leaves: Callable):
-    """(the framework's shadow function, its re-runner); the re-runner copies a PyTorch
-    function's arguments before the shadow run can update them."""
+    """(the framework's shadow function, its re-runner, or the exception that prevented one);
+    the re-runner copies a PyTorch function's arguments before the shadow run can update
+    them. A re-runner that cannot be made (a target the deep copy or the tracer refuses)
+    leaves the shadow's finding without a cause, never without the finding."""
+    make: Callable
     if framework == "torch":
         from diag.diverge import torch_cause, torch_shadow
 
-        return torch_shadow.shadow, torch_cause.Rerun(fn, args, kwargs, leaves)
-    from diag.diverge import jax_cause, jax_shadow
+        shadow, make = torch_shadow.shadow, torch_cause.Rerun
+    else:
+        from diag.diverge import jax_cause, jax_shadow
 
-    return jax_shadow.shadow, jax_cause.Rerun(fn, args, kwargs, leaves)
+        shadow, make = jax_shadow.shadow, jax_cause.Rerun
+    try:
+        return shadow, make(fn, args, kwargs, leaves)
+    except Exception as e:  # noqa: BLE001 - the user's function may hold anything
+        return shadow, e
 
 
 def explain(
@@ -69,13 +77,15 @@ def explain(
 
 
 def _find(keep: dict, rerun: Any, failing: Sequence[Failing]) -> Cause:
-    """`cause.find`; a re-run that raises ends the search with a sentence saying so (the
-    shadow's finding stands without a cause)."""
+    """`find`; a re-runner that could not be made, or a baseline re-run that raises, ends the
+    search with a sentence saying so (the shadow's finding stands without a cause)."""
     try:
+        if isinstance(rerun, Exception):
+            raise rerun
         return find(keep, rerun, failing)
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
         f = failing[0]
-        text = f"no cause: re-running the function with ops promoted raised {type(e).__name__}: {e}"
+        text = f"no cause: the function could not be re-run op by op ({type(e).__name__}: {e})"
         return Cause("", (), "", math.nan, math.nan, f.allowance, f.path, False, 0, text)
 
 
@@ -116,9 +126,12 @@ def diagnose(fn: Callable, args: tuple, kwargs: dict) -> tuple[ShadowReport, Cau
     outputs: list = []
     f, a, k = copy.deepcopy((fn, args, kwargs)) if framework == "torch" else (fn, args, kwargs)
     report = shadow(f, a, k, outputs, keep)
-    if not report.failed:
+    if not report.failed or isinstance(rerun, Exception):
         return report, None
-    base = rerun(frozenset())
+    try:
+        base = rerun(frozenset())
+    except Exception:  # noqa: BLE001 - the user's function may raise anything
+        return report, None
     cands = []
     for (path, y), s in zip(base, outputs):
         if s is None or not numerics.is_supported(np.asarray(y).dtype):

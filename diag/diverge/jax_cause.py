@@ -270,6 +270,13 @@ def _package(e) -> tuple[str, str, str]:
     return package, "", ""
 
 
+def _host(x: Any) -> Any:
+    """A value as numpy; a PRNG key as its key data (a key is no number to measure)."""
+    if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
+        return np.asarray(jax.random.key_data(x))
+    return np.asarray(x)
+
+
 class Rerun:
     """The function traced once; `__call__(sites)` evaluates it with `sites` promoted and
     returns its output leaves (``leaves`` turns the result into (path, array) pairs)."""
@@ -295,6 +302,6 @@ class Rerun:
                 tuple(False for _ in self.closed.jaxpr.outvars),
             )
             tree = jax.tree_util.tree_structure(self.shape)
-            result = jax.tree_util.tree_unflatten(tree, [np.asarray(o.val) for o in outs])[0]
+            result = jax.tree_util.tree_unflatten(tree, [_host(o.val) for o in outs])[0]
             self.runs += 1
             return self.leaves(result)
