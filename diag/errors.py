@@ -16,6 +16,9 @@ __all__ = [
     "EXIT_USAGE",
     "EXIT_BAD_NODE",
     "EXIT_WORKER_CRASH",
+    "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
 ]
 
 # Stable exit codes (documented in the README).
@@ -24,6 +27,13 @@ EXIT_NUMERICAL_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_BAD_NODE = 3
 EXIT_WORKER_CRASH = 4
+# A process cut short (a run folder records it in run.json's `exit_code`): Ctrl-C; SIGTERM
+# (a CI job cancelled, a scheduler's preemption), 128 + 15 as a shell reports it.
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+# diag itself failed (a bug, not the user's input nor the device): sysexits' EX_SOFTWARE,
+# apart from 1 (a numerical failure, which a CI gate must be able to trust) and from 2-4.
+EXIT_INTERNAL = 70
 
 
 class DiagError(Exception):

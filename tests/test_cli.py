@@ -41,7 +41,8 @@ def test_unknown_backend_exits_2_and_writes_nothing(tmp_path):
     assert out.stderr.strip() == ("diag: unknown backend 'tpu-v9'; known backends: jax-cpu, "
                                   "jax-gpu, jax-tpu, torch-cpu, torch-cuda, torch-xla-cpu, "
                                   "torch-xla-tpu, torch-xla-cuda, emu-bf16x1, "
-                                  "emu-bf16x3, emu-bf16x6, emu-tf32, emu-tf32x3, emu-f16")
+                                  "emu-bf16x3, emu-bf16x6, emu-tf32, emu-tf32x3, emu-f16; "
+                                  "see 'diag run --help'")
     assert not (tmp_path / "runs").exists()
 
 

@@ -231,7 +231,7 @@ def test_interrupted_empty_run_renders(tmp_path):
     assert re.search(r'id="run-state">interrupted<', html)
     assert "was interrupted" in html
     assert "No sweep records" in html and "No cross-backend agreement records" in html
-    assert "no results recorded" in html
+    assert 'data-verdict="incomplete"' in html and "no records written" in html
     assert all(f'data-count="{s}">0<' in html for s in ("pass", "fail", "error"))
 
 

@@ -56,9 +56,11 @@ return {scroll: d.scrollWidth, client: d.clientWidth, height: d.scrollHeight, ch
 
 
 def expected_cells(run_dir: Path) -> set[tuple]:
-    """(probe, dtype, setting, backend) of every probe record: the matrix's cells."""
-    return {(*row_key(r), r["backend"]) for r in RunDir(run_dir).records()
-            if r.get("kind", "probe") == "probe"}
+    """(probe, dtype, setting, backend) of every probe record of a backend that ran (one
+    whose every record is a skip has no column): the matrix's cells."""
+    probes = [r for r in RunDir(run_dir).records() if r.get("kind", "probe") == "probe"]
+    ran = {r["backend"] for r in probes if r["status"] != "skip"}
+    return {(*row_key(r), r["backend"]) for r in probes if r["backend"] in ran}
 
 
 def check_layout(driver, report: Path, cells: set[tuple], shots: Path | None = None) -> dict:

@@ -28,13 +28,37 @@ from diag.cli._app import (
     app,
     on_sigterm,
     state,
+    unwrap_help,
 )
 from diag.errors import EXIT_USAGE, DiagError
+
+unwrap_help(app)  # after every command module registered its commands
 
 
 @app.callback()
 def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors.")) -> None:
     state.debug = debug
+
+
+#: How close an unknown option must be to a known one (difflib's ratio of the names without
+#: dashes) for the usage line to suggest it: `--outt` -> `--out` (0.86), but not `--bogus`
+#: -> `--out` (0.5), which click's own cut-off (0.6 with the dashes) suggests.
+_SUGGEST = 0.8
+
+
+def _message(e: Exception) -> str:
+    """A usage error's text; an unknown option's suggestions kept only when they are close."""
+    name, possible = getattr(e, "option_name", None), getattr(e, "possibilities", None)
+    if name is None or possible is None:
+        return e.format_message() if hasattr(e, "format_message") else str(e)
+    import difflib
+
+    close = [
+        p
+        for p in sorted(possible)
+        if difflib.SequenceMatcher(None, name.lstrip("-"), p.lstrip("-")).ratio() >= _SUGGEST
+    ]
+    return f"no such option: {name}" + (f" (did you mean {' or '.join(close)}?)" if close else "")
 
 
 def _usage_line(e: Exception) -> str:
@@ -50,7 +74,7 @@ def _usage_line(e: Exception) -> str:
         names += [g.name for g in app.registered_groups]
         word = next((a for a in sys.argv[1:] if a in names), None)
         where = f"diag {word}" if word else "diag"
-    text = (e.format_message() if hasattr(e, "format_message") else str(e)).strip()
+    text = _message(e).strip()
     text = " ".join(text.split()).rstrip(".")
     if not text:
         text = "missing command"

@@ -7,11 +7,27 @@ each registers on `app`, then `diag.cli.main` runs it.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable
 from typing import Any
 
 import typer
+
+from diag.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED
+
+__all__ = [
+    "EXIT_BROKEN_PIPE",
+    "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
+    "Terminated",
+    "app",
+    "cache_app",
+    "on_sigterm",
+    "split",
+    "state",
+    "unwrap_help",
+    "write_after_verdict",
+]
 
 # no_args_is_help is off: a bare `diag` is a usage error (one line, exit 2), not a help page
 # printed by the parser before diag can say anything.
@@ -24,12 +40,7 @@ app = typer.Typer(
 cache_app = typer.Typer(no_args_is_help=False, help="Inspect or clear the ground-truth cache.")
 app.add_typer(cache_app, name="cache")
 
-EXIT_INTERRUPTED = 130
-# SIGTERM (a CI job cancelled, a scheduler's preemption): 128 + 15, as a shell reports it.
-EXIT_TERMINATED = 128 + signal.SIGTERM
-# diag itself failed (a bug, not the user's input nor the device): sysexits' EX_SOFTWARE,
-# apart from 1 (a numerical failure, which a CI gate must be able to trust) and from 2-4.
-EXIT_INTERNAL = 70
+# Ctrl-C 130, SIGTERM 143 and a bug in diag 70 live beside the other exit codes (diag.errors).
 # stdout's reader went away (`diag env | head -2`): 128 + SIGPIPE, what a shell reports for
 # a program the signal ended; never 1, which means a numerical failure.
 EXIT_BROKEN_PIPE = 128 + 13
@@ -40,7 +51,10 @@ class Terminated(KeyboardInterrupt):
 
     `diag.run.runner.run` already turns a KeyboardInterrupt into a run folder marked
     `interrupted`, its worker killed and its temp folder removed; SIGTERM deserves the same.
+    `exit_code` is what the process ends with, which the runner records in run.json.
     """
+
+    exit_code = EXIT_TERMINATED
 
 
 class _State:
@@ -56,6 +70,33 @@ def on_sigterm(signum, frame) -> None:
         return
     state.terminated = True
     raise Terminated("terminated by SIGTERM")
+
+
+def unwrap_help(typer_app: typer.Typer) -> None:
+    """Join the lines of each paragraph of every command's help into one line, so the help
+    pages wrap them at the terminal's width: typer's rich help keeps a docstring's own line
+    breaks (the command list of `diag --help` broke `diverge`'s summary after "top-k cut,").
+    A line that starts a list item (`-`, `*`) or is indented keeps its break."""
+    import inspect
+
+    for info in typer_app.registered_commands:
+        text = info.help if info.help is not None else inspect.getdoc(info.callback)
+        if text:
+            info.help = "\n\n".join(_one_line(p) for p in inspect.cleandoc(text).split("\n\n"))
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            unwrap_help(group.typer_instance)
+
+
+def _one_line(paragraph: str) -> str:
+    lines = paragraph.split("\n")
+    out = lines[:1]
+    for line in lines[1:]:
+        if line[:1] in ("-", "*", " ", "\b"):
+            out.append(line)
+        else:
+            out[-1] = f"{out[-1].rstrip()} {line.strip()}"
+    return "\n".join(out)
 
 
 def split(values: list[str] | None) -> list[str] | None:

@@ -133,14 +133,8 @@ def run(
     from diag.worker.host import parse_python
 
     pythons = parse_python(split(python))  # bad usage exits 2 before anything starts
-    if reference is not None and function is None:
-        raise UsageError("--reference needs FILE.py:FUNCTION, the function it is the reference of")
-    if function is not None:
-        from diag.plan.suite_fn import function_suite
-
-        suite = function_suite(  # type: ignore[assignment]
-            function, timeout=timeout, reference=reference or ""
-        )
+    _check_backend_names(split(backend))
+    loaded = _load(function, reference, suite, timeout, max_memory)
     progress = render.RunProgress(enabled=not as_json)
     if report:
         from diag.report import preload
@@ -148,7 +142,7 @@ def run(
         preload()  # matplotlib's import overlaps the run instead of following it
     try:
         result = runner.run(
-            suite,
+            loaded,
             split(backend),
             out=out,
             repeats=repeats,
@@ -186,6 +180,49 @@ def run(
     code = EXIT_USAGE if report and report_path is None and not code else code
     _show(result, code, report_path, as_json=as_json, trace=trace)
     raise typer.Exit(code)
+
+
+def _load(function, reference, suite: str, timeout: float, max_memory):
+    """The suite to run: the user's function's, or the suite file's (the code it names
+    listed on stderr before any of it is imported)."""
+    if reference is not None and function is None:
+        raise UsageError("--reference needs FILE.py:FUNCTION, the function it is the reference of")
+    if function is not None:
+        from diag.plan.suite_fn import function_suite
+
+        return function_suite(function, timeout=timeout, reference=reference or "")
+    from diag.plan.suite import load_suite
+
+    return load_suite(suite, max_memory=max_memory, timeout=timeout, announce=_announce_code(suite))
+
+
+def _announce_code(suite: str):
+    """What `load_suite` calls before it imports the code a suite file names: one line on
+    stderr per file or module, so that a suite someone handed over never runs code unseen."""
+    from diag import render
+
+    def announce(named: list[str]) -> None:
+        render.print_line(
+            f"diag: suite {suite} imports and runs this Python code on this host (a suite "
+            "file is code: run only suites you trust):",
+            err=True,
+        )
+        for spec in named:
+            render.print_line(f"    {spec}", err=True)
+
+    return announce
+
+
+def _check_backend_names(names: list[str] | None) -> None:
+    """An unknown backend name is a usage error of `diag run`: its line lists the known ones
+    and points to the help that says what each is."""
+    from diag.backends import get_spec
+
+    for name in names or []:
+        try:
+            get_spec(name)
+        except UsageError as e:
+            raise UsageError(f"{e}; see 'diag run --help'") from None
 
 
 def _show(result, code: int, report_path: Path | None, *, as_json: bool, trace: bool) -> None:
@@ -282,15 +319,21 @@ def cache_info(
     )
     jc = info.get("jax_compilation_cache")
     if jc:
+        yours = (
+            " (set by JAX_COMPILATION_CACHE_DIR: yours, `clear` leaves it)"
+            if jc["set_by"] != "diag"
+            else ""
+        )
         render.print_line(
-            f"diag: JAX compilation cache {jc['path']}: {jc['files']} file(s), "
+            f"diag: JAX compilation cache {jc['path']}{yours}: {jc['files']} file(s), "
             f"{human_bytes(jc['bytes'])}"
         )
 
 
 @cache_app.command("clear")
 def cache_clear(cache_dir: Path | None = typer.Option(None, "--cache-dir")) -> None:
-    """Delete diag's cached ground-truth results (only in a folder diag marked as its cache)."""
+    """Delete diag's cached ground-truth results and JAX programs (only files diag wrote, only
+    in a folder diag marked as its cache)."""
     from diag import render
     from diag.oracle.cache import GroundTruthCache, default_cache_dir
 

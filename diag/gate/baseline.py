@@ -47,7 +47,7 @@ from typing import Any
 from diag.errors import UsageError
 from diag.gate.drift import Check, Drift, feature_drifts, features_of, setting_drifts
 from diag.gate.drift import show as _show
-from diag.gate.record_drift import DIGESTS, kept_metrics, metric_drifts
+from diag.gate.record_drift import DIGESTS, bad_values, kept_metrics, metric_drifts
 from diag.records.results import RunDir, read_results
 
 __all__ = [
@@ -147,11 +147,7 @@ def build(run_dir: str | os.PathLike) -> dict[str, Any]:
       BaselineError: not a run folder, unreadable records, or a run that did not finish.
     """
     meta, records = _read_run(run_dir)
-    if meta.get("state") != "finished":
-        raise BaselineError(
-            f"{run_dir}: the run is {meta.get('state')!r}, not finished; a "
-            "baseline must hold every record: rerun the suite to the end"
-        )
+    _require_finished(run_dir, meta, "a baseline must hold every record")
     return {
         "schema": BASELINE_SCHEMA,
         "created": time.time(),
@@ -252,7 +248,20 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
             raise bad(f"record {i} lacks probe/case/backend/status strings")
         if not isinstance(rec.get("metrics"), dict):
             raise bad(f"record {i} ({record_key(rec)}): field 'metrics' must be an object")
+        if (why := bad_values(rec)) is not None:
+            raise bad(f"record {i} ({record_key(rec)}): {why}")
     return data
+
+
+def _require_finished(run_dir: str | os.PathLike, meta: dict, why: str) -> None:
+    """Refuse a run that did not finish (interrupted, aborted, killed while `running`)."""
+    if (state := meta.get("state")) != "finished":
+        code = meta.get("exit_code")
+        ended = f" (it ended with exit code {code})" if isinstance(code, int) else ""
+        raise BaselineError(
+            f"{run_dir}: the run is {state!r}, not finished{ended}; {why}: "
+            "rerun the suite to the end"
+        )
 
 
 def _read_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict]]:
@@ -301,9 +310,11 @@ def check(run_dir: str | os.PathLike, baseline: dict, *, bitwise: bool = False) 
       Check.
 
     Raises:
-      BaselineError: the run folder is unusable, or the baseline is for another suite.
+      BaselineError: the run folder is unusable (damaged, or a run that did not finish), or
+        the baseline is for another suite.
     """
     meta, records = _read_run(run_dir)
+    _require_finished(run_dir, meta, "its missing records would read as drift")
     suite = (meta.get("suite") or {}).get("name")
     if baseline.get("suite") and suite != baseline["suite"]:
         raise BaselineError(

@@ -18,6 +18,7 @@ __all__ = [
     "COUNTS",
     "DIGESTS",
     "RATIOS",
+    "bad_values",
     "kept_metrics",
     "metric_drifts",
 ]
@@ -66,6 +67,28 @@ def kept_metrics(metrics: dict) -> dict[str, Any]:
         elif name in COUNTS and isinstance(value, list):
             kept[name] = value
     return kept
+
+
+def bad_values(rec: dict) -> str | None:
+    """What is wrong with a baseline record's metrics and digests (as `diag.gate.baseline.load`
+    reads it), or None.
+
+    A value of the wrong type would otherwise be compared as if it were a number (a count
+    `"huge"` reads as drift, exit 1) or crash the bitwise comparison: the file is unusable.
+    """
+    for name, value in (rec.get("metrics") or {}).items():
+        if kept_metrics({name: value}) != {name: value}:
+            return (
+                f"metric {name!r} is {value!r}: must be a number"
+                + (" or a list" if name in COUNTS else "")
+                + " ('nan', 'inf' and '-inf' stand for those numbers)"
+            )
+    digests = rec.get("digests")
+    if digests is not None and not (
+        isinstance(digests, list) and all(isinstance(d, str) for d in digests)
+    ):
+        return f"field 'digests' is {digests!r}: must be null or a list of sha256 strings"
+    return None
 
 
 def _keeps(name: str, value: float, limit: float) -> bool:

@@ -15,16 +15,16 @@ file with the dtype, shape, method and fallback count.
 What the cache promises, because a wrong or missing cache must never change a verdict:
 
 * **Verified reads.** The JSON holds a sha256 over the metadata and the value's bits; `get`
-  recomputes it, and an entry that does not match (a flipped bit on disk, a torn copy) is a miss
-  with a warning, so the oracle recomputes and overwrites it. A corrupt entry would otherwise be
-  a false ``fail`` blamed on the backend.
+  recomputes it, and an entry that does not match (a flipped bit on disk, a torn copy) or whose
+  JSON is damaged is a miss with a warning, so the oracle recomputes and overwrites it. A
+  corrupt entry would otherwise be a false ``fail`` blamed on the backend.
 * **Never fatal.** A cache that cannot be written (a read-only folder, a HOME where
   ``~/.cache`` cannot be created) is reported once per process on the ``diag.oracle.cache``
   logger (stderr by default) and the run goes on uncached.
 * **Deletes only its own files.** When diag creates the cache folder it writes a marker
   (`MARKER`, in the CACHEDIR.TAG format backup tools know); `clear` refuses a folder without
   it, and even in a marked folder removes only files named like diag's entries
-  (``<key[:2]>/<key>.npy|.json``).
+  (``<key[:2]>/<key>.npy|.json``) and, in ``jax``, like JAX's compilation cache's.
 * **Atomic, umask-respecting writes.** Each file is written to a temporary name in the same
   folder and moved into place with `os.replace`, so a reader never sees half an entry, even when
   two runs share the folder; files are created with mode 0666 less the umask, like every other
@@ -151,6 +151,19 @@ class _Corrupt(Exception):
     """An entry whose bits or metadata do not match its checksum (the path says which)."""
 
 
+def _read_meta(path: Path) -> dict:
+    """An entry's JSON sidecar. A missing one is an absent entry (OSError, a silent miss);
+    one that is not a JSON object (cut short, overwritten) is a damaged entry (`_Corrupt`),
+    which the caller warns about before recomputing it."""
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise _Corrupt(path) from e
+    if not isinstance(meta, dict):
+        raise _Corrupt(path)
+    return meta
+
+
 class GroundTruthCache(CacheFolder):
     """Directory of cached oracle results: ``<root>/<key[:2]>/<key>.npy`` + ``.json``.
 
@@ -209,7 +222,7 @@ class GroundTruthCache(CacheFolder):
         npy, meta_path = self._paths(key)
         try:
             seen = _identity(npy, meta_path)  # before reading: a later swap is seen next time
-            meta = json.loads(meta_path.read_text())
+            meta = _read_meta(meta_path)
             # Mapped, not read: the checksum pass and the caller's use read the page cache,
             # and a truth the run's memo lets go of costs it no memory.
             try:
@@ -235,7 +248,8 @@ class GroundTruthCache(CacheFolder):
             value = from_bits(bits, meta["dtype"]).reshape(meta["shape"])
         except _Corrupt as bad:
             log.warning(
-                "diag: ground-truth cache entry %s is damaged (empty or cut short); recomputing it",
+                "diag: ground-truth cache entry %s is damaged (empty, cut short or not "
+                "JSON); recomputing it",
                 bad.args[0],
             )
             return None
@@ -255,7 +269,7 @@ class GroundTruthCache(CacheFolder):
         npy, meta_path = self._paths(key)
         try:
             seen = _identity(npy, meta_path)  # before reading: a later swap is seen next time
-            meta = json.loads(meta_path.read_text())
+            meta = _read_meta(meta_path)
             if meta.get("sha256") is None or "bits_sha256" not in meta:
                 return None
             if meta["sha256"] != _meta_hash(meta).hexdigest():

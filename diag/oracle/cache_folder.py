@@ -5,12 +5,14 @@ writes, and clearing only diag's own files (`CacheFolder`, the base of
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from diag.errors import UsageError
 
@@ -37,6 +39,10 @@ _MARKER_LINE = "# This folder is a diag ground-truth cache"
 #: a second array of the same result has a suffix to its key (top-k's ``-indices``).
 _ENTRY = re.compile(r"^([0-9a-f]{2})[0-9a-f]{62}(-[a-z]+)?\.(npy|json)$")
 _HEX2 = re.compile(r"[0-9a-f]{2}")
+#: A file of JAX's persistent compilation cache (jax/_src/lru_cache.py, jax 0.10):
+#: ``<program name>-<64 hex key>-cache`` and its ``-atime``. `clear` removes these from
+#: ``<cache>/jax`` and nothing else a user may have put there.
+_JAX_ENTRY = re.compile(r"^.+-[0-9a-f]{64}-(cache|atime)$")
 #: diag's own folders that may sit beside the entries (`diag.nodes` keeps golden digests in
 #: ``$DIAG_CACHE_DIR/golden``); `clear` never enters them.
 #: JAX's persistent compilation cache for diag's JAX workers lives in ``jax`` (`jax_cache_dir`).
@@ -199,35 +205,51 @@ class CacheFolder:
         return n + self._clear_jax()
 
     def _clear_jax(self) -> int:
-        """Remove the files of JAX's compilation cache kept in this (marked) folder."""
+        """Remove the files of JAX's compilation cache (`_JAX_ENTRY`) kept in this (marked)
+        folder; any other file there is not diag's and stays."""
         n = 0
-        jax_dir = self.root / JAX_SUBFOLDER
-        for p in sorted(jax_dir.rglob("*"), reverse=True) if jax_dir.is_dir() else []:
+        for p in _jax_files(self.root / JAX_SUBFOLDER):
             try:
-                if p.is_file() or p.is_symlink():
-                    p.unlink()
-                    n += 1
-                else:
-                    p.rmdir()
+                p.unlink()
+                n += 1
             except OSError:  # another process writing there: left for the next clear
                 pass
+        with contextlib.suppress(OSError):  # only when empty: JAX's lock file, a user's file
+            (self.root / JAX_SUBFOLDER).rmdir()
         return n
 
-    def info(self) -> dict:
-        """{"path", "marked", "entries", "bytes"} of the cache directory (diag's files only)."""
+    def info(self, environ: Mapping[str, str] | None = None) -> dict:
+        """{"path", "marked", "entries", "bytes"} of the cache directory (diag's files only),
+        and "jax_compilation_cache": the JAX compilation cache diag's workers use.
+
+        Args:
+          environ: the environment the workers start from (default this process's): a
+            JAX_COMPILATION_CACHE_DIR set there is the cache in use (the user's: `clear`
+            leaves it), an empty one turns JAX's cache off; else ``<cache>/jax``.
+        """
         files = self._files()
-        info = {
+        info: dict[str, Any] = {
             "path": str(self.root),
             "marked": self.marked,
             "entries": sum(1 for p in files if p.suffix == ".json"),
             "bytes": sum(p.stat().st_size for p in files),
         }
-        jax_dir = self.root / JAX_SUBFOLDER
-        if jax_dir.is_dir():  # JAX's compilation cache for diag's workers (`jax_cache_dir`)
-            jf = [p for p in jax_dir.rglob("*") if p.is_file()]
-            info["jax_compilation_cache"] = {
-                "path": str(jax_dir),
-                "files": len(jf),
-                "bytes": sum(p.stat().st_size for p in jf),
-            }
+        users = (os.environ if environ is None else environ).get("JAX_COMPILATION_CACHE_DIR")
+        jax_dir = Path(users).expanduser() if users else self.root / JAX_SUBFOLDER
+        if users == "" or not jax_dir.is_dir():
+            return info
+        jf = [p for p in jax_dir.rglob("*") if p.is_file()] if users else _jax_files(jax_dir)
+        info["jax_compilation_cache"] = {
+            "path": str(jax_dir),
+            "set_by": "JAX_COMPILATION_CACHE_DIR" if users else "diag",
+            "files": len(jf),
+            "bytes": sum(p.stat().st_size for p in jf),
+        }
         return info
+
+
+def _jax_files(jax_dir: Path) -> list[Path]:
+    """The files of JAX's compilation cache in `jax_dir` (its entries are one flat folder)."""
+    if not jax_dir.is_dir():
+        return []
+    return sorted(p for p in jax_dir.iterdir() if p.is_file() and _JAX_ENTRY.match(p.name))

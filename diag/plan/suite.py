@@ -37,6 +37,7 @@ import itertools
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ __all__ = [
     "memory_limit",
     "check_applicable",
     "total_planned",
+    "planned_pairs",
     "planned_records",
     "SUITE_DIR",
 ]
@@ -228,7 +230,10 @@ def check_memory(suite: Suite, max_memory: float | None = None) -> None:
 
 
 def load_suite(
-    name_or_path: str, max_memory: float | None = None, timeout: float | None = None
+    name_or_path: str,
+    max_memory: float | None = None,
+    timeout: float | None = None,
+    announce: Callable[[list[str]], None] | None = None,
 ) -> Suite:
     """Load a shipped suite by name, or a suite file by path, and expand it into cases.
 
@@ -237,6 +242,8 @@ def load_suite(
       max_memory: host memory one case may need, in GiB (None: half of physical memory).
       timeout: seconds an entry naming a user's function may take to load and to be
         evaluated in float64 on the host (`diag.plan.suite_fn`); None: no limit.
+      announce: called, before any of it is imported, with the code the suite's entries
+        load (`diag.plan.suite_fn.code_named`), when they name any.
 
     Raises:
       SuiteError: unknown suite, unreadable or malformed TOML, a field of the wrong type
@@ -261,6 +268,10 @@ def load_suite(
     entries = _expect(path, "probe", data.get("probe"), list, "one or more [[probe]] tables")
     if not entries:
         raise SuiteError(str(path), "probe", "one or more [[probe]] tables")
+    if announce is not None and any(isinstance(e, dict) and "fn" in e for e in entries):
+        from diag.plan.suite_fn import code_named
+
+        announce(code_named(path, entries))
 
     cases: list[Case] = []
     seen: set[str] = set()
@@ -425,17 +436,28 @@ def total_planned(suite: Suite, specs: list[BackendSpec]) -> int:
 
 
 def planned_records(suite: Suite, specs: list[BackendSpec]) -> int:
-    """How many records a run of these backends writes when every case runs: a `probe` record
-    per (case, backend), an `agreement` record per pair of backends that ran the same case,
-    and with `--ab` an `ab` record per case and B side. (A case that errors writes no
-    agreement or ab record, so a run with errors writes fewer.)"""
-    total = 0
-    for case in suite.cases:
-        ran = [s for s in specs if not_applicable(s, case.op, case.params) is None]
-        plain = sum(1 for s in ran if not s.variant)
-        b_sides = sum(1 for s in ran if s.variant)
-        total += len(ran) + plain * (plain - 1) // 2 + b_sides
-    return total
+    """How many records a run of these backends writes: a `probe` record per (case, backend)
+    and one per pair `planned_pairs` names. Every one is written, finished or not: a pair
+    that could not be compared (a side errored or timed out) is an `error` record saying why."""
+    return sum(
+        sum(not_applicable(s, case.op, case.params) is None for s in specs)
+        + len(planned_pairs(case, specs))
+        for case in suite.cases
+    )
+
+
+def planned_pairs(case: Case, specs: list[BackendSpec]) -> list[tuple[str, str, str]]:
+    """The records comparing two backends' outputs of `case`, as (kind, label, label): an
+    `agreement` per pair of plain backends that run it (labels sorted), and with `--ab` an
+    `ab` per B side, against its own backend's A side."""
+    ran = [s for s in specs if not_applicable(s, case.op, case.params) is None]
+    plain = [s for s in ran if not s.variant]
+    pairs = [
+        ("agreement", min(a.label, b.label), max(a.label, b.label))
+        for a, b in itertools.combinations(plain, 2)
+    ]
+    pairs += [("ab", a.label, b.label) for b in ran if b.variant for a in plain if a.name == b.name]
+    return pairs
 
 
 def check_applicable(suite: Suite, specs: list[BackendSpec]) -> None:

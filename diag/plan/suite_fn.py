@@ -21,7 +21,14 @@ from diag.errors import SuiteError
 from diag.plan.cases import Case, Suite
 from diag.plan.registry import PROBES
 
-__all__ = ["function_case", "function_entry", "function_suite", "with_functions", "FUNCTION_SUITE"]
+__all__ = [
+    "code_named",
+    "function_case",
+    "function_entry",
+    "function_suite",
+    "with_functions",
+    "FUNCTION_SUITE",
+]
 
 #: The suite name of a run of one function (`diag run FILE.py:FUNCTION`): records' `probe`
 #: reads `function.model.py:forward`.
@@ -41,6 +48,23 @@ def absolute(spec: str, base: Path | None = None) -> str:
     beside = base / target if base is not None else None
     found = beside if beside is not None and beside.is_file() else Path(target)
     return f"{found.resolve()}:{name}"
+
+
+def code_named(path: Path, entries: list) -> list[str]:
+    """The code a suite's entries load, in the order they load it: `SPEC (probe[i].FIELD)`
+    for each `fn` and `reference`, files made absolute as `function_entry` loads them.
+
+    A suite entry naming a function imports its file and runs it on this host while the suite
+    loads (to evaluate it in float64): a suite file is code. `diag run` prints this list
+    before anything is imported, so a suite someone handed over cannot run code unannounced.
+    """
+    named = []
+    for i, entry in enumerate(entries):
+        for field in ("fn", "reference"):
+            spec = entry.get(field) if isinstance(entry, dict) else None
+            if isinstance(spec, str) and spec:
+                named.append(f"{absolute(spec, path.parent)} (probe[{i}].{field})")
+    return named
 
 
 def function_case(

@@ -28,7 +28,7 @@ from diag.errors import EXIT_NUMERICAL_FAILURE, EXIT_OK, EXIT_WORKER_CRASH, Usag
 # Where an output file is prepared and its errors worded (diag.records.outputs), for the report too.
 from diag.records.outputs import output_errors, prepare_output
 from diag.records.results_file import RecordsRead, read_records, read_results
-from diag.records.run_meta import RUN_FIELDS, RunMeta
+from diag.records.run_meta import INCOMPLETE, RUN_FIELDS, RunMeta
 
 # The status order's home (diag.status), named here beside the records that carry one.
 from diag.status import CHECKED, COUNTED, STATUSES, worst_status
@@ -36,6 +36,7 @@ from diag.status import CHECKED, COUNTED, STATUSES, worst_status
 __all__ = [
     "CHECKED",
     "COUNTED",
+    "INCOMPLETE",
     "SCHEMA",
     "STATUSES",
     "Record",

@@ -9,9 +9,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["RUN_FIELDS", "RUN_SCHEMA", "RunMeta"]
+__all__ = ["INCOMPLETE", "RUN_FIELDS", "RUN_SCHEMA", "RunMeta", "run_verdict"]
 
 RUN_SCHEMA = "diag.run/1"
+
+#: run.json's `verdict` for a run that did not finish (`interrupted`, `aborted`): never a
+#: status, so that a script reading the verdict cannot take a run cut short for a pass.
+INCOMPLETE = "incomplete"
+
+
+def run_verdict(state: str, worst: str) -> str:
+    """run.json's verdict: `worst` (the worst status of the records written) for a finished
+    run, `INCOMPLETE` for one that stopped before every check ran."""
+    return worst if state == "finished" else INCOMPLETE
 
 
 @dataclass
@@ -40,10 +50,12 @@ class RunMeta:
       counts: records per status.
       phases: backend label -> seconds per phase (`diag.run.runner.PHASES`: start, compile, run,
         transfer, truth, judge, write, wall): where the run's time went.
-      verdict: the worst status among records that checked something (`worst_status`).
+      verdict: the worst status among records that checked something (`worst_status`) of a
+        finished run; `incomplete` (`INCOMPLETE`) for an interrupted or aborted one.
       error: what stopped an `aborted` run.
       command: the diag verb that wrote the folder when it is not `run` (`nodes`).
-      exit_code: the exit code `diag nodes` chose.
+      exit_code: the exit code `diag nodes` chose; for a `diag run` that did not finish, the
+        exit code the process ended with (130 Ctrl-C, 143 SIGTERM, 70 a bug, 2 a full disk).
       nodes: `diag nodes`' summary (verdict, selftest, suspects, devices).
       extra: keys this diag does not know (a newer diag wrote the file), kept as read.
     """

@@ -33,7 +33,7 @@ def damage(run_dir: str | os.PathLike) -> list[str]:
 
 
 def lost_records(run_dir: str | os.PathLike) -> str | None:
-    """A sentence when run.json counts more records than results.jsonl holds, else None.
+    """A sentence when run.json counts more records than results.jsonl holds readable, else None.
 
     The runner writes run.json's `counts` from the records it appended, so a run that ended
     with fewer records in results.jsonl than counted lost some afterwards (the file cut
@@ -44,7 +44,9 @@ def lost_records(run_dir: str | os.PathLike) -> str | None:
     read = run.read_results()
     meta = run.read_run()
     counted = sum(v for v in meta.counts.values() if isinstance(v, int))
-    held = len(read.records) + len(read.unreadable) + (read.torn_last_line is not None)
+    # Only a readable record is held: an unreadable line or a torn last line that run.json
+    # counted is a record lost (a torn line that was the run's one failure hides a `fail`).
+    held = len(read.records)
     if meta.state == "running" or counted <= held:
         return None
     where = (
@@ -54,8 +56,8 @@ def lost_records(run_dir: str | os.PathLike) -> str | None:
     )
     return (
         f"{where} while run.json counts {counted} ({_counts_text(meta.counts)}): "
-        f"{counted - held} record(s) are lost and the verdict covers only what is left; "
-        "the run folder is damaged: rerun the suite"
+        f"{counted - held} record(s) are lost (the verdict counts their statuses from "
+        "run.json); the run folder is damaged: rerun the suite"
     )
 
 

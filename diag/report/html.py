@@ -27,7 +27,7 @@ import jinja2
 from markupsafe import Markup
 
 from diag.errors import UsageError
-from diag.records.results import RunDir, RunMeta, output_errors
+from diag.records.results import INCOMPLETE, RunDir, RunMeta, output_errors
 from diag.report.charts import sweep_groups, sweep_svg, to_float
 from diag.report.damage import damage
 from diag.report.matrix import matrix_context
@@ -44,7 +44,7 @@ from diag.report.tables import (
 )
 from diag.report.trace import trace_context
 from diag.report.training import train_context
-from diag.status import STATUSES, worst_status
+from diag.status import CHECKED, STATUSES, worst_status
 
 __all__ = ["asset", "environment", "render_report", "write_report"]
 
@@ -85,15 +85,29 @@ VERDICT_TEXT = {
     "warn": "WARN: all checks passed, some with warnings",
     "fail": "FAIL: a numerical check failed",
     "error": "ERROR: a backend or check could not run",
+    INCOMPLETE: "INCOMPLETE: the run stopped before every check ran",
 }
 
 STATE_NOTE = {
     "running": "This run is still in progress; the report shows the records written so far.",
     "interrupted": "This run was interrupted; the results below are incomplete.",
+    "aborted": "This run was aborted (see `error` in run.json); the results below are incomplete.",
 }
 
+#: Above this many rows the verdict table starts with its passing rows hidden (the matrix
+#: and the counts still show them; one choice shows them): a 325-record run's report was
+#: 40,000 px tall at 1000 px with every row shown.
+HIDE_PASSING_ABOVE = 60
 
-def _verdict_text(verdict: str | None, state: str) -> str:
+#: Run states whose verdict is `incomplete`, whatever the records written say (run.json's
+#: `verdict` says the same: `diag.records.run_meta.run_verdict`).
+STOPPED = ("interrupted", "aborted")
+
+
+def _verdict_text(verdict: str | None, state: str, worst: str | None) -> str:
+    if verdict == INCOMPLETE:
+        seen = f"; the worst of the records written: {worst}" if worst else "; no records written"
+        return f"{VERDICT_TEXT[INCOMPLETE]} (the run was {state}{seen})"
     if verdict is None:
         return "no results recorded"
     text = VERDICT_TEXT.get(verdict, verdict)
@@ -180,7 +194,7 @@ def render_report(
             started=_fmt_time(run.started),
             finished=_fmt_time(run.finished) if run.finished is not None else None,
             command_line=run.command_line,
-            **_verdict_context(run.state, records, damage),
+            **_verdict_context(run, records, damage),
             problems=problem_rows(records),
             suite=suite.get("name") or suite.get("path"),
             suite_path=suite.get("path") if suite.get("name") else None,
@@ -189,9 +203,11 @@ def render_report(
             backends_skipped=list(run.backends_skipped.items()),
             metric_columns=METRIC_COLUMNS,
             rows=probe_rows,
+            hide_passing=len(probe_rows) > HIDE_PASSING_ABOVE,
             groups=verdict_groups(probe_rows),
             matrix=matrix_context(records, cells),
             agreement_rows=agreement_rows,
+            hide_passing_agreement=len(agreement_rows) > HIDE_PASSING_ABOVE,
             sweeps=_sweeps(records),
             # Settings findings and precision fingerprints (diag.settings.flags; _settings.html.j2).
             settings=settings_context(run),
@@ -211,14 +227,32 @@ def render_report(
 
 
 def _verdict_context(
-    state: str, records: list[Mapping[str, Any]], damage: list[str]
+    run: RunMeta, records: list[Mapping[str, Any]], damage: list[str]
 ) -> dict[str, Any]:
-    """The report's head: counts per status, the worst one and how it reads, what was lost."""
+    """The report's head: counts per status, the worst one and how it reads, what was lost.
+
+    A damaged folder's verdict is the worst of its readable records and of what run.json
+    counted: a torn or deleted line that held the run's one `fail` must not leave a PASS.
+    A run that stopped early reads `incomplete`, never a pass.
+    """
     counts = Counter(str(r.get("status", "")) for r in records)
     statuses = [s for s in counts if s in STATUSES]
-    verdict = worst_status(statuses) if records else None
-    verdict_text = _verdict_text(verdict, state)
-    if damage:
+    worst = worst_status(statuses) if records else None
+    unseen = [
+        s
+        for s, n in run.counts.items()
+        if damage and s in CHECKED and isinstance(n, int) and n > counts.get(s, 0)
+    ]
+    if unseen:
+        worst = worst_status([*statuses, *unseen])
+    verdict = INCOMPLETE if run.state in STOPPED else worst
+    verdict_text = _verdict_text(verdict, run.state, worst)
+    if unseen:
+        verdict_text += (
+            f" (readable records only, and the {', '.join(unseen)} record(s) run.json counts "
+            "beyond them: see the warning above)"
+        )
+    elif damage:
         verdict_text += " (readable records only: see the warning above)"
     return {
         "statuses": STATUSES[::-1],

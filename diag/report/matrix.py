@@ -85,8 +85,11 @@ def matrix_context(
         its rows carry the same id.
 
     Returns:
-      {"backends": [...], "groups": [{"probe", "rows": [{"dtype", "setting", "cells": [cell
-      or None per backend]}]}]}; a cell: id, status, figure, what the figure is, records.
+      {"backends": [...], "not_run": [...], "groups": [{"probe", "rows": [{"dtype",
+      "setting", "cells": [cell or None per backend]}]}]}; a cell: id, status, figure, what
+      the figure is, records. A backend whose every record is a `skip` (absent, not
+      installed) has no column, only a name in `not_run`: six such columns of a default run
+      pushed the backends that ran out of a 1280 px window.
     """
     by_cell: dict[tuple, list[Mapping[str, Any]]] = {}
     for rec in records:
@@ -95,9 +98,13 @@ def matrix_context(
         by_cell.setdefault((*row_key(rec), str(rec.get("backend", ""))), []).append(rec)
     if not by_cell:
         return None
-    backends = list(dict.fromkeys(k[3] for k in by_cell))
+    every = list(dict.fromkeys(k[3] for k in by_cell))
+    ran = {k[3] for k, recs in by_cell.items() if any(r.get("status") != "skip" for r in recs)}
+    backends = [b for b in every if b in ran] or every
     groups: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
     for (probe, dtype, setting, backend), recs in by_cell.items():
+        if backend not in backends:
+            continue
         statuses = [str(r.get("status", "")) for r in recs]
         # As bad as its worst record that checked something; `skip` only when none did.
         status = worst_status(statuses)
@@ -117,6 +124,7 @@ def matrix_context(
         }
     return {
         "backends": backends,
+        "not_run": [b for b in every if b not in backends],
         "groups": [
             {
                 "probe": probe,

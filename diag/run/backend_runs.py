@@ -18,7 +18,7 @@ from typing import Any
 from diag.backends import BackendSpec, not_applicable
 from diag.compare.outcome import Outcome
 from diag.plan.registry import PROBES
-from diag.plan.suite import Case, Suite
+from diag.plan.suite import Case, Suite, planned_pairs
 from diag.records.results import Record, RunDir
 from diag.run.ab import Experiment
 from diag.run.judge import Judge
@@ -78,6 +78,7 @@ class BackendRuns:
         self.started: dict[str, Worker] = {}  # label -> its worker, started beside others
         self.ab = Experiment(ab_env, run_dir.path) if ab_env else None
         self.verdicts: dict[str, dict[str, dict]] = {}  # case id -> backend label -> its record
+        self.paired: set[tuple[str, str]] = set()  # (case id, `a|b`) of pair records written
         self.trace: Path | None = None  # the run folder when traced (diag.trace)
 
     def plan(self, spec: BackendSpec) -> list[Case]:
@@ -219,6 +220,7 @@ class BackendRuns:
         self, case: Case, backends: str, kind: str, status: str, reason: str, metrics: dict
     ) -> Record:
         """A record about two outputs of one case (`agreement`, `ab`): no single device."""
+        self.paired.add((case.id, backends))
         return Record(
             op=case.op,
             probe=f"{self.suite.name}.{case.probe}",
@@ -232,6 +234,28 @@ class BackendRuns:
             reason=reason,
             kind=kind,
         )
+
+    def unpaired(self, specs: list[BackendSpec]) -> None:
+        """An `error` record for each planned agreement or A/B record (`planned_pairs`) that
+        was not written because a side has no judged output (it errored, timed out, or could
+        not be judged), saying why: results.jsonl accounts for every record the run planned,
+        and the count of records matches the count planned."""
+        reasons = {(r["probe"], r["case"], r["backend"]): r["reason"] for r in self.records}
+        for case in self.suite.cases:
+            probe, judged = f"{self.suite.name}.{case.probe}", self.verdicts.get(case.id, {})
+            for kind, a, b in planned_pairs(case, specs):
+                if (case.id, f"{a}|{b}") in self.paired:
+                    continue
+                why = [
+                    f"{x} has no output: {_unlabelled(reasons.get((probe, case.label, x)), x)}"
+                    for x in (a, b)
+                    if x not in judged
+                ]
+                self.emit(
+                    self._pair_record(
+                        case, f"{a}|{b}", kind, "error", "not compared: " + "; ".join(why), {}
+                    )
+                )
 
     def run_backend(self, spec: BackendSpec) -> None:
         t0 = self.started[spec.label].handed if spec.label in self.started else time.perf_counter()
@@ -431,3 +455,10 @@ class BackendRuns:
                     reason=why,
                 )
             )
+
+
+def _unlabelled(reason: str | None, label: str) -> str:
+    """A record's reason without its leading `label: ` (the pair's reason names the side)."""
+    if reason is None:
+        return "no record"
+    return reason[len(label) + 2 :] if reason.startswith(f"{label}: ") else reason

@@ -29,11 +29,12 @@ from pathlib import Path
 from threadpoolctl import threadpool_limits
 
 from diag.backends import get_spec, not_applicable
-from diag.errors import UsageError
+from diag.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, DiagError, UsageError
 from diag.plan.registry import REPORT_SECTIONS
 from diag.plan.suite import Suite, check_applicable, check_memory, load_suite, planned_records
 from diag.records.outputs import is_no_space, no_space, run_disk_full
 from diag.records.results import COUNTED, Interrupted, RunDir, RunResult, new_run_id, worst_status
+from diag.records.run_meta import run_verdict
 from diag.run.ab import parse_ab, with_b_sides
 from diag.run.backend_runs import PHASES, BackendRuns
 from diag.run.judge import Judge
@@ -156,7 +157,12 @@ def _loaded(suite: str | Suite, max_memory: float | None, timeout: float) -> Sui
 
 
 def _planned(run_dir: RunDir, loaded: Suite, specs: list, skipped: dict, ab, ab_env) -> list:
-    """The backends to run (each with its B side in an A/B run), written into run.json."""
+    """The backends to run (each with its B side in an A/B run), written into run.json: those
+    with a case to run (a JAX user's function plans no torch backend, whose worker would
+    start, run nothing and show in the time line)."""
+    specs = [
+        s for s in specs if any(not_applicable(s, c.op, c.params) is None for c in loaded.cases)
+    ]
     if ab_env:
         specs = with_b_sides(specs)
     run_dir.update_meta(
@@ -265,6 +271,7 @@ def _drive(
     # and ~1 s of wall less). Threads split the product's rows and columns, never K: the same bits.
     blas = threadpool_limits(limits=1, user_api="blas")
     planned = planned_records(loaded, specs) + len(skipped)
+    ended: int | None = None  # the exit code of a run that did not finish
     try:
         if on_start:
             on_start(planned, [s.label for s in specs])
@@ -273,12 +280,22 @@ def _drive(
             r.started[s.label] = r.start_worker(s, r.plan(s))  # CPU: side by side
         for spec in specs:
             r.run_backend(spec)
+        r.unpaired(specs)  # a pair a timeout or an error left uncompared: an error record
         if trace and r.ab is not None:  # the first XLA pass where A and B differ
             trace_passes.attribute_run(r)
-    except KeyboardInterrupt:
-        state = "interrupted"
+    except KeyboardInterrupt as e:
+        # Ctrl-C ends the process with 130; the CLI's SIGTERM (a KeyboardInterrupt carrying
+        # `exit_code`) with 143.
+        state, ended = "interrupted", getattr(e, "exit_code", EXIT_INTERRUPTED)
     except BaseException as e:  # a bug in diag itself, a full disk: keep the records, say why
         state = "aborted"
+        ended = (
+            EXIT_USAGE
+            if is_no_space(e)
+            else e.exit_code
+            if isinstance(e, DiagError)
+            else EXIT_INTERNAL
+        )
         with contextlib.suppress(OSError):  # the disk may be full: as much as can be written
             run_dir.update_meta(error=f"{type(e).__name__}: {e}")
         if is_no_space(e):
@@ -287,14 +304,17 @@ def _drive(
             ) from None
         raise
     finally:
-        counts = _finish(r, state, work, planned, blas)
+        counts = _finish(r, state, work, planned, blas, ended)
     return RunResult(
         run_dir=run_dir.path, records=r.records, state=state, counts=counts, phases=r.phases()
     )
 
 
-def _finish(r: BackendRuns, state: str, work: Path, planned: int, blas) -> dict[str, int]:
-    """Reap the workers, remove the work folder, write run.json's final state and counts."""
+def _finish(
+    r: BackendRuns, state: str, work: Path, planned: int, blas, ended: int | None
+) -> dict[str, int]:
+    """Reap the workers, remove the work folder, write run.json's final state and counts
+    (a run that did not finish: verdict `incomplete` and the exit code it ends with)."""
     run_dir = r.run_dir
     for worker in r.exiting:  # a clean exit, unless the run was cut short
         worker.reap(30.0 if state == "finished" else 0.0)
@@ -313,7 +333,8 @@ def _finish(r: BackendRuns, state: str, work: Path, planned: int, blas) -> dict[
             finished=time.time(),
             counts=counts,
             phases=r.phases(),
-            verdict=worst_status(statuses),
+            verdict=run_verdict(state, worst_status(statuses)),
+            exit_code=ended,
             backends=r.backend_info,
         )
     except OSError as e:

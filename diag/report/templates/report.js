@@ -63,6 +63,22 @@
     });
   });
 
+  // A long agreement table starts with its passing rows hidden; one button shows them.
+  var agreement = document.getElementById("agreement-table");
+  var passing = document.getElementById("agreement-passing");
+  function showPassing(show) {
+    Array.prototype.forEach.call(agreement.querySelectorAll("tr[data-status='pass']"),
+                                 function (r) { r.hidden = !show; });
+    passing.setAttribute("aria-pressed", show ? "true" : "false");
+    passing.textContent = show ? "hide passing records" : "show passing records";
+  }
+  if (agreement && passing && agreement.getAttribute("data-hide-passing") === "1") {
+    showPassing(false);
+    passing.addEventListener("click", function () {
+      showPassing(passing.getAttribute("aria-pressed") !== "true");
+    });
+  }
+
   var table = document.getElementById("verdict-table");
   var input = document.getElementById("filter");
   var select = document.getElementById("status-filter");
@@ -82,7 +98,8 @@
     var rows = recordRows(), shown = 0;
     for (var i = 0; i < rows.length; i++) {
       var r = rows[i], s = r.getAttribute("data-status");
-      var ok = (!want || (want === "problems" ? problems[s] : s === want)) &&
+      var ok = (!want || (want === "problems" ? problems[s] :
+                          want === "nopass" ? s !== "pass" : s === want)) &&
                (!cell || r.getAttribute("data-cell") === cell) &&
                (!needle || r.textContent.toLowerCase().indexOf(needle) >= 0);
       r.hidden = !ok;
@@ -134,6 +151,7 @@
     Array.prototype.forEach.call(document.querySelectorAll("#matrix a[data-cell]"), function (a) {
       a.addEventListener("click", function () {
         cell = a.getAttribute("data-cell");
+        select.value = "";  // every record of the cell, passing ones too
         document.getElementById("cell-filter-name").textContent = a.getAttribute("title");
         Array.prototype.forEach.call(table.tBodies, function (tb) { setGroup(tb, true); });
         applyFilter();
