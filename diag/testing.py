@@ -8,7 +8,9 @@ narrower dtype inside), holds each output to what its dtype allows (`diag.userfn
 sqrt(u) normwise for floats, `diag.tolerance.userfn`; exact agreement for token ids and
 indices, forced-by-rounding differences a warning), and when an output fails, runs the
 function once more op by op (`diag.userfn.host.first_op_line`: `diag.diverge.shadow_within`)
-to name the op and the line where the error grew past what that output may carry::
+to name the op and the line where the error grew past what that output may carry, and the
+cause: the op whose computation in a wider dtype brings the failing outputs within their
+allowance, proven by re-running the function with it promoted (`diag.diverge.explain`)::
 
     from diag.testing import assert_numerics
 
@@ -34,7 +36,7 @@ from diag.interp import framework_of
 from diag.status import Status
 from diag.tolerance.userfn import userfn_output_allowance
 from diag.userfn import OutputVerdict, Reference, judge, reference
-from diag.userfn.host import first_op_line
+from diag.userfn.host import failing_outputs, first_op_and_cause, first_op_line
 from diag.userfn.reference import given_reference
 
 __all__ = ["NumericsWarning", "assert_numerics"]
@@ -208,10 +210,20 @@ def _limit(failing: list[OutputVerdict], ref: Reference) -> float:
     return userfn_output_allowance(ref.input_dtype or "float32")
 
 
-def _first_op(fn: Callable, args: tuple, kwargs: dict, limit: float) -> str:
+def _first_op(
+    fn: Callable, args: tuple, kwargs: dict, limit: float, failing: list, ref: Reference
+) -> list[str]:
+    """The lines naming the first divergent op and the cause of the failing outputs
+    (`diag.userfn.host.first_op_and_cause`)."""
     if "torch" in type(fn).__module__ or any("torch" in type(a).__module__ for a in args):
         fn, args, kwargs = copy.deepcopy((fn, args, kwargs))  # a step may update in place
-    return first_op_line(fn, args, kwargs, limit)
+    outputs = failing_outputs(failing, ref)
+    if not outputs:
+        return [first_op_line(fn, args, kwargs, limit)]
+    line, cause = first_op_and_cause(
+        fn, args, kwargs, limit, outputs, framework_of(fn, args, kwargs)
+    )
+    return [line] if cause is None else [line, cause.text]
 
 
 def _message(
@@ -228,7 +240,7 @@ def _message(
         f"diag: {name} on {backend}: {len(failing)} of {len(verdicts)} outputs beyond what "
         "their dtype allows",
         *(f"  {v.reason}" for v in failing),
-        f"  {_first_op(fn, args, kwargs, _limit(failing, ref))}",
+        *(f"  {line}" for line in _first_op(fn, args, kwargs, _limit(failing, ref), failing, ref)),
         f"  reference: {ref.description}",
     ]
     return "\n".join(lines)

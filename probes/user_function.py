@@ -9,7 +9,10 @@ function hard-codes a narrower dtype, the float64 shadow of `diag.diverge`
 (`diag.userfn.reference`); each record says which. Tolerance: `diag.tolerance.userfn` (sqrt(u)
 of each output's dtype, normwise); integer outputs must equal the reference's, except where
 rounding the inputs moves the reference's own choice (a warn). A failing record's reason names
-the first op of the function that leaves the float64 shadow, and its line.
+the first op of the function that leaves the float64 shadow, and its line, then the cause: the
+op whose computation in a wider dtype brings the failing outputs within their allowance, proven
+by re-running the function with it promoted (`diag.diverge.explain`; the record's metrics carry
+`cause`, `cause_ops`, `repair`, `error_before`, `error_after`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from diag.status import Status
 from diag.tolerance import Tolerance
 from diag.userfn import agreement, judge, leaf_name
 from diag.userfn.bind import bind
-from diag.userfn.host import Prepared, prepare
+from diag.userfn.host import Prepared, failing_outputs, prepare
 from diag.userfn.standin import JAX_MODULES, TORCH_MODULES
 
 _STATUS_ORDER = (Status.PASS, Status.WARN, Status.FAIL, Status.ERROR)
@@ -87,11 +90,17 @@ def evaluate(o: Outcome) -> Evaluation:
             names = ", ".join(leaf_name(p) for p in ref.left_out)
             reason += f"; {names} (None) left out"
     elif status == Status.FAIL:
-        op = prepared.first_divergent_op(
-            min((v.allowed for v in verdicts if v.allowed), default=0.0)
-        )
+        allowed = min((v.allowed for v in verdicts if v.allowed), default=0.0)
+        failing = failing_outputs(verdicts, ref)
+        if failing:
+            op, cause = prepared.diagnose(allowed, failing)
+        else:
+            op, cause = prepared.first_divergent_op(allowed), None
         metrics["first_divergent_op"] = op
         reason = f"{worst.reason if worst else ''}; {op}"
+        if cause is not None:
+            metrics.update(cause.fields())
+            reason += f"; {cause.text}"
     else:
         reason = worst.reason if worst else "no output to judge"
     return Evaluation(status, reason, metrics)

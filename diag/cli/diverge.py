@@ -35,11 +35,12 @@ def diverge_cmd(
         help="Seconds the targets may run; past them diag stops with exit 4.",
     ),
 ) -> None:
-    """Name the first divergent op or tap, and every decision (comparison, argmax, top-k cut,
-    mask) taken the other way than float64 (exit 1 if a divergent op, a decision made by the
-    computation or a result past its threshold is found; 0 if none, or only decisions forced
-    by rounding, which are printed as warnings; 2 bad usage or nothing to compare, 4 the target
-    raised or ran past --timeout)."""
+    """Name the first divergent op or tap, every decision (comparison, argmax, top-k cut,
+    mask) taken the other way than float64, and the cause: the op whose computation in a
+    wider dtype brings the result back within its allowance, proven by a re-run (exit 1 if a
+    divergent op, a decision made by the computation or a result past its threshold is found;
+    0 if none, or only decisions forced by rounding, which are printed as warnings; 2 bad usage
+    or nothing to compare, 4 the target raised or ran past --timeout)."""
     from diag import diverge, nan, render
     from diag.diverge.decisions import verdict
     from diag.interp.guard import user_code
@@ -54,9 +55,10 @@ def diverge_cmd(
     with user_code(" ".join(targets), diverge.DivergeError, timeout):
         loaded = [nan.load_target(t) for t in targets]
         report: ShadowReport | CompareReport
+        cause = None
         if len(loaded) == 1:
             fn, args, kwargs = loaded[0]
-            report = diverge.shadow(fn, *args, **kwargs)
+            report, cause = diverge.diagnose(fn, *args, **kwargs)
         else:
             runs = [(lambda f=f, a=a, k=k: f(*a, **k)) for f, a, k in loaded]
             report = diverge.compare(runs[0], runs[1], modules=modules)
@@ -72,8 +74,15 @@ def diverge_cmd(
         }
         if hasattr(report, "decisions"):  # a shadow report: the exit status and why
             doc["failed"], doc["verdict"] = code == 1, why
+        if cause is not None:
+            doc["cause"] = {**cause.fields(), "text": cause.text}
+            found = doc["report"]
+            if isinstance(found, dict) and isinstance(found.get("first"), dict):
+                found["first"].update(cause.fields())  # the finding carries its cause
         render.out.print_json(json.dumps(doc))
     else:
         for part in render.diverge_tables(report):
             render.out.print(part)
+        if cause is not None:
+            render.print_line(f"diag diverge: {cause.text}")
     raise typer.Exit(code)

@@ -26,32 +26,61 @@ def nan_cmd(
         help="Seconds the target may run (loading and hunt); past them diag stops with exit 4.",
     ),
 ) -> None:
-    """Find the op that first produced a NaN/Inf reaching FUNCTION's results (exit 1 if any)."""
+    """Find the op that first produced a NaN/Inf reaching FUNCTION's results, and its cause
+    where a wider dtype prevents it, proven by a re-run (exit 1 if any)."""
     from diag import nan, render
     from diag.interp.guard import user_code
     from diag.settings.flags import validate_xla_flags
 
     validate_xla_flags()  # before the target imports jax: a bad flag would abort it (exit 2)
+    cause = None
     with user_code(target, nan.NanHuntError, timeout):
         fn, args, kwargs = nan.load_target(target)
+        pristine = _copied((fn, args, kwargs))  # a training step updates its model
         report = nan.hunt(fn, args, kwargs)
+        if report is not None and pristine is not None:
+            cause = _nan_cause(*pristine)
     if as_json:
-        render.out.print_json(
-            json.dumps(
-                {
-                    "target": target,
-                    "found": report is not None,
-                    "reason": nan.reason(report),
-                    "report": report.to_dict() if report is not None else None,
-                }
-            )
-        )
+        doc = {
+            "target": target,
+            "found": report is not None,
+            "reason": nan.reason(report),
+            "report": report.to_dict() if report is not None else None,
+        }
+        if cause is not None:
+            doc["cause"] = {**cause.fields(), "text": cause.text}
+        render.out.print_json(json.dumps(doc))
     elif report is None:
         render.out.print(f"diag nan: {target}: no NaN/Inf produced", soft_wrap=True, markup=False)
     else:
         render.out.print(render.nan_report_table(report))
         render.out.print(f"diag nan: {nan.reason(report)}", soft_wrap=True, markup=False)
+        if cause is not None:
+            render.print_line(f"diag nan: {cause.text}")
     raise typer.Exit(exit_code(failed=report is not None))
+
+
+def _copied(target: tuple):
+    """A deep copy of what the hunt will run, or None where it cannot be copied (then the
+    hunt runs as before, without a cause)."""
+    import copy
+
+    try:
+        return copy.deepcopy(target)
+    except Exception:  # noqa: BLE001 - any object a user's FUNCTION returns
+        return None
+
+
+def _nan_cause(fn, args, kwargs):
+    """The cause of a NaN/Inf the float64 shadow does not make (`diag.diverge.diagnose`: the
+    op whose computation in a wider dtype keeps the outputs finite and within their allowance),
+    or None: the NaN is the math's own (a log of a negative number), or the shadow cannot run."""
+    from diag import diverge
+
+    try:
+        return diverge.diagnose(fn, *args, **kwargs)[1]
+    except Exception:  # noqa: BLE001 - the hunt's finding stands without a cause
+        return None
 
 
 @app.command("preflight")

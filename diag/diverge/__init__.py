@@ -1,7 +1,7 @@
 """Find the first op where a low-precision or ported computation leaves the true result.
 
 Most numerical bugs never make a NaN: a bf16 accumulation, a cancellation, a softmax without
-max-subtraction, a mis-ported layer move the result quietly. Two questions, one module:
+max-subtraction, a mis-ported layer move the result quietly. Three questions, one module:
 
 * `shadow(fn, *args)`: run a JAX function (its jaxpr, equation by equation, through jit, scan,
   cond, custom_jvp/vjp and grad) or a PyTorch function (every aten op, forward and backward, under
@@ -11,6 +11,11 @@ max-subtraction, a mis-ported layer move the result quietly. Two questions, one 
   against the shadow, and the amplification. `first` is the earliest op that broke its bound or
   where the carried error crossed the threshold (rules in `diag.diverge.rules` and
   docs/diverge.md).
+* `explain(fn, args, kwargs, failing, leaves)` and `diagnose(fn, *args)`: the cause of a
+  failure, not only where it shows: the smallest set of ops whose computation in a wider dtype
+  brings every failing output within its allowance, found by re-running the function with
+  candidates (ranked from the shadow's figures) promoted, and claimed only when a re-run
+  confirms it (`diag.diverge.cause`).
 * `tap(name, x)` and `compare(run_a, run_b)`: two implementations (JAX and PyTorch, or two
   versions of one model) tap the same names; `compare` says which tap first differs by more
   than two correct implementations may. Module outputs (torch `nn.Module`, flax linen) are
@@ -21,9 +26,10 @@ Neither framework is imported here; the one the function uses is imported on fir
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from diag.diverge.cause import Cause, Failing
 from diag.diverge.records import (
     CompareReport,
     DivergeError,
@@ -35,13 +41,17 @@ from diag.diverge.records import (
 from diag.interp import framework_of
 
 __all__ = [
+    "Cause",
     "CompareReport",
     "DivergeError",
+    "Failing",
     "NothingCompared",
     "OpRecord",
     "ShadowReport",
     "TapRecord",
     "compare",
+    "diagnose",
+    "explain",
     "shadow",
     "shadow_outputs",
     "shadow_within",
@@ -146,3 +156,37 @@ def shadow_within(allowance: float, fn: Callable, *args: Any, **kwargs: Any) -> 
 
     with limit(allowance):
         return shadow(fn, *args, **kwargs)
+
+
+def explain(
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    failing: Sequence[Failing],
+    leaves: Callable[[Any], list[tuple[str, Any]]],
+    *,
+    allowance: float = 0.0,
+    framework: str | None = None,
+) -> tuple[ShadowReport, Cause | None]:
+    """The shadow report and the cause of the `failing` outputs (`diag.diverge.cause`): the
+    smallest set of ops whose computation in a wider dtype brings every failing output within
+    its allowance, proven by re-running the function with them promoted.
+
+    Raises:
+        DivergeError: the function could not be run op by op.
+    """
+    from diag.diverge import attribution as ex
+
+    return ex.explain(fn, args, kwargs, failing, leaves, allowance=allowance, framework=framework)
+
+
+def diagnose(fn: Callable, *args: Any, **kwargs: Any) -> tuple[ShadowReport, Cause | None]:
+    """`shadow`, and when it fails, the cause of the outputs past sqrt(u) of their dtype
+    against their float64 shadow (`diag diverge`).
+
+    Raises:
+        DivergeError: the function could not be run op by op.
+    """
+    from diag.diverge import attribution as ex
+
+    return ex.diagnose(fn, args, kwargs)

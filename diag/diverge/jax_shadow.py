@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from diag import numerics
 from diag.diverge import jax_decide
 from diag.diverge.jax_decide import is_float
 from diag.diverge.ledger import Ledger
@@ -45,7 +46,7 @@ _F64 = np.dtype(np.float64)
 class _SV(Value):
     """A value, its float64 shadow, its carried error and the threshold of its dtype."""
 
-    __slots__ = ("sh", "err", "thr", "cul", "cum", "dec", "lit", "flip", "perm")
+    __slots__ = ("sh", "err", "thr", "cul", "cum", "dec", "lit", "flip", "perm", "srcs")
 
     def __init__(self, val: Any, sh: Any, err: float = 0.0, thr: float = 0.0):
         super().__init__(val)
@@ -58,6 +59,7 @@ class _SV(Value):
         self.lit: tuple[float, float] | None = None  # (written, used) of a rounded literal
         self.flip: Any = None  # the first flipped decision (DecisionRecord) it descends from
         self.perm: Any = None  # a ranking's permutation not yet reported (`jax_decide.Perm`)
+        self.srcs: tuple[int, ...] = ()  # the ledger entries it came from (the cause search)
         dtype = getattr(val, "dtype", None)
         self.thr = (
             max(thr, diverge_carried_threshold(dtype))
@@ -134,8 +136,11 @@ class _Shadow(Evaluator):
             shadows, followed = [_widen(v) for v in vals], False
         where = _where(e, tuple(self.outer))
         phase = "backward" if backward else "forward"
+        producers = _union(ins)
         if not floats:
             outs = [_SV(v, s) for v, s in zip(vals, shadows)]
+            for o in outs:
+                o.srcs = producers
             self._decide(e, ins, outs, vals, shadows, where, path, phase, {})
             return outs
         name = e.primitive.name
@@ -154,9 +159,11 @@ class _Shadow(Evaluator):
         inherited = max((t for _, t in carried_in), default=0.0)
         outs = []
         entries: dict[int, int] = {}
+        tags = _tags(e, ins)
         for k, (v, s) in enumerate(zip(vals, shadows)):
             if k not in floats:
                 outs.append(_SV(v, s))
+                outs[-1].srcs = producers
                 continue
             terms = max([np.size(i.val) / max(np.size(v), 1) for i in ins] + [longest])
             dtype = np.dtype(e.outvars[k].aval.dtype)
@@ -177,8 +184,11 @@ class _Shadow(Evaluator):
                 facts=_facts(e, wide, k),
                 terms=terms,
                 longest=int(longest),
+                producers=producers,
+                tags=tags,
             )
             outs.append(_SV(v, s, err, thr))
+            outs[-1].srcs = (entries[k],)
         self._decide(e, ins, outs, vals, shadows, where, path, phase, entries)
         self.observe(e, ins, outs, path, backward)  # each value with its float64 shadow
         return outs
@@ -198,8 +208,36 @@ def _same_decision(v: _SV) -> bool:
     return bool(np.array_equal(np.asarray(v.val), np.asarray(v.sh)))
 
 
+#: At most this many producers are kept per value (a scan's stacked output reads every
+#: iteration's value; the latest ones are the cause search's way back).
+MAX_PRODUCERS = 8
+
+
+def _union(ins: list) -> tuple[int, ...]:
+    """The ledger entries the values `ins` were computed from, latest first, at most
+    `MAX_PRODUCERS`."""
+    seen = {i: None for v in ins for i in getattr(v, "srcs", ())}
+    return tuple(sorted(seen, reverse=True)[:MAX_PRODUCERS])
+
+
+def _tags(e, ins: list) -> frozenset[str]:
+    """What the cause search ranks an op by (`diag.diverge.ledger.TAGS`): a cast to a
+    narrower float dtype; an input literal the tracer rounded."""
+    tags = set()
+    if e.primitive.name == "convert_element_type" and ins:
+        src = getattr(ins[0].val, "dtype", None)
+        new = e.params.get("new_dtype")
+        if is_float(src) and new is not None and is_float(new):
+            if numerics.precision_bits(np.dtype(new)) < numerics.precision_bits(np.dtype(src)):
+                tags.add("narrowing")
+    if any(i.lit is not None and i.lit[0] != i.lit[1] for i in ins):
+        tags.add("literal")
+    return frozenset(tags)
+
+
 def _carry(out: _SV, srcs: list) -> _SV:
     """`out` (sliced or stacked from `srcs`) with what `jax_decide` keeps per value."""
+    out.srcs = _union(srcs)
     cul = [s.cul for s in srcs if s.cul is not None]
     out.cul = max(cul, key=lambda c: c[0]) if cul else None
     out.cum, out.dec = any(s.cum for s in srcs), any(s.dec for s in srcs)
@@ -224,9 +262,17 @@ def _where(e, outer: tuple) -> Callable[[], tuple[str, str]]:
     return lambda: source_and_library(e, outer)
 
 
-def shadow(fn: Callable, args: tuple, kwargs: dict, outputs: list | None = None) -> ShadowReport:
+def shadow(
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    outputs: list | None = None,
+    keep: dict | None = None,
+) -> ShadowReport:
     """See `diag.diverge.shadow`; `outputs`, when given, receives the float64 shadow of each
-    leaf of the function's result (None for a leaf that is not a float)."""
+    leaf of the function's result (None for a leaf that is not a float); `keep` receives the
+    ledger (``ledger``) and the entries each result leaf was computed from (``sources``), for
+    the cause search (`diag.diverge.cause`)."""
     name = getattr(fn, "__name__", None) or type(fn).__name__
     prog = Program(fn, args, kwargs)
     try:
@@ -253,8 +299,11 @@ def shadow(fn: Callable, args: tuple, kwargs: dict, outputs: list | None = None)
             release_scratch()  # the figures' per-thread buffers (diag.diverge.rules)
     res = next((o for o in outs if is_float(getattr(o.val, "dtype", None))), None)
     result, result_thr = (0.0, np.inf) if res is None else (res.err, res.thr)
+    n = len(outs) - len(prog.state_names)  # the result's leaves, then the NNX state's
+    if keep is not None:
+        keep["ledger"] = h.ledger
+        keep["sources"] = [o.srcs for o in outs[:n]]
     if outputs is not None:
-        n = len(outs) - len(prog.state_names)  # the result's leaves, then the NNX state's
         outputs.extend(
             _host(o.sh) if is_float(getattr(o.val, "dtype", None)) else None for o in outs[:n]
         )

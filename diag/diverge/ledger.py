@@ -19,7 +19,8 @@ from diag import numerics
 from diag.diverge import decisions
 from diag.diverge.decisions import DecisionRecord, LiteralRecord
 from diag.diverge.records import OpRecord, ShadowReport
-from diag.diverge.rules import carried_error_diff, op_class, own_error_diff
+from diag.diverge.rules import carried_error_diff, op_class, own_error_diff, ulp_of
+from diag.tolerance.diverge import DIVERGE_LIBRARY_ULP, DIVERGE_ROUNDED_ULP
 
 TOP = 10
 #: Flipped decisions kept in a report (a loop may flip one per iteration).
@@ -60,6 +61,15 @@ class _Entry:
     carried_ulps: float
     threshold: float
     reason: str
+    #: ledger indices of the ops whose outputs this op read (the dataflow the cause search
+    #: walks back from a failing output); what the evaluator knew about the op (`TAGS`).
+    producers: tuple[int, ...] = ()
+    tags: frozenset[str] = frozenset()
+
+
+#: What an evaluator may tag an op with: a cast to a narrower float dtype, an input literal
+#: the tracer rounded to the op's dtype.
+TAGS = ("narrowing", "literal")
 
 
 class Ledger:
@@ -143,6 +153,8 @@ class Ledger:
         facts=None,
         terms: float = 1,
         longest: int = 1,
+        producers: tuple[int, ...] = (),
+        tags: frozenset[str] = frozenset(),
     ) -> float:
         """Judge one op output; return its carried error (the evaluators keep it per value).
 
@@ -160,6 +172,8 @@ class Ledger:
             where: returns (source, library line); called only for reported ops.
             path, phase: where the op sits, ``forward``/``backward``.
             facts, terms, longest: the reduction/composite facts `own_error` needs.
+            producers: ledger indices of the ops that made its inputs.
+            tags: what the evaluator knew about the op (`TAGS`).
         """
         cls = op_class(name)
         lowered = self.limit is not None and self.limit < threshold
@@ -192,16 +206,24 @@ class Ledger:
             carried_ulps=carried_ulps,
             threshold=threshold,
             reason="",
+            producers=producers,
+            tags=tags,
         )
         self.entries.append(e)
         if self.first is None:
-            self._maybe_first(e, carried_in, lowered)
+            own_beyond = e.own_ratio > 1.0 and (
+                r is None or _normwise_beyond(e, self.own_diff, r, dtype)
+            )
+            self._maybe_first(e, carried_in, lowered, own_beyond)
         return carried
 
-    def _maybe_first(self, e: _Entry, carried_in: list[tuple[float, float]], lowered: bool):
-        """Make `e` the `first` divergent op if it broke its own bound, or if its carried
-        error passed its threshold while none of its inputs' did (the `first` rule)."""
-        if e.own_ratio > 1.0 and e.cls != "composite":
+    def _maybe_first(
+        self, e: _Entry, carried_in: list[tuple[float, float]], lowered: bool, own_beyond: bool
+    ):
+        """Make `e` the `first` divergent op if it broke its own bound (normwise too:
+        `own_beyond`), or if its carried error passed its threshold while none of its inputs'
+        did (the `first` rule)."""
+        if own_beyond and e.cls != "composite":
             e.reason = (
                 f"own error {e.own_ulps:.3g} ULP is {e.own_ratio:.3g}x its bound: it "
                 f"computed with less precision than {e.dtype} claims"
@@ -243,6 +265,21 @@ class Ledger:
             literals=tuple(dict.fromkeys(self.literals)),
             result_threshold=result_threshold,
         )
+
+
+def _normwise_beyond(e: _Entry, own_diff: float | None, r: np.ndarray, dtype) -> bool:
+    """Whether an op whose own error passed its per-element bound is also past it normwise:
+    max |y - r| beyond the bound's ULPs at the output's largest magnitude. torch's float32
+    GELU is 14,000 ULP off at x = -4, where the output is 1e-4 of the largest: an element
+    near zero is no evidence that the op computed with less precision than its dtype
+    (the false lead of issue 42). A non-finite difference is always beyond."""
+    if own_diff is None or e.cls not in ("rounded", "library"):
+        return True
+    finite = r[np.isfinite(r)]
+    scale = float(np.abs(finite).max()) if finite.size else 0.0
+    bound = DIVERGE_LIBRARY_ULP if e.cls == "library" else DIVERGE_ROUNDED_ULP
+    one = float(ulp_of(np.asarray([scale]), dtype)[0])
+    return own_diff > bound * one
 
 
 def _amplification(e: _Entry) -> float:

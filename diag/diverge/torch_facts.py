@@ -1,4 +1,5 @@
-"""The facts a reduction's own-error bound needs in the PyTorch shadow, computed on demand.
+"""The facts a reduction's own-error bound needs in the PyTorch shadow, computed on demand, and
+what the cause search ranks an op by (`op_tags`, the producers kept per tensor).
 
 Sum of |terms| (the op in float64 on |inputs|) and the number of terms per element (the op on
 ones), cached per op and argument shapes (`diag.diverge.rules.own_error` asks for them only when
@@ -7,6 +8,7 @@ the cheap bound does not already clear the op).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -88,3 +90,31 @@ def _abs(x: Any) -> Any:
 
 def _ones(x: Any) -> Any:
     return torch.ones_like(x) if isinstance(x, torch.Tensor) and x.dtype == torch.float64 else x
+
+
+#: At most this many producers are kept per tensor (the cause search's way back).
+MAX_PRODUCERS = 8
+_CASTS = frozenset({"_to_copy", "to", "copy_", "_to_dtype"})
+
+
+def latest(seen: dict) -> tuple[int, ...]:
+    """The latest `MAX_PRODUCERS` ledger indices among the keys of `seen`."""
+    return tuple(sorted(seen, reverse=True)[:MAX_PRODUCERS])
+
+
+def op_tags(func, args: tuple, kwargs: dict, ins: list) -> frozenset[str]:
+    """What the cause search ranks an op by (`diag.diverge.ledger.TAGS`): a cast to a
+    narrower float dtype; a Python float the op rounds to a bf16/fp16 operand's dtype."""
+    tags = set()
+    name = func._schema.name.split("::", 1)[-1]
+    dtype = kwargs.get("dtype")
+    if name in _CASTS and ins and isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        if torch.finfo(dtype).eps > torch.finfo(ins[0].dtype).eps:
+            tags.add("narrowing")
+    narrow = [t.dtype for t in ins if t.dtype in (torch.bfloat16, torch.float16)]
+    if narrow:
+        for x in args:
+            if isinstance(x, float) and math.isfinite(x):
+                if float(torch.tensor(x, dtype=narrow[0])) != x:
+                    tags.add("literal")
+    return frozenset(tags)

@@ -32,7 +32,7 @@ from diag.diverge.ledger import Ledger
 from diag.diverge.records import DivergeError, ShadowReport
 from diag.diverge.rules import carried_error, max_absdiff, op_class, release_scratch
 from diag.diverge.torch_decide import CONSUMERS, DECISIONS, NO_ORIGIN, Decider, Origin
-from diag.diverge.torch_facts import facts, host, map_args
+from diag.diverge.torch_facts import facts, host, latest, map_args, op_tags
 from diag.interp.torch_mode import OpMode
 from diag.interp.torch_ops import (
     OP_KIND,
@@ -91,7 +91,10 @@ class _Mode(OpMode):
         self.unfollowed: set[str] = set()
         self.restarted: set[str] = set()  # shaped by a flipped mask: no shadow to compare
         self.drawn: set[str] = set()  # drew random numbers from float inputs: run once
-        self._sh: dict[int, tuple[weakref.ref, torch.Tensor, float, float, Any]] = {}
+        self._sh: dict[int, tuple[weakref.ref, torch.Tensor, float, float, Any, tuple]] = {}
+        # the ledger entries the op being judged read (the cause search's dataflow), its tags
+        self._producers: tuple[int, ...] = ()
+        self._tags: frozenset[str] = frozenset()
         self.decider = Decider(self)
         self._decided = False  # whether a mask or indices has ever had a shadow of its own
 
@@ -116,6 +119,13 @@ class _Mode(OpMode):
             return got[4]
         return NO_ORIGIN
 
+    def sources_of(self, t: Any) -> tuple[int, ...]:
+        """The ledger entries `t` was computed from (empty for a tensor never seen)."""
+        got = self._sh.get(id(t)) if isinstance(t, torch.Tensor) else None
+        if got is not None and got[0]() is t:
+            return got[5]
+        return ()
+
     def _distinct(self, t: Any) -> bool:
         """A mask or indices with a float64 shadow of their own."""
         if not isinstance(t, torch.Tensor) or _real(t):
@@ -123,15 +133,24 @@ class _Mode(OpMode):
         got = self._sh.get(id(t))
         return got is not None and got[0]() is t
 
-    def _keep(self, t: torch.Tensor, sh: torch.Tensor, err: float, thr: float, origin=None):
+    def _keep(
+        self,
+        t: torch.Tensor,
+        sh: torch.Tensor,
+        err: float,
+        thr: float,
+        origin=None,
+        srcs: tuple[int, ...] | None = None,
+    ):
         key, table = id(t), self._sh
+        srcs = self._producers if srcs is None else srcs
 
         def drop(ref: weakref.ref) -> None:  # a shadow lives as long as its tensor
             got = table.get(key)
             if got is not None and got[0] is ref:
                 del table[key]
 
-        table[key] = (weakref.ref(t, drop), sh, err, thr, origin)
+        table[key] = (weakref.ref(t, drop), sh, err, thr, origin, srcs)
         if not _real(t):
             self._decided = True
 
@@ -210,7 +229,14 @@ class _Mode(OpMode):
         if isinstance(out, torch.Tensor) and (_real(base) or self._distinct(base)):
             sh, err, thr = self.shadow_of(base)
             try:
-                self._keep(out, func(sh, *args[1:], **kwargs), err, thr, self.origin_of(base))
+                self._keep(
+                    out,
+                    func(sh, *args[1:], **kwargs),
+                    err,
+                    thr,
+                    self.origin_of(base),
+                    self.sources_of(base),
+                )
             except Exception:  # noqa: BLE001
                 pass
         return out
@@ -218,6 +244,8 @@ class _Mode(OpMode):
     def _shadowed(self, func, args, kwargs, writes, ins, dins):
         """Run the op as written, on the shadows and in float64; judge and keep its outputs."""
         before = [self.shadow_of(t) for t in ins]
+        self._producers = latest({i: None for t in ins + dins for i in self.sources_of(t)})
+        self._tags = op_tags(func, args, kwargs, ins)
         if writes:  # a mask written in place gets a shadow of its own to write into
             for g in written_tensors(writes, args, kwargs):
                 for t in g:
@@ -344,9 +372,11 @@ class _Mode(OpMode):
                 facts=fx,
                 terms=terms,
                 longest=int(longest),
+                producers=self._producers,
+                tags=self._tags,
             )
             o = self._value_origin(name, (y_np, r_np, s_np, err), ins, dins, where)
-            self._keep(y, s, err, thr, o)
+            self._keep(y, s, err, thr, o, (len(self.ledger.entries) - 1,))
 
     def _value_origin(self, name, figures, ins, dins, where) -> Origin | None:
         """The op whose own rounding is the larger part of this value's error against its
@@ -377,6 +407,7 @@ class _Mode(OpMode):
                     t.detach().to(torch.float64, copy=True),
                     0.0,
                     diverge_carried_threshold(_NP[t.dtype]),
+                    srcs=(),
                 )
             elif isinstance(t, torch.Tensor):
                 self._sh.pop(id(t), None)
@@ -433,9 +464,17 @@ def _wide_or(x: Any, exact: dict) -> Any:
     return _wide(x)
 
 
-def shadow(fn: Callable, args: tuple, kwargs: dict, outputs: list | None = None) -> ShadowReport:
+def shadow(
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    outputs: list | None = None,
+    keep: dict | None = None,
+) -> ShadowReport:
     """See `diag.diverge.shadow`; `outputs`, when given, receives the float64 shadow of each
-    tensor of the function's result (None for one that is not a float)."""
+    tensor of the function's result (None for one that is not a float); `keep` receives the
+    ledger (``ledger``) and the entries each result tensor was computed from (``sources``),
+    for the cause search (`diag.diverge.cause`)."""
     name = getattr(fn, "__name__", None) or type(fn).__name__
     mode = _Mode()
     try:
@@ -450,6 +489,11 @@ def shadow(fn: Callable, args: tuple, kwargs: dict, outputs: list | None = None)
     if first is not None:
         _, result_error, thr = mode.shadow_of(first)
     notes = []
+    if keep is not None:
+        keep["ledger"] = mode.ledger
+        keep["sources"] = [
+            mode.sources_of(t) for t in flat_args(result, []) if isinstance(t, torch.Tensor)
+        ]
     if outputs is not None:
         outputs.extend(
             host(mode.shadow_of(t)[0]) if _real(t) else None

@@ -66,6 +66,7 @@ class Prepared:
     dtype: str
     pristine: tuple
     _first_op: dict = dataclasses.field(default_factory=dict)
+    _causes: dict = dataclasses.field(default_factory=dict)
 
     def first_divergent_op(self, allowed: float = 0.0) -> str:
         """`diag.diverge.shadow` of the function on its own inputs: the first op (value or
@@ -77,6 +78,19 @@ class Prepared:
             fn, args, kwargs = self._pristine_copy()
             self._first_op[allowed] = first_op_line(fn, args, kwargs, allowed)
         return self._first_op[allowed]
+
+    def diagnose(self, allowed: float, failing: list) -> tuple[str, Any]:
+        """`first_divergent_op`, and the cause of the `failing` outputs (a list of
+        `diag.diverge.Failing`; `diag.diverge.explain`): the op whose computation in a wider
+        dtype brings them within their allowance, proven by a re-run (None when there is no
+        float output to repair). Computed once per allowance and failing outputs."""
+        key = (allowed, tuple(f.path for f in failing))
+        if key not in self._causes:
+            fn, args, kwargs = self._pristine_copy()
+            self._causes[key] = first_op_and_cause(
+                fn, args, kwargs, allowed, failing, self.function.framework
+            )
+        return self._causes[key]
 
     def _pristine_copy(self) -> tuple:
         fn, args, kwargs = self.pristine
@@ -108,6 +122,51 @@ def first_op_line(fn: Callable, args: tuple, kwargs: dict, allowed: float = 0.0)
                 report = shadow(fn, *args, **kwargs)
     except DivergeError as e:
         return f"the shadow run could not follow it ({str(e).removeprefix('diag: ')})"
+    return first_line(report)
+
+
+def failing_outputs(verdicts: list, ref: Reference) -> list:
+    """The failing outputs as the cause search measures them (`diag.diverge.Failing`): float
+    leaves with their allowance; integer leaves (token ids, indices) exactly, forgiving the
+    values one rounding of the inputs already moves (`Reference.perturbed`, the judge's warn)."""
+    from diag.diverge import Failing
+
+    out = []
+    for k, (path, r) in enumerate(ref.leaves):
+        v = next((v for v in verdicts if v.path == path), None)
+        if v is None or v.status != "fail":
+            continue
+        if r.dtype.kind == "f" and v.allowed > 0:
+            out.append(Failing(path, r, v.allowed))
+        elif r.dtype.kind in "biu" and v.allowed == 0:
+            forced = np.zeros(r.shape, bool)
+            for moved in ref.perturbed:
+                m = moved[k]
+                if m is not None:
+                    forced |= m.astype(np.int64).reshape(r.shape) != r.astype(np.int64)
+            out.append(Failing(path, r, 0.0, forced))
+    return out
+
+
+def first_op_and_cause(
+    fn: Callable, args: tuple, kwargs: dict, allowed: float, failing: list, framework: str
+) -> tuple[str, Any]:
+    """(`first_op_line`, the `diag.diverge.Cause` of the `failing` outputs or None), from one
+    shadow run and the cause search's re-runs (`diag.diverge.explain`)."""
+    from diag.diverge import DivergeError, explain
+    from diag.userfn.tree import numpy_leaves
+
+    try:
+        report, cause = explain(
+            fn, args, kwargs, failing, numpy_leaves, allowance=allowed, framework=framework
+        )
+    except DivergeError as e:
+        return f"the shadow run could not follow it ({str(e).removeprefix('diag: ')})", None
+    return first_line(report), cause
+
+
+def first_line(report: Any) -> str:
+    """The sentence naming a shadow report's first divergent op (or saying there is none)."""
     first = report.first
     if first is None:
         return "no single op leaves the float64 shadow (the error builds up over many ops)"
