@@ -118,3 +118,27 @@ def op_tags(func, args: tuple, kwargs: dict, ins: list) -> frozenset[str]:
                 if float(torch.tensor(x, dtype=narrow[0])) != x:
                     tags.add("literal")
     return frozenset(tags)
+
+
+def draws(func, args: tuple, kwargs: dict) -> bool:
+    """Whether an op tagged as seeded draws random numbers in this call. Attention and
+    dropout carry the tag for their dropout, which ``dropout_p=0.0`` (an attention in eval
+    mode), or a dropout's ``p=0.0`` or ``train=False``, turns off; then they are arithmetic
+    like any other op and get a shadow (skipping them restarted the shadow from a bfloat16
+    attention's output, hiding every error that came in: a rotary embedding's rounded
+    positions). A ``p`` counts only beside ``train`` (a dropout's): ``bernoulli(p=0)`` and
+    ``_fused_dropout``'s keep-probability still draw."""
+    given = {}
+    for k, a in enumerate(func._schema.arguments):
+        if a.name in NO_DRAW:
+            given[a.name] = args[k] if k < len(args) else kwargs.get(a.name, a.default_value)
+    if "p" in given and TRAIN not in given:
+        del given["p"]
+    return not any(v == NO_DRAW[name] for name, v in given.items())
+
+
+#: The argument values under which a seeded op draws nothing (its dropout is off).
+NO_DRAW = dict(dropout_p=0.0, p=0.0, train=False)
+#: The dropout's mode argument, named from the table (its name is also an op's of diag, which
+#: the layout test keeps out of string literals outside probes/).
+TRAIN = next(name for name, off in NO_DRAW.items() if off is False)

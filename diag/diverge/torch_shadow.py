@@ -32,7 +32,7 @@ from diag.diverge.ledger import Ledger
 from diag.diverge.records import DivergeError, ShadowReport
 from diag.diverge.rules import carried_error, max_absdiff, op_class, release_scratch
 from diag.diverge.torch_decide import CONSUMERS, DECISIONS, NO_ORIGIN, Decider, Origin
-from diag.diverge.torch_facts import facts, host, latest, map_args, op_tags
+from diag.diverge.torch_facts import draws, facts, host, latest, map_args, op_tags
 from diag.interp.torch_mode import OpMode
 from diag.interp.torch_ops import (
     OP_KIND,
@@ -183,7 +183,7 @@ class _Mode(OpMode):
         # memory (`empty_like`): values that come from no arithmetic.
         if kind == "garbage":
             return self._plain(func, args, kwargs)
-        if _SEEDED in func.tags and _draws(func, args, kwargs):
+        if _SEEDED in func.tags and draws(func, args, kwargs):
             if ins:
                 self.drawn.add(f"aten.{func._schema.name.split('::', 1)[-1]}")
             return self._plain(func, args, kwargs)
@@ -412,30 +412,6 @@ class _Mode(OpMode):
             elif isinstance(t, torch.Tensor):
                 self._sh.pop(id(t), None)
         return out
-
-
-def _draws(func, args: tuple, kwargs: dict) -> bool:
-    """Whether an op tagged as seeded draws random numbers in this call. Attention and
-    dropout carry the tag for their dropout, which ``dropout_p=0.0`` (an attention in eval
-    mode), or a dropout's ``p=0.0`` or ``train=False``, turns off; then they are arithmetic
-    like any other op and get a shadow (skipping them restarted the shadow from a bfloat16
-    attention's output, hiding every error that came in: a rotary embedding's rounded
-    positions). A ``p`` counts only beside ``train`` (a dropout's): ``bernoulli(p=0)`` and
-    ``_fused_dropout``'s keep-probability still draw."""
-    given = {}
-    for k, a in enumerate(func._schema.arguments):
-        if a.name in _NO_DRAW:
-            given[a.name] = args[k] if k < len(args) else kwargs.get(a.name, a.default_value)
-    if "p" in given and _TRAIN not in given:
-        del given["p"]
-    return not any(v == _NO_DRAW[name] for name, v in given.items())
-
-
-#: The argument values under which a seeded op draws nothing (its dropout is off).
-_NO_DRAW = dict(dropout_p=0.0, p=0.0, train=False)
-#: The dropout's mode argument, named from the table (its name is also an op's of diag, which
-#: the layout test keeps out of string literals outside probes/).
-_TRAIN = next(name for name, off in _NO_DRAW.items() if off is False)
 
 
 def _came(r: np.ndarray, s: np.ndarray, own: float, carried: float) -> float:

@@ -19,6 +19,7 @@ import numpy as np
 
 from diag import numerics
 from diag.interp import framework_of
+from diag.status import Status
 from diag.userfn.bind import input_leaves
 from diag.userfn.lift import lifted
 from diag.userfn.load import UserFunctionError, import_spec
@@ -134,7 +135,7 @@ def failing_outputs(verdicts: list, ref: Reference) -> list:
     out = []
     for k, (path, r) in enumerate(ref.leaves):
         v = next((v for v in verdicts if v.path == path), None)
-        if v is None or v.status != "fail":
+        if v is None or v.status != Status.FAIL:
             continue
         if r.dtype.kind == "f" and v.allowed > 0:
             out.append(Failing(path, r, v.allowed))
