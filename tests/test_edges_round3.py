@@ -342,8 +342,8 @@ def _words(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize(("args", "sentence"), [
-    ((), "Name the first divergent op or tap, and every decision (comparison, argmax, top-k "
-         "cut, mask) taken the other way than float64"),
+    ((), "Name the first divergent op or tap, every decision (comparison, argmax, top-k "
+         "cut, mask) taken the other way than float64, and the cause"),
     (("report",), "Exits 2 when the folder is damaged: results.jsonl has lines that cannot "
                   "be read (other than a torn last line), or holds fewer records than"),
 ])

@@ -6,6 +6,7 @@ with an `InterpError` naming what is missing.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 
@@ -28,7 +29,8 @@ Literal = jcore.Literal
 def source(eqn) -> tuple[str, str, int, str]:
     """("file.py:LINE (function)", full path, line, function) of the user's line for `eqn`."""
     try:
-        frame = siu.user_frame(eqn.source_info.traceback)
+        frames = siu.user_frames(eqn.source_info.traceback)
+        frame = next((f for f in frames if is_user_file(f.file_name)), None)
     except Exception:  # noqa: BLE001 - private API; an unknown line is not fatal
         frame = None
     if frame is None:
@@ -98,12 +100,29 @@ def library_beside(eqn, src: str) -> str:
     return ""
 
 
+# An installed library's file (optax, flax, transformers): under a site-packages folder.
+_SITE = re.compile(r"[/\\](site|dist)-packages[/\\]")
+# diag's own folder: its probe ops are the code a probe's hunt is about, wherever installed.
+_DIAG_DIR = os.path.normcase(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+
+@functools.cache
 def is_user_file(path: str) -> bool:
-    """Whether JAX counts `path` as the user's code (not JAX's or the standard library's)."""
+    """Whether `path` is the user's code: what JAX counts as such (not JAX's, not the standard
+    library's) that is not an installed library's either.
+
+    JAX excludes its own folder and the standard library's; a base interpreter's
+    site-packages lies under the latter, a venv's does not, so in a venv JAX counts optax's
+    and flax's files as the user's, and a NaN born in optax's Adam was placed at
+    ``transform.py:300`` instead of the user's update line. diag's own probe ops stay the
+    user's wherever diag is installed.
+    """
     try:
-        return siu.is_user_filename(path)
+        jax_says = siu.is_user_filename(path)
     except Exception:  # noqa: BLE001 - private API
         return False
+    p = os.path.normcase(os.path.abspath(path))
+    return jax_says and (not _SITE.search(p) or p.startswith(_DIAG_DIR))
 
 
 def where(eqn, outer: tuple) -> tuple[str, str]:

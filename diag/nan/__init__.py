@@ -111,7 +111,9 @@ def hunt(
         # through its globals are copied first (a step that donates its own module-level
         # state deletes their buffers; one that rebinds ``global params`` would hand the
         # trace its own output, or leak a tracer), and the globals are the user's again after.
-        with lifted(fn, args, kwargs, "jax", widen=False):
+        # NNX objects stay: the hunt splits them itself and updates them once at the end, as
+        # one call would have left them (docs/nan.md).
+        with lifted(fn, args, kwargs, "jax", widen=False, graph_nodes=False):
             return jax_hunt.locate(fn, args, kwargs, result=result)
     if framework == "torch":
         from diag.nan import torch_hunt

@@ -269,8 +269,9 @@ def load_suite(
     if not entries:
         raise SuiteError(str(path), "probe", "one or more [[probe]] tables")
     if announce is not None and any(isinstance(e, dict) and "fn" in e for e in entries):
-        from diag.plan.suite_fn import code_named
+        from diag.plan.suite_fn import check_entries, code_named
 
+        check_entries(path, entries, seed)  # a bad field is one line, before any code is named
         announce(code_named(path, entries))
 
     cases: list[Case] = []

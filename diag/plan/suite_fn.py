@@ -22,6 +22,7 @@ from diag.plan.cases import Case, Suite
 from diag.plan.registry import PROBES
 
 __all__ = [
+    "check_entries",
     "code_named",
     "function_case",
     "function_entry",
@@ -167,6 +168,44 @@ def _draw(path: Path, where: str, entry: dict, seed: int) -> str:
         raise SuiteError(str(path), f"{where}.{field}", why) from None
 
 
+def _checked(path: Path, where: str, entry: dict, seed: int) -> tuple[str, str, str]:
+    """(fn, reference, draw) of an entry naming a function, every field checked without
+    importing anything.
+
+    Raises:
+        SuiteError: another field than name, fn and description; `fn` not a string; a bad
+            reference, maker, shape or dtype.
+    """
+    unknown = set(entry) - _FN_FIELDS
+    if unknown:
+        raise SuiteError(
+            str(path),
+            f"{where}.{sorted(unknown)[0]}",
+            f"only {', '.join(sorted(_FN_FIELDS))} in an entry naming a function",
+        )
+    ref = entry.get("reference", "")
+    if not isinstance(ref, str) or (ref and ":" not in ref):
+        raise SuiteError(str(path), f"{where}.reference", f"FILE.py:FUNCTION, got {ref!r}")
+    spec = entry["fn"]
+    if not isinstance(spec, str):
+        raise SuiteError(
+            str(path), f"{where}.fn", f"FILE.py:FUNCTION or package.module:function, got {spec!r}"
+        )
+    return spec, ref, _draw(path, where, entry, seed)
+
+
+def check_entries(path: Path, entries: list, seed: int) -> None:
+    """Check every field of the entries naming a function before any of their code is named
+    or imported: a bad suite file is one `diag:` line, not a list of code it never loads.
+
+    Raises:
+        SuiteError: as `function_entry` would, for the first bad entry.
+    """
+    for i, entry in enumerate(entries):
+        if isinstance(entry, dict) and "fn" in entry:
+            _checked(path, f"probe[{i}]", entry, seed)
+
+
 def function_entry(
     path: Path,
     where: str,
@@ -184,21 +223,7 @@ def function_entry(
     """
     from diag.userfn import UserFunctionError
 
-    unknown = set(entry) - _FN_FIELDS
-    if unknown:
-        raise SuiteError(
-            str(path),
-            f"{where}.{sorted(unknown)[0]}",
-            f"only {', '.join(sorted(_FN_FIELDS))} in an entry naming a function",
-        )
-    ref = entry.get("reference", "")
-    if not isinstance(ref, str) or (ref and ":" not in ref):
-        raise SuiteError(str(path), f"{where}.reference", f"FILE.py:FUNCTION, got {ref!r}")
-    spec = entry["fn"]
-    if not isinstance(spec, str):
-        raise SuiteError(
-            str(path), f"{where}.fn", f"FILE.py:FUNCTION or package.module:function, got {spec!r}"
-        )
+    spec, ref, draw = _checked(path, where, entry, seed)
     try:
         return function_case(
             absolute(spec, path.parent),
@@ -208,7 +233,7 @@ def function_entry(
             where=where,
             timeout=timeout,
             reference=absolute(ref, path.parent) if ref else "",
-            draw=_draw(path, where, entry, seed),
+            draw=draw,
         )
     except UserFunctionError as e:
         raise SuiteError(str(path), f"{where}.fn", str(e).removeprefix("diag: ")) from None

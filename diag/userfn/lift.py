@@ -178,11 +178,15 @@ def _count_narrow(x: Any) -> int:
     )
 
 
-def _jax(slots: list[Slot], widen: bool) -> tuple[list[Slot], list, list[str]]:
+def _jax(
+    slots: list[Slot], widen: bool, graph_nodes: bool = True
+) -> tuple[list[Slot], list, list[str]]:
     import jax
 
     held, values, labels = [], [], []
     for s in slots:
+        if not graph_nodes and _is_graph_node(s.value):
+            continue
         if not any(
             isinstance(v, (jax.Array, np.ndarray))
             for v in jax.tree_util.tree_leaves(s.value, is_leaf=_is_graph_node)
@@ -205,7 +209,13 @@ def _is_graph_node(x: Any) -> bool:
 
 @contextlib.contextmanager
 def lifted(
-    fn: Callable, args: tuple, kwargs: dict, framework: str, *, widen: bool = True
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    framework: str,
+    *,
+    widen: bool = True,
+    graph_nodes: bool = True,
 ) -> Iterator[Lifted]:
     """For the block: the function's reachable state copied (float64 with `widen`) and its
     globals and closure cells pointing at the copies; the user's own objects afterwards.
@@ -213,12 +223,14 @@ def lifted(
     PyTorch: `fn`, `args` and `kwargs` are deep-copied with the state (modules and optimizers
     among them widened with it; their tensors are left to the caller, which widens arguments
     itself). JAX: they are returned as given (arrays are immutable; the caller widens them).
+    Without `graph_nodes`, Flax NNX objects are left in place (the NaN hunt splits them and
+    updates the user's objects once, as one call would have left them).
     """
     slots = reachable(fn)
     if framework == "torch":
         fn, args, kwargs, held, values, labels = _torch(fn, args, kwargs, slots, widen)
     else:
-        held, values, labels = _jax(slots, widen)
+        held, values, labels = _jax(slots, widen, graph_nodes)
     by_slot = {id(s): v for s, v in zip(held, values)}
     with swapped(slots, [by_slot.get(id(s), s.value) for s in slots]):
         yield Lifted(fn, args, kwargs, tuple(labels))

@@ -1,4 +1,4 @@
-"""Which frames of a PyTorch program are the user's and which an installed library's.
+"""Which frames of a program are the user's and which an installed library's (PyTorch, JAX).
 
 Claim: a file under any site-packages folder (a venv's as much as the base interpreter's,
 whose site-packages lies under its standard library) is a library's, never the user's; diag's
@@ -69,3 +69,18 @@ def test_a_library_frame_below_the_users_line_is_named(tmp_path):
     (path, line, func), library = ns_user["sample"](ns_lib["warp"])
     assert (path, line, func) == (str(user), 2, "sample")
     assert library == "warp.py:4 (warp)"
+
+
+def test_jax_counts_an_installed_library_in_a_venv_as_a_library():
+    """JAX's own rule excludes its folder and the standard library's, under which a base
+    interpreter's site-packages lies but a venv's does not: diag adds site-packages, so an
+    optax frame in a venv is never the user's line (a NaN born in Adam's update is placed at
+    the user's step, with optax's line beside it)."""
+    pytest.importorskip("jax")
+    from diag.interp import jax_source
+
+    venv_optax = "/home/me/.venvs/work/lib/python3.11/site-packages/optax/_src/transform.py"
+    assert not jax_source.is_user_file(venv_optax)
+    assert jax_source.is_user_file("/home/me/project/train.py")
+    probe_op = os.path.join(torch_source._DIAG, "backends", "jax_backend.py")
+    assert jax_source.is_user_file(probe_op)
