@@ -205,7 +205,8 @@ class BackendRuns:
                 continue
             (a, x), (b, y) = sorted([(earlier, other), (name, outcome)], key=lambda p: p[0])
             try:
-                status, reason, metrics = probe.agree(x, y, (a, b), context)
+                verdict = probe.agree(x, y, (a, b), context)
+                status, reason, metrics = verdict.status, verdict.reason, verdict.metrics
             except Exception as e:  # as in judge_result: one pair's error, not the run's
                 status, reason = (
                     Status.ERROR,
