@@ -20,6 +20,7 @@ import numpy as np
 from diag import oracle
 from diag.compare.elementwise import agreement, compare, judge, judge_agreement, mismatch
 from diag.compare.outcome import Evaluation, Outcome, only_output
+from diag.compare.verdict import Verdict
 from diag.plan.probe import FLOATS, Probe, rows_bytes, rows_label, rows_shapes
 from diag.status import Status
 from diag.tolerance import tolerance
@@ -57,12 +58,12 @@ def evaluate(o: Outcome) -> Evaluation:
     return Evaluation(status, reason, metrics, context=bound, mismatch=mismatch(metrics))
 
 
-def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
+def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> Verdict:
     """Two backends' GELU of one case, against what two backends keeping the bound may differ
-    by. Returns (status, reason, metrics)."""
+    by."""
     metrics = agreement(a.outputs[0], b.outputs[0], context)
     status, reason = judge_agreement(metrics, *names, CLAIM)
-    return status, reason, metrics
+    return Verdict(status, reason, metrics)
 
 
 def truth(inputs: list, params: dict, cache):

@@ -18,7 +18,7 @@ import numpy as np
 
 from diag import numerics
 from diag.compare.outcome import Evaluation, Outcome
-from diag.compare.verdict import Mismatch, format_mismatch
+from diag.compare.verdict import Mismatch, Verdict, format_mismatch
 from diag.plan.probe import FLOATS, LOGIT_MAKERS, Probe, rows_bytes, rows_label, rows_shapes
 from diag.probes.softmax import truth
 from diag.status import Status
@@ -308,9 +308,9 @@ def judge_greedy(metrics: dict[str, Any]) -> tuple[str, str]:
 
 def agree_tokens(
     a: dict[str, np.ndarray], b: dict[str, np.ndarray], names: tuple[str, str]
-) -> tuple[str, str, dict[str, Any]]:
-    """Do two backends pick the same token per row on every path they share? (status, reason,
-    metrics); a difference is a warn (each is judged against the exact argmax on its own)."""
+) -> Verdict:
+    """Do two backends pick the same token per row on every path they share? A difference is
+    a warn (each is judged against the exact argmax on its own)."""
     shared = [p for p in a if p in b]
     differ = {
         p: int(np.count_nonzero(np.asarray(a[p]).reshape(-1) != np.asarray(b[p]).reshape(-1)))
@@ -319,13 +319,13 @@ def agree_tokens(
     metrics = {"paths": shared, "rows_differ": differ}
     bad = {p: k for p, k in differ.items() if k}
     if not bad:
-        return (
+        return Verdict(
             Status.PASS,
             (f"{names[0]} and {names[1]} pick the same tokens on all {len(shared)} shared paths"),
             metrics,
         )
     first = next(iter(bad))
-    return (
+    return Verdict(
         Status.WARN,
         (
             f"{names[0]} and {names[1]} pick different tokens on {len(bad)} paths "
@@ -344,8 +344,8 @@ def evaluate(o: Outcome) -> Evaluation:
     return Evaluation(status, reason, metrics, mismatch=greedy_mismatch(metrics))
 
 
-def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
-    """Two backends' tokens on the paths they share. Returns (status, reason, metrics)."""
+def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> Verdict:
+    """Two backends' tokens on the paths they share."""
     return agree_tokens(a.named, b.named, names)
 
 

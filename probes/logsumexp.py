@@ -50,6 +50,7 @@ import numpy as np
 from diag import numerics
 from diag.compare.elementwise import agreement, compare, judge, judge_agreement, mismatch
 from diag.compare.outcome import Evaluation, Outcome, only_output
+from diag.compare.verdict import Verdict
 from diag.oracle import OracleResult
 from diag.plan.probe import FLOATS, LOGIT_MAKERS, Probe, rows_bytes, rows_label, rows_shapes
 from diag.status import Status
@@ -299,12 +300,12 @@ def evaluate(o: Outcome) -> Evaluation:
     return Evaluation(status, reason, metrics, context=bound, mismatch=mismatch(metrics))
 
 
-def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
+def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> Verdict:
     """Two backends' logsumexp of one case, against what two backends keeping the bound may
-    differ by. Returns (status, reason, metrics)."""
+    differ by."""
     metrics = agreement(a.outputs[0], b.outputs[0], context)
     status, reason = judge_agreement(metrics, *names, CLAIM)
-    return status, reason, metrics
+    return Verdict(status, reason, metrics)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import math
 from diag import oracle
 from diag.compare.elementwise import agreement, compare, judge, judge_agreement, mismatch
 from diag.compare.outcome import Evaluation, Outcome, only_output
+from diag.compare.verdict import Verdict
 from diag.plan.probe import F64, FLOATS, Probe
 from diag.tolerance import tolerance
 
@@ -85,10 +86,9 @@ def evaluate(o: Outcome) -> Evaluation:
     return Evaluation(status, reason, metrics, context=bound, mismatch=mismatch(metrics))
 
 
-def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
+def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> Verdict:
     """Two backends' products of one case, against what two backends keeping the bound may
-    differ by (`context`: the bound, or the function `evaluate` gives that returns it).
-    Returns (status, reason, metrics)."""
+    differ by (`context`: the bound, or the function `evaluate` gives that returns it)."""
 
     def compute():
         return agreement(a.outputs[0], b.outputs[0], context() if callable(context) else context)
@@ -96,7 +96,7 @@ def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
     claim = tolerance("matmul", a.truth.value.dtype).claim
     metrics = b.remembered(f"agreement-{claim}", compute, a)
     status, reason = judge_agreement(metrics, *names, CLAIM)
-    return status, reason, metrics
+    return Verdict(status, reason, metrics)
 
 
 # ---------------------------------------------------------------------------------------------

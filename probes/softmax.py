@@ -18,7 +18,7 @@ import numpy as np
 from diag import numerics, oracle
 from diag.compare.elementwise import agree_values, compare, mismatch
 from diag.compare.outcome import Evaluation, Outcome, only_output
-from diag.compare.verdict import Mismatch, format_mismatch
+from diag.compare.verdict import Mismatch, Verdict, format_mismatch
 from diag.plan.probe import FLOATS, LOGIT_MAKERS, Probe, rows_bytes, rows_label, rows_shapes
 from diag.status import Status
 from diag.tolerance import tolerance
@@ -246,8 +246,8 @@ def evaluate(o: Outcome) -> Evaluation:
     return Evaluation(status, reason, metrics, mismatch=softmax_mismatch(metrics))
 
 
-def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
-    """Two backends' softmax of one case, in ULPs. Returns (status, reason, metrics)."""
+def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> Verdict:
+    """Two backends' softmax of one case, in ULPs."""
     # Two backends each within the tolerance of the truth may be AGREEMENT_FACTOR times it apart.
     allowed = tolerance("softmax", a.params["dtype"]).agreement_ulp(a.params)
     return agree_values(a.outputs[0], b.outputs[0], names, allowed_ulp=allowed)

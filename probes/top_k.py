@@ -13,6 +13,7 @@ import numpy as np
 from diag import oracle
 from diag.compare.outcome import Evaluation, MalformedOutput, Outcome
 from diag.compare.topk import agree_top_k, check_top_k, judge_top_k, top_k_mismatch
+from diag.compare.verdict import Verdict
 from diag.plan.probe import (
     FLOATS,
     LOGIT_MAKERS,
@@ -81,8 +82,8 @@ def evaluate(o: Outcome) -> Evaluation:
     return Evaluation(status, reason, metrics, mismatch=top_k_mismatch(metrics, approx=approx))
 
 
-def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
-    """Two backends' top-k of one case, by value. Returns (status, reason, metrics)."""
+def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> Verdict:
+    """Two backends' top-k of one case, by value."""
     return agree_top_k(a.inputs[0], top_k_outputs(a), top_k_outputs(b), a.params["k"], names)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from diag.compare.outcome import Evaluation, Outcome
+from diag.compare.verdict import Verdict
 from diag.plan.probe import Probe
 from diag.status import Status
 from diag.tolerance import AGREEMENT_FACTOR, TRAIN_REFERENCE_ERROR_FACTOR, train_run_allowed
@@ -109,11 +110,11 @@ def evaluate(o: Outcome) -> Evaluation:
     return Evaluation(status, reason, summary)
 
 
-def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
-    """Two backends' runs of one case, step by step: (status, reason, metrics)."""
+def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> Verdict:
+    """Two backends' runs of one case, step by step."""
     summary = _summary(a, b.named, AGREEMENT_FACTOR)
     status, reason = judge(summary, a.params.get("compute", "float32"), names[1])
-    return status, f"{names[0]} vs {names[1]}: {reason}", summary
+    return Verdict(status, f"{names[0]} vs {names[1]}: {reason}", summary)
 
 
 # ---------------------------------------------------------------------------------------------

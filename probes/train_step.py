@@ -12,7 +12,7 @@ import numpy as np
 
 from diag import numerics, oracle
 from diag.compare.outcome import Evaluation, Outcome
-from diag.compare.verdict import Mismatch, fmt, format_mismatch
+from diag.compare.verdict import Mismatch, Verdict, fmt, format_mismatch
 from diag.plan.probe import F64, FLOATS, ROWS_COPIES, Probe
 from diag.status import Status
 from diag.tolerance import TRAIN_LOSS_ULP_SCREEN
@@ -138,7 +138,7 @@ def judge_train_step(metrics: dict[str, Any], *, nan_reason: str | None = None) 
 
 def agree_train_step(
     a: dict[str, np.ndarray], b: dict[str, np.ndarray], names: tuple[str, str]
-) -> tuple[str, str, dict[str, Any]]:
+) -> Verdict:
     """Two backends' training steps: `warn` when one goes non-finite where the other does not
     (the "which hosts give NaN losses" question), else `pass` with how far apart they are."""
     x, y = names
@@ -155,7 +155,7 @@ def agree_train_step(
         if metrics[name]["nonfinite_split"]:
             split.append(name)
     if split:
-        return (
+        return Verdict(
             Status.WARN,
             (
                 f"{x} and {y} disagree on finiteness: {', '.join(split)} is NaN/Inf on "
@@ -165,8 +165,8 @@ def agree_train_step(
         )
     diff = ", ".join(f"{n} {metrics[n]['mismatched']}" for n in ("loss", "w1", "w2"))
     if not any(metrics[n]["mismatched"] for n in metrics):
-        return Status.PASS, f"{x} and {y} agree bit for bit", metrics
-    return Status.PASS, f"{x} and {y} both finite; elements that differ: {diff}", metrics
+        return Verdict(Status.PASS, f"{x} and {y} agree bit for bit", metrics)
+    return Verdict(Status.PASS, f"{x} and {y} both finite; elements that differ: {diff}", metrics)
 
 
 def evaluate(o: Outcome) -> Evaluation:
@@ -182,8 +182,8 @@ def evaluate(o: Outcome) -> Evaluation:
     return Evaluation(status, reason, metrics, mismatch=mismatch)
 
 
-def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
-    """Two backends' steps of one case: finiteness first. Returns (status, reason, metrics)."""
+def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> Verdict:
+    """Two backends' steps of one case: finiteness first."""
     return agree_train_step(a.named, b.named, names)
 
 

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from diag.compare.outcome import Evaluation, Outcome
+from diag.compare.verdict import Verdict
 from diag.plan.probe import FLOATS, Probe
 from diag.status import Status
 from diag.tolerance import Tolerance
@@ -106,11 +107,11 @@ def evaluate(o: Outcome) -> Evaluation:
     return Evaluation(status, reason, metrics)
 
 
-def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> tuple:
+def agree(a: Outcome, b: Outcome, names: tuple[str, str], context) -> Verdict:
     """Two backends' outputs against each other (each is judged against the reference on its
     own, so a difference is a warn)."""
     status, reason, metrics = agreement(_paths(a), _paths(b))
-    return status, f"{names[0]} and {names[1]}: {reason}", metrics
+    return Verdict(status, f"{names[0]} and {names[1]}: {reason}", metrics)
 
 
 def make_inputs(rng, params: dict, dtype) -> list:

@@ -83,7 +83,8 @@ def judge_all(suite, cases_, events, judge, specs, probes) -> list[dict]:
         for i, (b, y, context) in enumerate(judged):
             for a, x, _ in judged[:i]:
                 (na, xa), (nb, xb) = sorted([(a, x), (b, y)], key=lambda p: p[0])
-                status, reason, metrics = probes[case.op].agree(xa, xb, (na, nb), context)
+                v = probes[case.op].agree(xa, xb, (na, nb), context)
+                status, reason, metrics = v.status, v.reason, v.metrics
                 out.append({"suite": suite, "case": case.label, "backend": f"{na}|{nb}",
                             "status": status, "reason": reason, "metrics": canon(metrics)})
     return out

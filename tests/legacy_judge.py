@@ -388,4 +388,5 @@ def agree(op: str, a: Outcome, b: Outcome, names, context) -> tuple:
     if op in _LEGACY:
         return _LEGACY[op][1](a, b, names, context)
     with _old_units():
-        return PROBES[op].agree(a, b, names, context)
+        v = PROBES[op].agree(a, b, names, context)  # a Verdict now, a tuple then
+    return v.status, v.reason, v.metrics

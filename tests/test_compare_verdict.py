@@ -85,7 +85,8 @@ def test_matmul_nonfinite_and_agreement_reasons_are_the_formatter():
     y_out = np.matmul(a, b)
     y_out[3, 4] = np.nextafter(y_out[3, 4], np.float32(np.inf))
     y = Outcome([a, b], [y_out], ["output"], truth, {})
-    status, reason, metrics = PROBES["matmul"].agree(x, y, ("p", "q"), good.context)
+    v = PROBES["matmul"].agree(x, y, ("p", "q"), good.context)
+    reason, metrics = v.reason, v.metrics
     assert metrics["worst"]["index"] == format_index(3 * 8 + 4, (8, 8))
     assert reason.startswith("p and q differ in "
                              + format_mismatch(Mismatch(1, 64, where="(3, 4)", ulp=1)))
@@ -208,9 +209,20 @@ def _family_metric_keys() -> set[str]:
         params = {"dtype": numerics.dtype_name(inputs[0].dtype), **params}
         o = Outcome(inputs=inputs, outputs=outputs, names=names, truth=truth, params=params)
         ev = PROBES[op].evaluate(o)
-        keys |= set(ev.metrics)
-        keys |= set(PROBES[op].agree(o, o, ("p", "q"), ev.context)[2])
+        agreed = PROBES[op].agree(o, o, ("p", "q"), ev.context)
+        assert isinstance(ev, Verdict) and isinstance(agreed, Verdict), op
+        keys |= set(ev.metrics) | set(agreed.metrics)
     return keys
+
+
+def test_every_op_agrees_in_a_verdict_as_it_evaluates_in_one():
+    """`agree` is typed as `evaluate` is: a `Verdict` whose fields a record copies, never a
+    bare (status, reason, metrics) tuple read by position."""
+    import inspect
+
+    for op, probe in PROBES.items():
+        returns = inspect.signature(probe.agree).return_annotation
+        assert returns in (Verdict, "Verdict"), f"{op}.agree returns {returns}"
 
 
 def test_every_metric_the_terminal_and_report_read_is_one_a_family_writes():

@@ -75,8 +75,8 @@ def _check(cases, tmp_path, cache) -> int:
             a, b = judge.outcome(case, sa, ea), judge.outcome(case, sb, eb)
             got = PROBES[case.op].agree(a, b, names, nb.context)
             want = legacy_judge.agree(case.op, a, b, names, ob.context)
-            assert got[:2] == want[:2], case.label
-            assert _canon(got[2]) == _canon(want[2]), case.label
+            assert (got.status, got.reason) == want[:2], case.label
+            assert _canon(got.metrics) == _canon(want[2]), case.label
             compared += 1
     return compared
 
@@ -153,7 +153,7 @@ def test_streaming_comparisons_match_on_hostile_arrays(dtype):
             legacy_judge.agreement(out, truth, bound))
     got = agree_values(out, truth, ("a", "b"), allowed_ulp=4)
     want = legacy_judge.agree_values(out, truth, ("a", "b"), allowed_ulp=4)
-    assert got[:2] == want[:2] and _canon(got[2]) == _canon(want[2])
+    assert (got.status, got.reason) == want[:2] and _canon(got.metrics) == _canon(want[2])
 
 
 def test_the_memo_keeps_what_is_costly_to_recompute_within_its_budget():

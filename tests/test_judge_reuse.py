@@ -114,4 +114,4 @@ def test_the_same_bits_against_the_same_truth_are_compared_once(tmp_path, monkey
     agree = PROBES["matmul"].agree
     first = agree(outcomes["p1"], outcomes["r"], ("a", "b"), verdicts["r"].context)
     again = agree(outcomes["p2"], outcomes["r"], ("a", "b"), verdicts["r"].context)
-    assert calls["agreement"] == 1 and first == again and first[2]["mismatched"] > 0
+    assert calls["agreement"] == 1 and first == again and first.metrics["mismatched"] > 0

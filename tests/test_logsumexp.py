@@ -142,8 +142,9 @@ def test_a_float32_sum_passes_and_a_row_off_by_1000_ulps_fails():
     bad[2] = numerics.from_bits(numerics.bits_view(bad[2:3]) + 1000, "float32")[0]
     ev = lse.evaluate(_outcome(x, bad, truth))
     assert ev.status == "fail" and ev.metrics["worst"]["index"] == "(2)"
-    status, _, metrics = lse.agree(_outcome(x, good, truth), _outcome(x, bad, truth),
-                                   ("a", "b"), lse.error_bound(x, truth.value))
+    v = lse.agree(_outcome(x, good, truth), _outcome(x, bad, truth),
+                  ("a", "b"), lse.error_bound(x, truth.value))
+    status, metrics = v.status, v.metrics
     # Two backends apart by more than twice the bound: flagged (the fail is the bad one's own).
     assert status == "warn" and metrics["bound_ratio"] > 1
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from diag import numerics
-from diag.compare.verdict import Mismatch, format_index, format_mismatch
+from diag.compare.verdict import Mismatch, Verdict, format_index, format_mismatch
 from diag.status import Status
 from diag.tolerance import AGREEMENT_FACTOR
 
@@ -427,9 +427,9 @@ def judge_agreement(metrics: dict[str, Any], a: str, b: str, claim: str) -> tupl
 
 def agree_values(
     x: np.ndarray, y: np.ndarray, names: tuple[str, str], *, allowed_ulp: float
-) -> tuple[str, str, dict[str, Any]]:
+) -> Verdict:
     """Two backends' outputs of one case compared in ULPs: pass within `allowed_ulp` (what two
-    correct implementations may differ by), warn beyond. Returns (status, reason, metrics)."""
+    correct implementations may differ by), warn beyond. Returns the pair's verdict."""
     x, y = np.asarray(x), np.asarray(y)
     xf, yf = x.reshape(-1), y.reshape(-1)
     n = int(xf.size)
@@ -446,20 +446,22 @@ def agree_values(
         "allowed_ulp": float(allowed_ulp),
     }
     if not mism:
-        return Status.PASS, f"{names[0]} and {names[1]} agree bit for bit", metrics
+        return Verdict(Status.PASS, f"{names[0]} and {names[1]} agree bit for bit", metrics)
     w = ulp_max.index
     metrics["worst"] = {"index": format_index(w, x.shape), "a": float(xf[w]), "b": float(yf[w])}
     differ = agreement_mismatch(metrics)
     assert differ is not None  # metrics["mismatched"] is mism, nonzero here
     detail = f"{names[0]} and {names[1]} differ in {format_mismatch(differ)}"
     if metrics["max_ulp_between"] <= allowed_ulp:
-        return (
+        return Verdict(
             Status.PASS,
             f"{detail}; within the {allowed_ulp:g} ULP two correct backends may differ",
             metrics,
+            mismatch=differ,
         )
-    return (
+    return Verdict(
         Status.WARN,
         f"{detail}; more than the {allowed_ulp:g} ULP two correct backends may differ",
         metrics,
+        mismatch=differ,
     )

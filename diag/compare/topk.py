@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from diag.compare.topk_rows import rank_keys, row_misses, row_recall, structure_problems
-from diag.compare.verdict import Mismatch, format_mismatch
+from diag.compare.verdict import Mismatch, Verdict, format_mismatch
 from diag.status import Status
 from diag.tolerance import TOPK_EXACT_RECALL
 
@@ -365,11 +365,9 @@ def judge_top_k(
     )
 
 
-def agree_top_k(
-    x: np.ndarray, a: tuple, b: tuple, k: int, names: tuple[str, str]
-) -> tuple[str, str, dict[str, Any]]:
+def agree_top_k(x: np.ndarray, a: tuple, b: tuple, k: int, names: tuple[str, str]) -> Verdict:
     """Do two backends' top-k outputs select the same VALUES per row (ties may pick different
-    indices, and bf16 logits have many)? Returns (status, reason, metrics); differing values
+    indices, and bf16 logits have many)? Returns the pair's verdict; differing values
     -> warn (each output is judged against the exact top-k on its own)."""
     x2, va, _ = _rows3(x, *a)
     _, vb, _ = _rows3(x, *b)
@@ -403,17 +401,18 @@ def agree_top_k(
             if same_idx == rows
             else (f" ({rows - same_idx} rows pick different indices among equal values)")
         )
-        return (
+        return Verdict(
             Status.PASS,
             f"{names[0]} and {names[1]} select the same values in all {rows} rows" + extra,
             metrics,
         )
     differ_rows = Mismatch(len(differ), rows, "rows", share=False)
-    return (
+    return Verdict(
         Status.WARN,
         (
             f"{names[0]} and {names[1]} select different values in "
             f"{format_mismatch(differ_rows)} (first: row {differ[0]})"
         ),
         metrics,
+        mismatch=differ_rows,
     )

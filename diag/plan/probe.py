@@ -19,6 +19,7 @@ import numpy as np
 
 from diag import numerics
 from diag.compare.outcome import Evaluation, Outcome
+from diag.compare.verdict import Verdict
 from diag.status import Status
 from diag.tolerance import Tolerance, tolerance
 
@@ -124,8 +125,8 @@ class Probe:
       truth: (inputs, params, cache) -> the oracle's result for the case. Ops with the same
         truth function (module and name) share a case's truth.
       evaluate: `Outcome` -> `Evaluation`: one backend's output against the truth.
-      agree: (Outcome a, Outcome b, (name a, name b), context) -> (status, reason, metrics):
-        two backends' outputs for the same case against each other.
+      agree: (Outcome a, Outcome b, (name a, name b), context) -> `Verdict`: two backends'
+        outputs for the same case against each other.
       host_bytes: params -> an estimate of the host memory one case needs at its peak
         (inputs drawn, ground truth computed, an output judged); the suite loader refuses a
         case above the memory limit before anything runs.
@@ -167,7 +168,7 @@ class Probe:
     input_shapes: Callable[[dict], list[tuple[int, ...]]]
     truth: Callable[[list, dict, Any], Any]
     evaluate: Callable[[Outcome], Evaluation]
-    agree: Callable[..., tuple]
+    agree: Callable[..., Verdict]
     host_bytes: Callable[[dict], int]
     label: Callable[[dict], str]
     implementations: Mapping[str, Callable[..., Callable]] = field(default_factory=dict)

@@ -46,9 +46,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from diag.backends import BackendSpec, not_applicable
-from diag.errors import SuiteError, UsageError
+from diag.backends import BackendSpec
+from diag.errors import SuiteError
 from diag.plan.cases import Case, Suite
+from diag.plan.plan import Plan
 from diag.plan.probe import EXPECTATIONS
 from diag.plan.registry import PROBES, SUITE_DIR
 
@@ -432,55 +433,26 @@ def _entry_cases(
 
 
 def total_planned(suite: Suite, specs: list[BackendSpec]) -> int:
-    """How many (case, backend) records these backends plan for the suite."""
-    return sum(1 for s in specs for c in suite.cases if not_applicable(s, c.op, c.params) is None)
+    """How many (case, backend) records these backends plan for the suite
+    (`diag.plan.plan.Plan.probe_records`)."""
+    return Plan.of(suite, specs).probe_records()
 
 
 def planned_records(suite: Suite, specs: list[BackendSpec]) -> int:
-    """How many records a run of these backends writes: a `probe` record per (case, backend)
-    and one per pair `planned_pairs` names. Every one is written, finished or not: a pair
-    that could not be compared (a side errored or timed out) is an `error` record saying why."""
-    return sum(
-        sum(not_applicable(s, case.op, case.params) is None for s in specs)
-        + len(planned_pairs(case, specs))
-        for case in suite.cases
-    )
+    """How many records a run of these backends writes (`diag.plan.plan.Plan.records`)."""
+    return Plan.of(suite, specs).records()
 
 
 def planned_pairs(case: Case, specs: list[BackendSpec]) -> list[tuple[str, str, str]]:
-    """The records comparing two backends' outputs of `case`, as (kind, label, label): an
-    `agreement` per pair of plain backends that run it (labels sorted), and with `--ab` an
-    `ab` per B side, against its own backend's A side."""
-    ran = [s for s in specs if not_applicable(s, case.op, case.params) is None]
-    plain = [s for s in ran if not s.variant]
-    pairs = [
-        ("agreement", min(a.label, b.label), max(a.label, b.label))
-        for a, b in itertools.combinations(plain, 2)
-    ]
-    pairs += [("ab", a.label, b.label) for b in ran if b.variant for a in plain if a.name == b.name]
-    return pairs
+    """The records comparing two backends' outputs of `case` (`diag.plan.plan.Plan.pairs`)."""
+    return Plan.of(Suite("", "", "", 0, (case,)), specs).pairs(case)
 
 
 def check_applicable(suite: Suite, specs: list[BackendSpec]) -> None:
-    """Refuse a suite none of whose cases applies to any of these backends.
-
-    Such a run would check nothing and say so only as "no records"; a CI gate would go green.
+    """Refuse a suite none of whose cases applies to any of these backends
+    (`diag.plan.plan.Plan.check`).
 
     Raises:
       UsageError: naming the suite's ops and, per backend, why its cases do not apply.
     """
-    if not specs or total_planned(suite, specs):
-        return
-    ops = ", ".join(dict.fromkeys(c.op for c in suite.cases))
-    why = "; ".join(
-        f"{s.name}: "
-        + ", ".join(
-            dict.fromkeys(r for c in suite.cases if (r := not_applicable(s, c.op, c.params)))
-        )
-        for s in specs
-    )
-    raise UsageError(
-        f"suite '{suite.name}' has no case that runs on "
-        f"{', '.join(s.name for s in specs)} (the suite's ops: {ops}; {why}); "
-        f"choose other backends with --backend or another suite"
-    )
+    Plan.of(suite, specs).check()

@@ -81,7 +81,7 @@ def print_line(message: str, *, err: bool = False) -> None:
 
 
 class RunProgress:
-    """Progress over the planned records (`diag.plan.suite.planned_records`: each backend's
+    """Progress over the planned records (`diag.plan.plan.Plan.records`: each backend's
     record per case, agreements between backends, A/B records, skips), on stderr; a no-op
     when disabled.
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from diag import numerics
 from diag.backends import BackendSpec
+from diag.compare.verdict import Verdict
 from diag.errors import UsageError
 from diag.status import Status
 
@@ -119,7 +120,7 @@ class Experiment:
         b: str,
         y,
         verdicts: tuple[Mapping, Mapping],
-        agree: Callable[..., tuple],
+        agree: Callable[..., Verdict],
         context: Any,
     ) -> tuple[str, str, dict]:
         """What the setting changed in one case on one backend: an `ab` record's
@@ -138,7 +139,7 @@ class Experiment:
             for n, u, v in zip(x.names, x.outputs, y.outputs)
             if numerics.bits_digest(u) != numerics.bits_digest(v)
         ]
-        _, _, difference = agree(x, y, (a, b), context)
+        difference = agree(x, y, (a, b), context).metrics
         va, vb = verdicts
         metrics: dict[str, Any] = {
             "changed_outputs": changed,

@@ -15,10 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from diag.backends import BackendSpec, not_applicable
+from diag.backends import BackendSpec
 from diag.compare.outcome import Outcome
+from diag.plan.plan import Plan
 from diag.plan.registry import PROBES
-from diag.plan.suite import Case, Suite, planned_pairs
+from diag.plan.suite import Case
 from diag.records.results import Record, RunDir
 from diag.run.ab import Experiment
 from diag.run.judge import Judge
@@ -43,7 +44,7 @@ class BackendRuns:
 
     def __init__(
         self,
-        suite: Suite,
+        plan: Plan,
         skipped: dict[str, str],
         run_dir: RunDir,
         judge: Judge,
@@ -57,7 +58,7 @@ class BackendRuns:
         on_record: Callable[[dict], None] | None,
         job_fields: dict[str, Any] | None = None,
     ):
-        self.suite, self.skipped = suite, skipped
+        self.plan, self.suite, self.skipped = plan, plan.suite, skipped
         self.run_dir, self.work = run_dir, judge.store.work
         self.repeats, self.case_timeout = repeats, case_timeout
         self.startup_timeout = startup_timeout
@@ -83,9 +84,6 @@ class BackendRuns:
         self.verdicts: dict[str, dict[str, dict]] = {}  # case id -> backend label -> its record
         self.paired: set[tuple[str, str]] = set()  # (case id, `a|b`) of pair records written
         self.trace: Path | None = None  # the run folder when traced (diag.trace)
-
-    def plan(self, spec: BackendSpec) -> list[Case]:
-        return [c for c in self.suite.cases if not_applicable(spec, c.op, c.params) is None]
 
     def finished(self, case: Case) -> None:
         """A backend is done with `case`. After the last, the case's output files go: their
@@ -207,7 +205,8 @@ class BackendRuns:
                 continue
             (a, x), (b, y) = sorted([(earlier, other), (name, outcome)], key=lambda p: p[0])
             try:
-                status, reason, metrics = probe.agree(x, y, (a, b), context)
+                verdict = probe.agree(x, y, (a, b), context)
+                status, reason, metrics = verdict.status, verdict.reason, verdict.metrics
             except Exception as e:  # as in judge_result: one pair's error, not the run's
                 status, reason = (
                     Status.ERROR,
@@ -235,15 +234,15 @@ class BackendRuns:
             kind=kind,
         )
 
-    def unpaired(self, specs: list[BackendSpec]) -> None:
-        """An `error` record for each planned agreement or A/B record (`planned_pairs`) that
+    def unpaired(self) -> None:
+        """An `error` record for each planned agreement or A/B record (`Plan.pairs`) that
         was not written because a side has no judged output (it errored, timed out, or could
         not be judged), saying why: results.jsonl accounts for every record the run planned,
         and the count of records matches the count planned."""
         reasons = {(r["probe"], r["case"], r["backend"]): r["reason"] for r in self.records}
         for case in self.suite.cases:
             probe, judged = f"{self.suite.name}.{case.probe}", self.verdicts.get(case.id, {})
-            for kind, a, b in planned_pairs(case, specs):
+            for kind, a, b in self.plan.pairs(case):
                 if (case.id, f"{a}|{b}") in self.paired:
                     continue
                 why = [
@@ -272,7 +271,7 @@ class BackendRuns:
         }
 
     def _run_backend(self, spec: BackendSpec) -> None:
-        pending = self.plan(spec)
+        pending = self.plan.cases(spec)
         self.judge.store.write_inputs(pending)  # before the worker starts (written once per run)
         crashes = 0
         while pending:

@@ -29,10 +29,10 @@ from typing import Any
 
 from threadpoolctl import threadpool_limits
 
-from diag.backends import get_spec, not_applicable
 from diag.errors import UsageError, ended_by, exit_code
+from diag.plan.plan import Plan
 from diag.plan.registry import REPORT_SECTIONS
-from diag.plan.suite import Suite, check_applicable, check_memory, load_suite, planned_records
+from diag.plan.suite import Suite, check_applicable, check_memory, load_suite
 from diag.records.outputs import is_no_space, no_space, run_disk_full
 from diag.records.results import COUNTED, Interrupted, RunDir, RunResult, new_run_id, worst_status
 from diag.records.run_meta import run_verdict
@@ -123,16 +123,16 @@ def run(
     """
     _check_numbers(repeats, repeat_budget, max_memory)
     loaded = _loaded(suite, max_memory, case_timeout)
-    workers_env, ab_env, candidates = _check_plan(loaded, backends, env, ab)
+    workers_env, ab_env, plan = _check_plan(loaded, backends, env, ab)
     run_id = new_run_id()
     work = Path(tempfile.mkdtemp(prefix=f"diag-{run_id}-"))
     judge = Judge(work, cache_dir)
     specs, skipped, parked, run_dir = _start(
-        loaded, candidates, backends, workers_env, judge, work, out, run_id, argv
+        plan, backends, workers_env, judge, work, out, run_id, argv
     )
-    specs = _planned(run_dir, loaded, specs, skipped, ab, ab_env)
+    plan = _planned(run_dir, plan, specs, skipped, ab, ab_env)
     r = BackendRuns(
-        loaded,
+        plan,
         skipped,
         run_dir,
         judge,
@@ -145,7 +145,7 @@ def run(
         on_record=on_record,
         job_fields=job_fields,
     )
-    return _drive(r, loaded, specs, skipped, parked, backends, work, trace, on_start)
+    return _drive(r, skipped, parked, backends, work, trace, on_start)
 
 
 def _loaded(suite: str | Suite, max_memory: float | None, timeout: float) -> Suite:
@@ -157,15 +157,14 @@ def _loaded(suite: str | Suite, max_memory: float | None, timeout: float) -> Sui
     return load_suite(suite, max_memory=max_memory, timeout=timeout)
 
 
-def _planned(run_dir: RunDir, loaded: Suite, specs: list, skipped: dict, ab, ab_env) -> list:
-    """The backends to run (each with its B side in an A/B run), written into run.json: those
-    with a case to run (a JAX user's function plans no torch backend, whose worker would
-    start, run nothing and show in the time line)."""
-    specs = [
-        s for s in specs if any(not_applicable(s, c.op, c.params) is None for c in loaded.cases)
-    ]
+def _planned(run_dir: RunDir, plan: Plan, specs: list, skipped: dict, ab, ab_env) -> Plan:
+    """The plan over the backends to run (each with its B side in an A/B run), written into
+    run.json: those with a case to run (a JAX user's function plans no torch backend, whose
+    worker would start, run nothing and show in the time line)."""
+    specs = plan.with_specs(specs).backends_run()
     if ab_env:
         specs = with_b_sides(specs)
+    loaded = plan.suite
     run_dir.update_meta(
         suite={"name": loaded.name, "path": loaded.path, "cases": len(loaded.cases)},
         backends_planned=[s.label for s in specs],
@@ -173,25 +172,18 @@ def _planned(run_dir: RunDir, loaded: Suite, specs: list, skipped: dict, ab, ab_
         ab={"B": list(ab or []), "env": ab_env} if ab_env else None,
         report_sections=REPORT_SECTIONS,
     )
-    return specs
-
-
-def _applies(loaded: Suite, name: str) -> bool:
-    """Whether any case of the suite applies to backend `name` (a JAX user's function does
-    not to torch backends)."""
-    spec = get_spec(name)
-    return any(not_applicable(spec, c.op, c.params) is None for c in loaded.cases)
+    return plan.with_specs(specs)
 
 
 def _check_plan(loaded: Suite, backends, env, ab) -> tuple:
-    """(workers' environment, the A/B side's, candidate backends), refusing a plan with no
-    case for these backends or bad XLA flags before anything is written."""
+    """(workers' environment, the A/B side's, the plan over the candidate backends), refusing
+    a plan with no case for these backends or bad XLA flags before anything is written."""
     workers_env = worker_env(env)
     ab_env = parse_ab(ab, base=workers_env)
-    candidates = candidate_backends(backends)
-    check_applicable(loaded, candidates)
-    check_flags(candidates, workers_env, ab_env)
-    return workers_env, ab_env, candidates
+    plan = Plan.of(loaded, candidate_backends(backends))
+    plan.check()
+    check_flags(list(plan.specs), workers_env, ab_env)
+    return workers_env, ab_env, plan
 
 
 def _check_numbers(repeats: int, repeat_budget: float, max_memory: float | None) -> None:
@@ -204,8 +196,7 @@ def _check_numbers(repeats: int, repeat_budget: float, max_memory: float | None)
 
 
 def _start(
-    loaded: Suite,
-    candidates,
+    plan: Plan,
     backends,
     workers_env,
     judge: Judge,
@@ -221,18 +212,11 @@ def _start(
         # Every input is drawn and written while the frameworks list their devices, which
         # the host would otherwise wait for idle (~0.4 s of the matmul suite's start).
         with ThreadPoolExecutor(1) as pool:
-            written = pool.submit(
-                judge.store.write_inputs,
-                [
-                    c
-                    for c in loaded.cases
-                    if any(not_applicable(s, c.op, c.params) is None for s in candidates)
-                ],
-            )
+            written = pool.submit(judge.store.write_inputs, plan.cases_run())
             specs, skipped, parked = resolve_backends(backends, workers_env)
             written.result()
         if not backends:  # a default run lists absent backends that had something to run
-            skipped = {n: why for n, why in skipped.items() if _applies(loaded, n)}
+            skipped = {n: why for n, why in skipped.items() if plan.runs_anything(n)}
         try:
             run_dir = RunDir.create(out, run_id, environment.collect(argv))
         except OSError as e:
@@ -252,8 +236,6 @@ def _start(
 
 def _drive(
     r: BackendRuns,
-    loaded: Suite,
-    specs: list,
     skipped: dict,
     parked: dict,
     backends,
@@ -263,26 +245,26 @@ def _drive(
 ) -> RunResult:
     """Run every backend in turn; whatever happens, finish the run folder (state, counts).
     Raises `Interrupted` (holding the result) after Ctrl-C."""
-    run_dir = r.run_dir
+    run_dir, specs = r.run_dir, list(r.plan.specs)
     r.trace = run_dir.path if trace else None
     r.parked = parked
-    r.left.update(c.id for spec in specs for c in r.plan(spec))
+    r.left.update(c.id for spec in specs for c in r.plan.cases(spec))
     state = "finished"
     # The host's BLAS (the |A||B| of matmul bounds) on one thread: OpenBLAS's idle threads spin
     # after each call, taking CPU from the backend under test (matmul suite, 2 cores: ~1.5 CPU-s
     # and ~1 s of wall less). Threads split the product's rows and columns, never K: the same bits.
     blas = threadpool_limits(limits=1, user_api="blas")
-    planned = planned_records(loaded, specs) + len(skipped)
+    planned = r.plan.records() + len(skipped)
     ended: int | None = None  # the exit code of a run that did not finish
     try:
         if on_start:
             on_start(planned, [s.label for s in specs])
         r.skip_records(requested=bool(backends))
         for s in [] if r.ab is not None or trace else start_beside(specs, parked):
-            r.started[s.label] = r.start_worker(s, r.plan(s))  # CPU: side by side
+            r.started[s.label] = r.start_worker(s, r.plan.cases(s))  # CPU: side by side
         for spec in specs:
             r.run_backend(spec)
-        r.unpaired(specs)  # a pair a timeout or an error left uncompared: an error record
+        r.unpaired()  # a pair a timeout or an error left uncompared: an error record
         if trace and r.ab is not None:  # the first XLA pass where A and B differ
             trace_passes.attribute_run(r)
     except KeyboardInterrupt as e:
