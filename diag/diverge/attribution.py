@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from diag import numerics
-from diag.diverge.cause import MAX_RERUNS, Cause, Failing, Rerun, errors, search
+from diag.diverge.cause import MAX_RERUNS, TIMINGS, Cause, Failing, Rerun, errors, search
 from diag.diverge.ledger import limit
 from diag.diverge.ranking import candidates
 from diag.diverge.records import ShadowReport
@@ -156,4 +156,4 @@ def find(
     # what the ops may carry: the smallest float allowance (integer outputs: float32's)
     allowance = min((f.allowance for f in failing if f.allowance > 0), default=2.0**-12)
     sites, readers = candidates(ledger.entries, starts, allowance)
-    return search(rerun, sites, failing, readers, max_reruns)
+    return search(rerun, sites, failing, readers, max_reruns, TIMINGS)
