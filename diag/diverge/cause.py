@@ -163,6 +163,8 @@ class Cause:
         repair_time_s: the same with `cause_ops` promoted: what the repair costs in time.
         time_before_spread_s, repair_time_spread_s: the largest minus the smallest of those
             runs' times.
+        decided: the integer outputs (a flipped decision's tokens, indices) the search held
+            to equality with the float64 reference's.
     """
 
     cause: str
@@ -179,6 +181,7 @@ class Cause:
     repair_time_s: float | None = None
     time_before_spread_s: float | None = None
     repair_time_spread_s: float | None = None
+    decided: tuple[str, ...] = ()
 
     def fields(self) -> dict[str, Any]:
         """The record's and ``--json``'s fields (an infinite error as the string ``inf``)."""
