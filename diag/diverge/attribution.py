@@ -155,7 +155,8 @@ def diagnose(
         allowed = diverge_carried_threshold(np.asarray(y).dtype)
         cands.append(Failing(path, s, allowed))
     failing = [c for c, e in zip(cands, errors(base, cands)) if e > c.allowance]
-    if exact is not None and any(d.verdict == Status.FAIL for d in report.decisions):
+    made = any(d.verdict == Status.FAIL for d in report.decisions)
+    if exact is not None and made and any(np.asarray(y).dtype.kind in "biu" for _, y in base):
         failing += decided(base, exact())
     if not failing:
         return report, None
