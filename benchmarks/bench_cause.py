@@ -8,6 +8,9 @@ runs once first so compilation and imports are not counted), medians of --repeat
   explain  `diag.diverge.explain`: the shadow, then the ranked re-runs until one repairs it
   reruns   how many re-runs of the function the search took (at most 10; the baseline run
            as written is not counted)
+  written, repaired  what the repair costs in time: the cause's `time_before_s` and
+           `repair_time_s` (the function as written and with the cause promoted, op by op on
+           the CPU, medians of 3 timed runs after the search; included in explain)
 and explain/shadow: what naming the cause adds to naming the symptom. The last lines give
 the median re-run count and the median wall times over the cases.
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib.util
+import math
 import os
 import platform
 import statistics
@@ -112,7 +116,7 @@ def main() -> None:
     print(f"# {platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}")
     print(
         f"{'case':22} {'plain s':>9} {'shadow s':>9} {'explain s':>10} {'explain/shadow':>15}"
-        f" {'reruns':>7}  cause"
+        f" {'reruns':>7} {'written s':>10} {'repaired s':>11} {'ratio':>6}  cause"
     )
     rows = []
     for name, case in chosen:
@@ -122,9 +126,12 @@ def main() -> None:
         reruns = c.reruns if c is not None else 0
         where = (c.cause_ops[0] if c.cause_ops else c.text) if c is not None else "-"
         rows.append((med, reruns))
+        t0 = c.time_before_s if c is not None and c.time_before_s else math.nan
+        t1 = c.repair_time_s if c is not None and c.repair_time_s else math.nan
         print(
             f"{r['case']:22} {med['plain']:9.3f} {med['shadow']:9.3f} {med['explain']:10.3f}"
-            f" {med['explain'] / med['shadow']:15.2f} {reruns:7d}  {where}"
+            f" {med['explain'] / med['shadow']:15.2f} {reruns:7d} {t0:10.4f} {t1:11.4f}"
+            f" {t1 / t0:6.2f}  {where}"
         )
     print(
         f"median re-runs per failing record: {statistics.median(n for _, n in rows):g} "

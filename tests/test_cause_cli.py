@@ -53,6 +53,7 @@ def test_diag_run_names_the_planted_line_as_the_cause(tmp_path, name, case, back
     assert m["error_after"] <= allowed
     assert m["error_before"] == "inf" or m["error_before"] > allowed
     assert "repair" in m and "measured: error" in m["repair"]
+    assert m["time_before_s"] > 0 and m["repair_time_s"] > 0  # what the repair costs
 
     twin = run_diag(
         "run",
@@ -78,10 +79,13 @@ def test_diag_diverge_json_carries_the_cause():
     assert cause["text"].startswith(f"cause: aten.exp at hf_torch.py:{line} (")
     assert doc["report"]["first"]["cause"] == cause["cause"]  # the finding carries it
     assert cause["error_before"] == "inf" and math.isfinite(cause["error_after"])
+    assert cause["time_before_s"] > 0 and cause["repair_time_s"] > 0
+    assert doc["report"]["first"]["repair_time_s"] == cause["repair_time_s"]
 
     text = run_diag("diverge", f"{DATA / 'hf_torch.py'}:attnpool_planted", env=ENV)
     assert text.returncode == 1
     assert f"diag diverge: cause: aten.exp at hf_torch.py:{line} (" in text.stdout
+    assert "repaired (" in text.stdout  # and what the repair costs in time
 
 
 def test_assert_numerics_message_names_the_cause():

@@ -55,6 +55,21 @@ def test_the_first_candidate_whose_rerun_repairs_is_the_cause():
     assert cause.confirmed and cause.cause == "f.py:3 (f)"
     assert cause.cause_ops == ("ccc at f.py:3 (f)",)
     assert cause.reruns == 3 and len(rerun.calls) == 4  # the baseline is not counted
+
+
+def test_the_repair_is_timed_beside_the_function_as_written_outside_the_budget():
+    a, b = _site("a"), _site("bb")
+    rerun = FakeRerun(BAD, {frozenset({b.key}): GOOD})
+    cause = search(rerun, [a, b], FAIL, timings=3)
+    assert cause.confirmed and cause.reruns == 2
+    # baseline, a, b (confirms), then three timed runs of as written and repaired,
+    # alternately, outside the budget
+    assert rerun.calls[3:] == [frozenset(), frozenset({b.key})] * 3
+    assert cause.time_before_s > 0 and cause.repair_time_s > 0
+    assert "(median of 3)" in cause.text
+    assert search(FakeRerun(BAD, {frozenset({b.key}): GOOD}), [b], FAIL).repair_time_s is None
+    unconfirmed = search(FakeRerun(BAD, {}), [a], FAIL, timings=3)
+    assert unconfirmed.repair_time_s is None and unconfirmed.fields()["repair_time_s"] is None
     assert cause.error_after == pytest.approx(1e-6 * 2 / 2, rel=1e-3)
     assert cause.error_before == pytest.approx(0.5, rel=1e-9)
 
@@ -177,6 +192,13 @@ def test_promoting_one_op_of_a_float32_function_does_not_compute_the_rest_in_flo
     assert cause.cause_ops[0].startswith("logistic at test_cause_search.py:")
     assert "log_sigmoid" in cause.repair and cause.error_after <= 2.0**-12
     assert math.isinf(cause.error_before)
+    # what the repair costs in time: the run as written and repaired, timed op by op
+    assert cause.time_before_s > 0 and cause.repair_time_s > 0
+    assert cause.time_before_spread_s >= 0 and cause.repair_time_spread_s >= 0
+    assert "as written" in cause.text and "repaired (" in cause.text
+    fields = cause.fields()
+    assert fields["time_before_s"] == cause.time_before_s
+    assert fields["repair_time_s"] == cause.repair_time_s
 
 
 def _greedy(h, w):

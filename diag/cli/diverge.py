@@ -42,6 +42,7 @@ def diverge_cmd(
     0 if none, or only decisions forced by rounding, which are printed as warnings; 2 bad usage
     or nothing to compare, 4 the target raised or ran past --timeout)."""
     from diag import diverge, nan, render
+    from diag.diverge import attribution
     from diag.diverge.decisions import verdict
     from diag.interp.guard import user_code
     from diag.settings.flags import validate_xla_flags
@@ -58,7 +59,7 @@ def diverge_cmd(
         cause = None
         if len(loaded) == 1:
             fn, args, kwargs = loaded[0]
-            report, cause = diverge.diagnose(fn, *args, **kwargs)
+            report, cause = attribution.diagnose(fn, args, kwargs, _exact(fn, args, kwargs))
         else:
             runs = [(lambda f=f, a=a, k=k: f(*a, **k)) for f, a, k in loaded]
             report = diverge.compare(runs[0], runs[1], modules=modules)
@@ -79,10 +80,53 @@ def diverge_cmd(
             found = doc["report"]
             if isinstance(found, dict) and isinstance(found.get("first"), dict):
                 found["first"].update(cause.fields())  # the finding carries its cause
+            for d in _made(found) if cause.decided else []:
+                d.update(_decision_fields(cause))
         render.out.print_json(json.dumps(doc))
     else:
         for part in render.diverge_tables(report):
             render.out.print(part)
         if cause is not None:
-            render.print_line(f"diag diverge: {cause.text}")
+            render.print_line(f"diag diverge: {_said(report, cause)}{cause.text}")
     raise typer.Exit(code)
+
+
+def _exact(fn, args, kwargs):
+    """The float64 reference's integer outputs (`diag.diverge.attribution.Exact`), computed
+    only when the cause search asks: a flipped decision's tokens are held to them."""
+
+    def exact():
+        from diag.interp import framework_of
+        from diag.userfn import reference
+        from diag.userfn.host import integer_references
+
+        return integer_references(reference(fn, args, kwargs, framework_of(fn, args, kwargs)))
+
+    return exact
+
+
+def _made(found) -> list[dict]:
+    """The decisions in a report's dict made by the computation (failures)."""
+    from diag.status import Status
+
+    got = found.get("decisions", []) if isinstance(found, dict) else []
+    return [d for d in got if isinstance(d, dict) and d.get("verdict") == Status.FAIL]
+
+
+def _decision_fields(cause) -> dict:
+    """The cause's fields on a decision finding: its line is `cause_line` there (the
+    decision's own `cause` says whether it was forced by rounding or made by the
+    computation)."""
+    fields = cause.fields()
+    return {"cause_line": fields.pop("cause"), **fields}
+
+
+def _said(report, cause) -> str:
+    """``the flipped argmax at s.py:12 (sample): `` before the cause of a decision's outputs."""
+    from diag.status import Status
+
+    made = [d for d in report.decisions if d.verdict == Status.FAIL]
+    if not cause.decided or not made:
+        return ""
+    d = made[0]
+    return f"the flipped {d.primitive} at {d.source or 'an unknown line'}: "

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -11,11 +12,12 @@ from typing import Any
 import numpy as np
 
 from diag import numerics
-from diag.diverge.cause import MAX_RERUNS, Cause, Failing, Rerun, errors, search
+from diag.diverge.cause import MAX_RERUNS, TIMINGS, Cause, Failing, Rerun, errors, search
 from diag.diverge.ledger import limit
 from diag.diverge.ranking import candidates
 from diag.diverge.records import ShadowReport
 from diag.interp import framework_of
+from diag.status import Status
 from diag.tolerance.diverge import diverge_carried_threshold
 
 
@@ -116,10 +118,24 @@ def _np(t: Any) -> np.ndarray:
     return t.numpy()
 
 
-def diagnose(fn: Callable, args: tuple, kwargs: dict) -> tuple[ShadowReport, Cause | None]:
+#: The float64 reference's integer outputs: (reference, forced or None) per integer leaf.
+Exact = Callable[[], list[tuple[np.ndarray, np.ndarray | None]]]
+
+
+def diagnose(
+    fn: Callable, args: tuple, kwargs: dict, exact: Exact | None = None
+) -> tuple[ShadowReport, Cause | None]:
     """`diag diverge`'s run: the shadow, and when it fails, the cause of the outputs that
-    carry more than sqrt(u) of their dtype against their float64 shadow (None when none
-    does: a flipped decision whose output is an index has no float output to repair)."""
+    carry more than sqrt(u) of their dtype against their float64 shadow, and, when a
+    decision was made by the computation, of the integer outputs (token ids, indices) that
+    differ from the float64 reference's (None when no output fails).
+
+    Args:
+        fn, args, kwargs: the function as the user calls it.
+        exact: the float64 reference's integer outputs, in the order the function returns
+            them, each with where one rounding of the inputs already moves it (None: not
+            forgiven); called only when a made decision flipped.
+    """
     framework = framework_of(fn, args, kwargs)
     shadow, rerun = _runner(fn, args, kwargs, framework, positional)
     keep: dict = {}
@@ -139,9 +155,31 @@ def diagnose(fn: Callable, args: tuple, kwargs: dict) -> tuple[ShadowReport, Cau
         allowed = diverge_carried_threshold(np.asarray(y).dtype)
         cands.append(Failing(path, s, allowed))
     failing = [c for c, e in zip(cands, errors(base, cands)) if e > c.allowance]
+    made = any(d.verdict == Status.FAIL for d in report.decisions)
+    if exact is not None and made and any(np.asarray(y).dtype.kind in "biu" for _, y in base):
+        failing += decided(base, exact())
     if not failing:
         return report, None
-    return report, _find(keep, rerun, failing)
+    cause = _find(keep, rerun, failing)
+    return report, dataclasses.replace(cause, decided=tuple(f.path for f in failing if f.exact))
+
+
+def decided(
+    base: list[tuple[str, Any]], refs: list[tuple[np.ndarray, np.ndarray | None]]
+) -> list[Failing]:
+    """The integer outputs of the run as written that differ from the float64 reference's
+    (matched in order, by shape), as failing outputs held to equality: a flipped argmax is
+    repaired when every token equals the reference's, except where one rounding of the
+    inputs already moves it (`forced`)."""
+    ints = [(p, np.asarray(y)) for p, y in base if np.asarray(y).dtype.kind in "biu"]
+    out = []
+    for (path, y), (ref, forced) in zip(ints, refs):
+        if y.shape != ref.shape:
+            continue
+        f = Failing(path, ref, 0.0, None if forced is None else forced.reshape(ref.shape))
+        if errors([(path, y)], [f])[0] > 0:
+            out.append(f)
+    return out
 
 
 def find(
@@ -156,4 +194,4 @@ def find(
     # what the ops may carry: the smallest float allowance (integer outputs: float32's)
     allowance = min((f.allowance for f in failing if f.allowance > 0), default=2.0**-12)
     sites, readers = candidates(ledger.entries, starts, allowance)
-    return search(rerun, sites, failing, readers, max_reruns)
+    return search(rerun, sites, failing, readers, max_reruns, TIMINGS)

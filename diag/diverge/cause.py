@@ -37,11 +37,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from diag import numerics
+from diag.diverge import repair_cost
 from diag.diverge.rules import carried_error
 
 #: Re-runs of the function with candidates promoted, per failing record (the baseline run,
 #: as written, is not counted).
 MAX_RERUNS = 10
+#: Times the function as written and as repaired each run again, timed, once a cause is
+#: confirmed (not counted in `MAX_RERUNS`: the search's own runs compiled what they ran).
+TIMINGS = 3
 #: Single candidates tried before sets of the best ones are.
 SINGLES = 7
 #: How many ops computing with a promoted op's result see it at the wider width before it
@@ -153,6 +157,14 @@ class Cause:
         confirmed: whether the re-run brought every failing output within its allowance.
         reruns: how many re-runs the search took.
         text: one line: ``cause: ...`` (or why there is none).
+        time_before_s: the median time of the function as written, run op by op as the
+            search re-runs it (CPU, eager: not a compiled kernel's time); None without a
+            confirmed cause.
+        repair_time_s: the same with `cause_ops` promoted: what the repair costs in time.
+        time_before_spread_s, repair_time_spread_s: the largest minus the smallest of those
+            runs' times.
+        decided: the integer outputs (a flipped decision's tokens, indices) the search held
+            to equality with the float64 reference's.
     """
 
     cause: str
@@ -165,6 +177,11 @@ class Cause:
     confirmed: bool
     reruns: int
     text: str
+    time_before_s: float | None = None
+    repair_time_s: float | None = None
+    time_before_spread_s: float | None = None
+    repair_time_spread_s: float | None = None
+    decided: tuple[str, ...] = ()
 
     def fields(self) -> dict[str, Any]:
         """The record's and ``--json``'s fields (an infinite error as the string ``inf``)."""
@@ -176,6 +193,10 @@ class Cause:
             "error_after": _json(self.error_after),
             "cause_confirmed": self.confirmed,
             "cause_reruns": self.reruns,
+            "time_before_s": self.time_before_s,
+            "repair_time_s": self.repair_time_s,
+            "time_before_spread_s": self.time_before_spread_s,
+            "repair_time_spread_s": self.repair_time_spread_s,
         }
 
 
@@ -253,6 +274,7 @@ def search(
     failing: Sequence[Failing],
     consumers: dict[tuple, set[str]] | None = None,
     max_reruns: int = MAX_RERUNS,
+    timings: int = 0,
 ) -> Cause:
     """Re-run with candidates promoted until every failing output is within its allowance.
 
@@ -263,6 +285,8 @@ def search(
         consumers: per site key, the primitives of the ops that read it (for the repair's
             wording: a sigmoid whose result a log reads).
         max_reruns: the budget.
+        timings: how many more times the function as written and as repaired run, timed,
+            once a cause is confirmed (not counted in the budget; 0: not timed).
     """
     first = rerun(frozenset())
     dtypes = {p: np.asarray(y).dtype for p, y in first}
@@ -286,7 +310,8 @@ def search(
         if len(group) == 1:
             tried.append((ratio, group[0], errs))
         if ratio <= 1.0:
-            return _found(group, base, errs, failing, rerun, runs, consumers or {})
+            cause = _found(group, base, errs, failing, rerun, runs, consumers or {})
+            return _timed(cause, rerun, group, timings)
     tried.sort(key=lambda t: t[0])
     for n in range(2, len(tried) + 1):
         if runs >= max_reruns:
@@ -295,7 +320,8 @@ def search(
         errs = _attempt(rerun, frozenset(s.key for s in group), failing, dtypes)
         runs += 1
         if _worst(errs, failing)[0] <= 1.0:
-            return _found(group, base, errs, failing, rerun, runs, consumers or {})
+            cause = _found(group, base, errs, failing, rerun, runs, consumers or {})
+            return _timed(cause, rerun, group, timings)
     if not tried:
         return _none(
             "no candidate op computes in a dtype narrower than float64",
@@ -341,6 +367,26 @@ def _attempt(rerun: Rerun, sites: frozenset, failing: Sequence[Failing], dtypes:
     except Exception:  # noqa: BLE001 - the user's function, changed, may raise anything
         return [math.inf for _ in failing]
     return errors(got, failing, dtypes)
+
+
+def _timed(
+    cause: Cause,
+    rerun: Rerun,
+    group: tuple[Site, ...],
+    timings: int,
+) -> Cause:
+    """`cause` with what its repair costs in time (`diag.diverge.repair_cost`)."""
+    cost = repair_cost.measure(rerun, frozenset(s.key for s in group), timings)
+    if cost is None:
+        return cause
+    return dataclasses.replace(
+        cause,
+        text=f"{cause.text}; {cost.text()}",
+        time_before_s=cost.before_s,
+        repair_time_s=cost.after_s,
+        time_before_spread_s=cost.before_spread_s,
+        repair_time_spread_s=cost.after_spread_s,
+    )
 
 
 def _change(f: Failing, before: float, after: float) -> str:

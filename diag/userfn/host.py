@@ -140,13 +140,26 @@ def failing_outputs(verdicts: list, ref: Reference) -> list:
         if r.dtype.kind == "f" and v.allowed > 0:
             out.append(Failing(path, r, v.allowed))
         elif r.dtype.kind in "biu" and v.allowed == 0:
-            forced = np.zeros(r.shape, bool)
-            for moved in ref.perturbed:
-                m = moved[k]
-                if m is not None:
-                    forced |= m.astype(np.int64).reshape(r.shape) != r.astype(np.int64)
-            out.append(Failing(path, r, 0.0, forced))
+            out.append(Failing(path, r, 0.0, _forced(ref, k)))
     return out
+
+
+def integer_references(ref: Reference) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The reference's integer leaves in order, each with where one rounding of the inputs
+    already moves it (`diag.diverge.attribution.Exact`: what `diag diverge` holds a flipped
+    decision's outputs to)."""
+    return [(r, _forced(ref, k)) for k, (_, r) in enumerate(ref.leaves) if r.dtype.kind in "biu"]
+
+
+def _forced(ref: Reference, k: int) -> np.ndarray:
+    """Where leaf `k` (an integer leaf) moves when the inputs move by one rounding."""
+    r = ref.leaves[k][1]
+    forced = np.zeros(r.shape, bool)
+    for moved in ref.perturbed:
+        m = moved[k]
+        if m is not None:
+            forced |= m.astype(np.int64).reshape(r.shape) != r.astype(np.int64)
+    return forced
 
 
 def first_op_and_cause(
