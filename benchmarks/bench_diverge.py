@@ -8,6 +8,8 @@ time, and the raw samples):
            of any dispatch-mode instrumentation)
   nofig    PyTorch only: the shadow with the per-op figures switched off (`Ledger.measure`
            replaced by a stub): the three evaluations of each op and the bookkeeping
+  whole    PyTorch only: the shadow with its figures computed on whole arrays, as before
+           `diag.diverge.chunked` split large outputs into cache-sized parts (same figures)
   shadow   `diag.diverge.shadow(fn, *args)`: every op run three ways (as written, on the
            float64 shadows, in float64 on its actual inputs: skipped when they equal their
            shadows) plus the figures per op
@@ -44,6 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import diag.diverge
 import diag.diverge.ledger
+from diag.diverge import ledger, rules, torch_shadow
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import diverge_hf_sampler as hf_sampler  # noqa: E402
@@ -113,6 +116,21 @@ def _nofig(fn, args):
     return run
 
 
+def _whole(fn, args):
+    """The shadow with its figures computed on whole arrays (as before `diag.diverge.chunked`
+    split large outputs into cache-sized parts): the same figures, the split's gain beside."""
+    def run():
+        saved = ledger.own_error_parts, ledger.max_absdiff_parts, torch_shadow.max_absdiff_parts
+        ledger.own_error_parts, ledger.max_absdiff_parts = rules.own_error_diff, rules.max_absdiff
+        torch_shadow.max_absdiff_parts = rules.max_absdiff
+        try:
+            diag.diverge.shadow(fn, *args)
+        finally:
+            ledger.own_error_parts, ledger.max_absdiff_parts, torch_shadow.max_absdiff_parts = saved
+
+    return run
+
+
 def _machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -152,7 +170,7 @@ def _row(name: str, samples: dict, num: str, den: str, target: float) -> float:
                           for k, v in sm.items())
         ratio = med[num] / med[den]
         fastest = min(sm[num]) / min(sm[den])
-        floor = "".join(f"  {k}/{den} {med[k] / med[den]:5.2f}x" for k in ("noop", "nofig")
+        floor = "".join(f"  {k}/{den} {med[k] / med[den]:5.2f}x" for k in ("noop", "nofig", "whole")
                         if k in sm)
         print(f"{name:<24} {clock:<4} {cells}  {num}/{den} {ratio:6.2f}x median, "
               f"{fastest:6.2f}x fastest (target <= {target:g}x){floor}")
@@ -165,7 +183,7 @@ def _row(name: str, samples: dict, num: str, den: str, target: float) -> float:
 
 def _torch_row(name: str, fn, args, repeats: int) -> None:
     variants = {"eager": lambda: fn(*args), "noop": _noop(fn, args), "nofig": _nofig(fn, args),
-                "shadow": lambda: diag.diverge.shadow(fn, *args)}
+                "whole": _whole(fn, args), "shadow": lambda: diag.diverge.shadow(fn, *args)}
     _row(name, _interleaved(variants, repeats), "shadow", "eager", 5)
 
 

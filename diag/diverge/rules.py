@@ -176,7 +176,15 @@ def own_error(
 
 
 def own_error_diff(
-    y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, terms: float = 1, longest: int = 1
+    y: np.ndarray,
+    r: np.ndarray,
+    dtype,
+    cls: str,
+    *,
+    facts=None,
+    terms: float = 1,
+    longest: int = 1,
+    beyond: bool = False,
 ) -> tuple[float, float, float | None]:
     """(max error in ULPs of `dtype`, ratio of the error to the op's own bound, max |y - r|
     when it is finite, else None: what `max_absdiff(y, r)` gives, without another pass).
@@ -198,6 +206,8 @@ def own_error_diff(
         terms: for reductions, a first count of terms (the longest input axis or the input to
             output size ratio, whichever is larger).
         longest: for composite ops, the longest axis of any input.
+        beyond: the caller knows the cheap bound is passed somewhere (`diag.diverge.chunked`):
+            a reduction's ratio is then the one against sum|terms| whatever this part holds.
     """
     if y.size == 0:
         return 0.0, 0.0, 0.0
@@ -225,7 +235,7 @@ def own_error_diff(
             return (*_own_error_exact(*exact[0], **exact[1]), top)
         # |r| <= sum|terms|: gamma_n |r| is a lower bound of the textbook bound (see
         # `_own_error_exact`); only an op beyond it pays for sum|terms|.
-        if facts is not None and _beyond_in_sample(err, r, g, floor):
+        if facts is not None and (beyond or _beyond_in_sample(err, r, g, floor)):
             return ulps, _facts_ratio(err, facts, terms, dtype, floor, tmp), top
         ratio = _max_ratio(err, _scaled(np.abs(r, out=buf[1]), g, floor, tmp))
         if ratio <= 1.0 or facts is None:

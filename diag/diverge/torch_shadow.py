@@ -28,6 +28,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from diag.diverge.chunked import max_absdiff_parts
 from diag.diverge.ledger import Ledger
 from diag.diverge.records import DivergeError, ShadowReport
 from diag.diverge.rules import carried_error, max_absdiff, op_class, release_scratch
@@ -423,7 +424,7 @@ def _came(r: np.ndarray, s: np.ndarray, own: float, carried: float) -> float:
         return 0.0
     if math.isfinite(carried) and carried > 3.0 * own:
         return math.inf
-    return max_absdiff(r, s)
+    return max_absdiff_parts(r, s)
 
 
 def _wide_or(x: Any, exact: dict) -> Any:
