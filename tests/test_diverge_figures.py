@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import diag.diverge
+from diag.diverge.chunked import PART, max_absdiff_parts, own_error_parts
 from diag.diverge.rules import (
     carried_error,
     carried_error_diff,
@@ -96,6 +97,52 @@ def test_a_reduction_ratio_is_the_textbook_one_whichever_way_it_is_reached(where
         assert cheap <= 1.0 and not calls and ratio == cheap
     else:
         assert cheap > 1.0 and calls and ratio == full
+
+
+@pytest.mark.parametrize("where", ["everywhere", "one", "nowhere"])
+@pytest.mark.parametrize("count", ["per element", "one number"])
+def test_a_large_reduction_taken_in_parts_has_the_textbook_ratio(where, count):
+    y, r, mag, facts, calls = _reduction_case(5, where)
+    assert y.size >= 2 * PART  # it is split
+    err = np.abs(y.astype(np.float64) - r)
+    floor = 2.0 * _ulp32(r) + TINY
+    g = 256 * U / (1 - 256 * U)
+    cheap = float(np.max(err / (g * np.abs(r) + floor)))
+    full = float(np.max(err / (g * mag + floor)))
+    got = facts if count == "per element" else (lambda: (facts()[0], 256.0))
+    ulps, ratio, diff = own_error_parts(y, r, F32, "reduction", facts=got, terms=256)
+    assert ulps == float(np.max(err / _ulp32(r)))
+    assert diff == float(np.max(err))
+    if where == "nowhere":
+        assert cheap <= 1.0 and not calls and ratio == cheap
+    else:
+        assert cheap > 1.0 and calls and ratio == full
+
+
+@pytest.mark.parametrize("cls", ["rounded", "library", "structural", "composite"])
+def test_an_elementwise_op_taken_in_parts_has_the_figures_of_the_whole(cls):
+    rng = np.random.default_rng(3)
+    r = rng.normal(0, 1, (300, 301))
+    y = (r * (1 + rng.uniform(-8, 8, r.shape) * U)).astype(np.float32)
+    err = np.abs(y.astype(np.float64) - r)
+    ulp = _ulp32(r)
+    ulps, ratio, diff = own_error_parts(y, r, F32, cls, longest=301)
+    assert ulps == float(np.max(err / ulp)) and diff == float(np.max(err))
+    allowed = {"rounded": 2.0 * ulp + TINY, "library": 16.0 * ulp + TINY}
+    allowed["structural"] = allowed["rounded"]
+    g = 305 * U / (1 - 305 * U)
+    allowed["composite"] = 2.0 * ulp + TINY + g * float(np.max(np.abs(r)))
+    assert math.isclose(ratio, float(np.max(err / allowed[cls])), rel_tol=1e-15)
+    assert max_absdiff_parts(y, r) == float(np.max(err))
+
+
+def test_a_non_finite_element_in_one_part_is_judged_as_in_the_whole():
+    r = np.ones(4 * PART)
+    y = r.astype(np.float32)
+    y[3 * PART + 5] = np.inf
+    ulps, ratio, diff = own_error_parts(y, r, F32, "rounded")
+    assert ulps == math.inf and ratio == math.inf and diff is None
+    assert max_absdiff_parts(y, r) == math.inf
 
 
 def test_a_parameter_read_forward_and_backward_has_its_float64_gradient():
