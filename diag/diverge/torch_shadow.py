@@ -98,6 +98,7 @@ class _Mode(OpMode):
         self._tags: frozenset[str] = frozenset()
         self.decider = Decider(self)
         self._decided = False  # whether a mask or indices has ever had a shadow of its own
+        self.mags: dict = {}  # |x| of float64 arguments of reductions (`torch_facts`)
 
     def shadow_of(self, t: torch.Tensor) -> tuple[torch.Tensor, float, float]:
         """(shadow, carried error, threshold); a tensor never seen is its own shadow (a mask
@@ -352,7 +353,7 @@ class _Mode(OpMode):
             r = refs[k] if k < len(refs) else None
             fx = None
             if op_class(name) == "reduction" and not writes and own is not None:
-                fx = facts(func, own[0], own[1], k)
+                fx = facts(func, own[0], own[1], k, self.mags)
             terms = max([t.numel() / max(y.numel(), 1) for t in ins] + [longest])
             dtype = _NP[y.dtype]
             thr = max(inherited, diverge_carried_threshold(dtype))
