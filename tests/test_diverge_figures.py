@@ -25,6 +25,7 @@ from diag.diverge.rules import (
     own_error,
     own_error_diff,
 )
+from diag.diverge.torch_facts import magnitude
 
 F32 = np.dtype(np.float32)
 U = 2.0**-24
@@ -187,3 +188,34 @@ def test_a_write_through_an_alias_reaches_the_next_read():
     assert rep.result_error == pytest.approx(
         float(np.max(np.abs(got - want)) / np.max(np.abs(want))), rel=1e-9
     )
+
+
+def test_a_kept_magnitude_follows_its_views_and_writes_and_dies_with_its_tensor():
+    rng = np.random.default_rng(2)
+    w = torch.tensor(rng.normal(0, 1, (512, 256)))  # float64, large enough to be kept
+    mags: dict = {}
+    assert np.array_equal(magnitude(w, mags).numpy(), np.abs(w.numpy()))
+    assert np.array_equal(magnitude(w.t(), mags).numpy(), np.abs(w.numpy().T))
+    assert np.array_equal(magnitude(w[100:400], mags).numpy(), np.abs(w.numpy()[100:400]))
+    assert len(mags) == 1  # the view read the kept |w|
+    w.mul_(-3.0)  # a write: the next read is of the new values
+    assert np.array_equal(magnitude(w.t(), mags).numpy(), np.abs(w.numpy().T))
+    assert len(mags) == 1  # the new values replaced the old ones
+    del w
+    assert not mags  # kept no longer than the tensor
+
+
+def test_a_matmul_under_inference_mode_is_judged_with_its_magnitudes():
+    rng = np.random.default_rng(4)
+    a = torch.tensor(rng.normal(0, 1, (64, 512)), dtype=torch.float32)
+    b = torch.tensor(rng.normal(0, 1, (512, 512)), dtype=torch.float32)
+
+    def fn():
+        with torch.inference_mode():
+            return (a @ b) @ b
+
+    rep = diag.diverge.shadow(fn)
+    want = (a.double() @ b.double()) @ b.double()  # the float64 shadow: no rounding between
+    assert rep.n_ops >= 2
+    got = float(np.max(np.abs(fn().double().numpy() - want.numpy())))
+    assert math.isclose(rep.result_error, got / float(np.max(np.abs(want.numpy()))), rel_tol=1e-9)

@@ -50,27 +50,28 @@ def facts(
 
 
 def magnitude(x: Any, mags: dict) -> Any:
-    """|x| for a float64 tensor, kept in `mags` per base tensor and version while the base
-    lives: a weight's float64 shadow is read by its forward matmul and, transposed, by the
-    backward one, and |W| of a 1024x1024 layer costs 1.3 ms each time. A view reads the kept
+    """|x| for a float64 tensor, kept in `mags` per base tensor (its latest version) while the
+    base lives: a weight's float64 shadow is read by its forward matmul and, transposed, by
+    the backward one, and |W| of a 1024x1024 layer costs 1.3 ms each time. A view reads the kept
     |base| through its own strides (the same values in the same layout, so the matmul on it
     gives the same sums bit for bit); a base that is not contiguous, or much larger than the
     view, is not kept."""
     if not isinstance(x, torch.Tensor) or x.dtype != torch.float64:
         return x
     base = x if x._base is None else x._base
-    if base.numel() > 2 * x.numel() or not base.is_contiguous() or x.numel() < _KEEP_FROM:
+    small = x.numel() < _KEEP_FROM or base.numel() > 2 * x.numel()
+    if small or not base.is_contiguous() or x.is_inference():  # no version under inference
         return x.abs()
-    key = (base.data_ptr(), x._version)
+    key = base.data_ptr()  # one |x| per live base: a write replaces it (its version moves)
     got = mags.get(key)
-    if got is None or got[0]() is not base:
+    if got is None or got[0]() is not base or got[1] != x._version:
 
         def drop(ref: weakref.ref, key=key) -> None:  # kept as long as its base lives
             if mags.get(key, (None,))[0] is ref:
                 del mags[key]
 
-        got = mags[key] = (weakref.ref(base, drop), base.abs())
-    return got[1].as_strided(x.shape, x.stride(), x.storage_offset() - base.storage_offset())
+        got = mags[key] = (weakref.ref(base, drop), x._version, base.abs())
+    return got[2].as_strided(x.shape, x.stride(), x.storage_offset() - base.storage_offset())
 
 
 #: Tensors below this many elements are not kept by `magnitude` (their |x| costs less than
