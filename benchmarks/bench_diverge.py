@@ -8,6 +8,9 @@ time, and the raw samples):
            of any dispatch-mode instrumentation)
   nofig    PyTorch only: the shadow with the per-op figures switched off (`Ledger.measure`
            replaced by a stub): the three evaluations of each op and the bookkeeping
+  before   PyTorch only: the shadow as before issue 45 (figures on whole arrays, not in the
+           cache-sized parts of `diag.diverge.chunked`; |x| of each reduction's float64
+           arguments taken afresh, not kept per tensor): the same figures
   shadow   `diag.diverge.shadow(fn, *args)`: every op run three ways (as written, on the
            float64 shadows, in float64 on its actual inputs: skipped when they equal their
            shadows) plus the figures per op
@@ -44,6 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import diag.diverge
 import diag.diverge.ledger
+from diag.diverge import ledger, rules, torch_facts, torch_shadow
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import diverge_hf_sampler as hf_sampler  # noqa: E402
@@ -113,6 +117,28 @@ def _nofig(fn, args):
     return run
 
 
+def _before(fn, args):
+    """The shadow as it was before issue 45: its figures on whole arrays (not in the
+    cache-sized parts of `diag.diverge.chunked`) and |x| of a reduction's float64 arguments
+    taken afresh by each op (not kept per tensor by `torch_facts.magnitude`); the same
+    figures, so the gain shows side by side."""
+    def fresh(x, mags):
+        return x.abs() if isinstance(x, torch.Tensor) and x.dtype == torch.float64 else x
+
+    def run():
+        saved = (ledger.own_error_parts, ledger.max_absdiff_parts,
+                 torch_shadow.max_absdiff_parts, torch_facts.magnitude)
+        ledger.own_error_parts, ledger.max_absdiff_parts = rules.own_error_diff, rules.max_absdiff
+        torch_shadow.max_absdiff_parts, torch_facts.magnitude = rules.max_absdiff, fresh
+        try:
+            diag.diverge.shadow(fn, *args)
+        finally:
+            (ledger.own_error_parts, ledger.max_absdiff_parts,
+             torch_shadow.max_absdiff_parts, torch_facts.magnitude) = saved
+
+    return run
+
+
 def _machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -152,7 +178,7 @@ def _row(name: str, samples: dict, num: str, den: str, target: float) -> float:
                           for k, v in sm.items())
         ratio = med[num] / med[den]
         fastest = min(sm[num]) / min(sm[den])
-        floor = "".join(f"  {k}/{den} {med[k] / med[den]:5.2f}x" for k in ("noop", "nofig")
+        floor = "".join(f"  {k}/{den} {med[k] / med[den]:5.2f}x" for k in ("noop", "nofig", "before")
                         if k in sm)
         print(f"{name:<24} {clock:<4} {cells}  {num}/{den} {ratio:6.2f}x median, "
               f"{fastest:6.2f}x fastest (target <= {target:g}x){floor}")
@@ -165,7 +191,7 @@ def _row(name: str, samples: dict, num: str, den: str, target: float) -> float:
 
 def _torch_row(name: str, fn, args, repeats: int) -> None:
     variants = {"eager": lambda: fn(*args), "noop": _noop(fn, args), "nofig": _nofig(fn, args),
-                "shadow": lambda: diag.diverge.shadow(fn, *args)}
+                "before": _before(fn, args), "shadow": lambda: diag.diverge.shadow(fn, *args)}
     _row(name, _interleaved(variants, repeats), "shadow", "eager", 5)
 
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import diag.diverge
+from diag.diverge.chunked import PART, max_absdiff_parts, own_error_parts
 from diag.diverge.rules import (
     carried_error,
     carried_error_diff,
@@ -24,6 +25,7 @@ from diag.diverge.rules import (
     own_error,
     own_error_diff,
 )
+from diag.diverge.torch_facts import magnitude
 
 F32 = np.dtype(np.float32)
 U = 2.0**-24
@@ -98,6 +100,52 @@ def test_a_reduction_ratio_is_the_textbook_one_whichever_way_it_is_reached(where
         assert cheap > 1.0 and calls and ratio == full
 
 
+@pytest.mark.parametrize("where", ["everywhere", "one", "nowhere"])
+@pytest.mark.parametrize("count", ["per element", "one number"])
+def test_a_large_reduction_taken_in_parts_has_the_textbook_ratio(where, count):
+    y, r, mag, facts, calls = _reduction_case(5, where)
+    assert y.size >= 2 * PART  # it is split
+    err = np.abs(y.astype(np.float64) - r)
+    floor = 2.0 * _ulp32(r) + TINY
+    g = 256 * U / (1 - 256 * U)
+    cheap = float(np.max(err / (g * np.abs(r) + floor)))
+    full = float(np.max(err / (g * mag + floor)))
+    got = facts if count == "per element" else (lambda: (facts()[0], 256.0))
+    ulps, ratio, diff = own_error_parts(y, r, F32, "reduction", facts=got, terms=256)
+    assert ulps == float(np.max(err / _ulp32(r)))
+    assert diff == float(np.max(err))
+    if where == "nowhere":
+        assert cheap <= 1.0 and not calls and ratio == cheap
+    else:
+        assert cheap > 1.0 and calls and ratio == full
+
+
+@pytest.mark.parametrize("cls", ["rounded", "library", "structural", "composite"])
+def test_an_elementwise_op_taken_in_parts_has_the_figures_of_the_whole(cls):
+    rng = np.random.default_rng(3)
+    r = rng.normal(0, 1, (300, 301))
+    y = (r * (1 + rng.uniform(-8, 8, r.shape) * U)).astype(np.float32)
+    err = np.abs(y.astype(np.float64) - r)
+    ulp = _ulp32(r)
+    ulps, ratio, diff = own_error_parts(y, r, F32, cls, longest=301)
+    assert ulps == float(np.max(err / ulp)) and diff == float(np.max(err))
+    allowed = {"rounded": 2.0 * ulp + TINY, "library": 16.0 * ulp + TINY}
+    allowed["structural"] = allowed["rounded"]
+    g = 305 * U / (1 - 305 * U)
+    allowed["composite"] = 2.0 * ulp + TINY + g * float(np.max(np.abs(r)))
+    assert math.isclose(ratio, float(np.max(err / allowed[cls])), rel_tol=1e-15)
+    assert max_absdiff_parts(y, r) == float(np.max(err))
+
+
+def test_a_non_finite_element_in_one_part_is_judged_as_in_the_whole():
+    r = np.ones(4 * PART)
+    y = r.astype(np.float32)
+    y[3 * PART + 5] = np.inf
+    ulps, ratio, diff = own_error_parts(y, r, F32, "rounded")
+    assert ulps == math.inf and ratio == math.inf and diff is None
+    assert max_absdiff_parts(y, r) == math.inf
+
+
 def test_a_parameter_read_forward_and_backward_has_its_float64_gradient():
     rng = np.random.default_rng(2)
     x64, w64 = rng.normal(0, 1, (32, 48)), rng.normal(0, 0.2, (48, 48))
@@ -140,3 +188,34 @@ def test_a_write_through_an_alias_reaches_the_next_read():
     assert rep.result_error == pytest.approx(
         float(np.max(np.abs(got - want)) / np.max(np.abs(want))), rel=1e-9
     )
+
+
+def test_a_kept_magnitude_follows_its_views_and_writes_and_dies_with_its_tensor():
+    rng = np.random.default_rng(2)
+    w = torch.tensor(rng.normal(0, 1, (512, 256)))  # float64, large enough to be kept
+    mags: dict = {}
+    assert np.array_equal(magnitude(w, mags).numpy(), np.abs(w.numpy()))
+    assert np.array_equal(magnitude(w.t(), mags).numpy(), np.abs(w.numpy().T))
+    assert np.array_equal(magnitude(w[100:400], mags).numpy(), np.abs(w.numpy()[100:400]))
+    assert len(mags) == 1  # the view read the kept |w|
+    w.mul_(-3.0)  # a write: the next read is of the new values
+    assert np.array_equal(magnitude(w.t(), mags).numpy(), np.abs(w.numpy().T))
+    assert len(mags) == 1  # the new values replaced the old ones
+    del w
+    assert not mags  # kept no longer than the tensor
+
+
+def test_a_matmul_under_inference_mode_is_judged_with_its_magnitudes():
+    rng = np.random.default_rng(4)
+    a = torch.tensor(rng.normal(0, 1, (64, 512)), dtype=torch.float32)
+    b = torch.tensor(rng.normal(0, 1, (512, 512)), dtype=torch.float32)
+
+    def fn():
+        with torch.inference_mode():
+            return (a @ b) @ b
+
+    rep = diag.diverge.shadow(fn)
+    want = (a.double() @ b.double()) @ b.double()  # the float64 shadow: no rounding between
+    assert rep.n_ops >= 2
+    got = float(np.max(np.abs(fn().double().numpy() - want.numpy())))
+    assert math.isclose(rep.result_error, got / float(np.max(np.abs(want.numpy()))), rel_tol=1e-9)

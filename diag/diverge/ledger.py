@@ -17,9 +17,10 @@ import numpy as np
 
 from diag import numerics
 from diag.diverge import decisions
+from diag.diverge.chunked import max_absdiff_parts, own_error_parts
 from diag.diverge.decisions import DecisionRecord, LiteralRecord
 from diag.diverge.records import OpRecord, ShadowReport
-from diag.diverge.rules import carried_error_diff, op_class, own_error_diff, ulp_of
+from diag.diverge.rules import carried_error_diff, op_class, ulp_of
 from diag.tolerance.diverge import DIVERGE_LIBRARY_ULP, DIVERGE_ROUNDED_ULP
 
 TOP = 10
@@ -181,14 +182,13 @@ class Ledger:
             threshold = min(threshold, self.limit)
             carried_in = [(c, min(t, self.limit)) for c, t in carried_in]
         if r is not None:
-            own_ulps, own_ratio, self.own_diff = own_error_diff(
+            own_ulps, own_ratio, self.own_diff = own_error_parts(
                 y, r, dtype, cls, facts=facts, terms=terms, longest=longest
             )
         else:
             own_ulps, own_ratio, self.own_diff = math.nan, math.nan, None
-        carried, carried_ulps, self.carried_diff = carried_error_diff(
-            y, s, dtype, self.own_diff if r is s else None
-        )
+        diff = self.own_diff if r is s else max_absdiff_parts(y, s)
+        carried, carried_ulps, self.carried_diff = carried_error_diff(y, s, dtype, diff)
         cin = max((c for c, _ in carried_in), default=0.0)
         e = _Entry(
             index=len(self.entries),

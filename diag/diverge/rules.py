@@ -176,15 +176,22 @@ def own_error(
 
 
 def own_error_diff(
-    y: np.ndarray, r: np.ndarray, dtype, cls: str, *, facts=None, terms: float = 1, longest: int = 1
+    y: np.ndarray,
+    r: np.ndarray,
+    dtype,
+    cls: str,
+    *,
+    facts=None,
+    terms: float = 1,
+    longest: int = 1,
+    beyond: bool = False,
 ) -> tuple[float, float, float | None]:
     """(max error in ULPs of `dtype`, ratio of the error to the op's own bound, max |y - r|
     when it is finite, else None: what `max_absdiff(y, r)` gives, without another pass).
 
-    It runs once per op output, so the common case (every difference finite) takes a few
-    passes over the arrays into reused scratch buffers; anything non-finite goes through
-    `_own_error_exact`, which gives the same figures for every input (the fast way only skips
-    steps that cannot change them there).
+    It runs once per op output (or part of one), so the common case (every difference
+    finite) takes a few passes into reused scratch buffers; anything non-finite goes through
+    `_own_error_exact`, which gives the same figures for every input.
 
     Args:
         y: the op's output, as float64 (or a float dtype that widens to float64 exactly).
@@ -192,12 +199,13 @@ def own_error_diff(
         dtype: the output's dtype.
         cls: the op's class (`op_class`).
         facts: for reductions, a callable returning (the op in float64 on |inputs|, the op on
-            ones): the sum of |terms| and the number of terms per element. It costs two more
-            evaluations of the op, so it is called only when the cheap bound below does not
-            already clear the op.
+            ones): sum|terms| and the terms per element; called only when the cheap bound
+            below does not already clear the op (it costs evaluations of the op).
         terms: for reductions, a first count of terms (the longest input axis or the input to
             output size ratio, whichever is larger).
         longest: for composite ops, the longest axis of any input.
+        beyond: the cheap bound is passed somewhere in the whole output, of which this is a
+            part (`diag.diverge.chunked`): a reduction's ratio is the one against sum|terms|.
     """
     if y.size == 0:
         return 0.0, 0.0, 0.0
@@ -225,7 +233,7 @@ def own_error_diff(
             return (*_own_error_exact(*exact[0], **exact[1]), top)
         # |r| <= sum|terms|: gamma_n |r| is a lower bound of the textbook bound (see
         # `_own_error_exact`); only an op beyond it pays for sum|terms|.
-        if facts is not None and _beyond_in_sample(err, r, g, floor):
+        if facts is not None and (beyond or _beyond_in_sample(err, r, g, floor)):
             return ulps, _facts_ratio(err, facts, terms, dtype, floor, tmp), top
         ratio = _max_ratio(err, _scaled(np.abs(r, out=buf[1]), g, floor, tmp))
         if ratio <= 1.0 or facts is None:

@@ -28,6 +28,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from diag.diverge.chunked import max_absdiff_parts
 from diag.diverge.ledger import Ledger
 from diag.diverge.records import DivergeError, ShadowReport
 from diag.diverge.rules import carried_error, max_absdiff, op_class, release_scratch
@@ -97,6 +98,7 @@ class _Mode(OpMode):
         self._tags: frozenset[str] = frozenset()
         self.decider = Decider(self)
         self._decided = False  # whether a mask or indices has ever had a shadow of its own
+        self.mags: dict = {}  # |x| of float64 arguments of reductions (`torch_facts`)
 
     def shadow_of(self, t: torch.Tensor) -> tuple[torch.Tensor, float, float]:
         """(shadow, carried error, threshold); a tensor never seen is its own shadow (a mask
@@ -351,7 +353,7 @@ class _Mode(OpMode):
             r = refs[k] if k < len(refs) else None
             fx = None
             if op_class(name) == "reduction" and not writes and own is not None:
-                fx = facts(func, own[0], own[1], k)
+                fx = facts(func, own[0], own[1], k, self.mags)
             terms = max([t.numel() / max(y.numel(), 1) for t in ins] + [longest])
             dtype = _NP[y.dtype]
             thr = max(inherited, diverge_carried_threshold(dtype))
@@ -423,7 +425,7 @@ def _came(r: np.ndarray, s: np.ndarray, own: float, carried: float) -> float:
         return 0.0
     if math.isfinite(carried) and carried > 3.0 * own:
         return math.inf
-    return max_absdiff(r, s)
+    return max_absdiff_parts(r, s)
 
 
 def _wide_or(x: Any, exact: dict) -> Any:
