@@ -220,14 +220,15 @@ def test_baseline_and_check_junit_paths(tmp_path):
 
 def test_planned_records_count_every_record_a_run_writes(tmp_path):
     from diag.backends import get_spec
-    from diag.plan.suite import load_suite, planned_records
+    from diag.plan.plan import Plan
+    from diag.plan.suite import load_suite
 
     suite = tmp_path / "one.toml"
     suite.write_text(ONE_CASE)
     loaded = load_suite(str(suite))
     specs = [get_spec("jax-cpu"), get_spec("torch-cpu")]
     # 2 cases x (2 probe records + 1 agreement record between the two backends)
-    assert planned_records(loaded, specs) == 2 * (2 + 1)
+    assert Plan.of(loaded, specs).records() == 2 * (2 + 1)
 
 
 @pytest.mark.skipif(not (os.environ.get("DIAG_SKIP_TORCH") is None), reason="torch off")

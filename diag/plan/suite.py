@@ -46,10 +46,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from diag.backends import BackendSpec
 from diag.errors import SuiteError
 from diag.plan.cases import Case, Suite
-from diag.plan.plan import Plan
 from diag.plan.probe import EXPECTATIONS
 from diag.plan.registry import PROBES, SUITE_DIR
 
@@ -60,10 +58,6 @@ __all__ = [
     "suite_names",
     "check_memory",
     "memory_limit",
-    "check_applicable",
-    "total_planned",
-    "planned_pairs",
-    "planned_records",
     "SUITE_DIR",
 ]
 
@@ -430,29 +424,3 @@ def _entry_cases(
             )
         )
     return cases
-
-
-def total_planned(suite: Suite, specs: list[BackendSpec]) -> int:
-    """How many (case, backend) records these backends plan for the suite
-    (`diag.plan.plan.Plan.probe_records`)."""
-    return Plan.of(suite, specs).probe_records()
-
-
-def planned_records(suite: Suite, specs: list[BackendSpec]) -> int:
-    """How many records a run of these backends writes (`diag.plan.plan.Plan.records`)."""
-    return Plan.of(suite, specs).records()
-
-
-def planned_pairs(case: Case, specs: list[BackendSpec]) -> list[tuple[str, str, str]]:
-    """The records comparing two backends' outputs of `case` (`diag.plan.plan.Plan.pairs`)."""
-    return Plan.of(Suite("", "", "", 0, (case,)), specs).pairs(case)
-
-
-def check_applicable(suite: Suite, specs: list[BackendSpec]) -> None:
-    """Refuse a suite none of whose cases applies to any of these backends
-    (`diag.plan.plan.Plan.check`).
-
-    Raises:
-      UsageError: naming the suite's ops and, per backend, why its cases do not apply.
-    """
-    Plan.of(suite, specs).check()

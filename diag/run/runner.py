@@ -32,7 +32,7 @@ from threadpoolctl import threadpool_limits
 from diag.errors import UsageError, ended_by, exit_code
 from diag.plan.plan import Plan
 from diag.plan.registry import REPORT_SECTIONS
-from diag.plan.suite import Suite, check_applicable, check_memory, load_suite
+from diag.plan.suite import Suite, check_memory, load_suite
 from diag.records.outputs import is_no_space, no_space, run_disk_full
 from diag.records.results import COUNTED, Interrupted, RunDir, RunResult, new_run_id, worst_status
 from diag.records.run_meta import run_verdict
@@ -51,7 +51,6 @@ __all__ = [
     "resolve_backends",
     "candidate_backends",
     "PHASES",
-    "check_applicable",
     "check_flags",
     "parse_ab",
     "DEFAULT_CASE_TIMEOUT",
