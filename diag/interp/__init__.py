@@ -21,6 +21,8 @@ Neither framework is imported here: each submodule imports the framework it inst
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 import types
 from collections.abc import Callable
@@ -29,8 +31,11 @@ from typing import Any
 from diag.errors import DiagError
 
 __all__ = [
+    "DIAG_DIR",
     "InterpError",
+    "SITE_PACKAGES",
     "framework_of",
+    "installed_library",
     "leaves",
     "modules_seen",
     "names_framework",
@@ -40,6 +45,21 @@ __all__ = [
 
 class InterpError(DiagError):
     """The installed framework lacks something the kernel reads (private API that moved)."""
+
+
+#: An installed library's file: under any site-packages/dist-packages folder (a venv's, or the
+#: base interpreter's, which lies under its standard library while a venv's does not).
+SITE_PACKAGES = re.compile(r"[/\\](site|dist)-packages[/\\]")
+#: diag's own folder: its probe ops are the code a probe's hunt is about, wherever installed.
+DIAG_DIR = os.path.normcase(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+
+def installed_library(path: str) -> bool:
+    """Whether `path` (absolute, case-normalised) is an installed library's file (transformers,
+    optax, flax in any site-packages), never the user's line; diag's own files are not counted.
+    Both frameworks' source maps use it, so a venv and a base interpreter name the same lines.
+    """
+    return bool(SITE_PACKAGES.search(path)) and not path.startswith(DIAG_DIR)
 
 
 def leaves(tree: Any):

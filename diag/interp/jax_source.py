@@ -12,7 +12,7 @@ import re
 
 import jax
 
-from diag.interp import InterpError
+from diag.interp import InterpError, installed_library
 
 try:
     from jax._src import source_info_util as siu
@@ -100,12 +100,6 @@ def library_beside(eqn, src: str) -> str:
     return ""
 
 
-# An installed library's file (optax, flax, transformers): under a site-packages folder.
-_SITE = re.compile(r"[/\\](site|dist)-packages[/\\]")
-# diag's own folder: its probe ops are the code a probe's hunt is about, wherever installed.
-_DIAG_DIR = os.path.normcase(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
-
-
 @functools.cache
 def is_user_file(path: str) -> bool:
     """Whether `path` is the user's code: what JAX counts as such (not JAX's, not the standard
@@ -122,7 +116,7 @@ def is_user_file(path: str) -> bool:
     except Exception:  # noqa: BLE001 - private API
         return False
     p = os.path.normcase(os.path.abspath(path))
-    return jax_says and (not _SITE.search(p) or p.startswith(_DIAG_DIR))
+    return jax_says and not installed_library(p)
 
 
 def where(eqn, outer: tuple) -> tuple[str, str]:

@@ -16,6 +16,7 @@ from types import FrameType
 import torch
 from torch.overrides import TorchFunctionMode
 
+from diag.interp import DIAG_DIR, SITE_PACKAGES, installed_library
 from diag.interp.torch_ops import flat_args
 
 # torch's frames and the kernel's and its policies' own; diag's probe ops (diag/backends) are
@@ -30,10 +31,6 @@ _TB_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>
 
 
 _USER_FILE: dict[str, bool] = {}
-# An installed library's file: under any site-packages/dist-packages folder (a venv's, or the
-# base interpreter's that a venv with system packages sees).
-_SITE = re.compile(r"[/\\](site|dist)-packages[/\\]")
-_DIAG_DIR = os.path.normcase(_DIAG) + os.sep
 
 
 def is_user_file(path: str) -> bool:
@@ -51,8 +48,8 @@ def is_user_file(path: str) -> bool:
         r = _USER_FILE[path] = not (
             p.startswith(_SKIP_DIRS)
             or path.startswith("<")
-            or (p.startswith(_STDLIB) and not p.startswith(_DIAG_DIR))
-            or (bool(_SITE.search(p)) and not p.startswith(_DIAG_DIR))
+            or (p.startswith(_STDLIB) and not p.startswith(DIAG_DIR))
+            or installed_library(p)
         )
     return r
 
@@ -76,7 +73,7 @@ def _is_library_file(path: str) -> bool:
     r = _LIBRARY_FILE.get(path)
     if r is None:
         p = os.path.normcase(os.path.abspath(path))
-        r = _LIBRARY_FILE[path] = bool(_SITE.search(p)) and not p.startswith(_SKIP_DIRS)
+        r = _LIBRARY_FILE[path] = bool(SITE_PACKAGES.search(p)) and not p.startswith(_SKIP_DIRS)
     return r
 
 
