@@ -135,3 +135,12 @@ def run_diag(*args: str, env: dict | None = None, timeout: float = 300, cwd=None
                                            if full.get("PYTHONPATH") else "")
     return subprocess.run([diag_script(), *args], capture_output=True, text=True,
                           timeout=timeout, env=full, cwd=cwd, input=input)
+
+
+def one_diag_line(out, code: int) -> str:
+    """The process exited `code` with exactly one `diag:` line on stderr and no traceback."""
+    assert out.returncode == code, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
+    assert "Traceback" not in out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("diag:")]
+    assert len(lines) == 1, out.stderr
+    return lines[0]

@@ -23,7 +23,7 @@ from diag.oracle.cache import GroundTruthCache
 from diag.records.outputs import prepare_output
 from diag.records.results import Record, RunDir, read_results
 from diag.errors import UsageError
-from tests.conftest import REPO_ROOT, diag_script, needs_jax, run_diag
+from tests.conftest import REPO_ROOT, diag_script, needs_jax, one_diag_line, run_diag
 
 ONE_CASE = """
 [suite]
@@ -37,15 +37,6 @@ dtypes = ["float32"]
 shape = ["d", 4, "d"]
 sweep = { d = [16, 32] }
 """
-
-
-def _error_line(out, code: int) -> str:
-    """The process exited `code` with exactly one `diag:` line on stderr and no traceback."""
-    assert out.returncode == code, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
-    assert "Traceback" not in out.stderr
-    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("diag:")]
-    assert len(lines) == 1, out.stderr
-    return lines[0]
 
 
 def _run_folder(root: Path, statuses=("pass",)) -> RunDir:
@@ -102,7 +93,7 @@ def test_a_stray_eoferror_is_an_internal_error_line_exit_70():
             "sys.argv = ['diag', 'boom']; c.main()\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, cwd=REPO_ROOT)
-    line = _error_line(out, 70)
+    line = one_diag_line(out, 70)
     assert line.startswith("diag: internal error: EOFError: No data left in file")
 
 
@@ -156,7 +147,7 @@ def test_a_full_disk_under_out_is_one_line_run_json_aborted_temp_removed(tmp_pat
     tmp.mkdir()
     out = run_diag("run", "--suite", str(suite), "--backend", "jax-cpu", "--out",
                    str(small_disk), env={"TMPDIR": str(tmp)})
-    line = _error_line(out, 2)
+    line = one_diag_line(out, 2)
     assert "no space left on the device holding" in line and str(small_disk) in line
     assert "more needed" in line
     run = next(p for p in small_disk.iterdir() if p.is_dir())
@@ -171,7 +162,7 @@ def test_a_report_on_a_full_disk_is_one_line_naming_the_folder(tmp_path, small_d
     run = _run_folder(tmp_path)
     _fill(small_disk, 0)
     target = small_disk / "r.html"
-    line = _error_line(run_diag("report", str(run.path), "--out", str(target), timeout=60), 2)
+    line = one_diag_line(run_diag("report", str(run.path), "--out", str(target), timeout=60), 2)
     assert line.startswith(f"diag: cannot write the report to '{target}': no space left")
     assert not target.exists()
 
@@ -192,14 +183,14 @@ def test_report_out_under_a_file_says_not_a_folder(tmp_path):
     run = _run_folder(tmp_path)
     (tmp_path / "afile").write_text("")
     target = tmp_path / "afile" / "r.html"
-    line = _error_line(run_diag("report", str(run.path), "--out", str(target), timeout=60), 2)
+    line = one_diag_line(run_diag("report", str(run.path), "--out", str(target), timeout=60), 2)
     assert "is a file, not a folder" in line and "File exists" not in line
 
 
 def test_baseline_and_check_junit_paths(tmp_path):
     run = _run_folder(tmp_path, ("pass", "pass"))
     (tmp_path / "afile").write_text("")
-    bad = _error_line(run_diag("baseline", str(run.path), "-o",
+    bad = one_diag_line(run_diag("baseline", str(run.path), "-o",
                                str(tmp_path / "afile" / "b.json"), timeout=60), 2)
     assert "is a file, not a folder" in bad
     base = tmp_path / "b.json"
@@ -213,7 +204,7 @@ def test_baseline_and_check_junit_paths(tmp_path):
                          (tmp_path, "it is a folder")):
         out = run_diag("check", str(run.path), "--baseline", str(base), "--junit", str(target),
                        timeout=60)
-        assert says in _error_line(out, 2)
+        assert says in one_diag_line(out, 2)
 
 
 # --- 12, 11: progress counts and the closing table -------------------------------------------
@@ -365,7 +356,7 @@ def test_check_junit_on_a_full_disk_keeps_the_verdict_and_says_why(tmp_path, sma
     junit = small_disk / "j.xml"
     out = run_diag("check", str(run.path), "--baseline", str(base), "--junit", str(junit),
                    timeout=60)
-    line = _error_line(out, 2)
+    line = one_diag_line(out, 2)
     assert line.startswith(f"diag: cannot write the JUnit file to '{junit}': no space left")
     assert "diag: no drift: 2 record(s) compared" in out.stdout  # the verdict came first
     assert not junit.exists()
@@ -380,7 +371,7 @@ def test_preflight_junit_gets_its_parents_or_fails_before_the_work(tmp_path):
     (tmp_path / "afile").write_text("")
     bad = run_diag("preflight", "--budget", "0.5", "--junit", str(tmp_path / "afile" / "pf.xml"),
                    timeout=120)
-    assert "is a file, not a folder" in _error_line(bad, 2)
+    assert "is a file, not a folder" in one_diag_line(bad, 2)
     assert "diag preflight: [" not in bad.stderr  # refused before any step ran
 
 

@@ -20,7 +20,14 @@ from pathlib import Path
 import pytest
 
 from diag.records.results import Record, RunDir
-from tests.conftest import REPO_ROOT, diag_script, needs_jax, needs_torch, run_diag
+from tests.conftest import (
+    REPO_ROOT,
+    diag_script,
+    needs_jax,
+    needs_torch,
+    one_diag_line,
+    run_diag,
+)
 
 # A numpy emulation backend: no framework to import, so a run takes about a second.
 EMU = "emu-bf16x3"
@@ -37,15 +44,6 @@ dtypes = ["float32"]
 shape = ["d", 4, "d"]
 sweep = { d = [16, 32] }
 """
-
-
-def _one_diag_line(out, code: int) -> str:
-    """The process exited `code` with exactly one `diag:` line on stderr and no traceback."""
-    assert out.returncode == code, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
-    assert "Traceback" not in out.stderr
-    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("diag:")]
-    assert len(lines) == 1, out.stderr
-    return lines[0]
 
 
 def _verdict(html: str) -> tuple[str, str]:
@@ -157,10 +155,10 @@ def test_an_interrupted_run_says_incomplete_with_its_exit_code_everywhere(tmp_pa
     assert meta["exit_code"] == ended
     word, text = _verdict((folder / "report.html").read_text("utf-8"))
     assert word == "incomplete" and text.startswith("INCOMPLETE"), text
-    line = _one_diag_line(run_diag("check", str(folder), "--baseline", str(base)), 2)
+    line = one_diag_line(run_diag("check", str(folder), "--baseline", str(base)), 2)
     assert "the run is 'interrupted', not finished" in line
     assert f"exit code {ended}" in line
-    line = _one_diag_line(run_diag("baseline", str(folder), "-o", str(tmp_path / "b2.json")), 2)
+    line = one_diag_line(run_diag("baseline", str(folder), "-o", str(tmp_path / "b2.json")), 2)
     assert "the run is 'interrupted', not finished" in line
 
 
@@ -197,7 +195,7 @@ def test_a_baseline_field_of_the_wrong_type_is_an_unusable_baseline(tmp_path, fi
         assert field in rec["metrics"]
         rec["metrics"][field] = value
     base.write_text(json.dumps(data))
-    line = _one_diag_line(run_diag("check", str(run), "--baseline", str(base),
+    line = one_diag_line(run_diag("check", str(run), "--baseline", str(base),
                                    *(["--bitwise"] if bitwise else [])), 2)
     assert named in line and "record 0" in line
 
@@ -316,7 +314,7 @@ def test_a_jax_functions_time_line_names_no_torch_backend(tmp_path):
 # --- 11: usage lines and help pages --------------------------------------------------------------
 
 def test_an_unknown_backend_points_to_diag_run_help(tmp_path):
-    line = _one_diag_line(run_diag("run", "--suite", str(_suite(tmp_path)), "--backend",
+    line = one_diag_line(run_diag("run", "--suite", str(_suite(tmp_path)), "--backend",
                                    "jax-cpux", "--out", str(tmp_path / "runs")), 2)
     assert "unknown backend 'jax-cpux'" in line and "jax-cpu" in line
     assert line.endswith("see 'diag run --help'")
@@ -328,7 +326,7 @@ def test_an_unknown_backend_points_to_diag_run_help(tmp_path):
     ("--no-reprot", "--no-report"),
 ])
 def test_an_unknown_option_suggests_only_a_close_one(typed, suggested):
-    line = _one_diag_line(run_diag("run", typed, "x"), 2)
+    line = one_diag_line(run_diag("run", typed, "x"), 2)
     assert line.startswith(f"diag: no such option: {typed}")
     assert line.endswith("see 'diag run --help'")
     if suggested is None:
