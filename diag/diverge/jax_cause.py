@@ -13,7 +13,8 @@ float32 model does not compute the rest of the model in float64: only what the c
 feeds directly is wider. A narrowing cast promoted is a cast the user would drop: the wider
 value is then the program's own from there on. A literal the tracer
 rounded into a promoted equation (an ``eps = 1e-8`` that became 0 in float16) takes the
-value written on the user's line.
+value written on the user's line. The first run as written keeps its values, and a promoted
+run starts downstream, at the first equation holding a promoted op (`diag.diverge.jax_restart`).
 """
 
 from __future__ import annotations
@@ -348,7 +349,12 @@ class Rerun:
         self.skipped_s = 0.0
         if self.kept is None and not sites:  # the run as written: keep its values
             kept = Kept()
-            got = self._run(_Promote(sites, self.packages, self._literals, kept, None, self._keys))
+            try:
+                got = self._run(
+                    _Promote(sites, self.packages, self._literals, kept, None, self._keys)
+                )
+            except Exception:  # noqa: BLE001 - a whole run says what the function does
+                return self.whole(sites)
             self.kept = kept
             return got
         if self.kept is not None and sites:
