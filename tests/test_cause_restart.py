@@ -5,8 +5,10 @@ as written kept (`diag.diverge.jax_restart`), and compute what a whole re-run co
   outputs, bit for bit, as a whole re-run with the same op promoted;
 * the promotion has its effect there (the promoted output is not the baseline's), measured
   against float64 computed here;
-* a re-run enters a jitted call and starts inside it; one promoting an op that a loop body
-  holds starts at the loop (it runs the loop whole);
+* a re-run starts at the first op of the promoted site, not of its primitive (another
+  line's `mul` earlier does not hold it back); it enters a jitted call and starts inside it;
+  one promoting an op that a loop body holds starts at the loop (it runs the loop whole); of
+  two sites the earlier decides; a site the baseline never ran changes nothing;
 * it says how long the part it skipped took in the baseline run.
 """
 
@@ -80,19 +82,29 @@ def test_a_rerun_enters_a_jitted_call_and_runs_a_loop_whole():
     from diag.diverge.attribution import positional
     from diag.diverge.jax_cause import Rerun
 
-    x, _ = _sites()
+    x, sites = _sites()
     r = Rerun(_f, (x,), {}, positional)
     r(frozenset())
     kept = r.kept
     assert kept is not None
-    top = kept.jaxprs[kept.top]
-    names = [e.primitive.name for e in top.eqns]
-    starts, skipped = kept.plan({"exp"})
-    call = names.index("jit")  # `jax.jit` in the jaxpr
-    assert starts[kept.top] == call and len(starts) == 2  # inside the jitted call
+    names = [e.primitive.name for e in kept.jaxprs[kept.top].eqns]
+    key = {s.primitive: s.key for s in sites if "(step)" not in s.source}
+    loop = next(s.key for s in sites if "(step)" in s.source)  # the `mul` of `step`
+
+    starts, skipped = kept.plan(frozenset({key["exp"]}), r.site_of)
+    assert starts[kept.top] == names.index("jit") and len(starts) == 2  # inside the call
     inner = next(k for k in starts if k != kept.top)
     assert [e.primitive.name for e in kept.jaxprs[inner].eqns][starts[inner]] == "exp"
     assert starts[inner] > 0 and skipped > 0
-    # `max` is only in the loop's body: a re-run starts at the loop and runs it whole
-    assert kept.plan({"max"})[0] == {kept.top: names.index("scan")}
-    assert kept.plan({"tanh"}) == ({}, 0.0)  # the first equation: a whole run
+    # an op of the loop's body (the call's `mul` is another site): a re-run starts at the
+    # loop and runs it whole
+    assert kept.plan(frozenset({loop}), r.site_of)[0] == {kept.top: names.index("scan")}
+    # the first equation: a whole run; so with a site the baseline never ran and it
+    assert kept.plan(frozenset({key["tanh"]}), r.site_of) == ({}, 0.0)
+    never = ("exp", "elsewhere.py:1 (g)", "", "forward")
+    assert kept.plan(frozenset({never, key["tanh"]}), r.site_of) == ({}, 0.0)
+    # of two sites the earlier decides: the `sub` at the end waits for the exp in the call
+    both = kept.plan(frozenset({key["exp"], key["sub"]}), r.site_of)[0]
+    assert both == starts and kept.plan(frozenset({key["sub"]}), r.site_of)[0] == {
+        kept.top: names.index("sub")
+    }

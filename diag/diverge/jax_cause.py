@@ -152,21 +152,11 @@ class _Promote(Evaluator):
         )
 
     def _key(self, e, backward: bool) -> tuple[str, str, str, str]:
-        memo = (id(e), *map(id, self.outer), backward)
-        got = self.keys.get(memo)
-        if got is None:
-            src, lib = source_and_library(e, tuple(self.outer))
-            got = self.keys[memo] = (
-                e.primitive.name,
-                src,
-                lib,
-                "backward" if backward else "forward",
-            )
-        return got
+        return site_key(self.keys, e, self.outer, backward)
 
     def apply(self, e, ins: list, path: str, backward: bool) -> list:
         if self.kept is not None and not self.starts:
-            self.kept.note(e, self.outer)
+            self.kept.note(e, self.outer, backward)
         vals = [i.val for i in ins]
         declared = [getattr(getattr(v, "aval", None), "dtype", None) for v in e.invars]
         promote = False
@@ -229,6 +219,17 @@ class _Promote(Evaluator):
         for k, w in got:
             vals[k] = w
         return vals
+
+
+def site_key(memo: dict, e, outer, backward: bool) -> tuple[str, str, str, str]:
+    """The site of equation `e` inside the equations `outer` (`cause.Site.key`), kept in
+    `memo` by the equations' ids: the same in every iteration of a loop and every re-run."""
+    at = (id(e), *map(id, outer), backward)
+    got = memo.get(at)
+    if got is None:
+        src, lib = source_and_library(e, tuple(outer))
+        got = memo[at] = (e.primitive.name, src, lib, "backward" if backward else "forward")
+    return got
 
 
 def _plumbing(e) -> bool:
@@ -328,7 +329,7 @@ class Rerun:
     returns its output leaves (``leaves`` turns the result into (path, array) pairs).
 
     The first run as written keeps its values; a promoted run then starts at the first
-    equation holding an op of a promoted primitive (`diag.diverge.jax_restart`), and
+    equation holding an op of a promoted site (`diag.diverge.jax_restart`), and
     ``skipped_s`` says how long the part it skipped took in that first run (0 for a whole
     run); `whole(sites)` always runs the whole function."""
 
@@ -358,7 +359,7 @@ class Rerun:
             self.kept = kept
             return got
         if self.kept is not None and sites:
-            starts, skipped = self.kept.plan({k[0] for k in sites})
+            starts, skipped = self.kept.plan(sites, self.site_of)
             if starts:
                 h = _Promote(sites, self.packages, self._literals, self.kept, starts, self._keys)
                 try:
@@ -369,6 +370,10 @@ class Rerun:
                     self.skipped_s = skipped
                     return got
         return self.whole(sites)
+
+    def site_of(self, e, outer: tuple, backward: bool) -> tuple[str, str, str, str]:
+        """The site key of equation `e` inside the equations `outer` (`site_key`)."""
+        return site_key(self._keys, e, outer, backward)
 
     def whole(self, sites: frozenset) -> list[tuple[str, Any]]:
         """The whole function evaluated with `sites` promoted (the repair's timed runs)."""

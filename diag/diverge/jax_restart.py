@@ -11,11 +11,12 @@ its own (its equations from there on, the live variables as its inputs), which i
 re-run enters it and starts again at the first equation there that holds one. A loop body
 (scan, while) and a cond branch run many times or by value: a re-run runs them whole.
 
-Which equation holds a promoted op is known by its primitive (``mul``, ``exp``): the first
-equation holding any op of the promoted primitives, at each level, is where a re-run starts.
-That can be earlier than the promoted line (another line's ``mul``), never later, so a re-run
-computes at least everything the promotion can change. A body that the baseline evaluated
-more than once (the same jitted function called twice) is not entered.
+Which equation holds a promoted op is known from the baseline: it notes each op it runs once
+(an op of a loop body once for all iterations) with where it sits on that path, and a re-run
+finds the first op of each promoted site (its primitive, lines and phase, as the re-runner
+names it). A site the baseline never ran (a branch it did not take) changes nothing before the
+others' first ops. A body that the baseline evaluated more than once (the same jitted function
+called twice) is not entered.
 
 PyTorch has no such restart: an eager function is Python, and the state a line leaves
 (the stack's locals, the modules' buffers, the generator) cannot be rebuilt mid-function; its
@@ -25,6 +26,7 @@ re-runs run the whole function.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from diag.interp.jax_source import Literal
@@ -65,7 +67,10 @@ class Kept:
         self.runs: dict[int, int] = {}  # id -> how many times the baseline evaluated it
         self.values: dict[int, dict] = {}  # id -> {var: the baseline's Value}
         self.where: dict[int, tuple[int, int]] = {}  # id(equation) -> (id(jaxpr), index)
-        self.first: dict[str, dict[int, int]] = {}  # primitive -> id(jaxpr) -> first index
+        # primitive -> the ops the baseline ran, in order: (equation, the equations it is in,
+        # backward, {id(jaxpr): index} of the equation holding it at each level of the path)
+        self.ops: dict[str, list[tuple[Any, tuple, bool, dict[int, int]]]] = {}
+        self._noted: set[tuple] = set()
         self.reached: dict[tuple[int, int], float] = {}  # (id(jaxpr), index) -> seconds
         self.start = 0.0
         self._derived: dict[tuple[int, int], tuple[Any, list]] = {}
@@ -96,24 +101,40 @@ class Kept:
         self.values[key] = dict(zip(names, got[n:]))
         return got[:n]
 
-    def note(self, e, outer: list) -> None:
+    def note(self, e, outer: list, backward: bool) -> None:
         """The baseline is about to run first-order equation `e` under `outer`."""
         now = time.perf_counter() - self.start
+        path: dict[int, int] = {}
         for x in (*outer, e):
             at = self.where.get(id(x))
             if at is None:
                 break
-            self.first.setdefault(e.primitive.name, {}).setdefault(at[0], at[1])
+            path[at[0]] = at[1]
             self.reached.setdefault(at, now)
+        memo = (id(e), *map(id, outer), backward)
+        if memo not in self._noted:
+            self._noted.add(memo)
+            self.ops.setdefault(e.primitive.name, []).append((e, tuple(outer), backward, path))
 
     # -- the re-runs ------------------------------------------------------------------------
-    def plan(self, names: set[str]) -> tuple[dict[int, int], float]:
-        """Where a re-run promoting ops of the primitives `names` starts, per jaxpr on the
-        path ({} when it runs whole), and the baseline's seconds up to there."""
+    def plan(self, sites: frozenset, site_of: Callable) -> tuple[dict[int, int], float]:
+        """Where a re-run promoting `sites` starts, per jaxpr on the path ({} when it runs
+        whole), and the baseline's seconds up to there.
+
+        Args:
+            sites: the promoted sites' keys (their primitive first).
+            site_of: (equation, the equations it is in, backward) -> its site key.
+        """
+        firsts = []
+        for site in sites:
+            for e, outer, backward, path in self.ops.get(site[0], ()):
+                if site_of(e, outer, backward) == site:
+                    firsts.append(path)
+                    break
         starts: dict[int, int] = {}
         key, at = self.top, None
         while key is not None and self.runs.get(key) == 1:
-            found = [self.first[n][key] for n in names if key in self.first.get(n, {})]
+            found = [path[key] for path in firsts if key in path]
             if not found:
                 break
             starts[key] = k = min(found)
