@@ -19,6 +19,7 @@ and explain/shadow, before/shadow: what naming the cause adds to naming the symp
 before. The last lines give the median re-run count and the median wall times over the cases.
 
 Usage: HF_HUB_OFFLINE=1 python benchmarks/bench_cause.py [--repeats N] [--cases a,b]
+       [--threads N]
 """
 
 from __future__ import annotations
@@ -139,9 +140,22 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cases", default="")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch's CPU threads (default 1: on a shared machine two threads that wait on "
+        "each other make one run's time vary tenfold)",
+    )
     ns = p.parse_args()
+    import torch
+
+    torch.set_num_threads(ns.threads)
     chosen = [c for c in CASES if not ns.cases or c[1] in ns.cases.split(",")]
-    print(f"# {platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}")
+    print(
+        f"# {platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
+        f"torch threads {ns.threads}"
+    )
     print(
         f"{'case':22} {'plain s':>9} {'shadow s':>9} {'explain s':>10} {'explain/shadow':>15}"
         f" {'before s':>9} {'before/shadow':>14} {'reruns':>7} {'written s':>10}"
