@@ -24,9 +24,10 @@ from diag.tolerance.diverge import diverge_carried_threshold
 
 def _runner(fn: Callable, args: tuple, kwargs: dict, framework: str, leaves: Callable):
     """(the framework's shadow function, its re-runner, or the exception that prevented one);
-    the re-runner copies a PyTorch function's arguments before the shadow run can update
-    them. A re-runner that cannot be made (a target the deep copy or the tracer refuses)
-    leaves the shadow's finding without a cause, never without the finding."""
+    a PyTorch re-runner copies the arguments as given at each run, so the shadow runs on a
+    copy of its own (a training step updates its model). A re-runner that cannot be made (a
+    target the tracer refuses) leaves the shadow's finding without a cause, never without the
+    finding."""
     make: Callable
     if framework == "torch":
         from diag.diverge import torch_cause, torch_shadow

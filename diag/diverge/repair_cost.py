@@ -9,11 +9,10 @@ its ops at the wider dtype (JAX compiles them there; PyTorch warms its kernels),
 cost of the repair; the extra run is warm. A confirming run that started downstream of the
 cause (`diag.diverge.jax_restart`) is counted with the part it skipped at that part's time in
 the baseline run (the same ops, as written, on the same values); the extra runs run the whole
-function. These are the re-runner's
-times (JAX: the jaxpr evaluated equation by equation; PyTorch: eager, under a dispatch mode,
-on a fresh copy of the arguments), on the CPU: they say what computing those ops in the wider
-dtype costs beside the rest of the function run the same way, not what a compiled kernel of
-either would take.
+function. These are the re-runner's times (JAX: the jaxpr evaluated equation by equation;
+PyTorch: eager, under a dispatch mode, on a fresh copy of the arguments, the copy not
+counted), on the CPU: they say what computing those ops in the wider dtype costs beside the
+rest of the function run the same way, not what a compiled kernel of either would take.
 """
 
 from __future__ import annotations
@@ -82,11 +81,13 @@ def measure(
 
 
 def timed(rerun: Callable[[frozenset], Any], sites: frozenset) -> tuple[Any, float]:
-    """`rerun(sites)` and its seconds: the wall time of the call, plus the time in the
-    baseline run of the part a downstream re-run skipped (the re-runner's ``skipped_s``)."""
+    """`rerun(sites)` and its seconds: the wall time of the call, less the copy of the
+    arguments a PyTorch re-run makes first (the re-runner's ``setup_s``), plus the time in
+    the baseline run of the part a downstream JAX re-run skipped (its ``skipped_s``)."""
     clock = time.perf_counter()
     got = rerun(sites)
-    return got, time.perf_counter() - clock + getattr(rerun, "skipped_s", 0.0)
+    took = time.perf_counter() - clock - getattr(rerun, "setup_s", 0.0)
+    return got, took + getattr(rerun, "skipped_s", 0.0)
 
 
 def _secs(s: float) -> str:
