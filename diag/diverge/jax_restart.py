@@ -58,8 +58,9 @@ def _is_var(v) -> bool:
 
 class Kept:
     """What the baseline run left for the re-runs: per jaxpr on the once-run path (the top
-    jaxpr, the bodies of call-like equations on it), the value of each variable, the first
-    equation holding each primitive, and when the baseline first reached each equation."""
+    jaxpr, the bodies of call-like equations on it), the value of each variable; each op it
+    ran (a loop body's once) with the equations holding it on that path; and when the
+    baseline first reached each of those equations."""
 
     def __init__(self) -> None:
         self.top: int | None = None
