@@ -200,7 +200,9 @@ def own_error_diff(
         cls: the op's class (`op_class`).
         facts: for reductions, a callable returning (the op in float64 on |inputs|, the op on
             ones): sum|terms| and the terms per element; called only when the cheap bound
-            below does not already clear the op (it costs evaluations of the op).
+            below does not already clear the op (it costs evaluations of the op). One whose
+            `computed_in` is a narrower dtype summed in it: the bound is shrunk by its
+            gamma_{n+2}, the largest relative error such a sum of non-negative terms has.
         terms: for reductions, a first count of terms (the longest input axis or the input to
             output size ratio, whichever is larger).
         longest: for composite ops, the longest axis of any input.
@@ -329,6 +331,9 @@ def _facts_ratio(
     mag, cnt = facts()
     n = np.maximum(np.maximum(np.asarray(cnt, dtype=np.float64), terms), 1.0)
     g = _gamma1(float(n), dtype) if n.ndim == 0 else numerics.gamma(n, dtype)
+    low = getattr(facts, "computed_in", None)  # summed in a narrow dtype: never overstated
+    if low is not None and low != np.float64:
+        g = g / (1.0 + numerics.gamma(np.max(n) + 2.0, low))
     if out is not None and isinstance(g, float) and math.isfinite(g):
         # r is finite here, so mag = sum|terms| is finite or +inf: the bound is positive
         ratio = _max_ratio(err, _scaled(np.abs(mag, out=out), g, floor, out))
