@@ -69,7 +69,7 @@ class Float32Terms:
 
     PRODUCTS = frozenset({"mm", "addmm", "bmm", "baddbmm"})
     NARROW = frozenset({torch.float32, torch.bfloat16, torch.float16})
-    computed_in = np.dtype(np.float32)
+    computed_in: np.dtype = np.dtype(np.float32)
 
     def __init__(self, whole: Callable, func, wide: tuple, low: tuple, mags: dict | None):
         self._whole, self._func, self._wide, self._low = whole, func, wide, low
@@ -96,7 +96,8 @@ class Float32Terms:
             got = self._whole()  # past float32's range: the float64 way
             self.computed_in = np.dtype(np.float64)
             return got
-        return mag.detach().numpy(), _count(self._func, *self._wide, 0)
+        wide_args, wide_kwargs = self._wide
+        return mag.detach().numpy(), _count(self._func, wide_args, wide_kwargs, 0)
 
 
 def magnitude(x: Any, mags: dict) -> Any:
