@@ -30,15 +30,20 @@ from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from diag import numerics
 from diag.diverge.rules import cheap_gamma, facts_gamma
 from diag.tolerance.diverge import DIVERGE_LIBRARY_ULP, DIVERGE_ROUNDED_ULP
 
-#: The float64 exponent field, and the elements whose ULPs one block computes before use.
+#: The float64 exponent field; the bits of 1/x for a power of two x are _INV less those of x
+#: (biased exponents 1023 + E and 1023 - E sum to 2046).
 _EXP = 0x7FF0000000000000
-_BLOCK = 512
+_INV = 0x7FE0000000000000
+#: 1 - 2^-50: the slack of the test that spares a division (`_loop`).
+_SLACK = 1.0 - 2.0**-50
 #: Output dtypes the loop takes (significand bits): a float64 output's ULP is subnormal-safe
 #: only in `rules.ulp_of`.
 _NARROW = {np.dtype(np.float32): 24, np.dtype(np.float16): 11, numerics.as_dtype("bfloat16"): 8}
@@ -62,13 +67,27 @@ class Figures(NamedTuple):
     came: float  # max |r - s|
 
 
+@intrinsic
+def _as_float(typingctx, bits):  # pragma: no cover - compiled
+    """The float64 whose bits are the int64 `bits` (an ULP from its exponent field)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return types.float64(types.int64), codegen
+
+
 @njit(cache=True, nogil=True)
 def _loop(y, r, s, mag, use_mag, use_r, shift, tinybits, tiny, k, g):  # pragma: no cover
     """(max |y-r|, max |y-r|/ulp, max |y-r|/bound, max |y-s|, max |s|, max |r-s|, finite):
-    bound = k ulp(r) + tiny, plus g |r| (`use_r`) or g mag (`use_mag`)."""
+    bound = k ulp(r) + tiny, plus g |r| (`use_r`) or g mag (`use_mag`).
+
+    ulp(r) = 2^(E - p + 1) for the exponent E of max(|r|, tiny) (`rules._ulp_finite`); 1/ulp
+    is a power of two too, so e / ulp is e * (1/ulp), the same number. e / bound is divided
+    out only where it can pass the largest so far: e > ratio * bound * (1 - 2^-50) holds
+    for every element whose quotient rounds above `ratio` (the product rounds up by at most
+    two half-ULPs of float64, less than the slack), so the maximum is the same number."""
     n = y.size
-    ub = np.empty(_BLOCK, np.int64)
-    uf = ub.view(np.float64)
     rb = r.view(np.int64)
     top = 0.0
     ulps = 0.0
@@ -77,37 +96,32 @@ def _loop(y, r, s, mag, use_mag, use_r, shift, tinybits, tiny, k, g):  # pragma:
     smax = 0.0
     came = 0.0
     finite = True
-    for b0 in range(0, n, _BLOCK):
-        m = min(_BLOCK, n - b0)
-        for i in range(m):
-            bits = rb[b0 + i] & _EXP
-            if bits < tinybits:
-                bits = tinybits
-            ub[i] = bits - shift
-        for i in range(m):
-            yi = np.float64(y[b0 + i])
-            ri = r[b0 + i]
-            si = s[b0 + i]
-            e = abs(yi - ri)
-            c = abs(yi - si)
-            a = abs(si)
-            if not (e < np.inf and c < np.inf and a < np.inf):  # NaN compares false
-                finite = False
-            u = uf[i]
-            bound = k * u + tiny
-            if use_r:
-                bound = g * abs(ri) + bound
-            elif use_mag:
-                bound = g * abs(np.float64(mag[b0 + i])) + bound
-            q = e / u
+    for i in range(n):
+        yi = np.float64(y[i])
+        ri = r[i]
+        si = s[i]
+        e = abs(yi - ri)
+        c = abs(yi - si)
+        a = abs(si)
+        if not (e < np.inf and c < np.inf and a < np.inf):  # NaN compares false
+            finite = False
+        bits = rb[i] & _EXP
+        bits = (bits if bits > tinybits else tinybits) - shift
+        top = e if e > top else top
+        q = e * _as_float(_INV - bits)
+        ulps = q if q > ulps else ulps
+        bound = k * _as_float(bits) + tiny
+        if use_r:
+            bound = g * abs(ri) + bound
+        elif use_mag:
+            bound = g * abs(np.float64(mag[i])) + bound
+        if e > ratio * bound * _SLACK:
             t = e / bound
-            d = abs(ri - si)
-            top = e if e > top else top
-            ulps = q if q > ulps else ulps
             ratio = t if t > ratio else ratio
-            cmax = c if c > cmax else cmax
-            smax = a if a > smax else smax
-            came = d if d > came else came
+        cmax = c if c > cmax else cmax
+        smax = a if a > smax else smax
+        d = abs(ri - si)
+        came = d if d > came else came
     return top, ulps, ratio, cmax, smax, came, finite
 
 
