@@ -19,7 +19,7 @@ from diag import numerics
 from diag.diverge import decisions
 from diag.diverge.chunked import max_absdiff_parts, own_error_parts
 from diag.diverge.decisions import DecisionRecord, LiteralRecord
-from diag.diverge.onepass import op_figures
+from diag.diverge.onepass import Once, op_figures
 from diag.diverge.records import OpRecord, ShadowReport
 from diag.diverge.rules import carried_error_diff, op_class, ulp_of
 from diag.tolerance.diverge import DIVERGE_LIBRARY_ULP, DIVERGE_ROUNDED_ULP
@@ -220,6 +220,7 @@ class Ledger:
         """(own ULPs, own ratio, carried error, carried ULPs) of one output, in one pass over
         its arrays where `diag.diverge.onepass` takes them, else the numpy way; sets
         `own_diff`, `carried_diff` and `came_diff`."""
+        facts = Once(facts) if facts is not None else None
         fig = op_figures(y, r, s, dtype, cls, facts=facts, terms=terms) if r is not None else None
         self.came_diff = None if fig is None else fig.came
         if fig is not None:

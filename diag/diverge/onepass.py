@@ -56,6 +56,23 @@ _ULPS = {
 }
 
 
+class Once:
+    """`facts` evaluated at most once (it costs evaluations of the op): the one pass and,
+    where it gives up, the numpy rules read the same sum|terms|."""
+
+    def __init__(self, facts):
+        self._facts, self._got = facts, None
+
+    @property
+    def computed_in(self):
+        return getattr(self._facts, "computed_in", None)
+
+    def __call__(self):
+        if self._got is None:
+            self._got = self._facts()
+        return self._got
+
+
 class Figures(NamedTuple):
     """One op output's figures (`rules.own_error_diff` and `carried_error_diff`'s inputs)."""
 
@@ -160,8 +177,11 @@ def op_figures(
 def _against_terms(y, r, s, dtype, facts, terms, got: Figures | None) -> Figures | None:
     """The figures with the ratio against gamma_n sum|terms| (None: a count per element)."""
     mag, cnt = facts()
-    if np.ndim(cnt) > 0:
-        return None
+    if np.ndim(cnt) > 0:  # one count per element: the same everywhere (a matmul) or not
+        cnt = np.asarray(cnt)
+        if not cnt.size or cnt.min() != cnt.max():
+            return None
+        cnt = float(cnt.flat[0])
     g = facts_gamma(cnt, terms, dtype, facts)
     full = figures(y, r, s, dtype, "reduction", g=g, mag=np.asarray(mag))
     if full is None or got is None:
