@@ -49,10 +49,10 @@ _SLACK = 1.0 - 2.0**-50
 _NARROW = {np.dtype(np.float32): 24, np.dtype(np.float16): 11, numerics.as_dtype("bfloat16"): 8}
 #: Bound multiplier of one ULP per class (`rules`: 2 ULP rounded/structural, 16 library).
 _ULPS = {
-    "rounded": DIVERGE_ROUNDED_ULP,
-    "structural": DIVERGE_ROUNDED_ULP,
-    "reduction": DIVERGE_ROUNDED_ULP,
-    "library": DIVERGE_LIBRARY_ULP,
+    "rounded": float(DIVERGE_ROUNDED_ULP),
+    "structural": float(DIVERGE_ROUNDED_ULP),
+    "reduction": float(DIVERGE_ROUNDED_ULP),
+    "library": float(DIVERGE_LIBRARY_ULP),
 }
 
 
@@ -160,7 +160,7 @@ def op_figures(
     if cls != "reduction":
         return figures(y, r, s, dtype, cls)
     g = cheap_gamma(terms, dtype)
-    if not math.isfinite(g) or not _is_dtype(dtype) or np.dtype(dtype) not in _NARROW:
+    if not math.isfinite(g) or _format(dtype) is None:
         return None
     if facts is not None and y.size > 4 * _SAMPLE and y.shape == r.shape == s.shape:
         step = y.size // _SAMPLE
@@ -209,46 +209,47 @@ def figures(
         g: a reduction's gamma: the bound adds g |r| (the cheap bound), or g |mag| when
             `mag` (sum|terms|, one per element) is given.
     """
-    p = _NARROW.get(np.dtype(dtype)) if _is_dtype(dtype) else None
+    fmt = _format(dtype)
     k = _ULPS.get(cls)
-    if p is None or k is None or y.size == 0 or not (y.shape == r.shape == s.shape):
+    if fmt is None or k is None or y.size == 0 or not (y.shape == r.shape == s.shape):
         return None
     if mag is not None and np.shape(mag) != y.shape:
         return None
-    tiny = float(ml_dtypes.finfo(numerics.as_dtype(dtype)).smallest_normal)
+    shift, tinybits, tiny = fmt
     yf, rf, sf = _flat(y), _flat(r, np.float64), _flat(s, np.float64)
-    reduction = cls == "reduction"
-    mf = _flat(mag) if mag is not None else _NONE
-    got = _loop(
-        yf,
-        rf,
-        sf,
-        mf,
-        mag is not None,
-        reduction and mag is None,
-        (p - 1) << 52,
-        int(np.float64(tiny).view(np.int64)),
-        tiny,
-        float(k),
-        float(g),
-    )
+    use_r = cls == "reduction" and mag is None
+    mf = _NONE if mag is None else _flat(mag)
+    got = _loop(yf, rf, sf, mf, mag is not None, use_r, shift, tinybits, tiny, k, float(g))
     if not got[6] or not math.isfinite(got[1]) or not math.isfinite(got[2]):
         return None
     return Figures(*(float(x) for x in got[:6]))
 
 
-def _is_dtype(dtype) -> bool:
-    try:
-        np.dtype(dtype)
-    except TypeError:
-        return False
-    return True
+_FORMATS: dict = {}
+
+
+def _format(dtype) -> tuple[int, int, float] | None:
+    """(the exponent shift from |r| to its ULP, the bits and value of the smallest normal)
+    of an output dtype the loop takes, cached per dtype; None for the others."""
+    got = _FORMATS.get(dtype, False)
+    if got is False:
+        try:
+            p = _NARROW.get(np.dtype(dtype))
+        except TypeError:
+            p = None
+        got = None
+        if p is not None:
+            tiny = float(ml_dtypes.finfo(numerics.as_dtype(dtype)).smallest_normal)
+            got = ((p - 1) << 52, int(np.float64(tiny).view(np.int64)), tiny)
+        _FORMATS[dtype] = got
+    return got
 
 
 def _flat(x: np.ndarray, want=None) -> np.ndarray:
     """`x` as a flat C-ordered array the loop takes: float16 and bfloat16 as float32 (exact),
     float32 and float64 as they are."""
-    x = np.asarray(x)
+    if not isinstance(x, np.ndarray):
+        x = np.asarray(x)
     if want is not None and x.dtype != want:
         x = x.astype(want)
     elif x.dtype not in (np.float32, np.float64):
