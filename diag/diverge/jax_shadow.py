@@ -181,11 +181,14 @@ class _Shadow(Evaluator):
         vals = _bind(e, [i.val for i in ins])
         floats = [k for k, v in enumerate(e.outvars) if is_float(v.aval.dtype)]
         followed = True
-        try:
-            shadows = _bind(e, [i.sh for i in ins], True)
-        except Exception:  # noqa: BLE001 - no float64 form: follow the program's values
-            self.unfollowed.add(e.primitive.name)
-            shadows, followed = [_widen(v) for v in vals], False
+        if not floats and all(i.sh is i.val for i in ins) and not _float_params(e, ins):
+            shadows = vals  # integers or predicates from equal inputs: the same outputs
+        else:
+            try:
+                shadows = _bind(e, [i.sh for i in ins], True)
+            except Exception:  # noqa: BLE001 - no float64 form: follow the program's values
+                self.unfollowed.add(e.primitive.name)
+                shadows, followed = [_widen(v) for v in vals], False
         where = _where(e, tuple(self.outer))
         phase = "backward" if backward else "forward"
         producers = _union(ins)
@@ -315,6 +318,15 @@ def _facts(e, ins: list, k: int) -> Callable[[], tuple[np.ndarray, Any]]:
         return _f64(mag[k]), _count(e, [_wide_of(i) for i in ins], k)
 
     return get
+
+
+def _float_params(e, ins: list) -> bool:
+    """Whether the float64 form of `e` could differ from `e` on the same operands: a float
+    operand, or a float dtype among its parameters (`_f64_params` widens it)."""
+    if any(_is_float_value(i) for i in ins):
+        return True
+    params = bind_params(e)[1]
+    return _f64_params(params) != params
 
 
 def _is_float_value(v: _SV) -> bool:
