@@ -9,7 +9,12 @@ equation as written, the same equation with float dtypes in its parameters widen
 the shadows, and that float64 equation on the actual inputs (the reference for the op's own
 error). The float64 ones run under `jax.enable_x64`; an equation that cannot be re-bound in
 float64 (a higher-order primitive the evaluator does not descend into, a custom call) keeps its
-shadow equal to its output and is counted in the report's note.
+shadow equal to its output and is counted in the report's note. A run that is known is not
+made (`_reference`): the reference is the shadows where every input equals its shadow, and
+the widened output for a copy-only op (`EXACT`) on finite inputs; an integer or predicate
+equation whose operands equal their shadows keeps its outputs as their shadows. Each value
+keeps its float64 copy (`_wide_of`) and |copy| (`_mag_of`), so a value read by several
+equations (a weight forward and backward) is widened once.
 
 Decisions (comparisons, argmax/argmin, top_k, select_n) are judged against their float64
 shadow by `diag.diverge.jax_decide`; since every equation also runs on the shadows, what comes
