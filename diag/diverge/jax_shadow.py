@@ -38,7 +38,7 @@ from diag.diverge import jax_decide
 from diag.diverge.jax_decide import is_float
 from diag.diverge.ledger import Ledger
 from diag.diverge.records import DivergeError, ShadowReport
-from diag.diverge.rules import op_class, release_scratch
+from diag.diverge.rules import release_scratch
 from diag.interp.jax_compile import bind, bind_params
 from diag.interp.jax_program import Program
 from diag.interp.jax_source import where as source_and_library
@@ -251,7 +251,7 @@ class _Shadow(Evaluator):
                 where,
                 path,
                 phase,
-                facts=_facts(e, ins, k) if op_class(name) == "reduction" else None,
+                facts=_facts(e, ins, k),
                 terms=terms,
                 longest=int(longest),
                 producers=producers,
