@@ -167,18 +167,18 @@ class _Shadow(Evaluator):
 
     def index(self, v: Value, i: int) -> _SV:
         sv = cast(_SV, v)  # this evaluator makes only _SV values (wrap/index/stack/apply)
-        return _carry(_SV(sv.val[i], sv.sh[i], sv.err, sv.thr), [sv])
+        x = sv.val[i]
+        sh = x if sv.sh is sv.val else sv.sh[i]  # a value that is its shadow stays so
+        return _carry(_SV(x, sh, sv.err, sv.thr), [sv])
 
     def stack(self, vs: list, aval) -> _SV:
         if not vs:
             z = jnp.zeros(aval.shape, aval.dtype)
             return _SV(z, _widen(z))
-        out = _SV(
-            jnp.stack([v.val for v in vs]),
-            jnp.stack([v.sh for v in vs]),
-            max(v.err for v in vs),
-            max(v.thr for v in vs),
-        )
+        val = jnp.stack([v.val for v in vs])
+        same = all(v.sh is v.val for v in vs)  # integers equal to their shadows stay so
+        sh = val if same else jnp.stack([v.sh for v in vs])
+        out = _SV(val, sh, max(v.err for v in vs), max(v.thr for v in vs))
         return _carry(out, vs)
 
     def apply(self, e, ins: list, path: str, backward: bool) -> list:

@@ -9,7 +9,8 @@ first-order equation, and `observe(e, ins, outs, path, backward)` is called with
 first-order equation's inputs and outputs after it ran (the policy callback).
 
 Equations run through `diag.interp.jax_compile.bind`: one compiled program per signature,
-reused across equations and kept in JAX's persistent compilation cache.
+reused across equations and kept in JAX's persistent compilation cache. A variable is dropped
+once no later equation reads it, so what a policy keeps per value lives only as long as needed.
 """
 
 from __future__ import annotations
