@@ -8,16 +8,19 @@ time, and the raw samples):
            of any dispatch-mode instrumentation)
   nofig    PyTorch only: the shadow with the per-op figures switched off (`Ledger.measure`
            replaced by a stub): the three evaluations of each op and the bookkeeping
-  before   PyTorch only: the shadow as before issue 45 (figures on whole arrays, not in the
-           cache-sized parts of `diag.diverge.chunked`; |x| of each reduction's float64
-           arguments taken afresh, not kept per tensor): the same figures
+  before   PyTorch only: the shadow as it was before its one-pass figures: the figures by
+           numpy passes over each output (`diag.diverge.chunked`), a matrix product's
+           sum|terms| in float64 on float64 copies of its operands, a parameter widened to
+           float64 at each read (the same verdicts; the sum|terms| ratios differ in their
+           last bits, see docs/diverge.md)
   shadow   `diag.diverge.shadow(fn, *args)`: every op run three ways (as written, on the
            float64 shadows, in float64 on its actual inputs: skipped when they equal their
            shadows) plus the figures per op
 and the ratio shadow/eager (target <= 5x), of the medians and of the fastest samples, in CPU
 time (the steadier figure on a shared machine: another process's load does not count) and wall
 time (a 3-layer MLP's forward and backward in each framework, the PyTorch one at --size and at
---torch-size, and a bf16 top-p/greedy sampler on 32k logits,
+--torch-size, transformers' GPT-2 forward built from a config (4 layers, width 256, 2 x 128
+tokens, float32, no gradients), and a bf16 top-p/greedy sampler on 32k logits,
 examples/diverge_sampler.py, and transformers' top-p warper on 32k bf16 logits,
 examples/diverge_hf_sampler.py, whose decisions are judged too). For the JAX-vs-PyTorch port of
 examples/diverge_port.py:
@@ -47,7 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import diag.diverge
 import diag.diverge.ledger
-from diag.diverge import ledger, rules, torch_facts, torch_shadow
+from diag.diverge import ledger, torch_copies, torch_facts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import diverge_hf_sampler as hf_sampler  # noqa: E402
@@ -73,6 +76,25 @@ def torch_step(d: int):
         return loss
 
     return step, ()
+
+
+def gpt2_forward():
+    """transformers' GPT-2 (4 layers, width 256, 4 heads, 8192 tokens) built from a config,
+    nothing downloaded; its logits for 2 x 128 tokens, float32, without gradients."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.GPT2Config(vocab_size=8192, n_positions=256, n_embd=256, n_layer=4,
+                                  n_head=4)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(0, cfg.vocab_size, (2, 128))
+
+    def forward():
+        with torch.no_grad():
+            return model(input_ids=ids).logits
+
+    return forward, ()
 
 
 def jax_step(d: int):
@@ -118,23 +140,18 @@ def _nofig(fn, args):
 
 
 def _before(fn, args):
-    """The shadow as it was before issue 45: its figures on whole arrays (not in the
-    cache-sized parts of `diag.diverge.chunked`) and |x| of a reduction's float64 arguments
-    taken afresh by each op (not kept per tensor by `torch_facts.magnitude`); the same
-    figures, so the gain shows side by side."""
-    def fresh(x, mags):
-        return x.abs() if isinstance(x, torch.Tensor) and x.dtype == torch.float64 else x
-
+    """The shadow as it was before its one-pass figures (`diag.diverge.onepass`), float32
+    sum|terms| (`torch_facts.Float32Terms`) and kept copies of parameters
+    (`torch_copies.Copies`), so the gain shows side by side."""
     def run():
-        saved = (ledger.own_error_parts, ledger.max_absdiff_parts,
-                 torch_shadow.max_absdiff_parts, torch_facts.magnitude)
-        ledger.own_error_parts, ledger.max_absdiff_parts = rules.own_error_diff, rules.max_absdiff
-        torch_shadow.max_absdiff_parts, torch_facts.magnitude = rules.max_absdiff, fresh
+        saved = (ledger.op_figures, torch_facts.Float32Terms.takes, torch_copies.Copies.of)
+        ledger.op_figures = lambda *a, **k: None
+        torch_facts.Float32Terms.takes = classmethod(lambda cls, func, low: False)
+        torch_copies.Copies.of = lambda self, t: t.detach().to(torch.float64, copy=True)
         try:
             diag.diverge.shadow(fn, *args)
         finally:
-            (ledger.own_error_parts, ledger.max_absdiff_parts,
-             torch_shadow.max_absdiff_parts, torch_facts.magnitude) = saved
+            (ledger.op_figures, torch_facts.Float32Terms.takes, torch_copies.Copies.of) = saved
 
     return run
 
@@ -225,7 +242,7 @@ def main() -> None:
 
     variants = {"eager": eager, "shadow": lambda: diag.diverge.shadow(fn, *args)}
     samples = _interleaved(variants, a.repeats)
-    _row("jax mlp value_and_grad", samples, "shadow", "eager", 5)
+    _row("jax mlp value_and_grad", samples, "shadow", "eager", 3)
 
     # A bf16 top-p/greedy sampler on 32k logits whose cut flips (examples/diverge_sampler.py
     # :made): every comparison, argmax and top_k judged against float64 besides the values.
@@ -238,6 +255,10 @@ def main() -> None:
     variants = {"eager": eager_sampler, "shadow": lambda: diag.diverge.shadow(fn, *args)}
     samples = _interleaved(variants, a.repeats)
     _row("jax bf16 sampler 32k", samples, "shadow", "eager", 5)
+
+    # transformers' GPT-2 forward from a config: attention (PyTorch's fused kernel),
+    # layer norms, GELU, the tied output projection onto an 8192-token vocabulary.
+    _torch_row("torch gpt2 forward", *gpt2_forward(), a.repeats)
 
     # transformers' TopPLogitsWarper then argmax on 32k bf16 logits whose cut flips
     # (examples/diverge_hf_sampler.py:made): the PyTorch shadow with its decisions judged.

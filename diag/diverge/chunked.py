@@ -97,7 +97,7 @@ def _against_terms(yf, rf, dtype, facts, terms, shape) -> tuple[float, float, fl
     mag, cnt = facts()
     if np.shape(mag) != tuple(shape):
         return None
-    mag = np.ascontiguousarray(mag, dtype=np.float64).reshape(-1)
+    mag = np.ascontiguousarray(mag).reshape(-1)  # float32 stays so (`_Part`)
     per = np.ndim(cnt) > 0
     if per:
         if np.shape(cnt) != tuple(shape):
@@ -107,7 +107,7 @@ def _against_terms(yf, rf, dtype, facts, terms, shape) -> tuple[float, float, fl
     for s in _spans(yf.size):
         part = (mag[s], cnt[s] if per else cnt)
         got = own_error_diff(
-            yf[s], rf[s], dtype, "reduction", facts=lambda p=part: p, terms=terms, beyond=True
+            yf[s], rf[s], dtype, "reduction", facts=_Part(part, facts), terms=terms, beyond=True
         )
         if got[2] is None:
             return None
@@ -123,3 +123,15 @@ def _most(values) -> float:
     """The largest of the parts' figures, NaN if any is (as numpy's max of the whole)."""
     vals = list(values)
     return math.nan if any(v != v for v in vals) else max(vals)
+
+
+class _Part:
+    """One part's (sum|terms|, terms), as `facts` gives them, with the dtype the whole was
+    summed in (`rules.own_error_diff`'s `computed_in`)."""
+
+    def __init__(self, part: tuple, whole):
+        self.part = part
+        self.computed_in = getattr(whole, "computed_in", None)
+
+    def __call__(self) -> tuple:
+        return self.part

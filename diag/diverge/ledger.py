@@ -19,6 +19,7 @@ from diag import numerics
 from diag.diverge import decisions
 from diag.diverge.chunked import max_absdiff_parts, own_error_parts
 from diag.diverge.decisions import DecisionRecord, LiteralRecord
+from diag.diverge.onepass import Once, op_figures
 from diag.diverge.records import OpRecord, ShadowReport
 from diag.diverge.rules import carried_error_diff, op_class, ulp_of
 from diag.tolerance.diverge import DIVERGE_LIBRARY_ULP, DIVERGE_ROUNDED_ULP
@@ -87,6 +88,9 @@ class Ledger:
         #: over the output.
         self.own_diff: float | None = None
         self.carried_diff = 0.0
+        #: max |r - s| of the last `measure` when its one pass gave it (else None): the
+        #: error that came in with the inputs, for the evaluators' origin rule.
+        self.came_diff: float | None = None
 
     def decide(
         self,
@@ -159,7 +163,7 @@ class Ledger:
     ) -> float:
         """Judge one op output; return its carried error (the evaluators keep it per value).
 
-        Sets `own_diff` and `carried_diff`.
+        Sets `own_diff`, `carried_diff` and `came_diff`.
 
         Args:
             primitive: what the report shows (``reduce_sum``, ``aten.exp``).
@@ -181,14 +185,9 @@ class Ledger:
         if self.limit is not None:
             threshold = min(threshold, self.limit)
             carried_in = [(c, min(t, self.limit)) for c, t in carried_in]
-        if r is not None:
-            own_ulps, own_ratio, self.own_diff = own_error_parts(
-                y, r, dtype, cls, facts=facts, terms=terms, longest=longest
-            )
-        else:
-            own_ulps, own_ratio, self.own_diff = math.nan, math.nan, None
-        diff = self.own_diff if r is s else max_absdiff_parts(y, s)
-        carried, carried_ulps, self.carried_diff = carried_error_diff(y, s, dtype, diff)
+        own_ulps, own_ratio, carried, carried_ulps = self._figures(
+            y, r, s, dtype, cls, facts, terms, longest
+        )
         cin = max((c for c, _ in carried_in), default=0.0)
         e = _Entry(
             index=len(self.entries),
@@ -216,6 +215,29 @@ class Ledger:
             )
             self._maybe_first(e, carried_in, lowered, own_beyond)
         return carried
+
+    def _figures(self, y, r, s, dtype, cls, facts, terms, longest) -> tuple[float, ...]:
+        """(own ULPs, own ratio, carried error, carried ULPs) of one output, in one pass over
+        its arrays where `diag.diverge.onepass` takes them, else the numpy way; sets
+        `own_diff`, `carried_diff` and `came_diff`."""
+        facts = Once(facts) if facts is not None else None
+        fig = op_figures(y, r, s, dtype, cls, facts=facts, terms=terms) if r is not None else None
+        self.came_diff = None if fig is None else fig.came
+        if fig is not None:
+            own_ulps, own_ratio, self.own_diff = fig.ulps, fig.ratio, fig.own_diff
+            carried, carried_ulps, self.carried_diff = carried_error_diff(
+                y, s, dtype, fig.carried_diff, fig.shadow_max
+            )
+            return own_ulps, own_ratio, carried, carried_ulps
+        if r is not None:
+            own_ulps, own_ratio, self.own_diff = own_error_parts(
+                y, r, dtype, cls, facts=facts, terms=terms, longest=longest
+            )
+        else:
+            own_ulps, own_ratio, self.own_diff = math.nan, math.nan, None
+        diff = self.own_diff if r is s else max_absdiff_parts(y, s)
+        carried, carried_ulps, self.carried_diff = carried_error_diff(y, s, dtype, diff)
+        return own_ulps, own_ratio, carried, carried_ulps
 
     def _maybe_first(
         self, e: _Entry, carried_in: list[tuple[float, float]], lowered: bool, own_beyond: bool

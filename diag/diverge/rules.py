@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -200,7 +201,9 @@ def own_error_diff(
         cls: the op's class (`op_class`).
         facts: for reductions, a callable returning (the op in float64 on |inputs|, the op on
             ones): sum|terms| and the terms per element; called only when the cheap bound
-            below does not already clear the op (it costs evaluations of the op).
+            below does not already clear the op (it costs evaluations of the op). One whose
+            `computed_in` is a narrower dtype summed in it: the bound is shrunk by its
+            gamma_{n+2}, the largest relative error such a sum of non-negative terms has.
         terms: for reductions, a first count of terms (the longest input axis or the input to
             output size ratio, whichever is larger).
         longest: for composite ops, the longest axis of any input.
@@ -228,11 +231,11 @@ def own_error_diff(
     floor = np.multiply(r_ulp, DIVERGE_ROUNDED_ULP, out=r_ulp)  # r_ulp is not needed after
     if cls == "reduction":
         floor += _smallest_normal(dtype)
-        g = _gamma1(max(terms, 1.0), dtype)
+        g = cheap_gamma(terms, dtype)
         if not math.isfinite(g):
             return (*_own_error_exact(*exact[0], **exact[1]), top)
-        # |r| <= sum|terms|: gamma_n |r| is a lower bound of the textbook bound (see
-        # `_own_error_exact`); only an op beyond it pays for sum|terms|.
+        # |r| <= sum|terms|: gamma_n |r| is a lower bound of the textbook bound
+        # (`_own_error_exact`); only an op beyond it pays for sum|terms|.
         if facts is not None and (beyond or _beyond_in_sample(err, r, g, floor)):
             return ulps, _facts_ratio(err, facts, terms, dtype, floor, tmp), top
         ratio = _max_ratio(err, _scaled(np.abs(r, out=buf[1]), g, floor, tmp))
@@ -240,10 +243,8 @@ def own_error_diff(
             return ulps, ratio, top
         return ulps, _facts_ratio(err, facts, terms, dtype, floor, tmp), top
     if cls == "library":
-        bound = np.multiply(
-            floor, DIVERGE_LIBRARY_ULP / DIVERGE_ROUNDED_ULP, out=floor
-        )  # LIBRARY_ULP * r_ulp
-        bound += _smallest_normal(dtype)
+        bound = np.multiply(floor, DIVERGE_LIBRARY_ULP / DIVERGE_ROUNDED_ULP, out=floor)
+        bound += _smallest_normal(dtype)  # LIBRARY_ULP * r_ulp + tiny
     elif cls == "composite":
         floor += _smallest_normal(dtype)
         g = _gamma1(longest + DIVERGE_COMPOSITE_EXTRA_STEPS, dtype)
@@ -327,14 +328,31 @@ def _facts_ratio(
 ) -> float:
     """A reduction's ratio against gamma_n * sum|terms| (`facts`), n per element or one n."""
     mag, cnt = facts()
-    n = np.maximum(np.maximum(np.asarray(cnt, dtype=np.float64), terms), 1.0)
-    g = _gamma1(float(n), dtype) if n.ndim == 0 else numerics.gamma(n, dtype)
+    g = facts_gamma(cnt, terms, dtype, facts)
     if out is not None and isinstance(g, float) and math.isfinite(g):
         # r is finite here, so mag = sum|terms| is finite or +inf: the bound is positive
         ratio = _max_ratio(err, _scaled(np.abs(mag, out=out), g, floor, out))
         if not math.isnan(ratio):  # a NaN in mag: only `_ratio` says what it means
             return ratio
     return _ratio(err, g * np.abs(mag) + floor)
+
+
+def cheap_gamma(terms: float, dtype) -> float:
+    """A reduction's gamma_n for the cheap bound gamma_n |r|, n the first count of terms."""
+    return _gamma1(max(terms, 1.0), dtype)
+
+
+def facts_gamma(cnt, terms: float, dtype, facts) -> Any:
+    """A reduction's gamma_n against sum|terms| (one float, or one per element when `cnt`
+    is an array). A sum|terms| that `facts` computed in a narrower dtype (`computed_in`)
+    is short of the exact one by gamma_{n+2} of that dtype at most (a sum of non-negative
+    terms): the gamma is shrunk by that factor, so the ratio is never understated."""
+    n = np.maximum(np.maximum(np.asarray(cnt, dtype=np.float64), terms), 1.0)
+    g = _gamma1(float(n), dtype) if n.ndim == 0 else numerics.gamma(n, dtype)
+    low = getattr(facts, "computed_in", None)
+    if low is not None and low != np.float64:
+        g = g / (1.0 + numerics.gamma(np.max(n) + 2.0, low))
+    return g
 
 
 def _ulp_finite(x: np.ndarray, dtype, out: np.ndarray) -> np.ndarray:
@@ -418,9 +436,10 @@ def carried_error(
 
 
 def carried_error_diff(
-    y: np.ndarray, s: np.ndarray, dtype, diff: float | None = None
+    y: np.ndarray, s: np.ndarray, dtype, diff: float | None = None, scale: float | None = None
 ) -> tuple[float, float, float]:
-    """`carried_error` and max |y - s| (inf where a difference is not finite)."""
+    """`carried_error` and max |y - s| (inf where a difference is not finite); `scale`:
+    max |s| when already known with a finite `diff` (`diag.diverge.onepass`)."""
     if y.size == 0:
         return 0.0, 0.0, 0.0
     if diff is not None and math.isfinite(diff):
@@ -434,7 +453,7 @@ def carried_error_diff(
     if math.isfinite(num):  # then y and s are finite: no element needs the exact handling
         if num == 0.0:
             return 0.0, 0.0, 0.0
-        den = max(float(s.max()), -float(s.min()))
+        den = max(float(s.max()), -float(s.min())) if scale is None else scale
     else:
         err = absdiff(y, s)
         num = float(np.max(err))

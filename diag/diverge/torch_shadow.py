@@ -32,6 +32,7 @@ from diag.diverge.chunked import max_absdiff_parts
 from diag.diverge.ledger import Ledger
 from diag.diverge.records import DivergeError, ShadowReport
 from diag.diverge.rules import carried_error, max_absdiff, op_class, release_scratch
+from diag.diverge.torch_copies import Copies
 from diag.diverge.torch_decide import CONSUMERS, DECISIONS, NO_ORIGIN, Decider, Origin
 from diag.diverge.torch_facts import draws, facts, host, latest, map_args, op_tags
 from diag.interp.torch_mode import OpMode
@@ -99,6 +100,7 @@ class _Mode(OpMode):
         self.decider = Decider(self)
         self._decided = False  # whether a mask or indices has ever had a shadow of its own
         self.mags: dict = {}  # |x| of float64 arguments of reductions (`torch_facts`)
+        self._fresh = Copies()  # float64 copies of the tensors not seen yet
 
     def shadow_of(self, t: torch.Tensor) -> tuple[torch.Tensor, float, float]:
         """(shadow, carried error, threshold); a tensor never seen is its own shadow (a mask
@@ -108,11 +110,7 @@ class _Mode(OpMode):
             return got[1], got[2], got[3]
         if not _real(t):
             return t, 0.0, 0.0
-        return (
-            t.detach().to(torch.float64, copy=True),
-            0.0,
-            diverge_carried_threshold(_NP[t.dtype]),
-        )
+        return self._fresh.of(t), 0.0, diverge_carried_threshold(_NP[t.dtype])
 
     def origin_of(self, t: torch.Tensor) -> Origin:
         """What moved `t` off its shadow (`NO_ORIGIN` when nothing did)."""
@@ -175,6 +173,8 @@ class _Mode(OpMode):
         writes = written_args(func)
         if writes is VIEW:
             return self._view(func, args, kwargs)
+        if writes and self._fresh:
+            self._fresh.forget([t for g in written_tensors(writes, args, kwargs) for t in g])
         flat = flat_args((args, kwargs), [])
         ins = [x for x in flat if _real(x)]
         dins = [x for x in flat if self._distinct(x)] if self._decided else []
@@ -286,6 +286,7 @@ class _Mode(OpMode):
         self._outputs(
             name,
             func,
+            (args, kwargs),
             own,
             writes,
             ins,
@@ -332,8 +333,9 @@ class _Mode(OpMode):
 
         return where, phase, path
 
-    def _outputs(self, name, func, own, writes, ins, dins, before, triples, lines, origin):
-        """Measure each float output against its reference and shadow; keep the shadows."""
+    def _outputs(self, name, func, low, own, writes, ins, dins, before, triples, lines, origin):
+        """Measure each float output against its reference and shadow; keep the shadows
+        (`low`: the op's own arguments, `own`: the float64 ones its reference ran on)."""
         where, phase, path = lines
         carried_in = [(err, thr) for _, err, thr in before] + [(math.inf, 0.0) for _ in dins]
         inherited = max((thr for _, _, thr in before), default=0.0)
@@ -353,7 +355,7 @@ class _Mode(OpMode):
             r = refs[k] if k < len(refs) else None
             fx = None
             if op_class(name) == "reduction" and not writes and own is not None:
-                fx = facts(func, own[0], own[1], k, self.mags)
+                fx = facts(func, own[0], own[1], k, self.mags, low)
             terms = max([t.numel() / max(y.numel(), 1) for t in ins] + [longest])
             dtype = _NP[y.dtype]
             thr = max(inherited, diverge_carried_threshold(dtype))
@@ -390,7 +392,10 @@ class _Mode(OpMode):
             own = self.ledger.own_diff  # max |y - r|, measured by the ledger
             if own is None:
                 own = max_absdiff(y, r)
-            if own > 0.0 and own >= _came(r, s, own, self.ledger.carried_diff):
+            came = self.ledger.came_diff
+            if came is None:
+                came = _came(r, s, own, self.ledger.carried_diff)
+            if own > 0.0 and own >= came:
                 return Origin(f"aten.{name}", where, made_by=name)
         inputs = dins or ins
         worst = max(inputs, key=lambda t: self.shadow_of(t)[1])
@@ -429,12 +434,9 @@ def _came(r: np.ndarray, s: np.ndarray, own: float, carried: float) -> float:
 
 
 def _wide_or(x: Any, exact: dict) -> Any:
-    """`_wide`, except that a tensor equal to its float64 shadow is given that shadow.
-
-    The other copies are made afresh each time: a cache per tensor and version, alive as long
-    as its tensors, measured no faster on bench_diverge.py's MLP (the copies of parameters
-    read forward and backward: within the noise) and slower where it kept the copies of
-    activations (10.2-10.5x eager against 9.3-9.7x at width 1024)."""
+    """`_wide`, except that a tensor equal to its float64 shadow is given that shadow (a
+    parameter's is kept: `torch_copies`); the others are widened afresh (keeping the copies
+    of activations measured slower: 10.2-10.5x eager against 9.3-9.7x at width 1024)."""
     if isinstance(x, torch.Tensor):
         got = exact.get(id(x))
         if got is not None:

@@ -1,0 +1,126 @@
+"""The shadow's one-pass figures (`diag.diverge.onepass`) against the rules written out here.
+
+Every expected figure is computed in the test from its definition (docs/diverge.md, "How an
+op is judged"): the ULP of a float64 value in the output's format from `math.frexp`, the
+bounds of each class, the maxima over elements; and a matrix product's sum|terms| in float64
+by numpy, for the float32 sum PyTorch's shadow uses instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from diag.diverge import onepass, rules, torch_facts
+
+# (significand bits, smallest normal) of the output formats the pass takes
+FORMATS = {np.float32: (24, 2.0**-126), np.float16: (11, 2.0**-14)}
+
+
+def _ulp(x: float, fmt) -> float:
+    p, tiny = FORMATS[fmt]
+    a = max(abs(x), tiny)
+    return math.ldexp(1.0, math.frexp(a)[1] - p)
+
+
+def _expected(y, r, s, fmt, k, g=0.0, mag=None, use_r=False):
+    """(max|y-r|, max|y-r|/ulp, max|y-r|/bound, max|y-s|, max|s|, max|r-s|) element by
+    element, bound = k ulp(r) + tiny (+ g|r| or g|mag|), in the order the rules state it."""
+    tiny = FORMATS[fmt][1]
+    top = ulps = ratio = cmax = smax = came = 0.0
+    for i, (yi, ri, si) in enumerate(zip(y.tolist(), r.tolist(), s.tolist())):
+        e, u = abs(yi - ri), _ulp(ri, fmt)
+        bound = k * u + tiny
+        if use_r:
+            bound = g * abs(ri) + bound
+        elif mag is not None:
+            bound = g * abs(float(mag[i])) + bound
+        top, ulps, ratio = max(top, e), max(ulps, e / u), max(ratio, e / bound)
+        cmax, smax, came = max(cmax, abs(yi - si)), max(smax, abs(si)), max(came, abs(ri - si))
+    return top, ulps, ratio, cmax, smax, came
+
+
+def _arrays(n: int, fmt, seed: int):
+    """An output, its reference and shadow with the cases that matter: values near zero
+    (cancellation), subnormal references, exact zeros, large magnitudes."""
+    rng = np.random.default_rng(seed)
+    r = rng.normal(0, 1, n) * np.exp(rng.uniform(-8, 8, n))
+    r[::11] = rng.normal(0, 1e-30, r[::11].size)  # below float16/float32 normals
+    r[::13] = 0.0
+    y = r.astype(fmt).astype(np.float64)  # the output as rounded
+    y[::7] = np.nextafter(y[::7].astype(fmt), fmt(np.inf)).astype(np.float64)  # one ULP off
+    s = r * (1 + rng.normal(0, 1e-6, n))
+    return y.astype(fmt), r, s
+
+
+@pytest.mark.parametrize("fmt", [np.float32, np.float16])
+@pytest.mark.parametrize("cls,k", [("rounded", 2.0), ("library", 16.0), ("structural", 2.0)])
+def test_the_elementwise_figures_are_the_rule_written_out(fmt, cls, k):
+    y, r, s = _arrays(3001, fmt, 1)
+    got = onepass.figures(y, r, s, fmt, cls)
+    want = _expected(y.astype(np.float64), r, s, fmt, k)
+    assert got is not None
+    assert tuple(got) == pytest.approx(want, rel=1e-15, abs=0)
+
+
+def test_a_reductions_cheap_bound_and_its_bound_against_sum_terms():
+    y, r, s = _arrays(5000, np.float32, 2)
+    g = 64 * 2.0**-24 / (1 - 64 * 2.0**-24)
+    cheap = onepass.figures(y, r, s, np.float32, "reduction", g=g)
+    assert tuple(cheap) == pytest.approx(
+        _expected(y.astype(np.float64), r, s, np.float32, 2.0, g=g, use_r=True), rel=1e-15, abs=0
+    )
+    mag = np.abs(r) * 3.0 + 1e-3
+    full = onepass.figures(y, r, s, np.float32, "reduction", g=g, mag=mag.astype(np.float32))
+    want = _expected(y.astype(np.float64), r, s, np.float32, 2.0, g=g, mag=mag.astype(np.float32))
+    assert tuple(full) == pytest.approx(want, rel=1e-15, abs=0)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", ["y", "r", "s"])
+def test_anything_not_finite_is_left_to_the_numpy_rules(bad, where):
+    y, r, s = _arrays(100, np.float32, 3)
+    {"y": y, "r": r, "s": s}[where][17] = bad
+    assert onepass.figures(y, r, s, np.float32, "rounded") is None
+
+
+def test_what_the_pass_does_not_take_goes_the_numpy_way():
+    y, r, s = _arrays(100, np.float32, 4)
+    assert onepass.figures(y, r, s, np.float32, "composite") is None  # normwise bound
+    assert onepass.figures(y.astype(np.float64), r, s, np.float64, "rounded") is None
+    assert onepass.figures(y[:50], r, s, np.float32, "rounded") is None  # shapes differ
+
+
+def test_a_float32_sum_of_terms_never_understates_the_ratio_and_is_within_its_gamma():
+    """A weight gradient h^T g whose elements nearly cancel: the ratio against the float32
+    sum|terms| is at or above the one against the float64 sum (numpy, in the test), and above
+    it by no more than 1 + gamma_{n+2}(2^-24)."""
+    rng = np.random.default_rng(5)
+    n = 64
+    h, g = rng.normal(0, 1, (n, 300)), rng.normal(0, 1e-3, (n, 200))
+    h32, g32 = torch.tensor(h, dtype=torch.float32), torch.tensor(g, dtype=torch.float32)
+    y = (h32.T @ g32).numpy()
+    a, b = h32.double().numpy().T, g32.double().numpy()
+    r = a @ b
+    mag64 = np.abs(a) @ np.abs(b)
+    func = torch.ops.aten.mm.default
+    facts = torch_facts.facts(
+        func, (torch.from_numpy(a), torch.from_numpy(b)), {}, 0, {}, ((h32.T, g32), {})
+    )
+    assert facts.computed_in == np.float32
+    gam = n * 2.0**-24 / (1 - n * 2.0**-24)
+    err = np.abs(y.astype(np.float64) - r)
+    ulp = np.vectorize(lambda x: _ulp(x, np.float32))(r)
+    exact = float(np.max(err / (gam * mag64 + 2 * ulp + 2.0**-126)))
+    got = onepass.op_figures(y, r, r, np.float32, "reduction", facts=facts, terms=n)
+    assert got is not None
+    assert (err > gam * np.abs(r) + 2 * ulp + 2.0**-126).any()  # the cheap bound does not clear it
+    shrink = 1 + (n + 2) * 2.0**-24 / (1 - (n + 2) * 2.0**-24)
+    assert exact <= got.ratio <= exact * shrink * (1 + 1e-12)
+    # and the numpy rules give the same ratio from the same facts
+    assert rules.own_error(y, r, np.float32, "reduction", facts=facts, terms=n)[1] == pytest.approx(
+        got.ratio, rel=1e-15
+    )
