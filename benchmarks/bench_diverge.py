@@ -254,7 +254,7 @@ def main() -> None:
 
     variants = {"eager": eager_sampler, "shadow": lambda: diag.diverge.shadow(fn, *args)}
     samples = _interleaved(variants, a.repeats)
-    _row("jax bf16 sampler 32k", samples, "shadow", "eager", 5)
+    _row("jax bf16 sampler 32k", samples, "shadow", "eager", 3)
 
     # transformers' GPT-2 forward from a config: attention (PyTorch's fused kernel),
     # layer norms, GELU, the tied output projection onto an 8192-token vocabulary.

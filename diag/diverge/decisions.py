@@ -147,7 +147,6 @@ def judge_decision(
 
 def _judge_ranking(kind, low, exact, dtype, operands_exact) -> tuple[int, int, float, bool]:
     x = np.asarray(operands_exact[0], np.float64)
-    xr = _round(x, dtype)
     if kind == KINDS[1]:  # argmax
         li, ei = low[..., None].astype(np.int64), exact[..., None].astype(np.int64)
         lv, ev = np.take_along_axis(x, li, -1)[..., 0], np.take_along_axis(x, ei, -1)[..., 0]
@@ -155,13 +154,9 @@ def _judge_ranking(kind, low, exact, dtype, operands_exact) -> tuple[int, int, f
         flipped, total = int(diff.sum()), int(diff.size)
         if not flipped:
             return 0, total, math.nan, False
-        lr = np.take_along_axis(xr, li, -1)[..., 0]
-        er = np.take_along_axis(xr, ei, -1)[..., 0]
-        return (
-            flipped,
-            total,
-            *_margin_forced(ev[diff], lv[diff], lr[diff] >= er[diff], dtype),
-        )
+        # rounding is elementwise: only the flipped elements are rounded
+        lr, er = _round(lv[diff], dtype), _round(ev[diff], dtype)
+        return (flipped, total, *_margin_forced(ev[diff], lv[diff], lr >= er, dtype))
     k = low.shape[-1]
     lv = np.take_along_axis(x, low.astype(np.int64), -1)
     ev = np.take_along_axis(x, exact.astype(np.int64), -1)
@@ -170,12 +165,8 @@ def _judge_ranking(kind, low, exact, dtype, operands_exact) -> tuple[int, int, f
         flipped, total = int(diff.sum()), int(diff.size)
         if not flipped:
             return 0, total, math.nan, False
-        lr, er = _round(lv, dtype), _round(ev, dtype)
-        return (
-            flipped,
-            total,
-            *_margin_forced(ev[diff], lv[diff], lr[diff] == er[diff], dtype),
-        )
+        lr, er = _round(lv[diff], dtype), _round(ev[diff], dtype)
+        return (flipped, total, *_margin_forced(ev[diff], lv[diff], lr == er, dtype))
     # top_k: the kept sets per row; a kept element counts as flipped when its float64 value is
     # below the k-th largest float64 value (equal values may be kept either way).
     kth = ev.min(axis=-1, keepdims=True)

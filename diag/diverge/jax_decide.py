@@ -273,15 +273,19 @@ def _order_forced(perm: Perm, out: np.ndarray, diff: np.ndarray) -> bool:
     keys = np.asarray(perm.keys, np.float64)
     if keys.shape != out.shape or perm.low.shape != keys.shape:
         return perm.forced
-    r = numerics.round_to_dtype(keys, perm.dtype).astype(np.float64)
     n = keys.shape[-1]
-    for rk, low, exact, moved in zip(
-        *(np.reshape(a, (-1, n)) for a in (r, perm.low, perm.exact, diff))
+    for k, low, exact, moved in zip(
+        *(np.reshape(a, (-1, n)) for a in (keys, perm.low, perm.exact, diff))
     ):
         at = np.empty(n, np.int64)
         at[low.astype(np.int64)] = np.arange(n)  # each element's place in the program's order
         j = np.nonzero(moved)[0]
-        if np.any(rk[j] != rk[exact.astype(np.int64)[at[j]]]):
+        # rounding is elementwise: only the elements compared are rounded
+        mine, there = (
+            numerics.round_to_dtype(k[i], perm.dtype).astype(np.float64)
+            for i in (j, exact.astype(np.int64)[at[j]])
+        )
+        if np.any(mine != there):
             return False
     return True
 

@@ -9,7 +9,8 @@ first-order equation, and `observe(e, ins, outs, path, backward)` is called with
 first-order equation's inputs and outputs after it ran (the policy callback).
 
 Equations run through `diag.interp.jax_compile.bind`: one compiled program per signature,
-reused across equations and kept in JAX's persistent compilation cache.
+reused across equations and kept in JAX's persistent compilation cache. A variable is dropped
+once no later equation reads it, so what a policy keeps per value lives only as long as needed.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class Evaluator:
     def __init__(self):
         self._phase_cache: dict[tuple, tuple[list[bool], list[tuple[bool, ...]]]] = {}
         self._const_cache: dict[int, list[Value]] = {}
+        self._dead_cache: dict[int, list[list]] = {}
         # The higher-order equations being descended, outermost first: their user lines name
         # an equation whose own traceback stops inside a library (a derivative rule of a
         # jitted library function is traced with a truncated stack).
@@ -173,6 +175,7 @@ class Evaluator:
         env.update(zip(jaxpr.constvars, consts))
         env.update(zip(jaxpr.invars, args))
         bwd, only_bwd_outs = self._phases(jaxpr, out_bwd, ctx_bwd, ctx_diff)
+        dead = self._dead(jaxpr)
         for k, e in enumerate(jaxpr.eqns):
             ins = [read(v) for v in e.invars]
             handler = HIGHER_ORDER.get(e.primitive.name)
@@ -188,7 +191,31 @@ class Evaluator:
                 outs = self.apply(e, ins, path, bwd[k])
             for v, o in zip(e.outvars, outs):
                 env[v] = o
+            for v in dead[k]:
+                del env[v]
         return [read(v) for v in jaxpr.outvars]
+
+    def _dead(self, jaxpr) -> list[list]:
+        """Per equation, the variables no later equation reads and the jaxpr does not return:
+        `eval` drops them once it ran, so a value (and what a policy keeps on it: a float64
+        shadow and copy) lives only as long as it is read."""
+        got = self._dead_cache.get(id(jaxpr))
+        if got is not None:
+            return got
+        kept = {v for v in jaxpr.outvars if not isinstance(v, Literal)}
+        last: dict[Any, int] = {}
+        for k, e in enumerate(jaxpr.eqns):
+            for v in e.outvars:
+                last[v] = k  # an output nothing reads dies where it is made
+            for v in e.invars:
+                if not isinstance(v, Literal):
+                    last[v] = k
+        dead: list[list] = [[] for _ in jaxpr.eqns]
+        for v, k in last.items():
+            if v not in kept:
+                dead[k].append(v)
+        self._dead_cache[id(jaxpr)] = dead
+        return dead
 
     #: Run elementwise equations on flat, padded copies (`jax_compile.bind`): fewer
     #: programs to compile; a policy that measures errors bit for bit may turn it off.
