@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from diag import numerics
+from diag.diverge import repair_cost
 from diag.diverge.cause import MAX_RERUNS, TIMINGS, Cause, Failing, Rerun, errors, search
 from diag.diverge.ledger import limit
 from diag.diverge.ranking import candidates
@@ -23,9 +24,10 @@ from diag.tolerance.diverge import diverge_carried_threshold
 
 def _runner(fn: Callable, args: tuple, kwargs: dict, framework: str, leaves: Callable):
     """(the framework's shadow function, its re-runner, or the exception that prevented one);
-    the re-runner copies a PyTorch function's arguments before the shadow run can update
-    them. A re-runner that cannot be made (a target the deep copy or the tracer refuses)
-    leaves the shadow's finding without a cause, never without the finding."""
+    a PyTorch re-runner copies the arguments as given at each run, so the shadow runs on a
+    copy of its own (a training step updates its model). A re-runner that cannot be made (a
+    target the tracer refuses) leaves the shadow's finding without a cause, never without the
+    finding."""
     make: Callable
     if framework == "torch":
         from diag.diverge import torch_cause, torch_shadow
@@ -78,13 +80,13 @@ def explain(
     return report, _find(keep, rerun, failing)
 
 
-def _find(keep: dict, rerun: Any, failing: Sequence[Failing]) -> Cause:
+def _find(keep: dict, rerun: Any, failing: Sequence[Failing], first: Any = None) -> Cause:
     """`find`; a re-runner that could not be made, or a baseline re-run that raises, ends the
     search with a sentence saying so (the shadow's finding stands without a cause)."""
     try:
         if isinstance(rerun, Exception):
             raise rerun
-        return find(keep, rerun, failing)
+        return find(keep, rerun, failing, first=first)
     except Exception as e:  # noqa: BLE001 - the user's function may raise anything
         f = failing[0]
         text = f"no cause: the function could not be re-run op by op ({type(e).__name__}: {e})"
@@ -145,7 +147,7 @@ def diagnose(
     if not report.failed or isinstance(rerun, Exception):
         return report, None
     try:
-        base = rerun(frozenset())
+        base, took = repair_cost.timed(rerun, frozenset())  # the search's baseline too
     except Exception:  # noqa: BLE001 - the user's function may raise anything
         return report, None
     cands = []
@@ -160,7 +162,7 @@ def diagnose(
         failing += decided(base, exact())
     if not failing:
         return report, None
-    cause = _find(keep, rerun, failing)
+    cause = _find(keep, rerun, failing, (base, took))
     return report, dataclasses.replace(cause, decided=tuple(f.path for f in failing if f.exact))
 
 
@@ -187,11 +189,13 @@ def find(
     rerun: Rerun,
     failing: Sequence[Failing],
     max_reruns: int = MAX_RERUNS,
+    first: tuple[list[tuple[str, Any]], float] | None = None,
 ) -> Cause:
-    """`candidates` from a shadow run's `keep` (ledger and output sources), then `search`."""
+    """`candidates` from a shadow run's `keep` (ledger and output sources), then `search`
+    (`first`: the baseline run and its seconds, when the caller already ran it)."""
     ledger = keep["ledger"]
     starts = sorted({i for s in keep.get("sources", ()) for i in s})
     # what the ops may carry: the smallest float allowance (integer outputs: float32's)
     allowance = min((f.allowance for f in failing if f.allowance > 0), default=2.0**-12)
     sites, readers = candidates(ledger.entries, starts, allowance)
-    return search(rerun, sites, failing, readers, max_reruns, TIMINGS)
+    return search(rerun, sites, failing, readers, max_reruns, TIMINGS, first)

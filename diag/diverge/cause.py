@@ -16,7 +16,8 @@ change, and evidence that changing it fixes the result. So the cause is found by
    value keeps its width into the `MAX_HOPS` ops that compute with it, as type promotion
    would carry it, then is rounded to the dtype the code gives it; a promoted narrowing cast
    is one the user would drop, and its wider value stays (`diag.diverge.jax_cause`,
-   `diag.diverge.torch_cause`).
+   `diag.diverge.torch_cause`). A JAX re-run starts downstream, at the first equation that
+   holds a promoted op, from the values the run as written kept (`diag.diverge.jax_restart`).
 3. The failing outputs of that run are measured against the reference. The cause is the
    first candidate (then the smallest set of the best ones) whose promotion brings every
    failing output within its allowance, in at most `MAX_RERUNS` runs. A claim is made only
@@ -44,8 +45,9 @@ from diag.diverge.rules import carried_error
 #: as written, is not counted).
 MAX_RERUNS = 10
 #: Times the function as written and as repaired each run again, timed, once a cause is
-#: confirmed (not counted in `MAX_RERUNS`: the search's own runs compiled what they ran).
-TIMINGS = 3
+#: confirmed (not counted in `MAX_RERUNS`); the search's baseline and confirming runs, timed
+#: as they ran, are the first sample of each (`diag.diverge.repair_cost`).
+TIMINGS = 1
 #: Single candidates tried before sets of the best ones are.
 SINGLES = 7
 #: How many ops computing with a promoted op's result see it at the wider width before it
@@ -157,10 +159,11 @@ class Cause:
         confirmed: whether the re-run brought every failing output within its allowance.
         reruns: how many re-runs the search took.
         text: one line: ``cause: ...`` (or why there is none).
-        time_before_s: the median time of the function as written, run op by op as the
-            search re-runs it (CPU, eager: not a compiled kernel's time); None without a
-            confirmed cause.
-        repair_time_s: the same with `cause_ops` promoted: what the repair costs in time.
+        time_before_s: the fastest time of the function as written, run op by op as the
+            search re-runs it (CPU, eager: not a compiled kernel's time), over the search's
+            baseline run and `TIMINGS` more; None without a confirmed cause.
+        repair_time_s: the same with `cause_ops` promoted, over the run that confirmed the
+            cause and `TIMINGS` more: what the repair costs in time.
         time_before_spread_s, repair_time_spread_s: the largest minus the smallest of those
             runs' times.
         decided: the integer outputs (a flipped decision's tokens, indices) the search held
@@ -207,7 +210,9 @@ def _json(x: float) -> float | str | None:
 
 
 class Rerun(Protocol):
-    """A framework's re-runner: the function's output leaves, with `sites` promoted."""
+    """A framework's re-runner: the function's output leaves, with `sites` promoted. One
+    that re-runs only the part downstream of the promoted sites (JAX) may say, as
+    ``skipped_s``, how long the part it skipped took in the baseline run."""
 
     def __call__(self, sites: frozenset[tuple[str, str, str, str]]) -> list[tuple[str, Any]]: ...
 
@@ -275,6 +280,7 @@ def search(
     consumers: dict[tuple, set[str]] | None = None,
     max_reruns: int = MAX_RERUNS,
     timings: int = 0,
+    first: tuple[list[tuple[str, Any]], float] | None = None,
 ) -> Cause:
     """Re-run with candidates promoted until every failing output is within its allowance.
 
@@ -287,10 +293,12 @@ def search(
         max_reruns: the budget.
         timings: how many more times the function as written and as repaired run, timed,
             once a cause is confirmed (not counted in the budget; 0: not timed).
+        first: the baseline run (every op as written) and its seconds, when the caller
+            already ran it (`repair_cost.timed`).
     """
-    first = rerun(frozenset())
-    dtypes = {p: np.asarray(y).dtype for p, y in first}
-    base = errors(first, failing)
+    got, took = first if first is not None else repair_cost.timed(rerun, frozenset())
+    dtypes = {p: np.asarray(y).dtype for p, y in got}
+    base = errors(got, failing)
     before, k0 = _worst(base, failing)
     if before <= 1.0:
         return _none(
@@ -304,24 +312,24 @@ def search(
     tried: list[tuple[float, Site, list[float]]] = []
     runs = 0
     for group in _plan(candidates[: min(SINGLES, max_reruns)]):
-        errs = _attempt(rerun, frozenset(s.key for s in group), failing, dtypes)
+        errs, secs = _attempt(rerun, frozenset(s.key for s in group), failing, dtypes)
         runs += 1
         ratio, _ = _worst(errs, failing)
         if len(group) == 1:
             tried.append((ratio, group[0], errs))
         if ratio <= 1.0:
             cause = _found(group, base, errs, failing, rerun, runs, consumers or {})
-            return _timed(cause, rerun, group, timings)
+            return _timed(cause, rerun, group, timings, (took, secs))
     tried.sort(key=lambda t: t[0])
     for n in range(2, len(tried) + 1):
         if runs >= max_reruns:
             break
         group = tuple(t[1] for t in tried[:n])
-        errs = _attempt(rerun, frozenset(s.key for s in group), failing, dtypes)
+        errs, secs = _attempt(rerun, frozenset(s.key for s in group), failing, dtypes)
         runs += 1
         if _worst(errs, failing)[0] <= 1.0:
             cause = _found(group, base, errs, failing, rerun, runs, consumers or {})
-            return _timed(cause, rerun, group, timings)
+            return _timed(cause, rerun, group, timings, (took, secs))
     if not tried:
         return _none(
             "no candidate op computes in a dtype narrower than float64",
@@ -359,24 +367,26 @@ def _plan(singles: list[Site]) -> list[tuple[Site, ...]]:
     return plan
 
 
-def _attempt(rerun: Rerun, sites: frozenset, failing: Sequence[Failing], dtypes: dict) -> list:
-    """The failing outputs' errors with `sites` promoted; inf where the promoted run raised
-    (an autograd node refusing a wider gradient: that candidate repairs nothing)."""
+def _attempt(
+    rerun: Rerun, sites: frozenset, failing: Sequence[Failing], dtypes: dict
+) -> tuple[list, float]:
+    """The failing outputs' errors with `sites` promoted, and the run's seconds; inf where
+    the promoted run raised (an autograd node refusing a wider gradient: that candidate
+    repairs nothing)."""
     try:
-        got = rerun(sites)
+        got, secs = repair_cost.timed(rerun, sites)
     except Exception:  # noqa: BLE001 - the user's function, changed, may raise anything
-        return [math.inf for _ in failing]
-    return errors(got, failing, dtypes)
+        return [math.inf for _ in failing], math.nan
+    return errors(got, failing, dtypes), secs
 
 
 def _timed(
-    cause: Cause,
-    rerun: Rerun,
-    group: tuple[Site, ...],
-    timings: int,
+    cause: Cause, rerun: Rerun, group: tuple[Site, ...], timings: int, took: tuple[float, float]
 ) -> Cause:
-    """`cause` with what its repair costs in time (`diag.diverge.repair_cost`)."""
-    cost = repair_cost.measure(rerun, frozenset(s.key for s in group), timings)
+    """`cause` with what its repair costs in time (`diag.diverge.repair_cost`), `took` the
+    seconds of the search's baseline run and of the run that confirmed the cause."""
+    keys = frozenset(s.key for s in group)
+    cost = repair_cost.measure(rerun, keys, timings, [took[0]], [took[1]])
     if cost is None:
         return cause
     return dataclasses.replace(

@@ -13,7 +13,8 @@ float32 model does not compute the rest of the model in float64: only what the c
 feeds directly is wider. A narrowing cast promoted is a cast the user would drop: the wider
 value is then the program's own from there on. A literal the tracer
 rounded into a promoted equation (an ``eps = 1e-8`` that became 0 in float16) takes the
-value written on the user's line.
+value written on the user's line. The first run as written keeps its values, and a promoted
+run starts downstream, at the first equation holding a promoted op (`diag.diverge.jax_restart`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 from diag import numerics
 from diag.diverge.cause import MAX_HOPS, package_of, wider
 from diag.diverge.decisions import written_literal
+from diag.diverge.jax_restart import Kept
 from diag.diverge.rules import op_class
 from diag.interp.jax_compile import bind, bind_params
 from diag.interp.jax_program import Program
@@ -51,6 +53,14 @@ def _bits(dtype: Any) -> int:
 
 def _widest(dtypes: list) -> Any:
     return max(dtypes, key=_bits) if dtypes else None
+
+
+def _as(v: Any, dtype: Any) -> Any:
+    """`v` as a JAX array of `dtype` (itself when it is one already: a scan's hundreds of
+    iterations would otherwise copy each value again)."""
+    if isinstance(v, jax.Array) and v.dtype == dtype:
+        return v
+    return jnp.asarray(v, dtype)
 
 
 def _widen_params(params: Any, to: Any) -> Any:
@@ -92,12 +102,37 @@ def _budget_after(e, ins: list, declared: list) -> int | None:
 class _Promote(Evaluator):
     """One evaluation with `sites` promoted (see the module docstring)."""
 
-    def __init__(self, sites: frozenset, packages: dict, literals: dict):
+    def __init__(
+        self,
+        sites: frozenset,
+        packages: dict,
+        literals: dict,
+        kept: Kept | None = None,
+        starts: dict[int, int] | None = None,
+        keys: dict | None = None,
+    ):
         super().__init__()
         self.sites = sites
         self.names = {k[0] for k in sites}
         self.packages = packages
         self.literals = literals  # id(eqn) -> [(position, written value)]
+        # (id(eqn), ids of the equations it is in, backward) -> its site key: the same in
+        # every iteration of a loop and every re-run (the jaxpr is kept, so ids stay unique)
+        self.keys: dict = {} if keys is None else keys
+        self.kept = kept  # the baseline's values: kept here (no `starts`), or read
+        self.starts = starts or {}  # id(jaxpr) -> the equation a re-run starts at
+
+    def eval(self, jaxpr, consts, args, path, out_bwd, ctx_bwd=False, ctx_diff=False):
+        """`Evaluator.eval`; the baseline keeps its values, a re-run starts downstream
+        (`diag.diverge.jax_restart`)."""
+        rest = (path, out_bwd, ctx_bwd, ctx_diff)
+        kept = self.kept
+        if kept is not None and not self.starts and kept.on_path(jaxpr, self.outer):
+            return kept.record(super().eval, jaxpr, consts, args, *rest)
+        start = self.starts.get(id(jaxpr))
+        if kept is not None and start is not None:
+            return kept.resume(super().eval, jaxpr, start, consts, args, *rest)
+        return super().eval(jaxpr, consts, args, *rest)
 
     def wrap(self, val: Any) -> Value:
         return _PV(val)
@@ -112,15 +147,16 @@ class _Promote(Evaluator):
         budgets = [getattr(v, "budget", None) for v in vs]
         kept = [b for b in budgets if b is not None]
         return _PV(
-            jnp.stack([jnp.asarray(v.val, dtype) for v in vs]),
+            jnp.stack([_as(v.val, dtype) for v in vs]),
             None if len(kept) < len(budgets) or not kept else max(kept),
         )
 
     def _key(self, e, backward: bool) -> tuple[str, str, str, str]:
-        src, lib = source_and_library(e, tuple(self.outer))
-        return (e.primitive.name, src, lib, "backward" if backward else "forward")
+        return site_key(self.keys, e, self.outer, backward)
 
     def apply(self, e, ins: list, path: str, backward: bool) -> list:
+        if self.kept is not None and not self.starts:
+            self.kept.note(e, self.outer, backward)
         vals = [i.val for i in ins]
         declared = [getattr(getattr(v, "aval", None), "dtype", None) for v in e.invars]
         promote = False
@@ -167,7 +203,7 @@ class _Promote(Evaluator):
                 return bind(e, vals)  # a cast the code wrote narrows, as written
             return bind(e, vals, _widen_params(params, up))
         cast = [
-            jnp.asarray(v, up) if _float(getattr(v, "dtype", None)) or isinstance(v, float) else v
+            _as(v, up) if _float(getattr(v, "dtype", None)) or isinstance(v, float) else v
             for v in vals
         ]
         return bind(e, cast, _widen_params(params, up))
@@ -183,6 +219,17 @@ class _Promote(Evaluator):
         for k, w in got:
             vals[k] = w
         return vals
+
+
+def site_key(memo: dict, e, outer, backward: bool) -> tuple[str, str, str, str]:
+    """The site of equation `e` inside the equations `outer` (`cause.Site.key`), kept in
+    `memo` by the equations' ids: the same in every iteration of a loop and every re-run."""
+    at = (id(e), *map(id, outer), backward)
+    got = memo.get(at)
+    if got is None:
+        src, lib = source_and_library(e, tuple(outer))
+        got = memo[at] = (e.primitive.name, src, lib, "backward" if backward else "forward")
+    return got
 
 
 def _plumbing(e) -> bool:
@@ -279,7 +326,12 @@ def _host(x: Any) -> Any:
 
 class Rerun:
     """The function traced once; `__call__(sites)` evaluates it with `sites` promoted and
-    returns its output leaves (``leaves`` turns the result into (path, array) pairs)."""
+    returns its output leaves (``leaves`` turns the result into (path, array) pairs).
+
+    The first run as written keeps its values; a promoted run then starts at the first
+    equation holding an op of a promoted site (`diag.diverge.jax_restart`), and
+    ``skipped_s`` says how long the part it skipped took in that first run (0 for a whole
+    run); `whole(sites)` always runs the whole function."""
 
     def __init__(self, fn: Callable, args: tuple, kwargs: dict, leaves: Callable):
         self.prog = Program(fn, args, kwargs)
@@ -289,10 +341,46 @@ class Rerun:
         self.leaves = leaves
         self.packages: dict = {}  # site key -> (package, the user's line, its code)
         self._literals: dict = {}
+        self._keys: dict = {}
+        self.kept: Kept | None = None
+        self.skipped_s = 0.0
         self.runs = 0
 
     def __call__(self, sites: frozenset) -> list[tuple[str, Any]]:
-        h = _Promote(sites, self.packages, self._literals)
+        self.skipped_s = 0.0
+        if self.kept is None and not sites:  # the run as written: keep its values
+            kept = Kept()
+            try:
+                got = self._run(
+                    _Promote(sites, self.packages, self._literals, kept, None, self._keys)
+                )
+            except Exception:  # noqa: BLE001 - a whole run says what the function does
+                return self.whole(sites)
+            self.kept = kept
+            return got
+        if self.kept is not None and sites:
+            starts, skipped = self.kept.plan(sites, self.site_of)
+            if starts:
+                h = _Promote(sites, self.packages, self._literals, self.kept, starts, self._keys)
+                try:
+                    got = self._run(h)
+                except Exception:  # noqa: BLE001 - a whole run says what the function does
+                    pass
+                else:
+                    self.skipped_s = skipped
+                    return got
+        return self.whole(sites)
+
+    def site_of(self, e, outer: tuple, backward: bool) -> tuple[str, str, str, str]:
+        """The site key of equation `e` inside the equations `outer` (`site_key`)."""
+        return site_key(self._keys, e, outer, backward)
+
+    def whole(self, sites: frozenset) -> list[tuple[str, Any]]:
+        """The whole function evaluated with `sites` promoted (the repair's timed runs)."""
+        self.skipped_s = 0.0
+        return self._run(_Promote(sites, self.packages, self._literals, keys=self._keys))
+
+    def _run(self, h: _Promote) -> list[tuple[str, Any]]:
         with jax.enable_x64(True), np.errstate(all="ignore"):
             outs = h.eval(
                 self.closed.jaxpr,

@@ -2,19 +2,22 @@
 cause search runs them.
 
 The search already ran both: the baseline (every op as written) and the run that confirmed
-the cause (its ops promoted). Once it has, each runs a few more times, alternately, timed,
-and the medians and spreads (largest minus smallest) are said; the search's own runs are
-warm-ups (a wider dtype's first run compiles its ops). These are the re-runner's times (JAX:
-the jaxpr evaluated equation by equation; PyTorch: eager, under a dispatch mode, on a fresh
-copy of the arguments), on the CPU: they say what computing those ops in the wider dtype
-costs beside the rest of the function run the same way, not what a compiled kernel of either
-would take.
+the cause (its ops promoted). Both runs were timed as they ran and count as samples; then each
+runs `cause.TIMINGS` more times, alternately, and the fastest of each side and its spread
+(largest minus smallest) are said. The fastest, because the confirming run is the first run of
+its ops at the wider dtype (JAX compiles them there; PyTorch warms its kernels), which is no
+cost of the repair; the extra run is warm. A confirming run that started downstream of the
+cause (`diag.diverge.jax_restart`) is counted with the part it skipped at that part's time in
+the baseline run (the same ops, as written, on the same values); the extra runs run the whole
+function. These are the re-runner's times (JAX: the jaxpr evaluated equation by equation;
+PyTorch: eager, under a dispatch mode, on a fresh copy of the arguments, the copy not
+counted), on the CPU: they say what computing those ops in the wider dtype costs beside the
+rest of the function run the same way, not what a compiled kernel of either would take.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +25,7 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True)
 class Cost:
-    """Median seconds as written and repaired, and each one's spread (largest minus
+    """The fastest seconds as written and repaired, and each one's spread (largest minus
     smallest), over `runs` runs of each."""
 
     before_s: float
@@ -32,47 +35,59 @@ class Cost:
     runs: int
 
     def text(self) -> str:
-        """``time op by op on the CPU (median of 3): 12.1 ms (spread 0.4 ms) as written,
+        """``time op by op on the CPU (fastest of 2): 12.1 ms (spread 0.4 ms) as written,
         12.9 ms (spread 0.3 ms) repaired (+7%)``."""
         change = f"{(self.after_s / self.before_s - 1) * 100:+.0f}%" if self.before_s else "n/a"
         return (
-            f"time op by op on the CPU (median of {self.runs}): {_secs(self.before_s)} "
+            f"time op by op on the CPU (fastest of {self.runs}): {_secs(self.before_s)} "
             f"(spread {_secs(self.before_spread_s)}) as written, {_secs(self.after_s)} "
             f"(spread {_secs(self.after_spread_s)}) repaired ({change})"
         )
 
 
-def measure(rerun: Callable[[frozenset], Any], sites: frozenset, timings: int) -> Cost | None:
-    """Time `rerun` as written and with `sites` promoted, alternately, `timings` times each
-    (None when `timings` is 0 or a run raised).
-
-    The search's own runs are not timed: the first run of an op at a wider dtype compiles
-    it (JAX) or warms its kernels, which is no cost of the repair.
+def measure(
+    rerun: Callable[[frozenset], Any],
+    sites: frozenset,
+    timings: int,
+    before: list[float],
+    after: list[float],
+) -> Cost | None:
+    """Time `rerun` as written and with `sites` promoted, alternately, `timings` more times
+    each, beside the search's own timed runs (None when `timings` is 0 or a run raised).
 
     Args:
         rerun: the framework's re-runner (`diag.diverge.cause.Rerun`).
         sites: the cause's site keys.
-        timings: how many times each is run.
+        timings: how many more times each is run.
+        before: the search's own runs as written, timed (seconds).
+        after: the search's own run that confirmed the cause, timed (seconds; with the part
+            it skipped at its baseline time).
     """
-    before: list[float] = []
-    after: list[float] = []
+    if timings <= 0:
+        return None
+    before, after = list(before), list(after)
+    whole = getattr(rerun, "whole", rerun)  # a re-runner that starts downstream: whole runs
     for _ in range(timings):
         for keys, into in ((frozenset(), before), (sites, after)):
-            clock = time.perf_counter()
             try:
-                rerun(keys)
+                into.append(timed(whole, keys)[1])
             except Exception:  # noqa: BLE001 - both ran in the search; a flaky function
                 return None
-            into.append(time.perf_counter() - clock)
-    if not before:
+    if not before or not after:
         return None
-    return Cost(
-        statistics.median(before),
-        statistics.median(after),
-        max(before) - min(before),
-        max(after) - min(after),
-        len(before),
-    )
+    runs = min(len(before), len(after))
+    before, after = before[:runs], after[:runs]
+    return Cost(min(before), min(after), max(before) - min(before), max(after) - min(after), runs)
+
+
+def timed(rerun: Callable[[frozenset], Any], sites: frozenset) -> tuple[Any, float]:
+    """`rerun(sites)` and its seconds: the wall time of the call, less the copy of the
+    arguments a PyTorch re-run makes first (the re-runner's ``setup_s``), plus the time in
+    the baseline run of the part a downstream JAX re-run skipped (its ``skipped_s``)."""
+    clock = time.perf_counter()
+    got = rerun(sites)
+    took = time.perf_counter() - clock - getattr(rerun, "setup_s", 0.0)
+    return got, took + getattr(rerun, "skipped_s", 0.0)
 
 
 def _secs(s: float) -> str:

@@ -12,7 +12,7 @@ result is rounded to the dtype the code gives it. A cast the code wrote
 and its wider value stays. An op that writes into a tensor (``add_``) writes in that tensor's
 dtype.
 The function runs on a fresh copy of its arguments each time (a training step updates its
-model), with torch's random generator state restored.
+model), with torch's random generator state restored, and runs whole each time.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import copy
 import linecache
 import os
 import sys
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -184,17 +185,26 @@ def _package() -> str:
 
 class Rerun:
     """`__call__(sites)`: the function run once more on a fresh copy of its arguments with
-    `sites` promoted; its output leaves (``leaves`` turns the result into (path, array))."""
+    `sites` promoted; its output leaves (``leaves`` turns the result into (path, array)).
+
+    The arguments as given are copied by each run and never run on (`diag.diverge.explain`
+    runs the shadow on a copy of its own), so a training step starts each run from the same
+    model. ``setup_s`` is how long the last run's copy took: no part of the function's time.
+    The whole function runs each time: an eager function cannot start again at a line in the
+    middle (its locals, its modules' buffers, a branch taken on a value are Python's)."""
 
     def __init__(self, fn: Callable, args: tuple, kwargs: dict, leaves: Callable):
-        self.pristine = copy.deepcopy((fn, args, kwargs))
+        self.given = (fn, args, kwargs)
         self.rng = torch.random.get_rng_state()
         self.leaves = leaves
         self.packages: dict = {}
+        self.setup_s = 0.0
         self.runs = 0
 
     def __call__(self, sites: frozenset) -> list[tuple[str, Any]]:
-        fn, args, kwargs = copy.deepcopy(self.pristine)
+        clock = time.perf_counter()
+        fn, args, kwargs = copy.deepcopy(self.given)
+        self.setup_s = time.perf_counter() - clock
         mode = _Promote(sites, self.packages)
         with torch.random.fork_rng(devices=[]):
             torch.random.set_rng_state(self.rng)
