@@ -160,30 +160,34 @@ def op_figures(
     if cls != "reduction":
         return figures(y, r, s, dtype, cls)
     g = cheap_gamma(terms, dtype)
-    if not math.isfinite(g) or _format(dtype) is None:
+    if not math.isfinite(g) or _format(dtype) is None or not (y.shape == r.shape == s.shape):
         return None
-    if facts is not None and y.size > 4 * _SAMPLE and y.shape == r.shape == s.shape:
+    # flattened (and widened where the loop needs it) once for the sample and both passes
+    shape, y, r, s = y.shape, _flat(y), _flat(r, np.float64), _flat(s, np.float64)
+    if facts is not None and y.size > 4 * _SAMPLE:
         step = y.size // _SAMPLE
-        ys, rs, ss = (_flat(a)[::step] for a in (y, r, s))
-        first = figures(ys, rs, ss, dtype, cls, g=g)
+        first = figures(y[::step], r[::step], s[::step], dtype, cls, g=g)
         if first is not None and first.ratio > 1.0:
-            return _against_terms(y, r, s, dtype, facts, terms, None)
+            return _against_terms(y, r, s, shape, dtype, facts, terms, None)
     got = figures(y, r, s, dtype, cls, g=g)
     if got is None or got.ratio <= 1.0 or facts is None:
         return got
-    return _against_terms(y, r, s, dtype, facts, terms, got)
+    return _against_terms(y, r, s, shape, dtype, facts, terms, got)
 
 
-def _against_terms(y, r, s, dtype, facts, terms, got: Figures | None) -> Figures | None:
-    """The figures with the ratio against gamma_n sum|terms| (None: a count per element)."""
+def _against_terms(y, r, s, shape, dtype, facts, terms, got: Figures | None) -> Figures | None:
+    """The figures with the ratio against gamma_n sum|terms| (None: a count per element, or
+    a sum|terms| not in the output's `shape`); `y`, `r`, `s` flat."""
     mag, cnt = facts()
+    if np.shape(mag) != shape:
+        return None
     if np.ndim(cnt) > 0:  # one count per element: the same everywhere (a matmul) or not
         cnt = np.asarray(cnt)
         if not cnt.size or cnt.min() != cnt.max():
             return None
         cnt = float(cnt.flat[0])
     g = facts_gamma(cnt, terms, dtype, facts)
-    full = figures(y, r, s, dtype, "reduction", g=g, mag=np.asarray(mag))
+    full = figures(y, r, s, dtype, "reduction", g=g, mag=_flat(mag))
     if full is None or got is None:
         return full
     return got._replace(ratio=full.ratio)
