@@ -124,3 +124,20 @@ def test_a_float32_sum_of_terms_never_understates_the_ratio_and_is_within_its_ga
     assert rules.own_error(y, r, np.float32, "reduction", facts=facts, terms=n)[1] == pytest.approx(
         got.ratio, rel=1e-15
     )
+
+
+def test_a_sum_of_terms_past_float32s_range_is_redone_in_float64():
+    """|a| |b| summed in float32 overflows where the float64 sum (numpy, in the test) does
+    not: the facts give the float64 sum and say so, so the bound is not shrunk."""
+    a = torch.full((2, 4), 3e19, dtype=torch.float32)
+    b = torch.full((4, 3), 2e19, dtype=torch.float32)
+    b[1::2] *= -1  # the products cancel: the op's own output stays finite
+    func = torch.ops.aten.mm.default
+    wide = (a.double(), b.double())
+    facts = torch_facts.facts(func, wide, {}, 0, {}, ((a, b), {}))
+    assert isinstance(facts, torch_facts.Float32Terms)
+    mag, cnt = facts()
+    want = np.abs(a.double().numpy()) @ np.abs(b.double().numpy())  # 2.4e39 each
+    assert (want > np.finfo(np.float32).max).all()  # past float32, within float64
+    assert facts.computed_in == np.float64
+    assert np.array_equal(mag, want) and cnt == 4.0
