@@ -17,10 +17,19 @@ import torch
 
 
 class Copies:
-    """The kept float64 copies of one shadow run, by tensor."""
+    """The kept float64 copies of one shadow run, by tensor.
 
-    def __init__(self) -> None:
+    Args:
+        limit: keep at most this many, the latest (None: every one while its tensor lives).
+            An activation read by the next few ops (GELU's ``x`` by four, a residual by a
+            norm and an add) is widened once for their references; kept longer, the copies
+            of a whole forward pass cost more in memory traffic than widening again (at
+            width 1024: 10.2-10.5x eager against 9.3-9.7x).
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
         self._kept: dict[int, tuple[weakref.ref, int, torch.Tensor, int]] = {}
+        self._limit = limit
 
     def __bool__(self) -> bool:
         return bool(self._kept)
@@ -41,7 +50,10 @@ class Copies:
                 if kept.get(key, (None,))[0] is ref:
                     del kept[key]
 
+            kept.pop(key, None)  # the latest last
             kept[key] = (weakref.ref(t, drop), t._version, sh, ptr)
+            if self._limit is not None and len(kept) > self._limit:
+                del kept[next(iter(kept))]
         return sh
 
     def forget(self, written: list) -> None:

@@ -21,17 +21,35 @@ from diag.interp.torch_ops import flat_args
 
 def map_args(x: Any, fn: Callable) -> Any:
     """`x` (an aten call's args/kwargs) with every tensor and float dtype passed through fn."""
-    if isinstance(x, (torch.Tensor, torch.dtype)):
+    if isinstance(x, _MAPPED):
         return fn(x)
     if isinstance(x, (list, tuple)):
-        return type(x)(map_args(y, fn) for y in x)
+        return type(x)(
+            [
+                fn(y)
+                if isinstance(y, _MAPPED)
+                else map_args(y, fn)
+                if isinstance(y, _NESTED)
+                else y
+                for y in x
+            ]
+        )
     if isinstance(x, dict):
-        return {k: map_args(v, fn) for k, v in x.items()}
+        return {k: map_args(v, fn) for k, v in x.items()} if x else {}
     return x
 
 
+_MAPPED = (torch.Tensor, torch.dtype)
+_NESTED = (list, tuple, dict)
+
+
 def host(t: torch.Tensor) -> np.ndarray:
-    return t.detach().to(torch.float64).cpu().numpy()
+    """A tensor's values as a float64 numpy array (no copy for a CPU float64 tensor)."""
+    if t.requires_grad:
+        t = t.detach()
+    if t.dtype != torch.float64:
+        t = t.to(torch.float64)
+    return t.numpy() if t.is_cpu else t.cpu().numpy()
 
 
 def facts(

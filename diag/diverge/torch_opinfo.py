@@ -55,7 +55,8 @@ def threshold(dtype: torch.dtype) -> float:
 def low(t: torch.Tensor) -> np.ndarray:
     """A CPU tensor's values as numpy, without a float64 copy: the rules widen float32 and
     float16 exactly as they subtract (bfloat16, which numpy lacks, becomes float32, exactly)."""
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.dtype == torch.bfloat16:
         t = t.float()
     return t.numpy() if t.is_cpu else t.cpu().numpy()

@@ -40,6 +40,9 @@ from diag.interp.torch_mode import OpMode
 from diag.interp.torch_ops import VIEW, flat_args, written_tensors
 from diag.interp.torch_source import library_text, stack_lines
 
+#: How many float64 copies of activations a run keeps for the references of the next ops
+#: (`torch_copies.Copies`).
+RECENT = 16
 #: What `_Mode._sh` keeps per tensor: (weak reference to it, its float64 shadow, its carried
 #: error, its threshold, its `Origin` or None, the ledger entries it was computed from).
 Kept = tuple[Any, torch.Tensor, float, float, Any, tuple]
@@ -67,6 +70,7 @@ class _Mode(OpMode):
         self._decided = False  # whether a mask or indices has ever had a shadow of its own
         self.mags: dict = {}  # |x| of float64 arguments of reductions (`torch_facts`)
         self._fresh = Copies()  # float64 copies of the tensors not seen yet
+        self._recent = Copies(limit=RECENT)  # of the latest inputs widened for a reference
         table = self._sh
 
         def drop(ref: _Ref) -> None:  # a shadow lives as long as its tensor
@@ -145,8 +149,10 @@ class _Mode(OpMode):
         writes = op.writes
         if writes is VIEW:
             return self._view(func, args, kwargs)
-        if writes and self._fresh:
-            self._fresh.forget([t for g in written_tensors(writes, args, kwargs) for t in g])
+        if writes and (self._fresh or self._recent):
+            written = [t for g in written_tensors(writes, args, kwargs) for t in g]
+            self._fresh.forget(written)
+            self._recent.forget(written)
         flat = flat_args(args, [])
         if kwargs:
             flat_args(kwargs, flat)
@@ -288,9 +294,13 @@ class _Mode(OpMode):
         if own is None:  # an input equal to its shadow lends it as its float64 copy
             exact = {id(t): e[1] for t, e in zip(ins, before) if e[2] == 0.0}
 
-            def widen(x: Any) -> Any:
-                got = exact.get(id(x)) if isinstance(x, torch.Tensor) else None
-                return wide(x) if got is None else got
+            def widen(x: Any) -> Any:  # the op does not write them: copies may be shared
+                if not isinstance(x, torch.Tensor):
+                    return wide(x)
+                got = exact.get(id(x))
+                if got is not None:
+                    return got
+                return self._recent.of(x) if real(x) else x
 
             own = (map_args(args, widen), map_args(kwargs, widen))
         try:
@@ -321,9 +331,10 @@ class _Mode(OpMode):
         where, phase, path = lines
         name, writes = op.name, op.writes
         carried_in = [(e[2], e[3]) for e in before] + [(math.inf, 0.0) for _ in dins]
-        inherited = max((e[3] for e in before), default=0.0)
-        longest = max((max(t.shape, default=1) for t in ins), default=1)
-        most = max((t.numel() for t in ins), default=0)
+        inherited, longest, most = 0.0, 1, 0
+        for t, e in zip(ins, before):
+            inherited, longest = max(inherited, e[3]), max(longest, max(t.shape, default=1))
+            most = max(most, t.numel())
         lows, shs, refs = triples
         for k, (y, s) in enumerate(zip(lows, shs)):
             if not isinstance(y, torch.Tensor) or not isinstance(s, torch.Tensor):
