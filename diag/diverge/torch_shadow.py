@@ -32,7 +32,7 @@ from diag.diverge.chunked import max_absdiff_parts
 from diag.diverge.ledger import Ledger
 from diag.diverge.records import DivergeError, ShadowReport
 from diag.diverge.rules import carried_error, max_absdiff, release_scratch
-from diag.diverge.torch_copies import Copies
+from diag.diverge.torch_copies import Copies, Recent
 from diag.diverge.torch_decide import NO_ORIGIN, Decider, Origin
 from diag.diverge.torch_facts import draws, facts, host, latest, map_args, op_tags
 from diag.diverge.torch_opinfo import NP, OpInfo, low, op_info, real, threshold, wide
@@ -41,7 +41,7 @@ from diag.interp.torch_ops import VIEW, flat_args, written_tensors
 from diag.interp.torch_source import library_text, stack_lines
 
 #: How many float64 copies of activations a run keeps for the references of the next ops
-#: (`torch_copies.Copies`).
+#: (`torch_copies.Recent`).
 RECENT = 16
 #: What `_Mode._sh` keeps per tensor: (weak reference to it, its float64 shadow, its carried
 #: error, its threshold, its `Origin` or None, the ledger entries it was computed from).
@@ -70,7 +70,7 @@ class _Mode(OpMode):
         self._decided = False  # whether a mask or indices has ever had a shadow of its own
         self.mags: dict = {}  # |x| of float64 arguments of reductions (`torch_facts`)
         self._fresh = Copies()  # float64 copies of the tensors not seen yet
-        self._recent = Copies(limit=RECENT)  # of the latest inputs widened for a reference
+        self._recent = Recent(RECENT)  # of the latest inputs widened for a reference
         table = self._sh
 
         def drop(ref: _Ref) -> None:  # a shadow lives as long as its tensor
