@@ -51,58 +51,6 @@ class Copies:
             del self._kept[key]
 
 
-class Recent:
-    """Float64 copies of the latest `limit` activations widened for a reference, by memory and
-    layout: an activation read by the next few ops (a GELU's ``x`` by four, a residual by a
-    norm and an add, a forward output by the backward op that unpacks it as a new tensor
-    object) is widened once for their references (16 of a GPT-2 forward's 107 widenings, 14%
-    of their elements; 6 of an MLP training step's 23, 26%; keyed by tensor object, 3 of
-    the 23). Each entry holds its tensor's memory, so no other tensor can be given that memory
-    while it is kept; a write the shadow sees drops the copies of its memory (`forget`), a
-    write through a view moves the version. 16 finds every repeat in those two; keeping the
-    copies of a whole forward pass cost more in memory traffic than widening again (at width
-    1024: 10.2-10.5x eager against 9.3-9.7x)."""
-
-    def __init__(self, limit: int) -> None:
-        self._kept: dict[tuple, tuple[Any, int, torch.Tensor]] = {}
-        self._limit = limit
-
-    def __bool__(self) -> bool:
-        return bool(self._kept)
-
-    def of(self, t: torch.Tensor) -> torch.Tensor:
-        """`t` in float64: the kept copy of the same values, else a new one (kept)."""
-        try:
-            memory = None if t.is_inference() else t.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            memory = None
-        if memory is None:
-            return t.detach().to(torch.float64, copy=True)
-        key = (
-            memory.data_ptr(),
-            t.device,
-            t.storage_offset(),
-            t.shape,
-            t.stride(),
-            t.dtype,
-            t.is_neg(),
-        )
-        kept = self._kept
-        got = kept.pop(key, None)
-        if got is None or got[1] != t._version:
-            got = (memory, t._version, t.detach().to(torch.float64, copy=True))
-            if len(kept) >= self._limit:
-                del kept[next(iter(kept))]
-        kept[key] = got  # the latest last
-        return got[2]
-
-    def forget(self, written: list) -> None:
-        """Drop the copies of the memory of the `written` tensors."""
-        ptrs = {storage(t) for t in written}
-        for key in [k for k in self._kept if k[0] in ptrs]:
-            del self._kept[key]
-
-
 def storage(t: Any) -> int | None:
     """Where a tensor's memory starts (None for one without plain memory: sparse, meta)."""
     try:

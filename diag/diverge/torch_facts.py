@@ -23,24 +23,14 @@ def map_args(x: Any, fn: Callable) -> Any:
     """`x` (an aten call's args/kwargs) with every tensor and float dtype passed through fn."""
     if isinstance(x, _MAPPED):
         return fn(x)
-    if isinstance(x, (list, tuple)):
-        return type(x)(
-            [
-                fn(y)
-                if isinstance(y, _MAPPED)
-                else map_args(y, fn)
-                if isinstance(y, _NESTED)
-                else y
-                for y in x
-            ]
-        )
+    if isinstance(x, (list, tuple)):  # a list (not a generator) is the faster to build
+        return type(x)([fn(y) if isinstance(y, _MAPPED) else map_args(y, fn) for y in x])
     if isinstance(x, dict):
         return {k: map_args(v, fn) for k, v in x.items()} if x else {}
     return x
 
 
 _MAPPED = (torch.Tensor, torch.dtype)
-_NESTED = (list, tuple, dict)
 
 
 def host(t: torch.Tensor) -> np.ndarray:
