@@ -176,3 +176,18 @@ def test_a_sum_of_terms_past_float32s_range_is_redone_in_float64():
     assert (want > np.finfo(np.float32).max).all()  # past float32, within float64
     assert facts.computed_in == np.float64
     assert np.array_equal(mag, want) and cnt == 4.0
+
+
+def test_a_nan_in_sum_of_terms_is_left_to_the_numpy_rules():
+    """A sum|terms| with a NaN (an inf times a zero among the terms) has no ratio the pass can
+    state: it gives up on the whole output, and the rules say what it means (the ratio there
+    is NaN: `rules._ratio`)."""
+    y, r, s = _arrays(1000, np.float32, 6)
+    mag = np.abs(r) * 2.0 + 1.0
+    mag[500] = np.nan
+    g = 64 * 2.0**-24 / (1 - 64 * 2.0**-24)
+    assert onepass.figures(y, r, s, np.float32, "reduction", g=g, mag=mag) is None
+    ulps, ratio, _ = rules.own_error_diff(
+        y, r, np.float32, "reduction", facts=lambda: (mag, 64.0), terms=64, beyond=True
+    )
+    assert math.isnan(ratio) and math.isfinite(ulps)
