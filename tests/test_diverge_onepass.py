@@ -26,9 +26,10 @@ def _ulp(x: float, fmt) -> float:
     return math.ldexp(1.0, math.frexp(a)[1] - p)
 
 
-def _expected(y, r, s, fmt, k, g=0.0, mag=None, use_r=False):
+def _expected(y, r, s, fmt, k, g=0.0, mag=None, use_r=False, c=0.0):
     """(max|y-r|, max|y-r|/ulp, max|y-r|/bound, max|y-s|, max|s|, max|r-s|) element by
-    element, bound = k ulp(r) + tiny (+ g|r| or g|mag|), in the order the rules state it."""
+    element, bound = k ulp(r) + tiny (+ g|r| or g|mag|) (+ c), in the order the rules state
+    it."""
     tiny = FORMATS[fmt][1]
     top = ulps = ratio = cmax = smax = came = 0.0
     for i, (yi, ri, si) in enumerate(zip(y.tolist(), r.tolist(), s.tolist())):
@@ -38,6 +39,7 @@ def _expected(y, r, s, fmt, k, g=0.0, mag=None, use_r=False):
             bound = g * abs(ri) + bound
         elif mag is not None:
             bound = g * abs(float(mag[i])) + bound
+        bound = bound + c if c else bound
         top, ulps, ratio = max(top, e), max(ulps, e / u), max(ratio, e / bound)
         cmax, smax, came = max(cmax, abs(yi - si)), max(smax, abs(si)), max(came, abs(ri - si))
     return top, ulps, ratio, cmax, smax, came
@@ -89,9 +91,42 @@ def test_anything_not_finite_is_left_to_the_numpy_rules(bad, where):
 
 def test_what_the_pass_does_not_take_goes_the_numpy_way():
     y, r, s = _arrays(100, np.float32, 4)
-    assert onepass.figures(y, r, s, np.float32, "composite") is None  # normwise bound
     assert onepass.figures(y.astype(np.float64), r, s, np.float64, "rounded") is None
     assert onepass.figures(y[:50], r, s, np.float32, "rounded") is None  # shapes differ
+
+
+@pytest.mark.parametrize("fmt", [np.float32, np.float16])
+def test_a_composite_ops_normwise_bound_is_the_rule_written_out(fmt):
+    """A fused op (a layer norm, an attention kernel): every element's bound adds
+    gamma_(m+4) max|r|, m its longest input axis; gamma_k = k u / (1 - k u)."""
+    y, r, s = _arrays(3001, fmt, 5)
+    u = 2.0 ** -FORMATS[fmt][0]
+    ku = (300 + 4) * u
+    c = ku / (1 - ku) * float(np.max(np.abs(r)))
+    got = onepass.op_figures(y, r, s, fmt, "composite", longest=300)
+    want = _expected(y.astype(np.float64), r, s, fmt, 2.0, c=c)
+    assert got is not None
+    assert tuple(got) == pytest.approx(want, rel=1e-15, abs=0)
+    # and the numpy rules give the same ULPs and ratio
+    ulps, ratio, _ = rules.own_error_diff(y, r, fmt, "composite", longest=300)
+    assert (got.ulps, got.ratio) == (ulps, ratio)
+
+
+def test_a_reductions_gamma_of_one_count_is_higham_s_written_out():
+    """gamma_n = n u / (1 - n u), n the larger of the count and the first count of terms; a
+    float32 sum|terms| shrinks it by 1 + gamma_{n+2}(2^-24) (the same number on every call)."""
+
+    class Float32Sum:
+        computed_in = np.dtype(np.float32)
+
+    for cnt, terms in ((64.0, 1.0), (257.0, 1024.0), (1025.0, 3.0)):
+        n = max(cnt, terms)
+        g = n * 2.0**-24 / (1 - n * 2.0**-24)
+        assert rules.facts_gamma(cnt, terms, np.dtype(np.float32), None) == g
+        shrink = (n + 2) * 2.0**-24 / (1 - (n + 2) * 2.0**-24)
+        for _ in range(2):
+            got = rules.facts_gamma(cnt, terms, np.dtype(np.float32), Float32Sum())
+            assert got == g / (1 + shrink)
 
 
 def test_a_float32_sum_of_terms_never_understates_the_ratio_and_is_within_its_gamma():
@@ -141,3 +176,18 @@ def test_a_sum_of_terms_past_float32s_range_is_redone_in_float64():
     assert (want > np.finfo(np.float32).max).all()  # past float32, within float64
     assert facts.computed_in == np.float64
     assert np.array_equal(mag, want) and cnt == 4.0
+
+
+def test_a_nan_in_sum_of_terms_is_left_to_the_numpy_rules():
+    """A sum|terms| with a NaN (an inf times a zero among the terms) has no ratio the pass can
+    state: it gives up on the whole output, and the rules say what it means (the ratio there
+    is NaN: `rules._ratio`)."""
+    y, r, s = _arrays(1000, np.float32, 6)
+    mag = np.abs(r) * 2.0 + 1.0
+    mag[500] = np.nan
+    g = 64 * 2.0**-24 / (1 - 64 * 2.0**-24)
+    assert onepass.figures(y, r, s, np.float32, "reduction", g=g, mag=mag) is None
+    ulps, ratio, _ = rules.own_error_diff(
+        y, r, np.float32, "reduction", facts=lambda: (mag, 64.0), terms=64, beyond=True
+    )
+    assert math.isnan(ratio) and math.isfinite(ulps)

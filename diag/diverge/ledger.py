@@ -221,7 +221,11 @@ class Ledger:
         its arrays where `diag.diverge.onepass` takes them, else the numpy way; sets
         `own_diff`, `carried_diff` and `came_diff`."""
         facts = Once(facts) if facts is not None else None
-        fig = op_figures(y, r, s, dtype, cls, facts=facts, terms=terms) if r is not None else None
+        fig = (
+            op_figures(y, r, s, dtype, cls, facts=facts, terms=terms, longest=longest)
+            if r is not None
+            else None
+        )
         self.came_diff = None if fig is None else fig.came
         if fig is not None:
             own_ulps, own_ratio, self.own_diff = fig.ulps, fig.ratio, fig.own_diff

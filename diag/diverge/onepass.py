@@ -12,10 +12,10 @@ PyTorch user and costs a compilation per shape).
 
 The figures are the same numbers, bit for bit: each element's bound is formed by the same
 IEEE operations in the same order as in `rules.own_error_diff` (the ULP from the exponent
-bits, `2 ulp + tiny`, `g |r| + floor`, `err / bound`), and a maximum does not depend on the
-order of its elements. What the loop does not cover (an output or reference that is not
-finite, a float64 output, a composite op's normwise bound, a count of terms that differs per
-element) returns None and goes the numpy way (`rules`, `chunked`), which gives the same
+bits, `2 ulp + tiny`, `g |r| + floor`, a composite op's `+ g max|r|`, `err / bound`), and a
+maximum does not depend on the order of its elements. What the loop does not cover (an output
+or reference that is not finite, a float64 output, a count of terms that differs per element)
+returns None and goes the numpy way (`rules`, `chunked`), which gives the same
 figures for every input.
 
 The first call of each signature compiles (about a second) and the compiled code is cached on
@@ -35,15 +35,13 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from diag import numerics
-from diag.diverge.rules import cheap_gamma, facts_gamma
+from diag.diverge.rules import cheap_gamma, composite_gamma, facts_gamma
 from diag.tolerance.diverge import DIVERGE_LIBRARY_ULP, DIVERGE_ROUNDED_ULP
 
 #: The float64 exponent field; the bits of 1/x for a power of two x are _INV less those of x
 #: (biased exponents 1023 + E and 1023 - E sum to 2046).
 _EXP = 0x7FF0000000000000
 _INV = 0x7FE0000000000000
-#: 1 - 2^-50: the slack of the test that spares a division (`_loop`).
-_SLACK = 1.0 - 2.0**-50
 #: Output dtypes the loop takes (significand bits): a float64 output's ULP is subnormal-safe
 #: only in `rules.ulp_of`.
 _NARROW = {np.dtype(np.float32): 24, np.dtype(np.float16): 11, numerics.as_dtype("bfloat16"): 8}
@@ -53,6 +51,7 @@ _ULPS = {
     "structural": float(DIVERGE_ROUNDED_ULP),
     "reduction": float(DIVERGE_ROUNDED_ULP),
     "library": float(DIVERGE_LIBRARY_ULP),
+    "composite": float(DIVERGE_ROUNDED_ULP),
 }
 
 
@@ -94,52 +93,66 @@ def _as_float(typingctx, bits):  # pragma: no cover - compiled
     return types.float64(types.int64), codegen
 
 
-@njit(cache=True, nogil=True)
-def _loop(y, r, s, mag, use_mag, use_r, shift, tinybits, tiny, k, g):  # pragma: no cover
+@intrinsic
+def _as_bits(typingctx, x):  # pragma: no cover - compiled
+    """The int64 bits of the float64 `x`."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return types.int64(types.float64), codegen
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _loop(y, r, s, mag, use_mag, use_r, shift, tinybits, tiny, k, g, c):  # pragma: no cover
     """(max |y-r|, max |y-r|/ulp, max |y-r|/bound, max |y-s|, max |s|, max |r-s|, finite):
-    bound = k ulp(r) + tiny, plus g |r| (`use_r`) or g mag (`use_mag`).
+    bound = k ulp(r) + tiny, plus g |r| (`use_r`) or g mag (`use_mag`), plus `c` (a
+    composite op's g max|r|; 0 adds nothing to a positive bound).
 
     ulp(r) = 2^(E - p + 1) for the exponent E of max(|r|, tiny) (`rules._ulp_finite`); 1/ulp
-    is a power of two too, so e / ulp is e * (1/ulp), the same number. e / bound is divided
-    out only where it can pass the largest so far: e > ratio * bound * (1 - 2^-50) holds
-    for every element whose quotient rounds above `ratio` (the product rounds up by at most
-    two half-ULPs of float64, less than the slack), so the maximum is the same number."""
+    is a power of two too, so e / ulp is e * (1/ulp), the same number. Every figure is a
+    maximum of non-negative float64s, taken on their bits as int64 (the order of
+    non-negative floats is that of their bits, and a NaN's bits lie above +inf's), so the
+    loop has no branch and no floating-point comparison: LLVM turns it into vector code
+    (3.4x the scalar loop on 1M elements, 0.9 ms, at the speed of memory) with no fast-math
+    licence, and each number is the IEEE one. `error_model="numpy"`: a division needs no
+    zero check (a bound is at least `tiny`)."""
     n = y.size
-    rb = r.view(np.int64)
-    top = 0.0
-    ulps = 0.0
-    ratio = 0.0
-    cmax = 0.0
-    smax = 0.0
-    came = 0.0
-    finite = True
+    top = 0
+    ulps = 0
+    ratio = 0
+    cmax = 0
+    smax = 0
+    came = 0
     for i in range(n):
         yi = np.float64(y[i])
         ri = r[i]
         si = s[i]
         e = abs(yi - ri)
-        c = abs(yi - si)
-        a = abs(si)
-        if not (e < np.inf and c < np.inf and a < np.inf):  # NaN compares false
-            finite = False
-        bits = rb[i] & _EXP
+        bits = _as_bits(ri) & _EXP
         bits = (bits if bits > tinybits else tinybits) - shift
-        top = e if e > top else top
-        q = e * _as_float(_INV - bits)
-        ulps = q if q > ulps else ulps
         bound = k * _as_float(bits) + tiny
         if use_r:
             bound = g * abs(ri) + bound
         elif use_mag:
             bound = g * abs(np.float64(mag[i])) + bound
-        if e > ratio * bound * _SLACK:
-            t = e / bound
-            ratio = t if t > ratio else ratio
-        cmax = c if c > cmax else cmax
-        smax = a if a > smax else smax
-        d = abs(ri - si)
-        came = d if d > came else came
-    return top, ulps, ratio, cmax, smax, came, finite
+        bound = bound + c
+        top = max(top, _as_bits(e))
+        ulps = max(ulps, _as_bits(e * _as_float(_INV - bits)))
+        ratio = max(ratio, _as_bits(e / bound))
+        cmax = max(cmax, _as_bits(abs(yi - si)))
+        smax = max(smax, _as_bits(abs(si)))
+        came = max(came, _as_bits(abs(ri - si)))
+    finite = top < _EXP and cmax < _EXP and smax < _EXP  # NaN and inf: all exponent bits
+    return (
+        _as_float(top),
+        _as_float(ulps),
+        _as_float(ratio),
+        _as_float(cmax),
+        _as_float(smax),
+        _as_float(came),
+        finite,
+    )
 
 
 _NONE = np.zeros(1, np.float32)
@@ -150,13 +163,23 @@ _SAMPLE = 2048
 
 
 def op_figures(
-    y: np.ndarray, r: np.ndarray, s: np.ndarray, dtype, cls: str, *, facts=None, terms: float = 1
+    y: np.ndarray,
+    r: np.ndarray,
+    s: np.ndarray,
+    dtype,
+    cls: str,
+    *,
+    facts=None,
+    terms: float = 1,
+    longest: int = 1,
 ) -> Figures | None:
     """`figures` with a reduction's rule: the cheap bound gamma_n |r| first, sum|terms| from
     `facts` only where it does not clear the op (`rules.own_error_diff`; an evenly strided
     sample that already passes it sends the op to sum|terms| at once, as there). The
     figures do not depend on whether the sample did: a sample beyond the cheap bound means
     the whole output is."""
+    if cls == "composite":
+        return _composite(y, r, s, dtype, longest)
     if cls != "reduction":
         return figures(y, r, s, dtype, cls)
     g = cheap_gamma(terms, dtype)
@@ -173,6 +196,15 @@ def op_figures(
     if got is None or got.ratio <= 1.0 or facts is None:
         return got
     return _against_terms(y, r, s, shape, dtype, facts, terms, got)
+
+
+def _composite(y, r, s, dtype, longest: int) -> Figures | None:
+    """A composite op's figures: the bound adds gamma_(m+4) max|r| to every element's
+    (`rules.own_error_diff`, the same operations in the same order)."""
+    g = composite_gamma(longest, dtype)
+    if not math.isfinite(g) or not r.size:
+        return None
+    return figures(y, r, s, dtype, "composite", c=g * max(float(r.max()), -float(r.min())))
 
 
 def _against_terms(y, r, s, shape, dtype, facts, terms, got: Figures | None) -> Figures | None:
@@ -202,6 +234,7 @@ def figures(
     *,
     g: float = 0.0,
     mag: np.ndarray | None = None,
+    c: float = 0.0,
 ) -> Figures | None:
     """The figures of one op output in one pass, or None where the numpy way must give them.
 
@@ -209,9 +242,10 @@ def figures(
         y, r, s: the output (its own dtype or float64), the float64 reference, the float64
             shadow; one shape.
         dtype: the output's dtype.
-        cls: the op's class (`rules.op_class`); ``composite`` is not taken.
+        cls: the op's class (`rules.op_class`).
         g: a reduction's gamma: the bound adds g |r| (the cheap bound), or g |mag| when
             `mag` (sum|terms|, one per element) is given.
+        c: a composite op's g max|r|, added to every element's bound.
     """
     fmt = _format(dtype)
     k = _ULPS.get(cls)
@@ -223,7 +257,7 @@ def figures(
     yf, rf, sf = _flat(y), _flat(r, np.float64), _flat(s, np.float64)
     use_r = cls == "reduction" and mag is None
     mf = _NONE if mag is None else _flat(mag)
-    got = _loop(yf, rf, sf, mf, mag is not None, use_r, shift, tinybits, tiny, k, float(g))
+    got = _loop(yf, rf, sf, mf, mag is not None, use_r, shift, tinybits, tiny, k, float(g), c)
     if not got[6] or not math.isfinite(got[1]) or not math.isfinite(got[2]):
         return None
     return Figures(*(float(x) for x in got[:6]))

@@ -247,7 +247,7 @@ def own_error_diff(
         bound += _smallest_normal(dtype)  # LIBRARY_ULP * r_ulp + tiny
     elif cls == "composite":
         floor += _smallest_normal(dtype)
-        g = _gamma1(longest + DIVERGE_COMPOSITE_EXTRA_STEPS, dtype)
+        g = composite_gamma(longest, dtype)
         if not math.isfinite(g):
             return (*_own_error_exact(*exact[0], **exact[1]), top)
         floor += g * max(float(r.max()), -float(r.min()))  # max |r|
@@ -342,17 +342,40 @@ def cheap_gamma(terms: float, dtype) -> float:
     return _gamma1(max(terms, 1.0), dtype)
 
 
+def composite_gamma(longest: int, dtype) -> float:
+    """A composite op's gamma_(m+4): m the longest input axis (the longest reduction the op
+    could do), four more roundings for what it does around it."""
+    return _gamma1(longest + DIVERGE_COMPOSITE_EXTRA_STEPS, dtype)
+
+
 def facts_gamma(cnt, terms: float, dtype, facts) -> Any:
     """A reduction's gamma_n against sum|terms| (one float, or one per element when `cnt`
     is an array). A sum|terms| that `facts` computed in a narrower dtype (`computed_in`)
     is short of the exact one by gamma_{n+2} of that dtype at most (a sum of non-negative
     terms): the gamma is shrunk by that factor, so the ratio is never understated."""
-    n = np.maximum(np.maximum(np.asarray(cnt, dtype=np.float64), terms), 1.0)
-    g = _gamma1(float(n), dtype) if n.ndim == 0 else numerics.gamma(n, dtype)
     low = getattr(facts, "computed_in", None)
+    if np.ndim(cnt) == 0:  # one count: Python floats, the same IEEE operations, cached
+        key = (float(cnt), float(terms), dtype, low)
+        got = _FACTS_GAMMA.get(key)
+        if got is None:
+            n1 = max(float(cnt), float(terms), 1.0)
+            got = _gamma1(n1, dtype)
+            if low is not None and low != np.float64:
+                got = got / (1.0 + _gamma1(n1 + 2.0, low))
+            if len(_FACTS_GAMMA) > 4096:
+                _FACTS_GAMMA.clear()
+            _FACTS_GAMMA[key] = got
+        return got
+    n = np.maximum(np.maximum(np.asarray(cnt, dtype=np.float64), terms), 1.0)
+    g = numerics.gamma(n, dtype)
     if low is not None and low != np.float64:
         g = g / (1.0 + numerics.gamma(np.max(n) + 2.0, low))
     return g
+
+
+#: `facts_gamma` of one count, per (count, terms, dtype, dtype sum|terms| was computed in):
+#: a layer's products repeat every step with the same shapes.
+_FACTS_GAMMA: dict = {}
 
 
 def _ulp_finite(x: np.ndarray, dtype, out: np.ndarray) -> np.ndarray:
