@@ -21,17 +21,25 @@ from diag.interp.torch_ops import flat_args
 
 def map_args(x: Any, fn: Callable) -> Any:
     """`x` (an aten call's args/kwargs) with every tensor and float dtype passed through fn."""
-    if isinstance(x, (torch.Tensor, torch.dtype)):
+    if isinstance(x, _MAPPED):
         return fn(x)
-    if isinstance(x, (list, tuple)):
-        return type(x)(map_args(y, fn) for y in x)
+    if isinstance(x, (list, tuple)):  # a list (not a generator) is the faster to build
+        return type(x)([fn(y) if isinstance(y, _MAPPED) else map_args(y, fn) for y in x])
     if isinstance(x, dict):
-        return {k: map_args(v, fn) for k, v in x.items()}
+        return {k: map_args(v, fn) for k, v in x.items()} if x else {}
     return x
 
 
+_MAPPED = (torch.Tensor, torch.dtype)
+
+
 def host(t: torch.Tensor) -> np.ndarray:
-    return t.detach().to(torch.float64).cpu().numpy()
+    """A tensor's values as a float64 numpy array (no copy for a CPU float64 tensor)."""
+    if t.requires_grad:
+        t = t.detach()
+    if t.dtype != torch.float64:
+        t = t.to(torch.float64)
+    return t.numpy() if t.is_cpu else t.cpu().numpy()
 
 
 def facts(
@@ -188,22 +196,40 @@ def latest(seen: dict) -> tuple[int, ...]:
     return tuple(sorted(seen, reverse=True)[:MAX_PRODUCERS])
 
 
-def op_tags(func, args: tuple, kwargs: dict, ins: list) -> frozenset[str]:
+def op_tags(func, args: tuple, kwargs: dict, ins: list, name: str = "") -> frozenset[str]:
     """What the cause search ranks an op by (`diag.diverge.ledger.TAGS`): a cast to a
-    narrower float dtype; a Python float the op rounds to a bf16/fp16 operand's dtype."""
+    narrower float dtype; a Python float the op rounds to a bf16/fp16 operand's dtype.
+    `name`: the op's schema name without namespace, when the caller has it."""
+    if not ins:
+        return _NO_TAGS
     tags = set()
-    name = func._schema.name.split("::", 1)[-1]
+    name = name or func._schema.name.split("::", 1)[-1]
     dtype = kwargs.get("dtype")
-    if name in _CASTS and ins and isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+    if name in _CASTS and isinstance(dtype, torch.dtype) and dtype.is_floating_point:
         if torch.finfo(dtype).eps > torch.finfo(ins[0].dtype).eps:
             tags.add("narrowing")
-    narrow = [t.dtype for t in ins if t.dtype in (torch.bfloat16, torch.float16)]
-    if narrow:
+    narrow = next((t.dtype for t in ins if t.dtype in _NARROW), None)
+    if narrow is not None:
         for x in args:
-            if isinstance(x, float) and math.isfinite(x):
-                if float(torch.tensor(x, dtype=narrow[0])) != x:
-                    tags.add("literal")
-    return frozenset(tags)
+            if isinstance(x, float) and math.isfinite(x) and _rounds(x, narrow):
+                tags.add("literal")
+    return frozenset(tags) if tags else _NO_TAGS
+
+
+_NO_TAGS: frozenset[str] = frozenset()
+_NARROW = (torch.bfloat16, torch.float16)
+#: Whether a Python float changes when rounded to bfloat16/float16, per (value, dtype): the
+#: same literals recur on every call of a layer.
+_ROUNDS: dict[tuple[float, torch.dtype], bool] = {}
+
+
+def _rounds(x: float, dtype: torch.dtype) -> bool:
+    got = _ROUNDS.get((x, dtype))
+    if got is None:
+        if len(_ROUNDS) > 4096:
+            _ROUNDS.clear()
+        got = _ROUNDS[(x, dtype)] = float(torch.tensor(x, dtype=dtype)) != x
+    return got
 
 
 def draws(func, args: tuple, kwargs: dict) -> bool:

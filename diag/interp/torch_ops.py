@@ -16,16 +16,25 @@ import torch
 
 def flat_args(x: Any, out: list) -> list:
     """Tensors and Python floats in an aten call's arguments (lists, tuples, dicts); torch's
-    pytree is general but costs more than the op itself for small tensors."""
-    if isinstance(x, (torch.Tensor, float)):
+    pytree is general but costs more than the op itself for small tensors (and so would a call
+    per argument: the leaves of a list are taken in its loop)."""
+    if isinstance(x, _LEAF):
         out.append(x)
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            flat_args(y, out)
-    elif isinstance(x, dict):
-        for y in x.values():
+        return out
+    if isinstance(x, dict):
+        x = x.values()
+    elif not isinstance(x, (list, tuple)):
+        return out
+    for y in x:
+        if isinstance(y, _LEAF):
+            out.append(y)
+        elif isinstance(y, _NESTED):
             flat_args(y, out)
     return out
+
+
+_LEAF = (torch.Tensor, float)
+_NESTED = (list, tuple, dict)
 
 
 _FLOAT_DTYPES = frozenset(

@@ -96,14 +96,38 @@ def lines_from_stack() -> tuple[tuple[str, int, str], str]:
     """`source_from_stack` and `library_from_stack` in one walk of the stack: (the user's
     (file, line, function), the innermost installed library's ``file.py:LINE (function)``
     below it, or "")."""
-    f: FrameType | None = sys._getframe(1)
-    library = ""
+    src, lib = stack_lines(sys._getframe(1))
+    return src, library_text(lib)
+
+
+def library_text(lib: tuple[str, int, str] | None) -> str:
+    """``modeling_gpt2.py:58 (eager_attention_forward)`` for a library frame of
+    `stack_lines`, "" for None."""
+    return "" if lib is None else f"{os.path.basename(lib[0])}:{lib[1]} ({lib[2]})"
+
+
+#: Per file: 1 the user's, 2 an installed library's, 0 neither (torch's, diag's, the standard
+#: library's): the stack is walked on every op, 30 frames deep under a model.
+_FILE_KIND: dict[str, int] = {}
+
+
+def stack_lines(
+    f: FrameType | None,
+) -> tuple[tuple[str, int, str], tuple[str, int, str] | None]:
+    """`lines_from_stack` from frame `f` outwards, the library frame left unformatted
+    (`library_text` formats it only for the ops a report shows)."""
+    library = None
+    kinds = _FILE_KIND
     while f is not None:
-        path = f.f_code.co_filename
-        if is_user_file(path):
-            return (path, f.f_lineno, f.f_code.co_name), library
-        if not library and _is_library_file(path):
-            library = f"{os.path.basename(path)}:{f.f_lineno} ({f.f_code.co_name})"
+        code = f.f_code
+        path = code.co_filename
+        kind = kinds.get(path)
+        if kind is None:
+            kind = kinds[path] = 1 if is_user_file(path) else 2 if _is_library_file(path) else 0
+        if kind == 1:
+            return (code.co_filename, f.f_lineno, code.co_name), library
+        if kind == 2 and library is None:
+            library = (code.co_filename, f.f_lineno, code.co_name)
         f = f.f_back
     return ("", 0, ""), library
 
