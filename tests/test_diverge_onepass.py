@@ -191,3 +191,7 @@ def test_a_nan_in_sum_of_terms_is_left_to_the_numpy_rules():
         y, r, np.float32, "reduction", facts=lambda: (mag, 64.0), terms=64, beyond=True
     )
     assert math.isnan(ratio) and math.isfinite(ulps)
+    # a bound made NaN in the pass itself (0 * inf: x86 gives it the sign bit) counts too
+    inf_mag = np.abs(r) + 1.0
+    inf_mag[3] = np.inf
+    assert onepass.figures(y, r, s, np.float32, "reduction", g=0.0, mag=inf_mag) is None
