@@ -174,11 +174,11 @@ def op_figures(
     terms: float = 1,
     longest: int = 1,
 ) -> Figures | None:
-    """`figures` with a reduction's rule: the cheap bound gamma_n |r| first, sum|terms| from
-    `facts` only where it does not clear the op (`rules.own_error_diff`; an evenly strided
-    sample that already passes it sends the op to sum|terms| at once, as there). The
-    figures do not depend on whether the sample did: a sample beyond the cheap bound means
-    the whole output is."""
+    """`figures` with a composite op's normwise constant (`_composite`) or a reduction's
+    rule: the cheap bound gamma_n |r| first, sum|terms| from `facts` only where it does not
+    clear the op (`rules.own_error_diff`; an evenly strided sample that already passes it
+    sends the op to sum|terms| at once, as there). The figures do not depend on whether the
+    sample did: a sample beyond the cheap bound means the whole output is."""
     if cls == "composite":
         return _composite(y, r, s, dtype, longest)
     if cls != "reduction":

@@ -19,7 +19,7 @@ import torch
 
 from diag.diverge.rules import op_class
 from diag.diverge.torch_decide import CONSUMERS, DECISIONS
-from diag.interp.torch_ops import op_kind, written_args
+from diag.interp.torch_ops import is_float, op_kind, written_args
 from diag.tolerance.diverge import diverge_carried_threshold
 
 NP = {
@@ -29,20 +29,14 @@ NP = {
     torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
 }
 REAL = frozenset(NP)
-_STRIDED = torch.strided
 _SEEDED = torch.Tag.nondeterministic_seeded
 
 
 def real(t: Any) -> bool:
     """A float tensor the shadow follows: float64, float32, float16 or bfloat16, strided, with
-    memory and elements (`diag.interp.torch_ops.is_float` narrowed to those dtypes)."""
-    return (
-        isinstance(t, torch.Tensor)
-        and t.dtype in REAL
-        and t.layout is _STRIDED
-        and not t.is_meta
-        and t.numel() > 0
-    )
+    memory and elements (`diag.interp.torch_ops.is_float` narrowed to those dtypes; the dtype
+    is tested first, which turns away masks, indices and Python floats at once)."""
+    return isinstance(t, torch.Tensor) and t.dtype in REAL and is_float(t)
 
 
 _THRESHOLDS = {d: diverge_carried_threshold(np_dtype) for d, np_dtype in NP.items()}

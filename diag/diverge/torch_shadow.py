@@ -85,8 +85,8 @@ class _Mode(OpMode):
     def _entry(self, t: torch.Tensor) -> Kept:
         """`_kept` for a float tensor the shadow follows (`real`), or the entry of one never
         seen: its float64 copy, no error, its dtype's threshold."""
-        got = self._sh.get(id(t))
-        if got is not None and got[0]() is t:
+        got = self._kept(t)
+        if got is not None:
             return got
         return (None, self._fresh.of(t), 0.0, threshold(t.dtype), None, ())
 
